@@ -1,0 +1,153 @@
+//! GCRA (the generic cell rate algorithm) over one or more limits at once.
+//!
+//! This is the one definition of the algorithm: [`MemoryStore`] calls it
+//! directly and `lua/gcra.lua` is a line-by-line transcription for Redis.
+//! Both are run through the same conformance suite.
+//!
+//! State per limit is one number, the theoretical arrival time (TAT), in
+//! microseconds. With emission interval `T`, tolerance `τ = burst·T` and cost
+//! `n`:
+//!
+//! ```text
+//! tat      = max(stored, now)
+//! new_tat  = tat + n·T
+//! allow_at = new_tat − τ
+//! allowed  ⇔ allow_at ≤ now + max_wait      (max_wait = 0 outside reserve mode)
+//! ```
+//!
+//! All limits must allow, or nothing is stored. Costs above a limit's burst
+//! are refused before any store is asked (see [`Limiter`]), so `n·T ≤ τ` and
+//! no sum here can overflow.
+//!
+//! [`MemoryStore`]: crate::MemoryStore
+//! [`Limiter`]: crate::Limiter
+
+use std::time::Duration;
+
+use crate::decision::Decision;
+
+/// The parameters of one limit, in microseconds.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Params {
+    pub(crate) emission: u64,
+    pub(crate) tolerance: u64,
+}
+
+/// Decides one call against every limit. `tats[i]` is the stored TAT of
+/// limit `i` (0 when absent) and is overwritten with the new TAT when the
+/// call is admitted. Returns the decision and, when admitted, the time at
+/// which the state becomes idle again (the largest new TAT).
+pub(crate) fn decide(
+    params: &[Params],
+    tats: &mut [u64],
+    now: u64,
+    cost: u64,
+    max_wait: u64,
+) -> (Decision, Option<u64>) {
+    debug_assert_eq!(params.len(), tats.len());
+    // Denied: the limit with the longest retry. Allowed: the limit with the
+    // least remaining.
+    let mut worst: Option<(usize, u64)> = None;
+    let mut tightest = (0usize, u64::MAX);
+    let mut wait = 0u64;
+    for (i, (p, &stored)) in params.iter().zip(tats.iter()).enumerate() {
+        let tat = stored.max(now);
+        let new_tat = tat.saturating_add(cost.saturating_mul(p.emission));
+        let allow_at = new_tat.saturating_sub(p.tolerance);
+        if allow_at > now {
+            let delay = allow_at - now;
+            if delay > max_wait {
+                if worst.is_none_or(|(_, d)| delay > d) {
+                    worst = Some((i, delay));
+                }
+                continue;
+            }
+            wait = wait.max(delay);
+            if tightest.1 > 0 {
+                tightest = (i, 0);
+            }
+        } else {
+            let remaining = (now - allow_at) / p.emission;
+            if remaining < tightest.1 {
+                tightest = (i, remaining);
+            }
+        }
+    }
+    if let Some((i, retry)) = worst {
+        let p = params[i];
+        let tat = tats[i].max(now);
+        // Whole calls of cost 1 that would pass now.
+        let remaining = (now + p.tolerance).saturating_sub(tat) / p.emission;
+        let decision = Decision {
+            allowed: false,
+            limit: i,
+            remaining,
+            reset: Duration::from_micros(tat - now),
+            retry_after: Some(Duration::from_micros(retry)),
+            wait: Duration::ZERO,
+        };
+        return (decision, None);
+    }
+    let mut idle_at = now;
+    for (p, tat) in params.iter().zip(tats.iter_mut()) {
+        *tat = (*tat)
+            .max(now)
+            .saturating_add(cost.saturating_mul(p.emission));
+        idle_at = idle_at.max(*tat);
+    }
+    let (i, remaining) = tightest;
+    let decision = Decision {
+        allowed: true,
+        limit: i,
+        remaining,
+        reset: Duration::from_micros(tats[i] - now),
+        retry_after: None,
+        wait: Duration::from_micros(wait),
+    };
+    (decision, Some(idle_at))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: u64 = 1_000_000;
+
+    fn one(emission: u64, burst: u64) -> [Params; 1] {
+        [Params {
+            emission,
+            tolerance: emission * burst,
+        }]
+    }
+
+    #[test]
+    fn burst_then_rate() {
+        let p = one(S, 3);
+        let mut tat = [0];
+        let now = 100 * S;
+        for expected_remaining in [2, 1, 0] {
+            let (d, _) = decide(&p, &mut tat, now, 1, 0);
+            assert!(d.allowed);
+            assert_eq!(d.remaining, expected_remaining);
+        }
+        let (d, _) = decide(&p, &mut tat, now, 1, 0);
+        assert!(!d.allowed);
+        assert_eq!(d.retry_after, Some(Duration::from_secs(1)));
+        // Exactly on time passes.
+        let (d, _) = decide(&p, &mut tat, now + S, 1, 0);
+        assert!(d.allowed);
+    }
+
+    #[test]
+    fn reserve_mode_waits() {
+        let p = one(S, 1);
+        let mut tat = [0];
+        let (d, _) = decide(&p, &mut tat, 10 * S, 1, 0);
+        assert!(d.allowed);
+        let (d, _) = decide(&p, &mut tat, 10 * S, 1, 5 * S);
+        assert!(d.allowed);
+        assert_eq!(d.wait, Duration::from_secs(1));
+        let (d, _) = decide(&p, &mut tat, 10 * S, 1, 5 * S);
+        assert_eq!(d.wait, Duration::from_secs(2));
+    }
+}

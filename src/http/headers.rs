@@ -1,0 +1,125 @@
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use http::{HeaderMap, HeaderName, HeaderValue};
+
+use crate::decision::Decision;
+use crate::limit::Policy;
+
+/// Which rate-limit headers responses carry. `Retry-After` is always sent
+/// on 429 and 503, whatever the style.
+///
+/// | style | headers |
+/// |---|---|
+/// | [`Draft`](HeaderStyle::Draft) (default) | `RateLimit-Policy`, `RateLimit` (IETF draft-ietf-httpapi-ratelimit-headers) |
+/// | [`Legacy`](HeaderStyle::Legacy) | `X-RateLimit-Limit`, `X-RateLimit-Remaining`, `X-RateLimit-Reset` |
+/// | [`Both`](HeaderStyle::Both) | all of the above |
+/// | [`None`](HeaderStyle::None) | none |
+///
+/// For GCRA, a limit's quota is its burst and its window the time a full
+/// burst takes to refill: `100/s burst 500` is advertised as
+/// `RateLimit-Policy: "100/s";q=500;w=5`. `RateLimit` reports the limit
+/// that decided: `r` the calls of cost 1 left, `t` the seconds (rounded
+/// up) until it is full again. `X-RateLimit-Reset` is that same number of
+/// seconds, not a timestamp.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum HeaderStyle {
+    /// The IETF draft pair `RateLimit-Policy` / `RateLimit`.
+    #[default]
+    Draft,
+    /// The `X-RateLimit-*` headers many APIs send.
+    Legacy,
+    /// Both sets.
+    Both,
+    /// No rate-limit headers.
+    None,
+}
+
+impl HeaderStyle {
+    fn draft(self) -> bool {
+        matches!(self, HeaderStyle::Draft | HeaderStyle::Both)
+    }
+
+    fn legacy(self) -> bool {
+        matches!(self, HeaderStyle::Legacy | HeaderStyle::Both)
+    }
+}
+
+static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+static X_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
+static X_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
+static X_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+
+/// Seconds for `Retry-After`, rounded up so that a client that waits that
+/// long is not refused again.
+pub(crate) fn retry_after_secs(after: Duration) -> u64 {
+    after
+        .as_micros()
+        .div_ceil(1_000_000)
+        .try_into()
+        .unwrap_or(u64::MAX)
+}
+
+/// Header values computed once per policy.
+#[derive(Debug)]
+pub(crate) struct PolicyHeaders {
+    style: HeaderStyle,
+    policy: Policy,
+    policy_value: Option<HeaderValue>,
+}
+
+impl PolicyHeaders {
+    pub(crate) fn new(policy: &Policy, style: HeaderStyle) -> Self {
+        let mut text = String::new();
+        for limit in policy.limits() {
+            if !text.is_empty() {
+                text.push_str(", ");
+            }
+            let _ = write!(
+                text,
+                "\"{}\";q={};w={}",
+                limit.name(),
+                limit.burst(),
+                retry_after_secs(limit.window())
+            );
+        }
+        PolicyHeaders {
+            style,
+            policy: policy.clone(),
+            policy_value: HeaderValue::from_str(&text).ok(),
+        }
+    }
+
+    pub(crate) fn style(&self) -> HeaderStyle {
+        self.style
+    }
+
+    /// Adds the rate-limit headers for `decision`.
+    pub(crate) fn write(&self, headers: &mut HeaderMap, decision: &Decision) {
+        let Some(limit) = self.policy.limits().get(decision.limit_index()) else {
+            return;
+        };
+        let reset = retry_after_secs(decision.reset());
+        if self.style.draft() {
+            if let Some(value) = &self.policy_value {
+                headers.insert(RATELIMIT_POLICY.clone(), value.clone());
+            }
+            let text = format!(
+                "\"{}\";r={};t={}",
+                limit.name(),
+                decision.remaining(),
+                reset
+            );
+            if let Ok(value) = HeaderValue::from_str(&text) {
+                headers.insert(RATELIMIT.clone(), value);
+            }
+        }
+        if self.style.legacy() {
+            headers.insert(X_LIMIT.clone(), HeaderValue::from(limit.burst()));
+            headers.insert(X_REMAINING.clone(), HeaderValue::from(decision.remaining()));
+            headers.insert(X_RESET.clone(), HeaderValue::from(reset));
+        }
+    }
+}

@@ -1,0 +1,12 @@
+//! HTTP pieces shared by the layers: rate-limit headers, rejection
+//! responses and the response body type.
+
+mod body;
+mod headers;
+mod rejection;
+
+pub use self::body::ResponseBody;
+pub use self::headers::HeaderStyle;
+pub use self::rejection::{Rejection, RejectionKind};
+
+pub(crate) use self::headers::PolicyHeaders;

@@ -1,0 +1,105 @@
+use bytes::Bytes;
+use http::header::{CONTENT_TYPE, RETRY_AFTER};
+use http::{HeaderValue, Response, StatusCode};
+
+use super::headers::{PolicyHeaders, retry_after_secs};
+use crate::decision::Decision;
+use crate::limit::Policy;
+
+/// Why a layer refused a request; handed to a custom rejection function.
+#[derive(Debug)]
+pub struct Rejection<'a> {
+    pub(crate) kind: RejectionKind,
+    pub(crate) policy: &'a Policy,
+    pub(crate) headers: &'a PolicyHeaders,
+}
+
+/// The reasons a request is refused.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RejectionKind {
+    /// A limit denied the request.
+    Limited(Decision),
+    /// No key could be extracted; the layer rejects such requests with
+    /// this status.
+    MissingKey(StatusCode),
+    /// The store failed and the layer fails closed.
+    Unavailable,
+}
+
+impl Rejection<'_> {
+    /// The reason.
+    pub fn kind(&self) -> &RejectionKind {
+        &self.kind
+    }
+
+    /// The policy of the layer that refused.
+    pub fn policy(&self) -> &Policy {
+        self.policy
+    }
+
+    /// The name of the limit that denied, if a limit did.
+    pub fn limit_name(&self) -> Option<&str> {
+        match &self.kind {
+            RejectionKind::Limited(d) => {
+                self.policy.limits().get(d.limit_index()).map(|l| l.name())
+            }
+            _ => None,
+        }
+    }
+
+    /// The status the default response uses: 429 when limited, the
+    /// configured status for a missing key, 503 when the store is down.
+    pub fn status(&self) -> StatusCode {
+        match &self.kind {
+            RejectionKind::Limited(_) => StatusCode::TOO_MANY_REQUESTS,
+            RejectionKind::MissingKey(status) => *status,
+            RejectionKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+
+    /// The response fleetgate sends by default: the status, `Retry-After`
+    /// (seconds, rounded up) when a retry can help, the rate-limit headers,
+    /// and a one-line text body. Custom rejection functions can start from
+    /// it.
+    pub fn default_response(&self) -> Response<Bytes> {
+        let body = match &self.kind {
+            RejectionKind::Limited(d) => {
+                let name = self.limit_name().unwrap_or("limit");
+                match d.retry_after() {
+                    Some(after) => format!(
+                        "rate limit {name} exceeded; retry in {} s\n",
+                        retry_after_secs(after)
+                    ),
+                    None => format!(
+                        "request cost exceeds rate limit {name}; it can never be admitted\n"
+                    ),
+                }
+            }
+            RejectionKind::MissingKey(_) => {
+                "rate limiting could not identify the client\n".to_owned()
+            }
+            RejectionKind::Unavailable => "rate limiter unavailable; retry shortly\n".to_owned(),
+        };
+        let mut response = Response::new(Bytes::from(body));
+        *response.status_mut() = self.status();
+        let headers = response.headers_mut();
+        headers.insert(
+            CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; charset=utf-8"),
+        );
+        match &self.kind {
+            RejectionKind::Limited(d) => {
+                if let Some(after) = d.retry_after() {
+                    headers.insert(RETRY_AFTER, HeaderValue::from(retry_after_secs(after)));
+                }
+                self.headers.write(headers, d);
+            }
+            RejectionKind::Unavailable => {
+                headers.insert(RETRY_AFTER, HeaderValue::from_static("1"));
+            }
+            RejectionKind::MissingKey(_) => {}
+        }
+        response
+    }
+}

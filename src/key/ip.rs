@@ -1,0 +1,319 @@
+use std::fmt;
+use std::net::{IpAddr, SocketAddr};
+use std::str::FromStr;
+use std::sync::Arc;
+
+use http::header::{FORWARDED, HeaderMap};
+
+use super::{Key, KeyExtractor};
+use crate::error::ConfigError;
+
+/// How many forwarding hops are examined at most; the rest of a longer chain
+/// is ignored (and the address at that depth is used).
+const MAX_HOPS: usize = 32;
+
+/// The TCP peer's address, read from axum's `ConnectInfo<SocketAddr>` (serve
+/// with `into_make_service_with_connect_info::<SocketAddr>()`) or from a
+/// plain `SocketAddr` request extension.
+pub(crate) fn peer_addr<B>(req: &http::Request<B>) -> Option<IpAddr> {
+    #[cfg(feature = "axum")]
+    if let Some(info) = req
+        .extensions()
+        .get::<axum::extract::ConnectInfo<SocketAddr>>()
+    {
+        return Some(info.0.ip().to_canonical());
+    }
+    req.extensions()
+        .get::<SocketAddr>()
+        .map(|addr| addr.ip().to_canonical())
+}
+
+/// Keys requests by the address of the TCP peer.
+///
+/// Behind a proxy or load balancer every request comes from the proxy: use
+/// [`ForwardedIp`] there.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PeerIp;
+
+impl<B> KeyExtractor<http::Request<B>> for PeerIp {
+    fn extract(&self, req: &http::Request<B>) -> Option<Key> {
+        peer_addr(req).map(Key::from_ip)
+    }
+}
+
+/// An IP network such as `10.0.0.0/8` or `2001:db8::/32`; a bare address is
+/// a network of one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct IpNet {
+    addr: IpAddr,
+    prefix: u8,
+}
+
+impl IpNet {
+    /// The network of `addr` with `prefix` leading bits.
+    pub fn new(addr: IpAddr, prefix: u8) -> Result<Self, ConfigError> {
+        let max = if addr.is_ipv4() { 32 } else { 128 };
+        if prefix > max {
+            return Err(ConfigError::InvalidNetwork {
+                text: format!("{addr}/{prefix}"),
+            });
+        }
+        Ok(IpNet {
+            addr: addr.to_canonical(),
+            prefix: if addr.to_canonical().is_ipv4() && addr.is_ipv6() {
+                prefix.saturating_sub(96)
+            } else {
+                prefix
+            },
+        })
+    }
+
+    /// Whether `ip` lies in this network.
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        match (self.addr, ip.to_canonical()) {
+            (IpAddr::V4(net), IpAddr::V4(ip)) => prefix_eq(
+                u128::from(u32::from(net)) << 96,
+                u128::from(u32::from(ip)) << 96,
+                self.prefix,
+            ),
+            (IpAddr::V6(net), IpAddr::V6(ip)) => {
+                prefix_eq(u128::from(net), u128::from(ip), self.prefix)
+            }
+            _ => false,
+        }
+    }
+}
+
+fn prefix_eq(a: u128, b: u128, prefix: u8) -> bool {
+    let mask = u128::MAX.checked_shl(128 - u32::from(prefix)).unwrap_or(0);
+    a & mask == b & mask
+}
+
+impl FromStr for IpNet {
+    type Err = ConfigError;
+
+    fn from_str(text: &str) -> Result<Self, ConfigError> {
+        let invalid = || ConfigError::InvalidNetwork {
+            text: text.to_owned(),
+        };
+        let (addr, prefix) = match text.split_once('/') {
+            Some((addr, prefix)) => {
+                let addr: IpAddr = addr.trim().parse().map_err(|_| invalid())?;
+                let prefix: u8 = prefix.trim().parse().map_err(|_| invalid())?;
+                (addr, prefix)
+            }
+            None => {
+                let addr: IpAddr = text.trim().parse().map_err(|_| invalid())?;
+                (addr, if addr.is_ipv4() { 32 } else { 128 })
+            }
+        };
+        IpNet::new(addr, prefix).map_err(|_| invalid())
+    }
+}
+
+impl fmt::Display for IpNet {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.addr, self.prefix)
+    }
+}
+
+/// Keys requests by the client address that trusted proxies report in
+/// `Forwarded` (RFC 7239) or `X-Forwarded-For`.
+///
+/// The headers are believed only when the TCP peer is one of the configured
+/// proxy networks; from anyone else they are ignored and the peer address
+/// is used, so a client cannot pick its own key by sending the header. The
+/// chain is read from the right, skipping trusted proxies: the first address
+/// that is not a trusted proxy is the client. `Forwarded` wins over
+/// `X-Forwarded-For` when both are present.
+///
+/// ```
+/// use fleetgate::key::{ForwardedIp, KeyExtractor};
+/// use std::net::SocketAddr;
+///
+/// let client_ip = ForwardedIp::new(["10.0.0.0/8"])?;
+/// let mut req = http::Request::get("/")
+///     .header("x-forwarded-for", "198.51.100.7, 10.1.2.3")
+///     .body(())
+///     .unwrap();
+/// req.extensions_mut().insert("10.0.0.1:4000".parse::<SocketAddr>().unwrap());
+/// assert_eq!(client_ip.extract(&req).unwrap().as_str(), "ip:198.51.100.7");
+/// # Ok::<(), fleetgate::ConfigError>(())
+/// ```
+#[derive(Clone, Debug)]
+pub struct ForwardedIp {
+    trusted: Arc<[IpNet]>,
+}
+
+impl ForwardedIp {
+    /// Trusts forwarding headers from these networks (`"10.0.0.0/8"`,
+    /// `"127.0.0.1"`, `"fd00::/8"`).
+    pub fn new<I, S>(trusted: I) -> Result<Self, ConfigError>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        let nets = trusted
+            .into_iter()
+            .map(|s| s.as_ref().parse())
+            .collect::<Result<Vec<IpNet>, _>>()?;
+        Ok(ForwardedIp::trusting(nets))
+    }
+
+    /// Trusts forwarding headers from these networks.
+    pub fn trusting(nets: impl IntoIterator<Item = IpNet>) -> Self {
+        ForwardedIp {
+            trusted: nets.into_iter().collect(),
+        }
+    }
+
+    fn is_trusted(&self, ip: IpAddr) -> bool {
+        self.trusted.iter().any(|net| net.contains(ip))
+    }
+
+    /// The client address given the peer and the request headers.
+    pub(crate) fn client(&self, peer: IpAddr, headers: &HeaderMap) -> IpAddr {
+        if !self.is_trusted(peer) {
+            return peer;
+        }
+        let mut client = peer;
+        let forwarded = headers.contains_key(FORWARDED);
+        let name = if forwarded {
+            FORWARDED.as_str()
+        } else {
+            "x-forwarded-for"
+        };
+        // Lines in reverse, hops in each line from the right: nearest first.
+        let hops = headers
+            .get_all(name)
+            .iter()
+            .rev()
+            .flat_map(|line| {
+                let text = line.to_str().unwrap_or("\u{0}");
+                text.rsplit(',')
+            })
+            .take(MAX_HOPS);
+        for hop in hops {
+            let parsed = if forwarded {
+                parse_forwarded_for(hop)
+            } else {
+                parse_hop(hop)
+            };
+            match parsed {
+                // An address we cannot read was written beyond the trust
+                // boundary or is obfuscated: the last readable hop stands.
+                None => break,
+                Some(ip) => {
+                    client = ip;
+                    if !self.is_trusted(ip) {
+                        break;
+                    }
+                }
+            }
+        }
+        client
+    }
+}
+
+impl<B> KeyExtractor<http::Request<B>> for ForwardedIp {
+    fn extract(&self, req: &http::Request<B>) -> Option<Key> {
+        let peer = peer_addr(req)?;
+        Some(Key::from_ip(self.client(peer, req.headers())))
+    }
+}
+
+/// One `X-Forwarded-For` hop: an address, possibly with a port.
+fn parse_hop(hop: &str) -> Option<IpAddr> {
+    let hop = hop.trim().trim_matches('"');
+    if let Ok(ip) = hop.parse::<IpAddr>() {
+        return Some(ip.to_canonical());
+    }
+    if let Ok(addr) = hop.parse::<SocketAddr>() {
+        return Some(addr.ip().to_canonical());
+    }
+    hop.strip_prefix('[')
+        .and_then(|rest| rest.split_once(']'))
+        .and_then(|(ip, _)| ip.parse::<IpAddr>().ok())
+        .map(|ip| ip.to_canonical())
+}
+
+/// The `for=` parameter of one `Forwarded` element.
+fn parse_forwarded_for(element: &str) -> Option<IpAddr> {
+    element.split(';').find_map(|pair| {
+        let (name, value) = pair.trim().split_once('=')?;
+        if name.trim().eq_ignore_ascii_case("for") {
+            parse_hop(value)
+        } else {
+            None
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (name, value) in pairs {
+            map.append(
+                http::HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                value.parse().unwrap(),
+            );
+        }
+        map
+    }
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn networks() {
+        let net: IpNet = "10.0.0.0/8".parse().unwrap();
+        assert!(net.contains(ip("10.200.1.1")));
+        assert!(!net.contains(ip("11.0.0.1")));
+        assert!(net.contains(ip("::ffff:10.0.0.1")));
+        let v6: IpNet = "2001:db8::/32".parse().unwrap();
+        assert!(v6.contains(ip("2001:db8:1::1")));
+        assert!(!v6.contains(ip("10.0.0.1")));
+        let all: IpNet = "0.0.0.0/0".parse().unwrap();
+        assert!(all.contains(ip("8.8.8.8")));
+        assert!("10.0.0.0/33".parse::<IpNet>().is_err());
+        assert!("nonsense".parse::<IpNet>().is_err());
+    }
+
+    #[test]
+    fn spoofed_headers_from_untrusted_peers_are_ignored() {
+        let fwd = ForwardedIp::new(["10.0.0.0/8"]).unwrap();
+        let h = headers(&[("x-forwarded-for", "1.2.3.4")]);
+        assert_eq!(fwd.client(ip("203.0.113.9"), &h), ip("203.0.113.9"));
+    }
+
+    #[test]
+    fn chain_is_read_from_the_right() {
+        let fwd = ForwardedIp::new(["10.0.0.0/8"]).unwrap();
+        // The client put a fake address first; the proxy appended the real one.
+        let h = headers(&[("x-forwarded-for", "6.6.6.6, 198.51.100.1, 10.0.0.2")]);
+        assert_eq!(fwd.client(ip("10.0.0.1"), &h), ip("198.51.100.1"));
+        let h = headers(&[
+            ("x-forwarded-for", "6.6.6.6"),
+            ("x-forwarded-for", "198.51.100.1:5555"),
+        ]);
+        assert_eq!(fwd.client(ip("10.0.0.1"), &h), ip("198.51.100.1"));
+        let h = headers(&[("x-forwarded-for", "garbage, 10.0.0.3")]);
+        assert_eq!(fwd.client(ip("10.0.0.1"), &h), ip("10.0.0.3"));
+    }
+
+    #[test]
+    fn forwarded_header() {
+        let fwd = ForwardedIp::new(["10.0.0.0/8"]).unwrap();
+        let h = headers(&[(
+            "forwarded",
+            "for=1.1.1.1, for=\"[2001:db8:cafe::17]:4711\";proto=https, for=10.0.0.9",
+        )]);
+        assert_eq!(fwd.client(ip("10.0.0.1"), &h), ip("2001:db8:cafe::17"));
+        let h = headers(&[("forwarded", "for=_hidden"), ("x-forwarded-for", "1.1.1.1")]);
+        assert_eq!(fwd.client(ip("10.0.0.1"), &h), ip("10.0.0.1"));
+    }
+}

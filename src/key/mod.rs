@@ -1,0 +1,239 @@
+//! Who is this? Key extractors turn a request into the identity a limit is
+//! kept for.
+//!
+//! | extractor | key | when missing |
+//! |---|---|---|
+//! | [`PeerIp`] | the TCP peer's address (axum `ConnectInfo`) | server not started with connect info |
+//! | [`ForwardedIp`] | the client address from `X-Forwarded-For` / `Forwarded`, trusted only from configured proxies | never (falls back to the peer) unless the peer is missing |
+//! | [`HeaderKey`] | a header such as `x-api-key` or a bearer token, hashed | header absent or empty |
+//! | [`GlobalKey`] | one key for everyone | never |
+//! | [`key_fn`] | whatever your closure returns | closure returns `None` |
+//!
+//! Chain extractors with `.or(...)`: `HeaderKey::new("x-api-key").or(PeerIp)`
+//! limits per API key and falls back to the client address.
+
+mod header;
+mod ip;
+
+use std::fmt;
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use sha2::{Digest, Sha256};
+
+pub use self::header::HeaderKey;
+pub use self::ip::{ForwardedIp, IpNet, PeerIp};
+
+/// Keys longer than this are replaced by their SHA-256 digest, so that one
+/// client cannot make the store hold arbitrarily large keys.
+pub const MAX_KEY_LEN: usize = 128;
+
+/// An identity to limit: an IP, a hashed API key, a user id.
+///
+/// Cheap to clone. Keys from different extractors carry different prefixes
+/// (`ip:`, `h:`, ...) so that they never collide.
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Key(Arc<str>);
+
+impl Key {
+    /// A key from text. Text longer than [`MAX_KEY_LEN`] bytes is replaced by
+    /// its digest (`sha256:…`).
+    pub fn new(text: impl AsRef<str>) -> Self {
+        let text = text.as_ref();
+        if text.len() > MAX_KEY_LEN {
+            Key::digest("sha256:", text.as_bytes())
+        } else {
+            Key(Arc::from(text))
+        }
+    }
+
+    /// A key from a secret (an API key, a token): only a digest of it is
+    /// kept, so the secret never reaches the store or the logs.
+    pub fn hashed(prefix: &str, secret: &[u8]) -> Self {
+        Key::digest(prefix, secret)
+    }
+
+    /// A key for an IP address (`ip:203.0.113.7`).
+    pub fn from_ip(ip: IpAddr) -> Self {
+        Key(Arc::from(format!("ip:{ip}")))
+    }
+
+    /// The key as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    fn digest(prefix: &str, bytes: &[u8]) -> Self {
+        let digest = Sha256::digest(bytes);
+        // 128 bits are plenty against collisions and keep keys short.
+        let mut text = String::with_capacity(prefix.len() + 32);
+        text.push_str(prefix);
+        for byte in &digest[..16] {
+            text.push(hex_digit(byte >> 4));
+            text.push(hex_digit(byte & 0xf));
+        }
+        Key(Arc::from(text))
+    }
+}
+
+fn hex_digit(nibble: u8) -> char {
+    char::from_digit(u32::from(nibble), 16).unwrap_or('0')
+}
+
+impl fmt::Debug for Key {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&*self.0, f)
+    }
+}
+
+impl fmt::Display for Key {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl From<&str> for Key {
+    fn from(text: &str) -> Self {
+        Key::new(text)
+    }
+}
+
+impl From<String> for Key {
+    fn from(text: String) -> Self {
+        Key::new(text)
+    }
+}
+
+/// Turns a request into a [`Key`], or `None` when it carries none.
+pub trait KeyExtractor<Req>: Send + Sync + 'static {
+    /// The key for `req`, or `None` when no key can be found.
+    fn extract(&self, req: &Req) -> Option<Key>;
+}
+
+impl<Req, K: KeyExtractor<Req> + ?Sized> KeyExtractor<Req> for Arc<K> {
+    fn extract(&self, req: &Req) -> Option<Key> {
+        (**self).extract(req)
+    }
+}
+
+/// Adds `.or(other)` to a key extractor type: use `self`, or `other` when
+/// `self` finds no key.
+macro_rules! chainable {
+    ($([$($gen:tt)*] $ty:ty),* $(,)?) => {$(
+        impl<$($gen)*> $ty {
+            /// Uses this extractor, or `other` when this one finds no key:
+            /// `HeaderKey::new("x-api-key").or(PeerIp)`.
+            pub fn or<O>(self, other: O) -> Or<Self, O> {
+                Or { first: self, second: other }
+            }
+        }
+    )*};
+}
+
+chainable!(
+    [] HeaderKey,
+    [] PeerIp,
+    [] ForwardedIp,
+    [] GlobalKey,
+    [F] KeyFn<F>,
+    [A, B] Or<A, B>,
+);
+
+/// Tries one extractor, then another; see [`HeaderKey::or`].
+#[derive(Clone, Debug)]
+pub struct Or<A, B> {
+    first: A,
+    second: B,
+}
+
+impl<Req, A: KeyExtractor<Req>, B: KeyExtractor<Req>> KeyExtractor<Req> for Or<A, B> {
+    fn extract(&self, req: &Req) -> Option<Key> {
+        self.first.extract(req).or_else(|| self.second.extract(req))
+    }
+}
+
+/// One key for every request: a limit on the whole service.
+#[derive(Clone, Debug)]
+pub struct GlobalKey(Key);
+
+impl GlobalKey {
+    /// A global key named `global`.
+    pub fn new() -> Self {
+        GlobalKey(Key::new("global"))
+    }
+
+    /// A global key with its own name, for several global limits.
+    pub fn named(name: &str) -> Self {
+        GlobalKey(Key::new(format!("global:{name}")))
+    }
+}
+
+impl Default for GlobalKey {
+    fn default() -> Self {
+        GlobalKey::new()
+    }
+}
+
+impl<Req> KeyExtractor<Req> for GlobalKey {
+    fn extract(&self, _req: &Req) -> Option<Key> {
+        Some(self.0.clone())
+    }
+}
+
+/// A key extractor from a closure; see [`key_fn`].
+#[derive(Clone)]
+pub struct KeyFn<F>(F);
+
+impl<F> fmt::Debug for KeyFn<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("KeyFn")
+    }
+}
+
+/// Uses a closure as a key extractor.
+///
+/// ```
+/// use fleetgate::key::{key_fn, Key, KeyExtractor};
+///
+/// let by_tenant = key_fn(|req: &http::Request<()>| {
+///     req.uri().path().split('/').nth(2).map(|tenant| Key::new(format!("tenant:{tenant}")))
+/// });
+/// let req = http::Request::get("/t/acme/orders").body(()).unwrap();
+/// assert_eq!(by_tenant.extract(&req).unwrap().as_str(), "tenant:acme");
+/// ```
+pub fn key_fn<Req, F>(f: F) -> KeyFn<F>
+where
+    F: Fn(&Req) -> Option<Key> + Send + Sync + 'static,
+{
+    KeyFn(f)
+}
+
+impl<Req, F> KeyExtractor<Req> for KeyFn<F>
+where
+    F: Fn(&Req) -> Option<Key> + Send + Sync + 'static,
+{
+    fn extract(&self, req: &Req) -> Option<Key> {
+        (self.0)(req)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_keys_are_digested() {
+        let long = "x".repeat(1000);
+        let key = Key::new(&long);
+        assert!(key.as_str().starts_with("sha256:"));
+        assert_eq!(key.as_str().len(), 7 + 32);
+        assert_eq!(key, Key::new(&long));
+    }
+
+    #[test]
+    fn hashed_keys_hide_the_secret() {
+        let key = Key::hashed("h:", b"sk_live_secret");
+        assert!(!key.as_str().contains("secret"));
+        assert_eq!(key.as_str().len(), 2 + 32);
+    }
+}

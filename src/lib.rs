@@ -1,0 +1,108 @@
+//! Fleet-wide rate limiting for [tower] and [axum], decided atomically in
+//! Redis (one Lua script, one round trip), or in process when there is no
+//! Redis.
+//!
+//! - Limits are values, checked when built: [`Rate`], [`Limit`], [`Policy`].
+//! - A [`Limiter`] binds a policy to a store: [`MemoryStore`] (embedded
+//!   default) or [`RedisStore`] (shared by every instance of the fleet).
+//! - [`RateLimitLayer`] applies a limiter to an axum router or any tower
+//!   service; [`key`] extractors say who a request is.
+//!
+//! # An axum server
+//!
+//! ```no_run
+//! use std::net::SocketAddr;
+//! use axum::{routing::get, Router};
+//! use fleetgate::key::{HeaderKey, PeerIp};
+//! use fleetgate::{Limit, Limiter, Policy, Rate, RateLimitLayer, RedisStore};
+//!
+//! #[tokio::main]
+//! async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//!     // 100 per second per API key, bursts of 500.
+//!     let policy = Policy::single("api", Limit::builder(Rate::per_second(100)).burst(500).build()?)?;
+//!     let store = RedisStore::connect("redis://127.0.0.1:6379").await?;
+//!     let app = Router::new()
+//!         .route("/api/ping", get(|| async { "pong" }))
+//!         .route_layer(
+//!             RateLimitLayer::new(Limiter::new(policy, store))
+//!                 .key(HeaderKey::new("x-api-key").or(PeerIp)),
+//!         );
+//!     let listener = tokio::net::TcpListener::bind("127.0.0.1:3000").await?;
+//!     // Connect info gives PeerIp the client's address.
+//!     axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>()).await?;
+//!     Ok(())
+//! }
+//! ```
+//!
+//! # A rate-limited client
+//!
+//! Around a client of someone else's API, refuse calls with an error
+//! instead of earning a 429 from them:
+//!
+//! ```
+//! use std::time::Duration;
+//! use fleetgate::key::GlobalKey;
+//! use fleetgate::{Limit, Limiter, MemoryStore, Policy, Rate, RateLimitError, RateLimitLayer};
+//! use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+//! // The upstream allows 25 calls per 5 s and 300 per minute.
+//! let upstream = Policy::builder("upstream")
+//!     .limit(Limit::new(Rate::new(25, Duration::from_secs(5)))?)
+//!     .limit(Limit::new(Rate::per_minute(300))?)
+//!     .build()?;
+//! let mut client = ServiceBuilder::new()
+//!     .layer(
+//!         RateLimitLayer::new(Limiter::new(upstream, MemoryStore::new()))
+//!             .key(GlobalKey::new())
+//!             .typed_errors(),
+//!     )
+//!     .service(service_fn(|call: &'static str| async move {
+//!         Ok::<_, std::convert::Infallible>(format!("called {call}"))
+//!     }));
+//!
+//! for _ in 0..25 {
+//!     client.ready().await?.call("GET /items").await?;
+//! }
+//! let err = client.ready().await?.call("GET /items").await.unwrap_err();
+//! let err = err.downcast::<RateLimitError>().unwrap();
+//! assert!(matches!(*err, RateLimitError::Limited { ref limit, .. } if limit == "25/5s"));
+//! # Ok(()) }
+//! ```
+//!
+//! # Failure policy
+//!
+//! Every Redis call has a timeout (50 ms by default, [`RedisStoreBuilder::timeout`]).
+//! When the store fails or times out, a layer follows its [`FailurePolicy`]:
+//! `Open` (default) lets the request through, `Closed` answers 503 with
+//! `Retry-After: 1`. Failures are logged at `warn`, at most once a second.
+//!
+//! [tower]: https://docs.rs/tower
+//! [axum]: https://docs.rs/axum
+
+#![deny(missing_docs)]
+
+pub mod clock;
+mod decision;
+mod error;
+pub(crate) mod gcra;
+pub mod http;
+pub mod key;
+mod limit;
+mod limiter;
+pub mod rate_limit;
+pub mod store;
+
+pub use crate::decision::Decision;
+pub use crate::error::{ConfigError, RateLimitError, StoreError};
+pub use crate::key::Key;
+pub use crate::limit::{
+    Limit, LimitBuilder, MAX_LIMITS_PER_POLICY, MAX_TOLERANCE_MICROS, Policy, PolicyBuilder, Rate,
+};
+pub use crate::limiter::{IntoStore, Limiter};
+pub use crate::rate_limit::{Cost, FailurePolicy, OnMissingKey, RateLimit, RateLimitLayer};
+pub use crate::store::{MemoryStore, RedisStore, RedisStoreBuilder, Store, TimeSource};
+
+/// The error type of services in typed-error mode.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;

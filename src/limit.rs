@@ -1,0 +1,404 @@
+//! Limits as plain values: a [`Rate`], a [`Limit`] (rate plus burst) and a
+//! [`Policy`] (one or more limits decided together).
+//!
+//! Everything here is checked when it is built: nonsense such as a zero rate
+//! or a burst the algorithm cannot represent is a [`ConfigError`], never a
+//! limiter that silently allows or denies everything.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::error::ConfigError;
+
+/// The longest tolerance (burst × emission interval) a limit may have, in
+/// microseconds: 2^50 µs, about 35 years.
+///
+/// Redis evaluates scripts with Lua doubles, which hold integers exactly only
+/// up to 2^53; with Unix time in microseconds (about 2^51 today) this bound
+/// keeps every intermediate value of the GCRA script exact.
+pub const MAX_TOLERANCE_MICROS: u64 = 1 << 50;
+
+/// A long-run rate: `count` events per `period`.
+///
+/// Constructors say what they mean: `Rate::per_second(100)` is one hundred
+/// per second. A rate is checked when a [`Limit`] is built from it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Rate {
+    count: u64,
+    period: Duration,
+}
+
+impl Rate {
+    /// `count` events per `period`.
+    pub const fn new(count: u64, period: Duration) -> Self {
+        Rate { count, period }
+    }
+
+    /// `count` events per second.
+    pub const fn per_second(count: u64) -> Self {
+        Rate::new(count, Duration::from_secs(1))
+    }
+
+    /// `count` events per minute.
+    pub const fn per_minute(count: u64) -> Self {
+        Rate::new(count, Duration::from_secs(60))
+    }
+
+    /// `count` events per hour.
+    pub const fn per_hour(count: u64) -> Self {
+        Rate::new(count, Duration::from_secs(3600))
+    }
+
+    /// `count` events per day.
+    pub const fn per_day(count: u64) -> Self {
+        Rate::new(count, Duration::from_secs(86_400))
+    }
+
+    /// How many events per period.
+    pub const fn count(&self) -> u64 {
+        self.count
+    }
+
+    /// The period.
+    pub const fn period(&self) -> Duration {
+        self.period
+    }
+}
+
+impl fmt::Display for Rate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/", self.count)?;
+        fmt_period(self.period, f)
+    }
+}
+
+fn fmt_period(period: Duration, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+    let micros = period.as_micros();
+    let (value, unit) = if micros % 86_400_000_000 == 0 {
+        (micros / 86_400_000_000, "d")
+    } else if micros % 3_600_000_000 == 0 {
+        (micros / 3_600_000_000, "h")
+    } else if micros % 60_000_000 == 0 {
+        (micros / 60_000_000, "min")
+    } else if micros % 1_000_000 == 0 {
+        (micros / 1_000_000, "s")
+    } else if micros % 1_000 == 0 {
+        (micros / 1_000, "ms")
+    } else {
+        (micros, "us")
+    };
+    if value == 1 {
+        f.write_str(unit)
+    } else {
+        write!(f, "{value}{unit}")
+    }
+}
+
+/// One limit: a [`Rate`] with a burst, decided with GCRA.
+///
+/// The burst is how many events may pass at once after an idle spell; the
+/// rate is how fast that allowance refills. `Limit::new(Rate::per_second(100))`
+/// has a burst of 100; use [`Limit::builder`] to choose another.
+///
+/// ```
+/// use fleetgate::{Limit, Rate};
+/// use std::time::Duration;
+///
+/// let api = Limit::builder(Rate::per_second(100)).burst(500).build()?;
+/// assert_eq!(api.burst(), 500);
+/// assert_eq!(api.emission_interval(), Duration::from_millis(10));
+///
+/// // A zero rate is refused, not turned into "deny everything".
+/// assert!(Limit::new(Rate::per_second(0)).is_err());
+/// # Ok::<(), fleetgate::ConfigError>(())
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Limit {
+    rate: Rate,
+    burst: u64,
+    name: Arc<str>,
+    emission_us: u64,
+    tolerance_us: u64,
+}
+
+impl Limit {
+    /// A limit at `rate` whose burst equals the rate's count.
+    pub fn new(rate: Rate) -> Result<Self, ConfigError> {
+        Limit::builder(rate).build()
+    }
+
+    /// Starts building a limit at `rate`.
+    pub fn builder(rate: Rate) -> LimitBuilder {
+        LimitBuilder {
+            rate,
+            burst: None,
+            name: None,
+        }
+    }
+
+    /// The long-run rate.
+    pub fn rate(&self) -> Rate {
+        self.rate
+    }
+
+    /// How many events may pass at once.
+    pub fn burst(&self) -> u64 {
+        self.burst
+    }
+
+    /// The limit's name, used in rejections, headers and logs. Defaults to
+    /// the rate, such as `25/5s`.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The time one event "costs": `period / count`, rounded up to whole
+    /// microseconds so that rounding can never admit more than the rate.
+    pub fn emission_interval(&self) -> Duration {
+        Duration::from_micros(self.emission_us)
+    }
+
+    /// How long a full burst takes to refill from empty (`burst ×
+    /// emission interval`); also the longest a key's state lives.
+    pub fn window(&self) -> Duration {
+        Duration::from_micros(self.tolerance_us)
+    }
+
+    pub(crate) fn emission_us(&self) -> u64 {
+        self.emission_us
+    }
+
+    pub(crate) fn tolerance_us(&self) -> u64 {
+        self.tolerance_us
+    }
+}
+
+impl fmt::Display for Limit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} burst {}", self.rate, self.burst)
+    }
+}
+
+/// Builds a [`Limit`]; see [`Limit::builder`].
+#[derive(Clone, Debug)]
+#[must_use]
+pub struct LimitBuilder {
+    rate: Rate,
+    burst: Option<u64>,
+    name: Option<String>,
+}
+
+impl LimitBuilder {
+    /// How many events may pass at once (default: the rate's count).
+    pub fn burst(mut self, burst: u64) -> Self {
+        self.burst = Some(burst);
+        self
+    }
+
+    /// A name for this limit (default: the rate, such as `25/5s`).
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = Some(name.into());
+        self
+    }
+
+    /// Checks the limit and builds it.
+    pub fn build(self) -> Result<Limit, ConfigError> {
+        let Rate { count, period } = self.rate;
+        if count == 0 {
+            return Err(ConfigError::ZeroRate);
+        }
+        if period.is_zero() {
+            return Err(ConfigError::ZeroPeriod);
+        }
+        let burst = self.burst.unwrap_or(count);
+        if burst == 0 {
+            return Err(ConfigError::ZeroBurst);
+        }
+        let period_us = period.as_micros();
+        if period_us > u128::from(MAX_TOLERANCE_MICROS) {
+            return Err(ConfigError::PeriodTooLong { period });
+        }
+        // Ceiling division: a rounded-down interval would admit slightly more
+        // than the rate over a long run.
+        let count = u128::from(count);
+        let emission_us = period_us.div_ceil(count);
+        if period_us < count {
+            return Err(ConfigError::RateTooFine { rate: self.rate });
+        }
+        let tolerance_us = emission_us.saturating_mul(u128::from(burst));
+        if tolerance_us > u128::from(MAX_TOLERANCE_MICROS) {
+            return Err(ConfigError::BurstTooLarge {
+                burst,
+                window: Duration::from_micros(u64::try_from(tolerance_us).unwrap_or(u64::MAX)),
+            });
+        }
+        // Both fit in u64: they are at most MAX_TOLERANCE_MICROS.
+        let emission_us = emission_us as u64;
+        let tolerance_us = tolerance_us as u64;
+        let name = match self.name {
+            Some(name) => {
+                check_name(&name)?;
+                Arc::from(name)
+            }
+            None => Arc::from(self.rate.to_string()),
+        };
+        Ok(Limit {
+            rate: self.rate,
+            burst,
+            name,
+            emission_us,
+            tolerance_us,
+        })
+    }
+}
+
+/// Names end up in Redis keys, headers and metrics labels: keep them short
+/// and free of characters that would need quoting or break hash tags.
+pub(crate) fn check_name(name: &str) -> Result<(), ConfigError> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_./:".contains(&b));
+    if ok {
+        Ok(())
+    } else {
+        Err(ConfigError::InvalidName {
+            name: name.to_owned(),
+        })
+    }
+}
+
+/// One or more limits under a name, decided together: a call passes only if
+/// every limit admits it, and a call that any limit denies charges none.
+///
+/// ```
+/// use fleetgate::{Limit, Policy, Rate};
+/// use std::time::Duration;
+///
+/// // An upstream API's published limits: 25 per 5 s and 300 per minute.
+/// let upstream = Policy::builder("upstream")
+///     .limit(Limit::new(Rate::new(25, Duration::from_secs(5)))?)
+///     .limit(Limit::new(Rate::per_minute(300))?)
+///     .build()?;
+/// assert_eq!(upstream.limits().len(), 2);
+/// # Ok::<(), fleetgate::ConfigError>(())
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Policy {
+    inner: Arc<PolicyInner>,
+}
+
+#[derive(Debug, PartialEq, Eq, Hash)]
+struct PolicyInner {
+    name: Arc<str>,
+    limits: Box<[Limit]>,
+    max_cost: u64,
+}
+
+/// The most limits one policy may hold.
+pub const MAX_LIMITS_PER_POLICY: usize = 16;
+
+impl Policy {
+    /// A policy named `name` holding a single limit.
+    pub fn single(name: impl Into<String>, limit: Limit) -> Result<Self, ConfigError> {
+        Policy::builder(name).limit(limit).build()
+    }
+
+    /// Starts building a policy named `name`. The name becomes part of
+    /// storage keys: `[A-Za-z0-9-_./:]`, at most 64 bytes.
+    pub fn builder(name: impl Into<String>) -> PolicyBuilder {
+        PolicyBuilder {
+            name: name.into(),
+            limits: Vec::new(),
+        }
+    }
+
+    /// The policy's name.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    pub(crate) fn name_arc(&self) -> Arc<str> {
+        self.inner.name.clone()
+    }
+
+    /// The limits, in the order they were added.
+    pub fn limits(&self) -> &[Limit] {
+        &self.inner.limits
+    }
+
+    /// The largest cost a single call can ever be admitted with: the
+    /// smallest burst among the limits.
+    pub fn max_cost(&self) -> u64 {
+        self.inner.max_cost
+    }
+}
+
+/// Builds a [`Policy`]; see [`Policy::builder`].
+#[derive(Clone, Debug)]
+#[must_use]
+pub struct PolicyBuilder {
+    name: String,
+    limits: Vec<Limit>,
+}
+
+impl PolicyBuilder {
+    /// Adds a limit.
+    pub fn limit(mut self, limit: Limit) -> Self {
+        self.limits.push(limit);
+        self
+    }
+
+    /// Checks the policy and builds it.
+    pub fn build(self) -> Result<Policy, ConfigError> {
+        check_name(&self.name)?;
+        if self.limits.is_empty() {
+            return Err(ConfigError::EmptyPolicy);
+        }
+        if self.limits.len() > MAX_LIMITS_PER_POLICY {
+            return Err(ConfigError::TooManyLimits {
+                count: self.limits.len(),
+            });
+        }
+        for (i, limit) in self.limits.iter().enumerate() {
+            if self.limits[..i].iter().any(|l| l.name == limit.name) {
+                return Err(ConfigError::DuplicateLimit {
+                    name: limit.name.to_string(),
+                });
+            }
+        }
+        let max_cost = self.limits.iter().map(|l| l.burst).min().unwrap_or(0);
+        Ok(Policy {
+            inner: Arc::new(PolicyInner {
+                name: Arc::from(self.name),
+                limits: self.limits.into_boxed_slice(),
+                max_cost,
+            }),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn emission_interval_rounds_up() {
+        let l = Limit::new(Rate::per_second(3)).unwrap();
+        assert_eq!(l.emission_us(), 333_334);
+        assert_eq!(l.tolerance_us(), 1_000_002);
+    }
+
+    #[test]
+    fn display_names() {
+        assert_eq!(Rate::new(25, Duration::from_secs(5)).to_string(), "25/5s");
+        assert_eq!(Rate::per_minute(300).to_string(), "300/min");
+        assert_eq!(Rate::per_hour(5000).to_string(), "5000/h");
+        assert_eq!(
+            Rate::new(1, Duration::from_millis(250)).to_string(),
+            "1/250ms"
+        );
+    }
+}

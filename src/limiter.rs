@@ -1,0 +1,124 @@
+//! [`Limiter`]: a policy bound to a store, callable from any code.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::decision::Decision;
+use crate::key::Key;
+use crate::limit::Policy;
+use crate::store::{GcraCall, MemoryStore, Store, StoreFuture};
+
+/// A [`Policy`] bound to a [`Store`]: the part of every layer that decides.
+///
+/// Usable on its own, outside tower:
+///
+/// ```
+/// use fleetgate::{Key, Limit, Limiter, MemoryStore, Policy, Rate};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let policy = Policy::single("login", Limit::builder(Rate::per_minute(5)).burst(3).build()?)?;
+/// let limiter = Limiter::new(policy, MemoryStore::new());
+/// let who = Key::new("user:42");
+/// for _ in 0..3 {
+///     assert!(limiter.check(&who, 1).await?.is_allowed());
+/// }
+/// let denied = limiter.check(&who, 1).await?;
+/// assert!(!denied.is_allowed());
+/// assert!(denied.retry_after().is_some());
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Limiter {
+    policy: Policy,
+    store: Arc<dyn Store>,
+}
+
+impl Limiter {
+    /// Binds `policy` to `store`.
+    pub fn new(policy: Policy, store: impl IntoStore) -> Self {
+        Limiter {
+            policy,
+            store: store.into_store(),
+        }
+    }
+
+    /// Binds `policy` to a fresh [`MemoryStore`].
+    pub fn in_memory(policy: Policy) -> Self {
+        Limiter::new(policy, MemoryStore::new())
+    }
+
+    /// The policy.
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    /// Decides one call of `cost` for `key`: one round trip to the store,
+    /// none at all when the cost is above what any limit could admit.
+    pub fn check(&self, key: &Key, cost: u64) -> StoreFuture<Decision> {
+        self.decide(key, cost, Duration::ZERO)
+    }
+
+    /// Reserve mode: admits the call if its slot comes within `max_wait`
+    /// and reports in [`Decision::wait`] how long to wait before using it.
+    /// The slot is taken (and charged) at once, so callers are served in
+    /// the order they reach the store.
+    pub fn reserve(&self, key: &Key, cost: u64, max_wait: Duration) -> StoreFuture<Decision> {
+        self.decide(key, cost, max_wait)
+    }
+
+    fn decide(&self, key: &Key, cost: u64, max_wait: Duration) -> StoreFuture<Decision> {
+        if cost > self.policy.max_cost() {
+            // No amount of waiting admits this: answer without a round trip.
+            let (i, limit) = self
+                .policy
+                .limits()
+                .iter()
+                .enumerate()
+                .min_by_key(|(_, l)| l.burst())
+                .map_or((0, Duration::ZERO), |(i, l)| (i, l.window()));
+            return StoreFuture::ready(Ok(Decision::never(i, limit)));
+        }
+        self.store.gcra(GcraCall {
+            policy: self.policy.clone(),
+            key: key.clone(),
+            cost,
+            max_wait,
+        })
+    }
+}
+
+impl fmt::Debug for Limiter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Limiter")
+            .field("policy", &self.policy.name())
+            .field("store", &self.store)
+            .finish()
+    }
+}
+
+/// Anything that can serve as a limiter's store: a [`MemoryStore`], a
+/// [`RedisStore`](crate::RedisStore), or an `Arc<dyn Store>` chosen at run
+/// time.
+pub trait IntoStore {
+    /// Converts into a shared store.
+    fn into_store(self) -> Arc<dyn Store>;
+}
+
+impl<S: Store> IntoStore for S {
+    fn into_store(self) -> Arc<dyn Store> {
+        Arc::new(self)
+    }
+}
+
+impl IntoStore for Arc<dyn Store> {
+    fn into_store(self) -> Arc<dyn Store> {
+        self
+    }
+}

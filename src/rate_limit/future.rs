@@ -1,0 +1,221 @@
+use std::fmt;
+use std::future::Future;
+use std::marker::PhantomData;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, ready};
+
+use http::Response;
+use pin_project_lite::pin_project;
+use tower_service::Service;
+
+use super::{Common, FailurePolicy, mode};
+use crate::BoxError;
+use crate::decision::Decision;
+use crate::error::RateLimitError;
+use crate::http::{HeaderStyle, RejectionKind, ResponseBody};
+use crate::store::StoreFuture;
+
+pin_project! {
+    /// The response future of [`RateLimit`](super::RateLimit): waits for the
+    /// store's decision, then calls the inner service or refuses.
+    pub struct ResponseFuture<S, Req, M>
+    where
+        S: Service<Req>,
+    {
+        #[pin]
+        state: State<S, Req>,
+        common: Arc<Common>,
+        _mode: PhantomData<fn() -> M>,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State<S, Req>
+    where
+        S: Service<Req>,
+    {
+        Deciding {
+            decision: StoreFuture<Decision>,
+            inner: Option<S>,
+            req: Option<Req>,
+        },
+        Calling {
+            #[pin]
+            fut: S::Future,
+            decision: Option<Decision>,
+        },
+        Rejected {
+            kind: Option<RejectionKind>,
+        },
+    }
+}
+
+/// How a request ended, before the mode turns it into a response or error.
+enum Outcome<R, E> {
+    Passed(Result<R, E>, Option<Decision>),
+    Rejected(RejectionKind),
+}
+
+impl<S: Service<Req>, Req, M> ResponseFuture<S, Req, M> {
+    pub(crate) fn deciding(
+        common: Arc<Common>,
+        decision: StoreFuture<Decision>,
+        inner: S,
+        req: Req,
+    ) -> Self {
+        Self::with_state(
+            common,
+            State::Deciding {
+                decision,
+                inner: Some(inner),
+                req: Some(req),
+            },
+        )
+    }
+
+    pub(crate) fn calling(common: Arc<Common>, fut: S::Future, decision: Option<Decision>) -> Self {
+        Self::with_state(common, State::Calling { fut, decision })
+    }
+
+    pub(crate) fn rejected(common: Arc<Common>, kind: RejectionKind) -> Self {
+        Self::with_state(common, State::Rejected { kind: Some(kind) })
+    }
+
+    fn with_state(common: Arc<Common>, state: State<S, Req>) -> Self {
+        ResponseFuture {
+            state,
+            common,
+            _mode: PhantomData,
+        }
+    }
+
+    fn poll_outcome(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Outcome<S::Response, S::Error>> {
+        let mut this = self.project();
+        loop {
+            match this.state.as_mut().project() {
+                StateProj::Deciding {
+                    decision,
+                    inner,
+                    req,
+                } => {
+                    let result = ready!(Pin::new(decision).poll(cx));
+                    let (Some(mut inner), Some(req)) = (inner.take(), req.take()) else {
+                        // Polled again after completing: nothing left to call.
+                        return Poll::Ready(Outcome::Rejected(RejectionKind::Unavailable));
+                    };
+                    let common = &**this.common;
+                    let decision = match result {
+                        Ok(d) if d.is_allowed() => Some(d),
+                        Ok(d) if common.shadow => {
+                            tracing::debug!(
+                                policy = common.limiter.policy().name(),
+                                retry_after = ?d.retry_after(),
+                                "shadow-denied"
+                            );
+                            None
+                        }
+                        Ok(d) => {
+                            tracing::debug!(
+                                policy = common.limiter.policy().name(),
+                                retry_after = ?d.retry_after(),
+                                "denied"
+                            );
+                            return Poll::Ready(Outcome::Rejected(RejectionKind::Limited(d)));
+                        }
+                        Err(err) => {
+                            if common.warn_gate.allow() {
+                                tracing::warn!(
+                                    policy = common.limiter.policy().name(),
+                                    store = common.limiter.store().kind(),
+                                    error = %err,
+                                    failure_policy = ?common.failure,
+                                    "rate-limit store failed"
+                                );
+                            }
+                            if common.failure == FailurePolicy::Closed {
+                                return Poll::Ready(Outcome::Rejected(RejectionKind::Unavailable));
+                            }
+                            None
+                        }
+                    };
+                    let fut = inner.call(req);
+                    this.state.set(State::Calling { fut, decision });
+                }
+                StateProj::Calling { fut, decision } => {
+                    let result = ready!(fut.poll(cx));
+                    return Poll::Ready(Outcome::Passed(result, decision.take()));
+                }
+                StateProj::Rejected { kind } => {
+                    return Poll::Ready(Outcome::Rejected(
+                        kind.take().unwrap_or(RejectionKind::Unavailable),
+                    ));
+                }
+            }
+        }
+    }
+}
+
+impl<S, Req, ResBody> Future for ResponseFuture<S, Req, mode::Http>
+where
+    S: Service<Req, Response = Response<ResBody>>,
+{
+    type Output = Result<Response<ResponseBody<ResBody>>, S::Error>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let outcome = ready!(self.as_mut().poll_outcome(cx));
+        let common = &self.common;
+        Poll::Ready(match outcome {
+            Outcome::Passed(result, decision) => result.map(|response| {
+                let mut response = response.map(ResponseBody::inner);
+                if let Some(decision) = decision {
+                    if common.headers.style() != HeaderStyle::None && !common.shadow {
+                        common.headers.write(response.headers_mut(), &decision);
+                    }
+                }
+                response
+            }),
+            Outcome::Rejected(kind) => Ok(common.rejection(kind).map(ResponseBody::full)),
+        })
+    }
+}
+
+impl<S, Req> Future for ResponseFuture<S, Req, mode::TypedErrors>
+where
+    S: Service<Req>,
+    S::Error: Into<BoxError>,
+{
+    type Output = Result<S::Response, BoxError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let outcome = ready!(self.as_mut().poll_outcome(cx));
+        Poll::Ready(match outcome {
+            Outcome::Passed(result, _) => result.map_err(Into::into),
+            Outcome::Rejected(kind) => Err(Box::new(match kind {
+                RejectionKind::Limited(d) => RateLimitError::Limited {
+                    limit: self
+                        .common
+                        .limiter
+                        .policy()
+                        .limits()
+                        .get(d.limit_index())
+                        .map(|l| l.name().to_owned())
+                        .unwrap_or_default(),
+                    retry_after: d.retry_after(),
+                },
+                RejectionKind::MissingKey(_) => RateLimitError::MissingKey,
+                RejectionKind::Unavailable => RateLimitError::Unavailable("store failed".into()),
+            })),
+        })
+    }
+}
+
+impl<S: Service<Req>, Req, M> fmt::Debug for ResponseFuture<S, Req, M> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ResponseFuture").finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,138 @@
+use std::fmt;
+use std::marker::PhantomData;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body::Body;
+use tower_service::Service;
+
+use super::{Cost, OnMissingKey, ResponseFuture, Shared, mode};
+use crate::BoxError;
+use crate::http::{RejectionKind, ResponseBody};
+use crate::key::KeyExtractor;
+
+/// The service [`RateLimitLayer`](super::RateLimitLayer) produces.
+///
+/// It is ready whenever the inner service is: the decision happens in the
+/// response future, after the ready inner service has been moved into it
+/// (a clone is left behind), so the inner service is only ever called after
+/// its own `poll_ready` said yes.
+pub struct RateLimit<S, K, C, M> {
+    inner: S,
+    shared: Arc<Shared<K, C>>,
+    _mode: PhantomData<fn() -> M>,
+}
+
+impl<S, K, C, M> RateLimit<S, K, C, M> {
+    pub(crate) fn new(inner: S, shared: Arc<Shared<K, C>>) -> Self {
+        RateLimit {
+            inner,
+            shared,
+            _mode: PhantomData,
+        }
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// Unwraps the inner service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+
+    fn start<Req>(&mut self, req: Req) -> ResponseFuture<S, Req, M>
+    where
+        S: Service<Req> + Clone,
+        K: KeyExtractor<Req>,
+        C: Cost<Req>,
+    {
+        // Take the service that was driven to readiness; leave a clone.
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let common = self.shared.common.clone();
+        let key = match self.shared.key.extract(&req) {
+            Some(key) => key,
+            None => match &common.on_missing {
+                OnMissingKey::Reject(status) => {
+                    let kind = RejectionKind::MissingKey(*status);
+                    return ResponseFuture::rejected(common, kind);
+                }
+                OnMissingKey::Fallback(key) => key.clone(),
+                OnMissingKey::Allow => {
+                    return ResponseFuture::calling(common, inner.call(req), None);
+                }
+            },
+        };
+        let cost = self.shared.cost.cost(&req);
+        let decision = common.limiter.check(&key, cost);
+        ResponseFuture::deciding(common, decision, inner, req)
+    }
+}
+
+impl<S: Clone, K, C, M> Clone for RateLimit<S, K, C, M> {
+    fn clone(&self) -> Self {
+        RateLimit {
+            inner: self.inner.clone(),
+            shared: self.shared.clone(),
+            _mode: PhantomData,
+        }
+    }
+}
+
+impl<S: fmt::Debug, K, C, M> fmt::Debug for RateLimit<S, K, C, M> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimit")
+            .field("inner", &self.inner)
+            .field("limiter", &self.shared.common.limiter)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, K, C, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimit<S, K, C, mode::Http>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
+    K: KeyExtractor<Request<ReqBody>>,
+    C: Cost<Request<ReqBody>>,
+    ResBody: Body<Data = Bytes>,
+{
+    type Response = Response<ResponseBody<ResBody>>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S, Request<ReqBody>, mode::Http>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
+        self.start(req)
+    }
+}
+
+impl<S, K, C, Req> Service<Req> for RateLimit<S, K, C, mode::TypedErrors>
+where
+    S: Service<Req> + Clone,
+    S::Error: Into<BoxError>,
+    K: KeyExtractor<Req>,
+    C: Cost<Req>,
+{
+    type Response = S::Response;
+    type Error = BoxError;
+    type Future = ResponseFuture<S, Req, mode::TypedErrors>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, req: Req) -> Self::Future {
+        self.start(req)
+    }
+}

@@ -1,0 +1,211 @@
+use std::collections::HashMap;
+use std::collections::hash_map::RandomState;
+use std::fmt;
+use std::hash::BuildHasher;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use super::{GcraCall, Store, StoreFuture};
+use crate::clock::{Clock, MonotonicClock};
+use crate::decision::Decision;
+use crate::gcra::{self, Params};
+use crate::key::Key;
+use crate::limit::MAX_LIMITS_PER_POLICY;
+
+/// A shard sweeps expired state once it holds this many entries, and after
+/// that whenever it has doubled since the last sweep.
+const MIN_SWEEP: usize = 1024;
+
+/// Limiter state in this process: the embedded default.
+///
+/// A sharded map from (policy, key) to GCRA state. Nothing lives longer than
+/// it matters: an entry whose every limit has refilled is equivalent to no
+/// entry, and such entries are swept whenever a shard has doubled in size,
+/// so memory stays proportional to the keys active within one burst window,
+/// whatever the number of distinct keys thrown at it.
+///
+/// Clones share the same state. Time comes from a [`Clock`]
+/// ([`MonotonicClock`] by default, which follows `tokio::time::pause`).
+#[derive(Clone)]
+pub struct MemoryStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    shards: Box<[Mutex<Shard>]>,
+    hasher: RandomState,
+    clock: Arc<dyn Clock>,
+}
+
+#[derive(Default)]
+struct Shard {
+    map: HashMap<(Arc<str>, Key), Entry>,
+    sweep_at: usize,
+}
+
+struct Entry {
+    tats: Box<[u64]>,
+    /// When every limit has refilled: from then on the entry means nothing.
+    idle_at: u64,
+}
+
+impl MemoryStore {
+    /// A store with the default clock and shard count.
+    pub fn new() -> Self {
+        MemoryStore::builder().build()
+    }
+
+    /// Configures a store.
+    pub fn builder() -> MemoryStoreBuilder {
+        MemoryStoreBuilder {
+            shards: None,
+            clock: None,
+        }
+    }
+
+    /// How many entries the store holds, expired ones included until they
+    /// are swept.
+    pub fn len(&self) -> usize {
+        self.inner.shards.iter().map(|s| lock(s).map.len()).sum()
+    }
+
+    /// Whether the store holds no entries.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Drops every entry that no longer matters. This also happens by
+    /// itself as shards grow; call it to reclaim memory eagerly.
+    pub fn sweep(&self) {
+        let now = self.inner.clock.now_micros();
+        for shard in self.inner.shards.iter() {
+            lock(shard).sweep(now);
+        }
+    }
+
+    fn decide(&self, call: &GcraCall) -> Decision {
+        let limits = call.policy.limits();
+        let mut params = [Params {
+            emission: 1,
+            tolerance: 0,
+        }; MAX_LIMITS_PER_POLICY];
+        for (p, limit) in params.iter_mut().zip(limits) {
+            *p = Params {
+                emission: limit.emission_us(),
+                tolerance: limit.tolerance_us(),
+            };
+        }
+        let params = &params[..limits.len()];
+        let map_key = (call.policy.name_arc(), call.key.clone());
+        let shard_index = self.inner.hasher.hash_one(&map_key) as usize % self.inner.shards.len();
+        let mut shard = lock(&self.inner.shards[shard_index]);
+        let now = self.inner.clock.now_micros();
+        let max_wait = call.max_wait_us();
+        if let Some(entry) = shard.map.get_mut(&map_key) {
+            if entry.tats.len() == params.len() {
+                let (decision, idle_at) =
+                    gcra::decide(params, &mut entry.tats, now, call.cost, max_wait);
+                if let Some(idle_at) = idle_at {
+                    entry.idle_at = idle_at;
+                }
+                return decision;
+            }
+            // The policy changed shape under the same name: start afresh.
+            shard.map.remove(&map_key);
+        }
+        let mut tats = vec![0u64; params.len()].into_boxed_slice();
+        let (decision, idle_at) = gcra::decide(params, &mut tats, now, call.cost, max_wait);
+        if let Some(idle_at) = idle_at {
+            shard.insert(map_key, Entry { tats, idle_at }, now);
+        }
+        decision
+    }
+}
+
+impl Shard {
+    fn insert(&mut self, key: (Arc<str>, Key), entry: Entry, now: u64) {
+        if self.map.len() >= self.sweep_at.max(MIN_SWEEP) {
+            self.sweep(now);
+        }
+        self.map.insert(key, entry);
+    }
+
+    fn sweep(&mut self, now: u64) {
+        self.map.retain(|_, entry| entry.idle_at > now);
+        self.sweep_at = self.map.len().saturating_mul(2);
+        if self.map.capacity() > self.sweep_at.max(MIN_SWEEP) * 2 {
+            self.map.shrink_to(self.sweep_at.max(MIN_SWEEP));
+        }
+    }
+}
+
+/// A poisoned shard only means another thread panicked while holding it;
+/// its state is a set of plain numbers that are always consistent.
+fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
+    shard
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        MemoryStore::new()
+    }
+}
+
+impl fmt::Debug for MemoryStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemoryStore")
+            .field("shards", &self.inner.shards.len())
+            .field("clock", &self.inner.clock)
+            .finish()
+    }
+}
+
+impl Store for MemoryStore {
+    fn gcra(&self, call: GcraCall) -> StoreFuture<Decision> {
+        StoreFuture::ready(Ok(self.decide(&call)))
+    }
+
+    fn kind(&self) -> &'static str {
+        "memory"
+    }
+}
+
+/// Configures a [`MemoryStore`]; see [`MemoryStore::builder`].
+#[derive(Debug)]
+#[must_use]
+pub struct MemoryStoreBuilder {
+    shards: Option<usize>,
+    clock: Option<Arc<dyn Clock>>,
+}
+
+impl MemoryStoreBuilder {
+    /// The number of shards (default: 16 per available core, at least 16).
+    pub fn shards(mut self, shards: usize) -> Self {
+        self.shards = Some(shards.max(1));
+        self
+    }
+
+    /// The clock (default: [`MonotonicClock`]).
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Some(Arc::new(clock));
+        self
+    }
+
+    /// Builds the store.
+    pub fn build(self) -> MemoryStore {
+        let shards = self.shards.unwrap_or_else(|| {
+            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+            (cores * 16).max(16)
+        });
+        MemoryStore {
+            inner: Arc::new(Inner {
+                shards: (0..shards).map(|_| Mutex::new(Shard::default())).collect(),
+                hasher: RandomState::new(),
+                clock: self
+                    .clock
+                    .unwrap_or_else(|| Arc::new(MonotonicClock::new())),
+            }),
+        }
+    }
+}

@@ -1,0 +1,137 @@
+//! Where limiter state lives: [`MemoryStore`] in this process, or
+//! [`RedisStore`] shared by the whole fleet.
+//!
+//! A store is the only part that knows where state lives. Both run the same
+//! algorithm (see [`crate::gcra`]) and give the same decisions for the same
+//! sequence of calls and times.
+
+mod memory;
+mod redis;
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+pub use self::memory::{MemoryStore, MemoryStoreBuilder};
+pub use self::redis::{RedisStore, RedisStoreBuilder, TimeSource};
+
+use crate::decision::Decision;
+use crate::error::StoreError;
+use crate::key::Key;
+use crate::limit::Policy;
+
+/// Holds limiter state and decides calls atomically.
+///
+/// Implemented by [`MemoryStore`] and [`RedisStore`]; the trait is sealed so
+/// that new operations (leases, windows) can be added without breaking
+/// anyone. Use it as `Arc<dyn Store>` to choose a store at run time.
+pub trait Store: Send + Sync + fmt::Debug + sealed::Sealed + 'static {
+    /// Decides one GCRA call, all limits of the policy together.
+    fn gcra(&self, call: GcraCall) -> StoreFuture<Decision>;
+
+    /// A short name for logs and metrics: `"memory"` or `"redis"`.
+    fn kind(&self) -> &'static str;
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for super::MemoryStore {}
+    impl Sealed for super::RedisStore {}
+}
+
+/// One call to decide: which policy, for whom, at what cost.
+#[derive(Clone, Debug)]
+pub struct GcraCall {
+    pub(crate) policy: Policy,
+    pub(crate) key: Key,
+    pub(crate) cost: u64,
+    pub(crate) max_wait: Duration,
+}
+
+impl GcraCall {
+    /// The policy whose limits decide.
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    /// The identity being limited.
+    pub fn key(&self) -> &Key {
+        &self.key
+    }
+
+    /// The call's cost (weight).
+    pub fn cost(&self) -> u64 {
+        self.cost
+    }
+
+    /// In reserve mode, the longest the caller is willing to wait; zero for
+    /// an ordinary check.
+    pub fn max_wait(&self) -> Duration {
+        self.max_wait
+    }
+
+    fn max_wait_us(&self) -> u64 {
+        u64::try_from(self.max_wait.as_micros()).unwrap_or(u64::MAX)
+    }
+}
+
+/// The future a store returns: already resolved for the memory store (no
+/// allocation), boxed for stores that do I/O.
+#[must_use = "futures do nothing unless polled"]
+pub struct StoreFuture<T> {
+    inner: Inner<T>,
+}
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'static>>;
+
+enum Inner<T> {
+    Ready(Option<Result<T, StoreError>>),
+    Pending(BoxFuture<T>),
+}
+
+impl<T> StoreFuture<T> {
+    /// A future that is already resolved.
+    pub fn ready(result: Result<T, StoreError>) -> Self {
+        StoreFuture {
+            inner: Inner::Ready(Some(result)),
+        }
+    }
+
+    /// Wraps a future that does I/O.
+    pub fn pending(fut: impl Future<Output = Result<T, StoreError>> + Send + 'static) -> Self {
+        StoreFuture {
+            inner: Inner::Pending(Box::pin(fut)),
+        }
+    }
+}
+
+impl<T> fmt::Debug for StoreFuture<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = match self.inner {
+            Inner::Ready(Some(_)) => "ready",
+            Inner::Ready(None) => "done",
+            Inner::Pending(_) => "pending",
+        };
+        f.debug_struct("StoreFuture")
+            .field("state", &state)
+            .finish()
+    }
+}
+
+impl<T: Unpin> Future for StoreFuture<T> {
+    type Output = Result<T, StoreError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match &mut self.get_mut().inner {
+            Inner::Ready(result) => match result.take() {
+                Some(result) => Poll::Ready(result),
+                None => Poll::Ready(Err(StoreError::UnexpectedReply(
+                    "store future polled after completion".into(),
+                ))),
+            },
+            Inner::Pending(fut) => fut.as_mut().poll(cx),
+        }
+    }
+}

@@ -1,0 +1,369 @@
+use std::fmt;
+use std::fmt::Write as _;
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{ErrorKind, ServerErrorKind, Value};
+
+use super::{GcraCall, Store, StoreFuture};
+use crate::clock::{Clock, SystemClock};
+use crate::decision::Decision;
+use crate::error::{ConfigError, StoreError};
+use crate::limit::check_name;
+
+const GCRA_LUA: &str = include_str!("../../lua/gcra.lua");
+
+/// Where the Redis scripts read "now".
+#[derive(Clone, Debug, Default)]
+pub enum TimeSource {
+    /// `redis.call('TIME')` inside the script: every instance agrees,
+    /// whatever their own clocks say. The default.
+    #[default]
+    Server,
+    /// The caller's clock, passed to the script: for hosted Redis services
+    /// that refuse `TIME` in scripts. Instances then agree only as far as
+    /// their clocks do ([`SystemClock`] is wall-clock time).
+    Client(Arc<dyn Clock>),
+}
+
+impl TimeSource {
+    /// The caller's wall clock ([`SystemClock`]).
+    pub fn system_clock() -> Self {
+        TimeSource::Client(Arc::new(SystemClock))
+    }
+}
+
+/// Limiter state in Redis, shared by every instance that points at the same
+/// server: one Lua script and one round trip per decision.
+///
+/// Keys look like `{prefix}:{policy}:{{identity}}:{limit}`; the braces are a
+/// Redis Cluster hash tag, so all keys of one identity live in one slot and
+/// a multi-limit script touches a single node. Each key expires once its
+/// limit has refilled, so idle identities cost nothing.
+///
+/// Scripts are sent by SHA (`EVALSHA`); when Redis answers `NOSCRIPT` (after
+/// a restart or `SCRIPT FLUSH`) the call is retried once with the full
+/// script, which also reloads it. Every call is bounded by the store's
+/// timeout (default 50 ms); what the layers do on timeout is their
+/// [`FailurePolicy`](crate::FailurePolicy).
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// use fleetgate::RedisStore;
+/// use std::time::Duration;
+///
+/// let store = RedisStore::builder()
+///     .prefix("myapp")
+///     .timeout(Duration::from_millis(20))
+///     .connect("redis://127.0.0.1:6379")
+///     .await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct RedisStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    conn: ConnectionManager,
+    prefix: Box<str>,
+    timeout: Duration,
+    time: TimeSource,
+    gcra_sha: String,
+}
+
+impl RedisStore {
+    /// Connects with the default settings.
+    pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        RedisStore::builder().connect(url).await
+    }
+
+    /// Configures a store.
+    pub fn builder() -> RedisStoreBuilder {
+        RedisStoreBuilder {
+            prefix: "fleetgate".into(),
+            timeout: Duration::from_millis(50),
+            connect_timeout: Duration::from_secs(1),
+            time: TimeSource::Server,
+        }
+    }
+
+    /// The key prefix.
+    pub fn prefix(&self) -> &str {
+        &self.inner.prefix
+    }
+
+    /// The timeout of every call.
+    pub fn timeout(&self) -> Duration {
+        self.inner.timeout
+    }
+
+    /// The Redis key that holds the state of limit `limit` of `call`'s
+    /// policy and identity.
+    pub fn gcra_key(&self, call: &GcraCall, limit: usize) -> String {
+        let mut key = String::new();
+        self.write_key(&mut key, call, limit);
+        key
+    }
+
+    fn write_key(&self, out: &mut String, call: &GcraCall, limit: usize) {
+        out.clear();
+        let _ = write!(
+            out,
+            "{}:{}:{{{}}}:{}",
+            self.inner.prefix,
+            call.policy.name(),
+            call.key.as_str(),
+            limit
+        );
+    }
+
+    async fn run_gcra(self, call: GcraCall) -> Result<Decision, StoreError> {
+        let limits = call.policy.limits();
+        let now = match &self.inner.time {
+            TimeSource::Server => String::new(),
+            TimeSource::Client(clock) => clock.now_micros().to_string(),
+        };
+        let mut args: Vec<Vec<u8>> = Vec::with_capacity(3 + 2 * limits.len());
+        args.push(now.into_bytes());
+        args.push(call.cost.to_string().into_bytes());
+        args.push(call.max_wait_us().to_string().into_bytes());
+        for limit in limits {
+            args.push(limit.emission_us().to_string().into_bytes());
+            args.push(limit.tolerance_us().to_string().into_bytes());
+        }
+        let mut keys = Vec::with_capacity(limits.len());
+        for i in 0..limits.len() {
+            keys.push(self.gcra_key(&call, i));
+        }
+        let reply = self
+            .eval(&self.inner.gcra_sha, GCRA_LUA, &keys, &args)
+            .await?;
+        decode_gcra(&reply, limits.len())
+    }
+
+    /// `EVALSHA`, falling back to `EVAL` (which also caches the script) when
+    /// the server has lost it; the whole exchange is bounded by the timeout.
+    async fn eval(
+        &self,
+        sha: &str,
+        source: &str,
+        keys: &[String],
+        args: &[Vec<u8>],
+    ) -> Result<Value, StoreError> {
+        let mut conn = self.inner.conn.clone();
+        let exchange = async {
+            let mut cmd = redis::cmd("EVALSHA");
+            cmd.arg(sha).arg(keys.len()).arg(keys).arg(args);
+            match cmd.query_async::<Value>(&mut conn).await {
+                Err(err) if err.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                    tracing::debug!("script cache empty, sending the script");
+                    let mut cmd = redis::cmd("EVAL");
+                    cmd.arg(source).arg(keys.len()).arg(keys).arg(args);
+                    cmd.query_async::<Value>(&mut conn).await
+                }
+                other => other,
+            }
+        };
+        match tokio::time::timeout(self.inner.timeout, exchange).await {
+            Ok(reply) => Ok(reply?),
+            Err(_) => Err(StoreError::Timeout(self.inner.timeout)),
+        }
+    }
+}
+
+fn decode_gcra(reply: &Value, limits: usize) -> Result<Decision, StoreError> {
+    let unexpected = || StoreError::UnexpectedReply(format!("{reply:?}"));
+    let Value::Array(items) = reply else {
+        return Err(unexpected());
+    };
+    let mut ints = [0u64; 5];
+    if items.len() != ints.len() {
+        return Err(unexpected());
+    }
+    for (slot, item) in ints.iter_mut().zip(items) {
+        match item {
+            Value::Int(n) if *n >= 0 => *slot = *n as u64,
+            _ => return Err(unexpected()),
+        }
+    }
+    let [allowed, limit, remaining, reset, delay] = ints;
+    let limit = usize::try_from(limit).map_err(|_| unexpected())?;
+    if !(1..=limits).contains(&limit) || allowed > 1 {
+        return Err(unexpected());
+    }
+    let allowed = allowed == 1;
+    Ok(Decision {
+        allowed,
+        limit: limit - 1,
+        remaining,
+        reset: Duration::from_micros(reset),
+        retry_after: (!allowed).then(|| Duration::from_micros(delay)),
+        wait: if allowed {
+            Duration::from_micros(delay)
+        } else {
+            Duration::ZERO
+        },
+    })
+}
+
+impl fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("prefix", &self.inner.prefix)
+            .field("timeout", &self.inner.timeout)
+            .field("time", &self.inner.time)
+            .finish()
+    }
+}
+
+impl Store for RedisStore {
+    fn gcra(&self, call: GcraCall) -> StoreFuture<Decision> {
+        StoreFuture::pending(self.clone().run_gcra(call))
+    }
+
+    fn kind(&self) -> &'static str {
+        "redis"
+    }
+}
+
+/// Configures a [`RedisStore`]; see [`RedisStore::builder`].
+#[derive(Clone, Debug)]
+#[must_use]
+pub struct RedisStoreBuilder {
+    prefix: String,
+    timeout: Duration,
+    connect_timeout: Duration,
+    time: TimeSource,
+}
+
+impl RedisStoreBuilder {
+    /// The first part of every key (default `fleetgate`), so that several
+    /// applications can share a server.
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// The longest any one decision may take, round trip included (default
+    /// 50 ms).
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// The longest one connection attempt may take (default 1 s).
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// Where scripts read the time (default: the Redis server's clock).
+    pub fn time_source(mut self, time: TimeSource) -> Self {
+        self.time = time;
+        self
+    }
+
+    /// Connects to `url` (`redis://host:port/db`, `rediss://` for TLS where
+    /// the redis crate is built with it) and checks the settings.
+    ///
+    /// The connection is multiplexed and reconnects by itself after
+    /// failures.
+    pub async fn connect(self, url: &str) -> Result<RedisStore, StoreError> {
+        let client = redis::Client::open(url)?;
+        self.connect_client(client).await
+    }
+
+    /// Like [`connect`](Self::connect), from a configured client.
+    pub async fn connect_client(self, client: redis::Client) -> Result<RedisStore, StoreError> {
+        let config = ConnectionManagerConfig::new()
+            .set_response_timeout(Some(self.timeout))
+            .set_connection_timeout(Some(self.connect_timeout))
+            .set_number_of_retries(1)
+            .set_max_delay(Duration::from_secs(2));
+        let conn = ConnectionManager::new_with_config(client, config).await?;
+        self.with_connection(conn)
+    }
+
+    /// Uses an existing connection manager (its own timeouts apply too).
+    pub fn with_connection(self, conn: ConnectionManager) -> Result<RedisStore, StoreError> {
+        let invalid = |err: ConfigError| StoreError::Redis(err.to_string());
+        check_name(&self.prefix).map_err(invalid)?;
+        if self.timeout.is_zero() {
+            return Err(invalid(ConfigError::ZeroTimeout));
+        }
+        Ok(RedisStore {
+            inner: Arc::new(Inner {
+                conn,
+                prefix: self.prefix.into_boxed_str(),
+                timeout: self.timeout,
+                time: self.time,
+                gcra_sha: redis::Script::new(GCRA_LUA).get_hash().to_owned(),
+            }),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn odd_replies_are_errors() {
+        for reply in [
+            Value::Nil,
+            Value::Okay,
+            Value::Array(vec![Value::Int(1)]),
+            Value::Array(vec![Value::Int(1); 6]),
+            Value::Array(vec![
+                Value::Int(2),
+                Value::Int(1),
+                Value::Int(0),
+                Value::Int(0),
+                Value::Int(0),
+            ]),
+            Value::Array(vec![
+                Value::Int(1),
+                Value::Int(0),
+                Value::Int(0),
+                Value::Int(0),
+                Value::Int(0),
+            ]),
+            Value::Array(vec![
+                Value::Int(1),
+                Value::Int(3),
+                Value::Int(0),
+                Value::Int(0),
+                Value::Int(0),
+            ]),
+            Value::Array(vec![
+                Value::Int(1),
+                Value::Int(1),
+                Value::Int(-1),
+                Value::Int(0),
+                Value::Int(0),
+            ]),
+            Value::Array(vec![
+                Value::Int(1),
+                Value::Nil,
+                Value::Int(0),
+                Value::Int(0),
+                Value::Int(0),
+            ]),
+        ] {
+            assert!(decode_gcra(&reply, 2).is_err(), "{reply:?}");
+        }
+        let ok = Value::Array(vec![
+            Value::Int(0),
+            Value::Int(2),
+            Value::Int(0),
+            Value::Int(5),
+            Value::Int(7),
+        ]);
+        let d = decode_gcra(&ok, 2).unwrap();
+        assert!(!d.is_allowed());
+        assert_eq!(d.limit_index(), 1);
+        assert_eq!(d.retry_after(), Some(Duration::from_micros(7)));
+    }
+}
