@@ -1,0 +1,6 @@
+//! Helpers shared by the integration tests.
+#![allow(dead_code)]
+
+pub mod redis_server;
+
+pub use redis_server::RedisServer;
