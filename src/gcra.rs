@@ -53,9 +53,11 @@ pub(crate) fn decide(
     for (i, (p, &stored)) in params.iter().zip(tats.iter()).enumerate() {
         let tat = stored.max(now);
         let new_tat = tat.saturating_add(cost.saturating_mul(p.emission));
-        let allow_at = new_tat.saturating_sub(p.tolerance);
-        if allow_at > now {
-            let delay = allow_at - now;
+        // `allow_at = new_tat − τ` may lie before time zero of a young
+        // clock: compare `new_tat` with `now + τ` instead of subtracting.
+        let horizon = now.saturating_add(p.tolerance);
+        if new_tat > horizon {
+            let delay = new_tat - horizon;
             if delay > max_wait {
                 if worst.is_none_or(|(_, d)| delay > d) {
                     worst = Some((i, delay));
@@ -67,7 +69,7 @@ pub(crate) fn decide(
                 tightest = (i, 0);
             }
         } else {
-            let remaining = (now - allow_at) / p.emission;
+            let remaining = (horizon - new_tat) / p.emission;
             if remaining < tightest.1 {
                 tightest = (i, remaining);
             }
@@ -136,6 +138,16 @@ mod tests {
         // Exactly on time passes.
         let (d, _) = decide(&p, &mut tat, now + S, 1, 0);
         assert!(d.allowed);
+    }
+
+    #[test]
+    fn young_clock_counts_remaining_exactly() {
+        // now < τ: allow_at would be negative.
+        let p = one(S, 3);
+        let mut tat = [0];
+        let (d, _) = decide(&p, &mut tat, S / 2, 1, 0);
+        assert!(d.allowed);
+        assert_eq!(d.remaining, 2);
     }
 
     #[test]

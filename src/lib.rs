@@ -82,6 +82,7 @@
 //! [axum]: https://docs.rs/axum
 
 #![deny(missing_docs)]
+#![warn(unreachable_pub)]
 
 pub mod clock;
 mod decision;

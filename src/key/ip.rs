@@ -13,13 +13,22 @@ use crate::error::ConfigError;
 const MAX_HOPS: usize = 32;
 
 /// The TCP peer's address, read from axum's `ConnectInfo<SocketAddr>` (serve
-/// with `into_make_service_with_connect_info::<SocketAddr>()`) or from a
-/// plain `SocketAddr` request extension.
+/// with `into_make_service_with_connect_info::<SocketAddr>()`), axum's
+/// `MockConnectInfo<SocketAddr>` in tests, or a plain `SocketAddr` request
+/// extension (for hyper or other servers).
 pub(crate) fn peer_addr<B>(req: &http::Request<B>) -> Option<IpAddr> {
     #[cfg(feature = "axum")]
     if let Some(info) = req
         .extensions()
         .get::<axum::extract::ConnectInfo<SocketAddr>>()
+    {
+        return Some(info.0.ip().to_canonical());
+    }
+    // What `MockConnectInfo` provides in tests of axum apps.
+    #[cfg(feature = "axum")]
+    if let Some(info) = req
+        .extensions()
+        .get::<axum::extract::connect_info::MockConnectInfo<SocketAddr>>()
     {
         return Some(info.0.ip().to_canonical());
     }

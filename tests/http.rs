@@ -1,0 +1,424 @@
+//! RateLimitLayer through real axum routers: statuses, headers, keys,
+//! shadow mode, failure policies, typed errors, and two instances sharing
+//! one Redis.
+mod common;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::ConnectInfo;
+use axum::routing::get;
+use bytes::Bytes;
+use common::RedisServer;
+use fleetgate::http::{HeaderStyle, RejectionKind};
+use fleetgate::key::{GlobalKey, HeaderKey, PeerIp, key_fn};
+use fleetgate::{
+    FailurePolicy, Key, Limit, Limiter, MemoryStore, OnMissingKey, Policy, Rate, RateLimitError,
+    RateLimitLayer, RedisStore,
+};
+use http::{Request, Response, StatusCode};
+use http_body_util::BodyExt;
+use tower::{ServiceBuilder, ServiceExt, service_fn};
+
+fn policy(burst: u64, per_second: u64) -> Policy {
+    Policy::single(
+        "ping",
+        Limit::builder(Rate::per_second(per_second))
+            .burst(burst)
+            .build()
+            .unwrap(),
+    )
+    .unwrap()
+}
+
+/// A slow refill so that nothing refills during a test.
+fn slow_policy(burst: u64) -> Policy {
+    Policy::single(
+        "ping",
+        Limit::builder(Rate::per_hour(burst)).burst(burst).build().unwrap(),
+    )
+    .unwrap()
+}
+
+fn app<L>(layer: L) -> Router
+where
+    L: tower::Layer<axum::routing::Route> + Clone + Send + Sync + 'static,
+    L::Service: tower::Service<Request<Body>, Error = std::convert::Infallible>
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+    <L::Service as tower::Service<Request<Body>>>::Response: axum::response::IntoResponse + 'static,
+    <L::Service as tower::Service<Request<Body>>>::Future: Send + 'static,
+{
+    Router::new()
+        .route("/api/ping", get(|| async { "pong" }))
+        .route_layer(layer)
+}
+
+fn request(ip: &str, api_key: Option<&str>) -> Request<Body> {
+    let mut builder = Request::get("/api/ping");
+    if let Some(key) = api_key {
+        builder = builder.header("x-api-key", key);
+    }
+    let mut req = builder.body(Body::empty()).unwrap();
+    let addr: SocketAddr = format!("{ip}:40000").parse().unwrap();
+    req.extensions_mut().insert(ConnectInfo(addr));
+    req
+}
+
+async fn send(app: &Router, req: Request<Body>) -> Response<Body> {
+    app.clone().oneshot(req).await.unwrap()
+}
+
+fn header<'a>(res: &'a Response<Body>, name: &str) -> Option<&'a str> {
+    res.headers().get(name).and_then(|v| v.to_str().ok())
+}
+
+async fn body_text(res: Response<Body>) -> String {
+    let bytes = res.into_body().collect().await.unwrap().to_bytes();
+    String::from_utf8(bytes.to_vec()).unwrap()
+}
+
+#[tokio::test]
+async fn burst_then_429_with_retry_after_and_draft_headers() {
+    let limiter = Limiter::new(policy(3, 1), MemoryStore::new());
+    let app = app(RateLimitLayer::new(limiter));
+
+    for remaining in [2, 1, 0] {
+        let res = send(&app, request("203.0.113.1", None)).await;
+        assert_eq!(res.status(), StatusCode::OK);
+        assert_eq!(header(&res, "ratelimit-policy"), Some("\"1/s\";q=3;w=3"));
+        let expected = format!("\"1/s\";r={remaining};t=");
+        assert!(
+            header(&res, "ratelimit").unwrap().starts_with(&expected),
+            "{:?}",
+            header(&res, "ratelimit")
+        );
+        assert!(header(&res, "retry-after").is_none());
+    }
+    let res = send(&app, request("203.0.113.1", None)).await;
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(header(&res, "retry-after"), Some("1"));
+    assert_eq!(header(&res, "ratelimit"), Some("\"1/s\";r=0;t=3"));
+    assert!(body_text(res).await.contains("1/s"));
+
+    // Another client is unaffected.
+    let res = send(&app, request("203.0.113.2", None)).await;
+    assert_eq!(res.status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn retry_after_rounds_up_to_whole_seconds() {
+    // One per 2.5 s: after the burst the retry is 2.5 s, sent as 3.
+    let limit = Limit::builder(Rate::new(2, Duration::from_secs(5)))
+        .burst(1)
+        .build()
+        .unwrap();
+    let limiter = Limiter::new(Policy::single("slow", limit).unwrap(), MemoryStore::new());
+    let app = app(RateLimitLayer::new(limiter));
+    assert_eq!(send(&app, request("198.51.100.1", None)).await.status(), StatusCode::OK);
+    let res = send(&app, request("198.51.100.1", None)).await;
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(header(&res, "retry-after"), Some("3"));
+}
+
+#[tokio::test]
+async fn header_styles() {
+    for (style, draft, legacy) in [
+        (HeaderStyle::Draft, true, false),
+        (HeaderStyle::Legacy, false, true),
+        (HeaderStyle::Both, true, true),
+        (HeaderStyle::None, false, false),
+    ] {
+        let limiter = Limiter::new(slow_policy(2), MemoryStore::new());
+        let app = app(RateLimitLayer::new(limiter).headers(style));
+        let ok = send(&app, request("192.0.2.1", None)).await;
+        assert_eq!(header(&ok, "ratelimit").is_some(), draft, "{style:?}");
+        assert_eq!(header(&ok, "ratelimit-policy").is_some(), draft, "{style:?}");
+        assert_eq!(header(&ok, "x-ratelimit-limit"), legacy.then_some("2"), "{style:?}");
+        assert_eq!(header(&ok, "x-ratelimit-remaining"), legacy.then_some("1"), "{style:?}");
+        send(&app, request("192.0.2.1", None)).await;
+        let denied = send(&app, request("192.0.2.1", None)).await;
+        assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
+        // Retry-After whatever the style.
+        assert!(header(&denied, "retry-after").is_some(), "{style:?}");
+        assert_eq!(header(&denied, "x-ratelimit-remaining"), legacy.then_some("0"), "{style:?}");
+    }
+}
+
+#[tokio::test]
+async fn api_key_falls_back_to_peer_ip() {
+    let limiter = Limiter::new(slow_policy(2), MemoryStore::new());
+    let app = app(RateLimitLayer::new(limiter).key(HeaderKey::new("x-api-key").or(PeerIp)));
+    // Same key from two addresses shares one limit.
+    assert_eq!(send(&app, request("10.0.0.1", Some("k1"))).await.status(), StatusCode::OK);
+    assert_eq!(send(&app, request("10.0.0.2", Some("k1"))).await.status(), StatusCode::OK);
+    assert_eq!(
+        send(&app, request("10.0.0.3", Some("k1"))).await.status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    // Another key, and a keyless client by its address, are unaffected.
+    assert_eq!(send(&app, request("10.0.0.1", Some("k2"))).await.status(), StatusCode::OK);
+    assert_eq!(send(&app, request("10.0.0.1", None)).await.status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn missing_key_policies() {
+    let no_key = || {
+        let mut req = Request::get("/api/ping").body(Body::empty()).unwrap();
+        req.extensions_mut().insert(());
+        req
+    };
+    // Default: 400.
+    let limiter = Limiter::new(slow_policy(1), MemoryStore::new());
+    let app1 = app(RateLimitLayer::new(limiter.clone()).key(HeaderKey::new("x-api-key")));
+    let res = send(&app1, no_key()).await;
+    assert_eq!(res.status(), StatusCode::BAD_REQUEST);
+
+    // A configured status.
+    let app2 = app(
+        RateLimitLayer::new(limiter.clone())
+            .key(HeaderKey::new("x-api-key"))
+            .on_missing_key(OnMissingKey::Reject(StatusCode::UNAUTHORIZED)),
+    );
+    assert_eq!(send(&app2, no_key()).await.status(), StatusCode::UNAUTHORIZED);
+
+    // A shared fallback key: the second keyless request is limited.
+    let app3 = app(
+        RateLimitLayer::new(limiter.clone())
+            .key(HeaderKey::new("x-api-key"))
+            .on_missing_key(OnMissingKey::Fallback(Key::new("anonymous"))),
+    );
+    assert_eq!(send(&app3, no_key()).await.status(), StatusCode::OK);
+    assert_eq!(send(&app3, no_key()).await.status(), StatusCode::TOO_MANY_REQUESTS);
+
+    // Pass through: never limited.
+    let app4 = app(
+        RateLimitLayer::new(limiter)
+            .key(HeaderKey::new("x-api-key"))
+            .on_missing_key(OnMissingKey::Allow),
+    );
+    for _ in 0..3 {
+        let res = send(&app4, no_key()).await;
+        assert_eq!(res.status(), StatusCode::OK);
+        assert!(header(&res, "ratelimit").is_none());
+    }
+}
+
+#[tokio::test]
+async fn route_layer_does_not_count_unmatched_paths() {
+    let limiter = Limiter::new(slow_policy(1), MemoryStore::new());
+    let app = app(RateLimitLayer::new(limiter).key(GlobalKey::new()));
+    for _ in 0..3 {
+        let mut req = Request::get("/nowhere").body(Body::empty()).unwrap();
+        req.extensions_mut().insert(ConnectInfo(SocketAddr::from(([127, 0, 0, 1], 1))));
+        assert_eq!(send(&app, req).await.status(), StatusCode::NOT_FOUND);
+    }
+    assert_eq!(send(&app, request("127.0.0.1", None)).await.status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn router_layer_and_service_builder_compose() {
+    let limiter = Limiter::new(slow_policy(1), MemoryStore::new());
+    let app = Router::new()
+        .route("/api/ping", get(|| async { "pong" }))
+        .layer(ServiceBuilder::new().layer(RateLimitLayer::new(limiter).key(GlobalKey::new())));
+    assert_eq!(send(&app, request("127.0.0.1", None)).await.status(), StatusCode::OK);
+    let res = send(&app, request("127.0.0.2", None)).await;
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    // `Router::layer` limits unknown paths too.
+    let mut req = Request::get("/nowhere").body(Body::empty()).unwrap();
+    req.extensions_mut().insert(ConnectInfo(SocketAddr::from(([127, 0, 0, 1], 1))));
+    assert_eq!(send(&app, req).await.status(), StatusCode::TOO_MANY_REQUESTS);
+}
+
+#[tokio::test]
+async fn shadow_mode_never_rejects_but_decides() {
+    let limiter = Limiter::new(slow_policy(1), MemoryStore::new());
+    let app = app(RateLimitLayer::new(limiter.clone()).shadow(true));
+    for _ in 0..5 {
+        let res = send(&app, request("192.0.2.9", None)).await;
+        assert_eq!(res.status(), StatusCode::OK);
+        assert!(header(&res, "ratelimit").is_none());
+    }
+    // It did decide: the state is used up.
+    let d = limiter.check(&Key::from_ip("192.0.2.9".parse().unwrap()), 1).await.unwrap();
+    assert!(!d.is_allowed());
+}
+
+#[tokio::test]
+async fn custom_rejection_response() {
+    let limiter = Limiter::new(slow_policy(1), MemoryStore::new());
+    let app = app(RateLimitLayer::new(limiter).rejection(|rejection| {
+        let mut res = rejection.default_response();
+        if let RejectionKind::Limited(_) = rejection.kind() {
+            *res.body_mut() = Bytes::from(format!(
+                "{{\"error\":\"slow down\",\"limit\":\"{}\"}}",
+                rejection.limit_name().unwrap_or_default()
+            ));
+        }
+        res
+    }));
+    send(&app, request("192.0.2.3", None)).await;
+    let res = send(&app, request("192.0.2.3", None)).await;
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert!(header(&res, "retry-after").is_some());
+    assert_eq!(body_text(res).await, "{\"error\":\"slow down\",\"limit\":\"1/h\"}");
+}
+
+#[tokio::test]
+async fn weighted_requests_and_impossible_costs() {
+    let limiter = Limiter::new(slow_policy(10), MemoryStore::new());
+    let cost = |req: &Request<Body>| {
+        req.headers()
+            .get("x-cost")
+            .and_then(|v| v.to_str().ok()?.parse().ok())
+            .unwrap_or(1)
+    };
+    let app = app(RateLimitLayer::new(limiter).key(GlobalKey::new()).cost(cost));
+    let with_cost = |n: &str| {
+        let mut req = request("192.0.2.4", None);
+        req.headers_mut().insert("x-cost", n.parse().unwrap());
+        req
+    };
+    let res = send(&app, with_cost("7")).await;
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(header(&res, "ratelimit"), Some("\"10/h\";r=3;t=2520"));
+    assert_eq!(send(&app, with_cost("4")).await.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(send(&app, with_cost("3")).await.status(), StatusCode::OK);
+    // Above the burst: refused, and no Retry-After since waiting cannot help.
+    let res = send(&app, with_cost("11")).await;
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert!(header(&res, "retry-after").is_none());
+    assert!(body_text(res).await.contains("never"));
+}
+
+#[tokio::test]
+async fn typed_errors_around_a_plain_service() {
+    let limiter = Limiter::new(slow_policy(2), MemoryStore::new());
+    let svc = ServiceBuilder::new()
+        .layer(
+            RateLimitLayer::new(limiter)
+                .key(key_fn(|tenant: &&str| Some(Key::new(*tenant))))
+                .typed_errors(),
+        )
+        .service(service_fn(|tenant: &'static str| async move {
+            Ok::<_, std::convert::Infallible>(tenant.len())
+        }));
+    assert_eq!(svc.clone().oneshot("acme").await.unwrap(), 4);
+    assert_eq!(svc.clone().oneshot("acme").await.unwrap(), 4);
+    let err = svc.clone().oneshot("acme").await.unwrap_err();
+    let err = err.downcast::<RateLimitError>().unwrap();
+    match *err {
+        RateLimitError::Limited { limit, retry_after } => {
+            assert_eq!(limit, "2/h");
+            assert!(retry_after.unwrap() > Duration::from_secs(1700));
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+    assert_eq!(svc.oneshot("other").await.unwrap(), 5);
+}
+
+#[tokio::test]
+async fn store_failure_follows_the_failure_policy() {
+    let server = RedisServer::start();
+    let store = RedisStore::builder()
+        .timeout(Duration::from_millis(300))
+        .connect(&server.url())
+        .await
+        .unwrap();
+    server.stop();
+    let limiter = Limiter::new(slow_policy(1), store);
+
+    let open = app(RateLimitLayer::new(limiter.clone()));
+    for _ in 0..3 {
+        let res = send(&open, request("192.0.2.5", None)).await;
+        assert_eq!(res.status(), StatusCode::OK);
+        assert!(header(&res, "ratelimit").is_none());
+    }
+
+    let closed = app(RateLimitLayer::new(limiter.clone()).on_store_error(FailurePolicy::Closed));
+    let res = send(&closed, request("192.0.2.5", None)).await;
+    assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(header(&res, "retry-after"), Some("1"));
+
+    let typed = ServiceBuilder::new()
+        .layer(
+            RateLimitLayer::new(limiter)
+                .key(GlobalKey::new())
+                .on_store_error(FailurePolicy::Closed)
+                .typed_errors(),
+        )
+        .service(service_fn(|_: ()| async { Ok::<_, std::convert::Infallible>(()) }));
+    let err = typed.oneshot(()).await.unwrap_err();
+    assert!(matches!(
+        *err.downcast::<RateLimitError>().unwrap(),
+        RateLimitError::Unavailable(_)
+    ));
+}
+
+#[tokio::test]
+async fn two_instances_share_one_redis() {
+    let server = RedisServer::start();
+    let instance = || async {
+        let store = RedisStore::builder()
+            .timeout(Duration::from_secs(2))
+            .connect(&server.url())
+            .await
+            .unwrap();
+        app(RateLimitLayer::new(Limiter::new(slow_policy(4), store))
+            .key(HeaderKey::new("x-api-key").or(PeerIp)))
+    };
+    let a = instance().await;
+    let b = instance().await;
+    let mut statuses = Vec::new();
+    for i in 0..6 {
+        let app = if i % 2 == 0 { &a } else { &b };
+        statuses.push(send(app, request("10.1.1.1", Some("shared"))).await.status());
+    }
+    let ok = statuses.iter().filter(|s| **s == StatusCode::OK).count();
+    assert_eq!(ok, 4, "{statuses:?}");
+    assert_eq!(statuses[4], StatusCode::TOO_MANY_REQUESTS);
+
+    // The raw API key never reaches Redis.
+    let mut conn = server.client().get_multiplexed_async_connection().await.unwrap();
+    let keys: Vec<String> = redis::cmd("KEYS").arg("*").query_async(&mut conn).await.unwrap();
+    assert_eq!(keys.len(), 1, "{keys:?}");
+    assert!(keys[0].starts_with("fleetgate:ping:{h:"), "{keys:?}");
+    assert!(!keys[0].contains("shared"));
+}
+
+#[tokio::test]
+async fn real_server_keys_by_connection_address() {
+    let limiter = Limiter::new(slow_policy(2), MemoryStore::new());
+    let app = app(RateLimitLayer::new(limiter));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = tokio::spawn(async move {
+        axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .await
+    });
+    let mut statuses = Vec::new();
+    for _ in 0..3 {
+        statuses.push(raw_get(addr, "/api/ping").await);
+    }
+    assert_eq!(statuses, ["200", "200", "429"]);
+    server.abort();
+}
+
+/// One HTTP/1.1 GET over a fresh connection; returns the status code.
+async fn raw_get(addr: SocketAddr, path: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let req = format!("GET {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\n\r\n");
+    stream.write_all(req.as_bytes()).await.unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.unwrap();
+    response.split(' ').nth(1).unwrap_or_default().to_owned()
+}
