@@ -107,3 +107,8 @@ pub use crate::store::{MemoryStore, RedisStore, RedisStoreBuilder, Store, TimeSo
 
 /// The error type of services in typed-error mode.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Compiles the README's examples as doc tests, so they stay true.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

@@ -37,7 +37,10 @@ fn policy(burst: u64, per_second: u64) -> Policy {
 fn slow_policy(burst: u64) -> Policy {
     Policy::single(
         "ping",
-        Limit::builder(Rate::per_hour(burst)).burst(burst).build().unwrap(),
+        Limit::builder(Rate::per_hour(burst))
+            .burst(burst)
+            .build()
+            .unwrap(),
     )
     .unwrap()
 }
@@ -119,7 +122,10 @@ async fn retry_after_rounds_up_to_whole_seconds() {
         .unwrap();
     let limiter = Limiter::new(Policy::single("slow", limit).unwrap(), MemoryStore::new());
     let app = app(RateLimitLayer::new(limiter));
-    assert_eq!(send(&app, request("198.51.100.1", None)).await.status(), StatusCode::OK);
+    assert_eq!(
+        send(&app, request("198.51.100.1", None)).await.status(),
+        StatusCode::OK
+    );
     let res = send(&app, request("198.51.100.1", None)).await;
     assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(header(&res, "retry-after"), Some("3"));
@@ -137,15 +143,31 @@ async fn header_styles() {
         let app = app(RateLimitLayer::new(limiter).headers(style));
         let ok = send(&app, request("192.0.2.1", None)).await;
         assert_eq!(header(&ok, "ratelimit").is_some(), draft, "{style:?}");
-        assert_eq!(header(&ok, "ratelimit-policy").is_some(), draft, "{style:?}");
-        assert_eq!(header(&ok, "x-ratelimit-limit"), legacy.then_some("2"), "{style:?}");
-        assert_eq!(header(&ok, "x-ratelimit-remaining"), legacy.then_some("1"), "{style:?}");
+        assert_eq!(
+            header(&ok, "ratelimit-policy").is_some(),
+            draft,
+            "{style:?}"
+        );
+        assert_eq!(
+            header(&ok, "x-ratelimit-limit"),
+            legacy.then_some("2"),
+            "{style:?}"
+        );
+        assert_eq!(
+            header(&ok, "x-ratelimit-remaining"),
+            legacy.then_some("1"),
+            "{style:?}"
+        );
         send(&app, request("192.0.2.1", None)).await;
         let denied = send(&app, request("192.0.2.1", None)).await;
         assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
         // Retry-After whatever the style.
         assert!(header(&denied, "retry-after").is_some(), "{style:?}");
-        assert_eq!(header(&denied, "x-ratelimit-remaining"), legacy.then_some("0"), "{style:?}");
+        assert_eq!(
+            header(&denied, "x-ratelimit-remaining"),
+            legacy.then_some("0"),
+            "{style:?}"
+        );
     }
 }
 
@@ -154,15 +176,27 @@ async fn api_key_falls_back_to_peer_ip() {
     let limiter = Limiter::new(slow_policy(2), MemoryStore::new());
     let app = app(RateLimitLayer::new(limiter).key(HeaderKey::new("x-api-key").or(PeerIp)));
     // Same key from two addresses shares one limit.
-    assert_eq!(send(&app, request("10.0.0.1", Some("k1"))).await.status(), StatusCode::OK);
-    assert_eq!(send(&app, request("10.0.0.2", Some("k1"))).await.status(), StatusCode::OK);
+    assert_eq!(
+        send(&app, request("10.0.0.1", Some("k1"))).await.status(),
+        StatusCode::OK
+    );
+    assert_eq!(
+        send(&app, request("10.0.0.2", Some("k1"))).await.status(),
+        StatusCode::OK
+    );
     assert_eq!(
         send(&app, request("10.0.0.3", Some("k1"))).await.status(),
         StatusCode::TOO_MANY_REQUESTS
     );
     // Another key, and a keyless client by its address, are unaffected.
-    assert_eq!(send(&app, request("10.0.0.1", Some("k2"))).await.status(), StatusCode::OK);
-    assert_eq!(send(&app, request("10.0.0.1", None)).await.status(), StatusCode::OK);
+    assert_eq!(
+        send(&app, request("10.0.0.1", Some("k2"))).await.status(),
+        StatusCode::OK
+    );
+    assert_eq!(
+        send(&app, request("10.0.0.1", None)).await.status(),
+        StatusCode::OK
+    );
 }
 
 #[tokio::test]
@@ -179,28 +213,28 @@ async fn missing_key_policies() {
     assert_eq!(res.status(), StatusCode::BAD_REQUEST);
 
     // A configured status.
-    let app2 = app(
-        RateLimitLayer::new(limiter.clone())
-            .key(HeaderKey::new("x-api-key"))
-            .on_missing_key(OnMissingKey::Reject(StatusCode::UNAUTHORIZED)),
+    let app2 = app(RateLimitLayer::new(limiter.clone())
+        .key(HeaderKey::new("x-api-key"))
+        .on_missing_key(OnMissingKey::Reject(StatusCode::UNAUTHORIZED)));
+    assert_eq!(
+        send(&app2, no_key()).await.status(),
+        StatusCode::UNAUTHORIZED
     );
-    assert_eq!(send(&app2, no_key()).await.status(), StatusCode::UNAUTHORIZED);
 
     // A shared fallback key: the second keyless request is limited.
-    let app3 = app(
-        RateLimitLayer::new(limiter.clone())
-            .key(HeaderKey::new("x-api-key"))
-            .on_missing_key(OnMissingKey::Fallback(Key::new("anonymous"))),
-    );
+    let app3 = app(RateLimitLayer::new(limiter.clone())
+        .key(HeaderKey::new("x-api-key"))
+        .on_missing_key(OnMissingKey::Fallback(Key::new("anonymous"))));
     assert_eq!(send(&app3, no_key()).await.status(), StatusCode::OK);
-    assert_eq!(send(&app3, no_key()).await.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        send(&app3, no_key()).await.status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
 
     // Pass through: never limited.
-    let app4 = app(
-        RateLimitLayer::new(limiter)
-            .key(HeaderKey::new("x-api-key"))
-            .on_missing_key(OnMissingKey::Allow),
-    );
+    let app4 = app(RateLimitLayer::new(limiter)
+        .key(HeaderKey::new("x-api-key"))
+        .on_missing_key(OnMissingKey::Allow));
     for _ in 0..3 {
         let res = send(&app4, no_key()).await;
         assert_eq!(res.status(), StatusCode::OK);
@@ -214,10 +248,14 @@ async fn route_layer_does_not_count_unmatched_paths() {
     let app = app(RateLimitLayer::new(limiter).key(GlobalKey::new()));
     for _ in 0..3 {
         let mut req = Request::get("/nowhere").body(Body::empty()).unwrap();
-        req.extensions_mut().insert(ConnectInfo(SocketAddr::from(([127, 0, 0, 1], 1))));
+        req.extensions_mut()
+            .insert(ConnectInfo(SocketAddr::from(([127, 0, 0, 1], 1))));
         assert_eq!(send(&app, req).await.status(), StatusCode::NOT_FOUND);
     }
-    assert_eq!(send(&app, request("127.0.0.1", None)).await.status(), StatusCode::OK);
+    assert_eq!(
+        send(&app, request("127.0.0.1", None)).await.status(),
+        StatusCode::OK
+    );
 }
 
 #[tokio::test]
@@ -226,13 +264,20 @@ async fn router_layer_and_service_builder_compose() {
     let app = Router::new()
         .route("/api/ping", get(|| async { "pong" }))
         .layer(ServiceBuilder::new().layer(RateLimitLayer::new(limiter).key(GlobalKey::new())));
-    assert_eq!(send(&app, request("127.0.0.1", None)).await.status(), StatusCode::OK);
+    assert_eq!(
+        send(&app, request("127.0.0.1", None)).await.status(),
+        StatusCode::OK
+    );
     let res = send(&app, request("127.0.0.2", None)).await;
     assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
     // `Router::layer` limits unknown paths too.
     let mut req = Request::get("/nowhere").body(Body::empty()).unwrap();
-    req.extensions_mut().insert(ConnectInfo(SocketAddr::from(([127, 0, 0, 1], 1))));
-    assert_eq!(send(&app, req).await.status(), StatusCode::TOO_MANY_REQUESTS);
+    req.extensions_mut()
+        .insert(ConnectInfo(SocketAddr::from(([127, 0, 0, 1], 1))));
+    assert_eq!(
+        send(&app, req).await.status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
 }
 
 #[tokio::test]
@@ -245,7 +290,10 @@ async fn shadow_mode_never_rejects_but_decides() {
         assert!(header(&res, "ratelimit").is_none());
     }
     // It did decide: the state is used up.
-    let d = limiter.check(&Key::from_ip("192.0.2.9".parse().unwrap()), 1).await.unwrap();
+    let d = limiter
+        .check(&Key::from_ip("192.0.2.9".parse().unwrap()), 1)
+        .await
+        .unwrap();
     assert!(!d.is_allowed());
 }
 
@@ -266,7 +314,10 @@ async fn custom_rejection_response() {
     let res = send(&app, request("192.0.2.3", None)).await;
     assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
     assert!(header(&res, "retry-after").is_some());
-    assert_eq!(body_text(res).await, "{\"error\":\"slow down\",\"limit\":\"1/h\"}");
+    assert_eq!(
+        body_text(res).await,
+        "{\"error\":\"slow down\",\"limit\":\"1/h\"}"
+    );
 }
 
 #[tokio::test]
@@ -278,7 +329,9 @@ async fn weighted_requests_and_impossible_costs() {
             .and_then(|v| v.to_str().ok()?.parse().ok())
             .unwrap_or(1)
     };
-    let app = app(RateLimitLayer::new(limiter).key(GlobalKey::new()).cost(cost));
+    let app = app(RateLimitLayer::new(limiter)
+        .key(GlobalKey::new())
+        .cost(cost));
     let with_cost = |n: &str| {
         let mut req = request("192.0.2.4", None);
         req.headers_mut().insert("x-cost", n.parse().unwrap());
@@ -287,7 +340,10 @@ async fn weighted_requests_and_impossible_costs() {
     let res = send(&app, with_cost("7")).await;
     assert_eq!(res.status(), StatusCode::OK);
     assert_eq!(header(&res, "ratelimit"), Some("\"10/h\";r=3;t=2520"));
-    assert_eq!(send(&app, with_cost("4")).await.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        send(&app, with_cost("4")).await.status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
     assert_eq!(send(&app, with_cost("3")).await.status(), StatusCode::OK);
     // Above the burst: refused, and no Retry-After since waiting cannot help.
     let res = send(&app, with_cost("11")).await;
@@ -352,7 +408,9 @@ async fn store_failure_follows_the_failure_policy() {
                 .on_store_error(FailurePolicy::Closed)
                 .typed_errors(),
         )
-        .service(service_fn(|_: ()| async { Ok::<_, std::convert::Infallible>(()) }));
+        .service(service_fn(|_: ()| async {
+            Ok::<_, std::convert::Infallible>(())
+        }));
     let err = typed.oneshot(()).await.unwrap_err();
     assert!(matches!(
         *err.downcast::<RateLimitError>().unwrap(),
@@ -377,15 +435,27 @@ async fn two_instances_share_one_redis() {
     let mut statuses = Vec::new();
     for i in 0..6 {
         let app = if i % 2 == 0 { &a } else { &b };
-        statuses.push(send(app, request("10.1.1.1", Some("shared"))).await.status());
+        statuses.push(
+            send(app, request("10.1.1.1", Some("shared")))
+                .await
+                .status(),
+        );
     }
     let ok = statuses.iter().filter(|s| **s == StatusCode::OK).count();
     assert_eq!(ok, 4, "{statuses:?}");
     assert_eq!(statuses[4], StatusCode::TOO_MANY_REQUESTS);
 
     // The raw API key never reaches Redis.
-    let mut conn = server.client().get_multiplexed_async_connection().await.unwrap();
-    let keys: Vec<String> = redis::cmd("KEYS").arg("*").query_async(&mut conn).await.unwrap();
+    let mut conn = server
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("*")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
     assert_eq!(keys.len(), 1, "{keys:?}");
     assert!(keys[0].starts_with("fleetgate:ping:{h:"), "{keys:?}");
     assert!(!keys[0].contains("shared"));

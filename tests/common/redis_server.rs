@@ -53,7 +53,11 @@ impl RedisServer {
                      REDIS_SERVER to its path."
                 )
             });
-        let stdout = child.stdout.take().ok_or("no stdout")?;
+        let Some(stdout) = child.stdout.take() else {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err("redis-server has no stdout".into());
+        };
         // The server prints this line once it listens: wait for that signal
         // rather than polling the port.
         let (tx, rx) = mpsc::channel();

@@ -1,0 +1,89 @@
+//! The fleetgate demo server.
+//!
+//! ```text
+//! cargo run --example server                                  # in-process store
+//! REDIS_URL=redis://127.0.0.1:6379 cargo run --example server # shared through Redis
+//! ```
+//!
+//! Environment:
+//! - `FLEETGATE_ADDR`: listen address (default `127.0.0.1:3000`).
+//! - `REDIS_URL`: when set, limits live in that Redis, so every instance
+//!   pointed at it shares the same counts.
+//! - `RUST_LOG`: log filter (default `info`; `fleetgate=debug` shows denials).
+//!
+//! Routes:
+//! - `GET /` lists the routes and their limits.
+//! - `GET /api/ping` answers `pong`, limited per API key (`x-api-key`, or the
+//!   client IP without one) to a burst of 5, refilling 1 per second.
+//! - `GET /healthz` answers `ok`, never limited.
+//!
+//! Try: `for i in $(seq 8); do curl -s -o /dev/null -w '%{http_code}\n' localhost:3000/api/ping; done`
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::routing::get;
+use fleetgate::key::{HeaderKey, PeerIp};
+use fleetgate::{Limit, Limiter, MemoryStore, Policy, Rate, RateLimitLayer, RedisStore, Store};
+use tracing_subscriber::EnvFilter;
+
+const ROUTES: &str = "\
+fleetgate demo
+GET /api/ping  pong; per x-api-key (or client IP): burst 5, 1/s
+GET /healthz   ok; unlimited
+";
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+#[tokio::main]
+async fn main() -> Result<(), BoxError> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+        )
+        .init();
+
+    let addr: SocketAddr = std::env::var("FLEETGATE_ADDR")
+        .unwrap_or_else(|_| "127.0.0.1:3000".into())
+        .parse()
+        .map_err(|err| format!("FLEETGATE_ADDR: {err}"))?;
+
+    let (store, store_name): (Arc<dyn Store>, String) = match std::env::var("REDIS_URL") {
+        Ok(url) if !url.is_empty() => {
+            let store = RedisStore::builder()
+                .prefix("fleetgate-demo")
+                .connect(&url)
+                .await
+                .map_err(|err| format!("cannot reach Redis at {url}: {err}"))?;
+            (Arc::new(store), format!("redis {url}"))
+        }
+        _ => (Arc::new(MemoryStore::new()), "memory".to_owned()),
+    };
+
+    let ping = Policy::single(
+        "ping",
+        Limit::builder(Rate::per_second(1)).burst(5).build()?,
+    )?;
+    let app = Router::new()
+        .route("/api/ping", get(|| async { "pong\n" }))
+        .route_layer(
+            RateLimitLayer::new(Limiter::new(ping, store))
+                .key(HeaderKey::new("x-api-key").or(PeerIp)),
+        )
+        .route("/", get(|| async { ROUTES }))
+        .route("/healthz", get(|| async { "ok\n" }));
+
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let local = listener.local_addr()?;
+    println!("fleetgate demo listening on http://{local} (store: {store_name})");
+    axum::serve(
+        listener,
+        app.into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .with_graceful_shutdown(async {
+        let _ = tokio::signal::ctrl_c().await;
+    })
+    .await?;
+    Ok(())
+}
