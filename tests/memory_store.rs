@@ -1,0 +1,73 @@
+//! The memory store keeps memory bounded under a key-cardinality attack and
+//! follows tokio's paused clock.
+use std::time::Duration;
+
+use fleetgate::{Key, Limit, Limiter, MemoryStore, Policy, Rate};
+
+fn limiter(store: &MemoryStore) -> Limiter {
+    let limit = Limit::builder(Rate::per_second(10)).burst(10).build().unwrap();
+    Limiter::new(Policy::single("attack", limit).unwrap(), store.clone())
+}
+
+#[tokio::test(start_paused = true)]
+async fn memory_stays_bounded_under_many_distinct_keys() {
+    let store = MemoryStore::builder().shards(8).build();
+    let limiter = limiter(&store);
+    let per_round = 10_000;
+    let mut peak = 0;
+    // 400k distinct keys, 10k per second of (paused) time; each key's state
+    // matters for one second only.
+    for round in 0..40 {
+        for i in 0..per_round {
+            let key = Key::new(format!("ip:10.{round}.{}.{}", i / 256, i % 256));
+            assert!(limiter.check(&key, 1).await.unwrap().is_allowed());
+        }
+        peak = peak.max(store.len());
+        tokio::time::advance(Duration::from_millis(1500)).await;
+    }
+    // Live state is at most one round; sweeping at doubling keeps the rest
+    // within a small factor of it.
+    assert!(peak <= 4 * per_round, "store grew to {peak} entries");
+    store.sweep();
+    assert_eq!(store.len(), 0, "every entry had expired");
+}
+
+#[tokio::test(start_paused = true)]
+async fn paused_clock_drives_refill() {
+    let store = MemoryStore::new();
+    let limiter = limiter(&store);
+    let key = Key::new("user:1");
+    for _ in 0..10 {
+        assert!(limiter.check(&key, 1).await.unwrap().is_allowed());
+    }
+    let denied = limiter.check(&key, 1).await.unwrap();
+    assert!(!denied.is_allowed());
+    assert_eq!(denied.retry_after(), Some(Duration::from_millis(100)));
+    tokio::time::advance(Duration::from_millis(99)).await;
+    assert!(!limiter.check(&key, 1).await.unwrap().is_allowed());
+    tokio::time::advance(Duration::from_millis(1)).await;
+    assert!(limiter.check(&key, 1).await.unwrap().is_allowed());
+    // Denied calls cost nothing: still exactly one per 100 ms.
+    assert!(!limiter.check(&key, 1).await.unwrap().is_allowed());
+    tokio::time::advance(Duration::from_millis(100)).await;
+    assert!(limiter.check(&key, 1).await.unwrap().is_allowed());
+}
+
+#[tokio::test(start_paused = true)]
+async fn clones_share_state_and_policies_are_namespaced() {
+    let store = MemoryStore::new();
+    let a = limiter(&store);
+    let b = limiter(&store.clone());
+    let key = Key::new("k");
+    for _ in 0..5 {
+        assert!(a.check(&key, 1).await.unwrap().is_allowed());
+        assert!(b.check(&key, 1).await.unwrap().is_allowed());
+    }
+    assert!(!a.check(&key, 1).await.unwrap().is_allowed());
+    // Another policy name is another namespace.
+    let other = Limiter::new(
+        Policy::single("other", Limit::new(Rate::per_second(1)).unwrap()).unwrap(),
+        store,
+    );
+    assert!(other.check(&key, 1).await.unwrap().is_allowed());
+}
