@@ -105,13 +105,7 @@ pub enum StoreError {
 
 impl From<redis::RedisError> for StoreError {
     fn from(err: redis::RedisError) -> Self {
-        if err.is_timeout() {
-            // The connection's own response timeout; the store's timeout is
-            // reported by the store.
-            StoreError::Redis(format!("timed out: {err}"))
-        } else {
-            StoreError::Redis(err.to_string())
-        }
+        StoreError::Redis(err.to_string())
     }
 }
 

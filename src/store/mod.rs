@@ -2,7 +2,7 @@
 //! [`RedisStore`] shared by the whole fleet.
 //!
 //! A store is the only part that knows where state lives. Both run the same
-//! algorithm (see [`crate::gcra`]) and give the same decisions for the same
+//! algorithm (`src/gcra.rs`, transcribed in `lua/gcra.lua`) and give the same decisions for the same
 //! sequence of calls and times.
 
 mod memory;

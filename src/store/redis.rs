@@ -167,7 +167,10 @@ impl RedisStore {
             }
         };
         match tokio::time::timeout(self.inner.timeout, exchange).await {
-            Ok(reply) => Ok(reply?),
+            Ok(Ok(reply)) => Ok(reply),
+            // The connection's own response timeout, set to the same value.
+            Ok(Err(err)) if err.is_timeout() => Err(StoreError::Timeout(self.inner.timeout)),
+            Ok(Err(err)) => Err(err.into()),
             Err(_) => Err(StoreError::Timeout(self.inner.timeout)),
         }
     }

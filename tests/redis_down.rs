@@ -1,0 +1,63 @@
+//! Redis hung or gone: decisions give up after the store's timeout, the
+//! failure policy applies, and enforcement resumes when Redis is back.
+mod common;
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::RedisServer;
+use fleetgate::{Key, Limit, Limiter, Policy, Rate, RedisStore, StoreError};
+
+fn signal(pid: u32, sig: &str) {
+    let status = Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status()
+        .expect("kill runs");
+    assert!(status.success());
+}
+
+#[tokio::test]
+async fn hung_redis_times_out_then_recovers() {
+    let server = RedisServer::start();
+    let timeout = Duration::from_millis(100);
+    let store = RedisStore::builder()
+        .timeout(timeout)
+        .connect(&server.url())
+        .await
+        .unwrap();
+    let limit = Limit::builder(Rate::per_hour(2)).burst(2).build().unwrap();
+    let limiter = Limiter::new(Policy::single("hang", limit).unwrap(), store);
+    let key = Key::new("k");
+    assert!(limiter.check(&key, 1).await.unwrap().is_allowed());
+
+    // SIGSTOP: the server accepts nothing and answers nothing.
+    signal(server.pid(), "-STOP");
+    for _ in 0..3 {
+        let started = Instant::now();
+        let result = limiter.check(&key, 1).await;
+        let took = started.elapsed();
+        assert!(
+            matches!(result, Err(StoreError::Timeout(t)) if t == timeout),
+            "{result:?}"
+        );
+        // The timeout bounds the wait (generous margin for a loaded machine).
+        assert!(took < timeout + Duration::from_secs(1), "waited {took:?}");
+    }
+    signal(server.pid(), "-CONT");
+
+    // Back: the limit is enforced again. Calls that timed out may still
+    // have reached Redis and been charged (a timeout cannot take back what
+    // was sent), so at most the one remaining slot is granted before the
+    // first denial.
+    let mut allowed = 0;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        assert!(Instant::now() < deadline, "limit not enforced after recovery");
+        match limiter.check(&key, 1).await {
+            Ok(d) if d.is_allowed() => allowed += 1,
+            Ok(_) => break,
+            Err(_) => {}
+        }
+    }
+    assert!(allowed <= 1, "{allowed} admitted past a burst of 2");
+}
