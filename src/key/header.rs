@@ -29,12 +29,18 @@ pub struct HeaderKey {
 impl HeaderKey {
     /// Keys by the value of header `name`.
     ///
+    /// Any case is accepted (`X-Api-Key` is `x-api-key`).
+    ///
     /// # Panics
     ///
-    /// When `name` is not a valid header name; this is a programming error
-    /// in a literal. Use [`HeaderKey::from_name`] for names read at run time.
+    /// When `name` is not a valid header name (it contains spaces, say);
+    /// that is a mistake in a literal. Use [`HeaderKey::from_name`] for
+    /// names read at run time.
     pub fn new(name: &'static str) -> Self {
-        HeaderKey::from_name(HeaderName::from_static(name))
+        match HeaderName::from_bytes(name.as_bytes()) {
+            Ok(name) => HeaderKey::from_name(name),
+            Err(_) => panic!("HeaderKey::new: {name:?} is not a valid header name"),
+        }
     }
 
     /// Keys by the value of header `name`.
@@ -114,6 +120,12 @@ mod tests {
             http::HeaderValue::from_bytes(value).unwrap(),
         );
         req
+    }
+
+    #[test]
+    fn header_names_in_any_case() {
+        let k = HeaderKey::new("X-Api-Key");
+        assert!(k.extract(&req("x-api-key", b"abc")).is_some());
     }
 
     #[test]
