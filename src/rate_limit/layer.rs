@@ -56,33 +56,13 @@ impl<K, C, M> RateLimitLayer<K, C, M> {
 
     /// Who a request is: any [`KeyExtractor`](crate::key::KeyExtractor).
     pub fn key<K2>(self, key: K2) -> RateLimitLayer<K2, C, M> {
-        RateLimitLayer {
-            limiter: self.limiter,
-            key,
-            cost: self.cost,
-            on_missing: self.on_missing,
-            headers: self.headers,
-            shadow: self.shadow,
-            failure: self.failure,
-            rejection: self.rejection,
-            _mode: PhantomData,
-        }
+        self.rebuild(|_, cost| (key, cost))
     }
 
     /// How much a request costs: any [`Cost`](super::Cost), such as a
     /// closure over the request.
     pub fn cost<C2>(self, cost: C2) -> RateLimitLayer<K, C2, M> {
-        RateLimitLayer {
-            limiter: self.limiter,
-            key: self.key,
-            cost,
-            on_missing: self.on_missing,
-            headers: self.headers,
-            shadow: self.shadow,
-            failure: self.failure,
-            rejection: self.rejection,
-            _mode: PhantomData,
-        }
+        self.rebuild(|key, _| (key, cost))
     }
 
     /// A fixed cost per request, refused if no request of that cost could
@@ -134,10 +114,16 @@ impl<K, C, M> RateLimitLayer<K, C, M> {
     /// Refuse with a [`RateLimitError`](crate::RateLimitError) instead of an
     /// HTTP response; works around any `tower::Service`.
     pub fn typed_errors(self) -> RateLimitLayer<K, C, mode::TypedErrors> {
+        self.rebuild(|key, cost| (key, cost))
+    }
+
+    /// The same settings with another key, cost or mode type.
+    fn rebuild<K2, C2, M2>(self, f: impl FnOnce(K, C) -> (K2, C2)) -> RateLimitLayer<K2, C2, M2> {
+        let (key, cost) = f(self.key, self.cost);
         RateLimitLayer {
             limiter: self.limiter,
-            key: self.key,
-            cost: self.cost,
+            key,
+            cost,
             on_missing: self.on_missing,
             headers: self.headers,
             shadow: self.shadow,
