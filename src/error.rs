@@ -92,6 +92,10 @@ pub enum ConfigError {
 #[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum StoreError {
+    /// The store's own settings are invalid (a bad key prefix, a zero
+    /// timeout); reported before any connection is attempted.
+    #[error("invalid store settings: {0}")]
+    Config(#[from] ConfigError),
     /// The store did not answer within its timeout.
     #[error("store did not answer within {0:?}")]
     Timeout(Duration),

@@ -5,7 +5,10 @@ use std::time::Duration;
 use fleetgate::{Key, Limit, Limiter, MemoryStore, Policy, Rate};
 
 fn limiter(store: &MemoryStore) -> Limiter {
-    let limit = Limit::builder(Rate::per_second(10)).burst(10).build().unwrap();
+    let limit = Limit::builder(Rate::per_second(10))
+        .burst(10)
+        .build()
+        .unwrap();
     Limiter::new(Policy::single("attack", limit).unwrap(), store.clone())
 }
 

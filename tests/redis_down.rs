@@ -52,7 +52,10 @@ async fn hung_redis_times_out_then_recovers() {
     let mut allowed = 0;
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        assert!(Instant::now() < deadline, "limit not enforced after recovery");
+        assert!(
+            Instant::now() < deadline,
+            "limit not enforced after recovery"
+        );
         match limiter.check(&key, 1).await {
             Ok(d) if d.is_allowed() => allowed += 1,
             Ok(_) => break,

@@ -101,16 +101,29 @@ impl MemoryStore {
         let now = self.inner.clock.now_micros();
         let max_wait = call.max_wait_us();
         if let Some(entry) = shard.map.get_mut(&map_key) {
-            if entry.tats.len() == params.len() {
-                let (decision, idle_at) =
-                    gcra::decide(params, &mut entry.tats, now, call.cost, max_wait);
-                if let Some(idle_at) = idle_at {
-                    entry.idle_at = idle_at;
-                }
-                return decision;
+            if entry.tats.len() < params.len() {
+                // A policy of the same name with more limits (edited, or two
+                // limiters sharing a name): keep each limit's state by
+                // position, as the Redis keys `…:{key}:<i>` do. Starting
+                // afresh instead would let two such limiters reset each
+                // other on every call and admit everything.
+                let mut tats = vec![0u64; params.len()].into_boxed_slice();
+                tats[..entry.tats.len()].copy_from_slice(&entry.tats);
+                entry.tats = tats;
             }
-            // The policy changed shape under the same name: start afresh.
-            shard.map.remove(&map_key);
+            // Extra positions (a policy with fewer limits) keep their state
+            // untouched, like Redis keys the script does not name.
+            let (decision, idle_at) = gcra::decide(
+                params,
+                &mut entry.tats[..params.len()],
+                now,
+                call.cost,
+                max_wait,
+            );
+            if let Some(idle_at) = idle_at {
+                entry.idle_at = entry.idle_at.max(idle_at);
+            }
+            return decision;
         }
         let mut tats = vec![0u64; params.len()].into_boxed_slice();
         let (decision, idle_at) = gcra::decide(params, &mut tats, now, call.cost, max_wait);

@@ -1,5 +1,4 @@
 use std::fmt;
-use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -10,7 +9,8 @@ use super::{GcraCall, Store, StoreFuture};
 use crate::clock::{Clock, SystemClock};
 use crate::decision::Decision;
 use crate::error::{ConfigError, StoreError};
-use crate::limit::check_name;
+use crate::key::Key;
+use crate::limit::{Policy, check_name};
 
 const GCRA_LUA: &str = include_str!("../../lua/gcra.lua");
 
@@ -99,24 +99,16 @@ impl RedisStore {
         self.inner.timeout
     }
 
-    /// The Redis key that holds the state of limit `limit` of `call`'s
-    /// policy and identity.
-    pub fn gcra_key(&self, call: &GcraCall, limit: usize) -> String {
-        let mut key = String::new();
-        self.write_key(&mut key, call, limit);
-        key
-    }
-
-    fn write_key(&self, out: &mut String, call: &GcraCall, limit: usize) {
-        out.clear();
-        let _ = write!(
-            out,
+    /// The Redis key that holds the GCRA state of limit number `limit` of
+    /// `policy` for `key`: `{prefix}:{policy}:{{key}}:{limit}`.
+    pub fn gcra_key(&self, policy: &Policy, key: &Key, limit: usize) -> String {
+        format!(
             "{}:{}:{{{}}}:{}",
             self.inner.prefix,
-            call.policy.name(),
-            call.key.as_str(),
+            policy.name(),
+            key.as_str(),
             limit
-        );
+        )
     }
 
     async fn run_gcra(self, call: GcraCall) -> Result<Decision, StoreError> {
@@ -135,7 +127,7 @@ impl RedisStore {
         }
         let mut keys = Vec::with_capacity(limits.len());
         for i in 0..limits.len() {
-            keys.push(self.gcra_key(&call, i));
+            keys.push(self.gcra_key(&call.policy, &call.key, i));
         }
         let reply = self
             .eval(&self.inner.gcra_sha, GCRA_LUA, &keys, &args)
@@ -268,18 +260,30 @@ impl RedisStoreBuilder {
         self
     }
 
+    /// Checks the settings.
+    fn check(&self) -> Result<(), StoreError> {
+        check_name(&self.prefix)?;
+        if self.timeout.is_zero() || self.connect_timeout.is_zero() {
+            return Err(ConfigError::ZeroTimeout.into());
+        }
+        Ok(())
+    }
+
     /// Connects to `url` (`redis://host:port/db`, `rediss://` for TLS where
     /// the redis crate is built with it) and checks the settings.
     ///
     /// The connection is multiplexed and reconnects by itself after
     /// failures.
     pub async fn connect(self, url: &str) -> Result<RedisStore, StoreError> {
+        self.check()?;
         let client = redis::Client::open(url)?;
         self.connect_client(client).await
     }
 
     /// Like [`connect`](Self::connect), from a configured client.
     pub async fn connect_client(self, client: redis::Client) -> Result<RedisStore, StoreError> {
+        // Report a bad setting as such, before any I/O can fail first.
+        self.check()?;
         let config = ConnectionManagerConfig::new()
             .set_response_timeout(Some(self.timeout))
             .set_connection_timeout(Some(self.connect_timeout))
@@ -291,11 +295,7 @@ impl RedisStoreBuilder {
 
     /// Uses an existing connection manager (its own timeouts apply too).
     pub fn with_connection(self, conn: ConnectionManager) -> Result<RedisStore, StoreError> {
-        let invalid = |err: ConfigError| StoreError::Redis(err.to_string());
-        check_name(&self.prefix).map_err(invalid)?;
-        if self.timeout.is_zero() {
-            return Err(invalid(ConfigError::ZeroTimeout));
-        }
+        self.check()?;
         Ok(RedisStore {
             inner: Arc::new(Inner {
                 conn,

@@ -1,0 +1,404 @@
+//! Every configuration mistake the public builders can be given is refused
+//! with the `ConfigError` that names it, and a readable message; the
+//! largest valid values next to each limit are accepted.
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::RedisServer;
+use fleetgate::key::{ForwardedIp, IpNet};
+use fleetgate::{
+    ConfigError, Limit, Limiter, MAX_LIMITS_PER_POLICY, MAX_TOLERANCE_MICROS, MemoryStore, Policy,
+    Rate, RateLimitLayer, RedisStore, StoreError,
+};
+
+fn one_per_second() -> Limit {
+    Limit::new(Rate::per_second(1)).unwrap()
+}
+
+/// The error's message mentions every one of `words`.
+#[track_caller]
+fn says(err: &impl std::fmt::Display, words: &[&str]) {
+    let text = err.to_string();
+    for word in words {
+        assert!(
+            text.to_lowercase().contains(&word.to_lowercase()),
+            "{text:?} does not mention {word:?}"
+        );
+    }
+}
+
+#[test]
+fn zero_rate() {
+    for rate in [
+        Rate::per_second(0),
+        Rate::per_hour(0),
+        Rate::new(0, Duration::from_secs(5)),
+    ] {
+        let err = Limit::new(rate).unwrap_err();
+        assert_eq!(err, ConfigError::ZeroRate);
+        says(&err, &["rate", "at least one"]);
+        // An explicit burst does not rescue it.
+        let err = Limit::builder(rate).burst(10).build().unwrap_err();
+        assert_eq!(err, ConfigError::ZeroRate);
+    }
+}
+
+#[test]
+fn zero_period() {
+    let err = Limit::new(Rate::new(10, Duration::ZERO)).unwrap_err();
+    assert_eq!(err, ConfigError::ZeroPeriod);
+    says(&err, &["period", "zero"]);
+}
+
+#[test]
+fn zero_burst() {
+    let err = Limit::builder(Rate::per_second(10))
+        .burst(0)
+        .build()
+        .unwrap_err();
+    assert_eq!(err, ConfigError::ZeroBurst);
+    says(&err, &["burst"]);
+    assert_eq!(
+        Limit::builder(Rate::per_second(10))
+            .burst(1)
+            .build()
+            .unwrap()
+            .burst(),
+        1
+    );
+}
+
+#[test]
+fn rate_finer_than_one_per_microsecond() {
+    // One per microsecond is the finest rate there is.
+    let finest = Limit::new(Rate::per_second(1_000_000)).unwrap();
+    assert_eq!(finest.emission_interval(), Duration::from_micros(1));
+    for rate in [
+        Rate::per_second(1_000_001),
+        Rate::new(2, Duration::from_micros(1)),
+        Rate::new(1, Duration::from_nanos(500)),
+        Rate::per_second(u64::MAX),
+    ] {
+        let err = Limit::new(rate).unwrap_err();
+        assert_eq!(err, ConfigError::RateTooFine { rate });
+        says(&err, &["microsecond"]);
+    }
+}
+
+#[test]
+fn period_too_long() {
+    let longest = Duration::from_micros(MAX_TOLERANCE_MICROS);
+    assert!(Limit::new(Rate::new(1, longest)).is_ok());
+    for period in [
+        longest + Duration::from_micros(1),
+        Duration::from_secs(100 * 365 * 86_400),
+        Duration::MAX,
+    ] {
+        let err = Limit::new(Rate::new(1, period)).unwrap_err();
+        assert_eq!(err, ConfigError::PeriodTooLong { period });
+        says(&err, &["period", "too long"]);
+    }
+}
+
+#[test]
+fn burst_too_large() {
+    // One per hour: the window is burst × 3600 s, at most 2^50 µs.
+    let per_hour = Rate::per_hour(1);
+    let max_burst = MAX_TOLERANCE_MICROS / 3_600_000_000;
+    let ok = Limit::builder(per_hour).burst(max_burst).build().unwrap();
+    assert!(ok.window() <= Duration::from_micros(MAX_TOLERANCE_MICROS));
+    for burst in [max_burst + 1, u64::MAX] {
+        let err = Limit::builder(per_hour).burst(burst).build().unwrap_err();
+        assert!(
+            matches!(err, ConfigError::BurstTooLarge { burst: b, .. } if b == burst),
+            "{err:?}"
+        );
+        says(&err, &["burst", &burst.to_string()]);
+    }
+    // The default burst (the rate's count) on the longest period: the
+    // interval rounded up to whole microseconds makes the window 2 µs too
+    // long.
+    let err = Limit::new(Rate::new(3, Duration::from_micros(MAX_TOLERANCE_MICROS))).unwrap_err();
+    assert_eq!(
+        err,
+        ConfigError::BurstTooLarge {
+            burst: 3,
+            window: Duration::from_micros(MAX_TOLERANCE_MICROS + 2)
+        }
+    );
+}
+
+#[test]
+fn empty_policy() {
+    let err = Policy::builder("empty").build().unwrap_err();
+    assert_eq!(err, ConfigError::EmptyPolicy);
+    says(&err, &["policy", "limit"]);
+}
+
+#[test]
+fn too_many_limits() {
+    let limits = |n: usize| {
+        (0..n).fold(Policy::builder("many"), |b, i| {
+            b.limit(
+                Limit::builder(Rate::per_second(1 + i as u64))
+                    .name(format!("l{i}"))
+                    .build()
+                    .unwrap(),
+            )
+        })
+    };
+    let full = limits(MAX_LIMITS_PER_POLICY).build().unwrap();
+    assert_eq!(full.limits().len(), 16);
+    let err = limits(MAX_LIMITS_PER_POLICY + 1).build().unwrap_err();
+    assert_eq!(err, ConfigError::TooManyLimits { count: 17 });
+    says(&err, &["16", "17"]);
+}
+
+#[test]
+fn duplicate_limit_names() {
+    // Default names come from the rate: the same rate twice clashes.
+    let err = Policy::builder("dup")
+        .limit(one_per_second())
+        .limit(
+            Limit::builder(Rate::per_second(1))
+                .burst(5)
+                .build()
+                .unwrap(),
+        )
+        .build()
+        .unwrap_err();
+    assert_eq!(err, ConfigError::DuplicateLimit { name: "1/s".into() });
+    says(&err, &["1/s"]);
+    // Explicit names too.
+    let err = Policy::builder("dup")
+        .limit(
+            Limit::builder(Rate::per_second(1))
+                .name("x")
+                .build()
+                .unwrap(),
+        )
+        .limit(
+            Limit::builder(Rate::per_minute(5))
+                .name("x")
+                .build()
+                .unwrap(),
+        )
+        .build()
+        .unwrap_err();
+    assert_eq!(err, ConfigError::DuplicateLimit { name: "x".into() });
+    // Distinct names make the same rates fine.
+    Policy::builder("dup")
+        .limit(
+            Limit::builder(Rate::per_second(1))
+                .name("a")
+                .build()
+                .unwrap(),
+        )
+        .limit(
+            Limit::builder(Rate::per_second(1))
+                .name("b")
+                .build()
+                .unwrap(),
+        )
+        .build()
+        .unwrap();
+}
+
+/// Names that would be empty, too long, or break keys and hash tags.
+const BAD_NAMES: &[&str] = &[
+    "",
+    "has space",
+    "brace{",
+    "brace}",
+    "tab\t",
+    "new\nline",
+    "star*",
+    "quote\"",
+    "é",
+];
+
+#[test]
+fn invalid_policy_and_limit_names() {
+    let long_ok = "a".repeat(64);
+    let long_bad = "a".repeat(65);
+    Policy::single(&*long_ok, one_per_second()).unwrap();
+    Policy::single("api-v1/users:get_all.x", one_per_second()).unwrap();
+    for &name in BAD_NAMES.iter().chain([long_bad.as_str()].iter()) {
+        let err = Policy::single(name, one_per_second()).unwrap_err();
+        assert_eq!(
+            err,
+            ConfigError::InvalidName {
+                name: name.to_owned()
+            }
+        );
+        says(&err, &["invalid name"]);
+        let err = Limit::builder(Rate::per_second(1))
+            .name(name)
+            .build()
+            .unwrap_err();
+        assert_eq!(
+            err,
+            ConfigError::InvalidName {
+                name: name.to_owned()
+            }
+        );
+    }
+}
+
+#[test]
+fn fixed_cost_above_burst() {
+    let policy = Policy::builder("cost")
+        .limit(
+            Limit::builder(Rate::per_second(10))
+                .burst(8)
+                .build()
+                .unwrap(),
+        )
+        .limit(
+            Limit::builder(Rate::per_minute(100))
+                .burst(5)
+                .build()
+                .unwrap(),
+        )
+        .build()
+        .unwrap();
+    assert_eq!(policy.max_cost(), 5);
+    let layer = || RateLimitLayer::new(Limiter::new(policy.clone(), MemoryStore::new()));
+    assert!(layer().fixed_cost(5).is_ok());
+    for cost in [6, 8, u64::MAX] {
+        let Err(err) = layer().fixed_cost(cost) else {
+            panic!("cost {cost} above the burst accepted");
+        };
+        assert_eq!(err, ConfigError::CostAboveBurst { cost, max: 5 });
+        says(&err, &["cost", "burst", &cost.to_string(), "5"]);
+    }
+}
+
+#[test]
+fn invalid_network() {
+    ForwardedIp::new(["10.0.0.0/8", "127.0.0.1", "fd00::/8", " 192.168.0.0/16 "]).unwrap();
+    for text in [
+        "",
+        "not-an-ip",
+        "10.0.0.0/33",
+        "10.0.0.0/",
+        "10.0.0.0/-1",
+        "10.0.0/8",
+        "fd00::/129",
+        "example.com",
+    ] {
+        let err = ForwardedIp::new(["10.0.0.0/8", text]).unwrap_err();
+        assert_eq!(
+            err,
+            ConfigError::InvalidNetwork {
+                text: text.to_owned()
+            }
+        );
+        says(&err, &["network", text]);
+        let err = text.parse::<IpNet>().unwrap_err();
+        assert!(matches!(err, ConfigError::InvalidNetwork { .. }), "{err:?}");
+    }
+    let err = IpNet::new("10.0.0.0".parse().unwrap(), 33).unwrap_err();
+    assert!(matches!(err, ConfigError::InvalidNetwork { .. }), "{err:?}");
+}
+
+/// A store error that carries a configuration mistake.
+#[track_caller]
+fn config_refused(result: Result<RedisStore, StoreError>, words: &[&str]) {
+    let err = result.expect_err("the builder accepted a bad setting");
+    assert!(matches!(err, StoreError::Config(_)), "{err:?}");
+    says(&err, words);
+}
+
+#[tokio::test]
+async fn redis_store_builder_refuses_zero_timeout_and_bad_prefixes() {
+    let server = RedisServer::start();
+    let url = server.url();
+    // Good settings connect.
+    let store = RedisStore::builder()
+        .prefix("app-1:rl")
+        .timeout(Duration::from_millis(20))
+        .connect(&url)
+        .await
+        .unwrap();
+    assert_eq!(store.prefix(), "app-1:rl");
+    assert_eq!(store.timeout(), Duration::from_millis(20));
+
+    config_refused(
+        RedisStore::builder()
+            .timeout(Duration::ZERO)
+            .connect(&url)
+            .await,
+        &[&ConfigError::ZeroTimeout.to_string()],
+    );
+    config_refused(
+        RedisStore::builder()
+            .connect_timeout(Duration::ZERO)
+            .connect(&url)
+            .await,
+        &[&ConfigError::ZeroTimeout.to_string()],
+    );
+    let long = "p".repeat(65);
+    for &prefix in BAD_NAMES.iter().chain([long.as_str()].iter()) {
+        config_refused(
+            RedisStore::builder().prefix(prefix).connect(&url).await,
+            &[&ConfigError::InvalidName {
+                name: prefix.to_owned(),
+            }
+            .to_string()],
+        );
+    }
+    // On an existing connection too.
+    let conn = redis::aio::ConnectionManager::new(server.client())
+        .await
+        .unwrap();
+    config_refused(
+        RedisStore::builder()
+            .prefix("bad prefix")
+            .with_connection(conn.clone()),
+        &["invalid name"],
+    );
+    config_refused(
+        RedisStore::builder()
+            .timeout(Duration::ZERO)
+            .with_connection(conn),
+        &["timeout"],
+    );
+}
+
+/// A configuration mistake is reported as such before any I/O, even when
+/// Redis cannot be reached.
+#[tokio::test]
+async fn redis_store_builder_checks_settings_before_connecting() {
+    // A port with nothing listening: bind, note, close.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = format!("redis://127.0.0.1:{port}");
+    let started = Instant::now();
+    config_refused(
+        RedisStore::builder().prefix("no{tags}").connect(&url).await,
+        &["invalid name", "no{tags}"],
+    );
+    config_refused(
+        RedisStore::builder()
+            .timeout(Duration::ZERO)
+            .connect(&url)
+            .await,
+        &["timeout must be longer than zero"],
+    );
+    config_refused(
+        RedisStore::builder()
+            .connect_timeout(Duration::ZERO)
+            .connect(&url)
+            .await,
+        &["timeout must be longer than zero"],
+    );
+    assert!(
+        started.elapsed() < Duration::from_millis(500),
+        "settings were checked only after trying to connect"
+    );
+}

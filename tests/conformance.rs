@@ -1,0 +1,890 @@
+//! One GCRA conformance suite, run against every store.
+//!
+//! Each scenario is a function over a [`Sut`] (store under test): a store
+//! whose clock is a [`ManualClock`] the scenario sets by hand. It is run on a
+//! `MemoryStore` and on a `RedisStore` whose script reads the same manual
+//! clock (`TimeSource::Client`), so both see exactly the same times. Every
+//! scenario asserts exact decisions, and the full decision sequences of the
+//! two stores must be equal.
+//!
+//! The tests at the end check what only Redis has, with its own clock and
+//! real time: key names, expiry, the script cache, and one round trip per
+//! decision.
+mod common;
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::RedisServer;
+use fleetgate::clock::ManualClock;
+use fleetgate::{
+    Decision, Key, Limit, Limiter, MemoryStore, Policy, Rate, RedisStore, Store, TimeSource,
+};
+use redis::aio::MultiplexedConnection;
+
+const S: Duration = Duration::from_secs(1);
+const US: Duration = Duration::from_micros(1);
+/// A realistic Unix time in the manual clock, so that the Lua script works
+/// with numbers near 2^51 µs as it does in production.
+const UNIX_NOW: Duration = Duration::from_secs(1_700_000_000);
+
+// ---------------------------------------------------------------------------
+// The store under test.
+
+/// A store with a manual clock, and the log of every decision it made.
+#[derive(Clone)]
+struct Sut {
+    name: &'static str,
+    clock: ManualClock,
+    store: Arc<dyn Store>,
+    log: Arc<Mutex<Vec<Decision>>>,
+}
+
+impl Sut {
+    fn memory(start: Duration) -> Sut {
+        let clock = ManualClock::new(start);
+        let store = MemoryStore::builder().clock(clock.clone()).build();
+        Sut {
+            name: "memory",
+            clock,
+            store: Arc::new(store),
+            log: Arc::default(),
+        }
+    }
+
+    async fn redis(server: &RedisServer, prefix: &str, start: Duration) -> Sut {
+        let clock = ManualClock::new(start);
+        let store = RedisStore::builder()
+            .time_source(TimeSource::Client(Arc::new(clock.clone())))
+            .prefix(prefix)
+            .timeout(Duration::from_secs(2))
+            .connect(&server.url())
+            .await
+            .expect("connect to the test's redis-server");
+        Sut {
+            name: "redis",
+            clock,
+            store: Arc::new(store),
+            log: Arc::default(),
+        }
+    }
+
+    fn limiter(&self, policy: &Policy) -> Limiter {
+        Limiter::new(policy.clone(), self.store.clone())
+    }
+
+    fn advance(&self, by: Duration) {
+        self.clock.advance(by);
+    }
+
+    async fn check(&self, limiter: &Limiter, key: &str, cost: u64) -> Decision {
+        let decision = limiter
+            .check(&Key::new(key), cost)
+            .await
+            .unwrap_or_else(|err| panic!("{}: store error: {err}", self.name));
+        self.log.lock().unwrap().push(decision.clone());
+        decision
+    }
+
+    async fn reserve(
+        &self,
+        limiter: &Limiter,
+        key: &str,
+        cost: u64,
+        max_wait: Duration,
+    ) -> Decision {
+        let decision = limiter
+            .reserve(&Key::new(key), cost, max_wait)
+            .await
+            .unwrap_or_else(|err| panic!("{}: store error: {err}", self.name));
+        self.log.lock().unwrap().push(decision.clone());
+        decision
+    }
+
+    fn log(&self) -> Vec<Decision> {
+        self.log.lock().unwrap().clone()
+    }
+}
+
+/// What a decision should be, field by field.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Want {
+    allowed: bool,
+    limit: usize,
+    remaining: u64,
+    reset: Duration,
+    retry_after: Option<Duration>,
+    wait: Duration,
+}
+
+fn allowed(limit: usize, remaining: u64, reset: Duration) -> Want {
+    Want {
+        allowed: true,
+        limit,
+        remaining,
+        reset,
+        retry_after: None,
+        wait: Duration::ZERO,
+    }
+}
+
+fn reserved(limit: usize, remaining: u64, reset: Duration, wait: Duration) -> Want {
+    Want {
+        wait,
+        ..allowed(limit, remaining, reset)
+    }
+}
+
+fn denied(limit: usize, remaining: u64, reset: Duration, retry_after: Duration) -> Want {
+    Want {
+        allowed: false,
+        limit,
+        remaining,
+        reset,
+        retry_after: Some(retry_after),
+        wait: Duration::ZERO,
+    }
+}
+
+impl Sut {
+    #[track_caller]
+    fn expect(&self, d: &Decision, want: Want) {
+        let got = Want {
+            allowed: d.is_allowed(),
+            limit: d.limit_index(),
+            remaining: d.remaining(),
+            reset: d.reset(),
+            retry_after: d.retry_after(),
+            wait: d.wait(),
+        };
+        assert_eq!(got, want, "{} store decided differently", self.name);
+    }
+
+    /// A call whose cost no limit could ever admit: refused at once, with
+    /// no retry time, naming the limit with the smallest burst.
+    #[track_caller]
+    fn expect_never(&self, d: &Decision, limit: usize) {
+        assert!(!d.is_allowed(), "{}: impossible cost admitted", self.name);
+        assert_eq!(d.retry_after(), None, "{}: retry for a never", self.name);
+        assert_eq!(d.limit_index(), limit, "{}", self.name);
+        assert_eq!(d.remaining(), 0, "{}", self.name);
+        assert_eq!(d.wait(), Duration::ZERO, "{}", self.name);
+    }
+}
+
+/// Runs `scenario` on a memory store and on a Redis store (private server,
+/// unique prefix), both starting at `start`, and compares their decisions.
+async fn on_both_stores<F, Fut>(start: Duration, scenario: F)
+where
+    F: Fn(Sut) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    let memory = Sut::memory(start);
+    scenario(memory.clone()).await;
+
+    let server = RedisServer::start();
+    let prefix = format!("conf-{}", std::process::id());
+    let redis = Sut::redis(&server, &prefix, start).await;
+    scenario(redis.clone()).await;
+
+    let (memory, redis) = (memory.log(), redis.log());
+    assert!(!memory.is_empty(), "the scenario decided nothing");
+    assert_eq!(
+        memory, redis,
+        "memory and Redis stores gave different decision sequences"
+    );
+}
+
+fn limit(rate: Rate, burst: u64, name: &str) -> Limit {
+    Limit::builder(rate)
+        .burst(burst)
+        .name(name)
+        .build()
+        .expect("valid limit")
+}
+
+fn single(name: &str, rate: Rate, burst: u64) -> Policy {
+    Policy::single(name, limit(rate, burst, "l")).expect("valid policy")
+}
+
+// ---------------------------------------------------------------------------
+// Scenarios.
+
+/// Exactly `burst` calls pass at one instant; the next are denied and cost
+/// nothing.
+async fn burst(s: Sut) {
+    // T = 10 s, burst 5.
+    let t = 10 * S;
+    let l = s.limiter(&single("burst", Rate::per_minute(6), 5));
+    for k in 1..=5u32 {
+        let d = s.check(&l, "k", 1).await;
+        s.expect(&d, allowed(0, 5 - u64::from(k), k * t));
+    }
+    for _ in 0..3 {
+        let d = s.check(&l, "k", 1).await;
+        s.expect(&d, denied(0, 0, 5 * t, t));
+    }
+    // Half an interval later: still denied, the retry has shrunk.
+    s.advance(t / 2);
+    let d = s.check(&l, "k", 1).await;
+    s.expect(&d, denied(0, 0, 5 * t - t / 2, t / 2));
+}
+
+/// After the burst, one call passes per emission interval, exactly on
+/// time and not 1 µs early; idle time refills at most the burst.
+async fn steady_rate(s: Sut) {
+    // 3 per 10 s: T = ceil(10 s / 3) = 3_333_334 µs, τ = 10_000_002 µs.
+    let l = s.limiter(&single("steady", Rate::new(3, 10 * S), 3));
+    let t = Duration::from_micros(3_333_334);
+    assert_eq!(l.policy().limits()[0].emission_interval(), t);
+    for k in 1..=3u32 {
+        let d = s.check(&l, "k", 1).await;
+        s.expect(&d, allowed(0, 3 - u64::from(k), k * t));
+    }
+    let d = s.check(&l, "k", 1).await;
+    s.expect(&d, denied(0, 0, 3 * t, t));
+    for _ in 0..5 {
+        s.advance(t - US);
+        let d = s.check(&l, "k", 1).await;
+        s.expect(&d, denied(0, 0, 2 * t + US, US));
+        s.advance(US);
+        let d = s.check(&l, "k", 1).await;
+        s.expect(&d, allowed(0, 0, 3 * t));
+        let d = s.check(&l, "k", 1).await;
+        s.expect(&d, denied(0, 0, 3 * t, t));
+    }
+    // Two intervals of idle time: two calls.
+    s.advance(2 * t);
+    let d = s.check(&l, "k", 1).await;
+    s.expect(&d, allowed(0, 1, 2 * t));
+    let d = s.check(&l, "k", 1).await;
+    s.expect(&d, allowed(0, 0, 3 * t));
+    let d = s.check(&l, "k", 1).await;
+    s.expect(&d, denied(0, 0, 3 * t, t));
+    // A long idle spell refills the burst, not more.
+    s.advance(100 * t);
+    for k in 1..=3u32 {
+        let d = s.check(&l, "k", 1).await;
+        s.expect(&d, allowed(0, 3 - u64::from(k), k * t));
+    }
+    let d = s.check(&l, "k", 1).await;
+    s.expect(&d, denied(0, 0, 3 * t, t));
+}
+
+/// Two limits decided together, all or nothing, in both orders.
+///
+/// "short" is 1 per 10 s with burst 3, "long" 1 per minute with burst 4.
+/// A call denied by one limit charges neither. Repeated denials are
+/// identical, which they could not be if the other limit were charged (its
+/// retry would soon exceed the denying limit's and it would be named
+/// instead), and the other limit's remaining and reset, read when it
+/// becomes the tightest, are those of the admitted calls alone.
+async fn multi_limit(s: Sut) {
+    let short = limit(Rate::new(1, 10 * S), 3, "short");
+    let long = limit(Rate::per_minute(1), 4, "long");
+    let ab = Policy::builder("multi-ab")
+        .limit(short.clone())
+        .limit(long.clone())
+        .build()
+        .unwrap();
+    let ba = Policy::builder("multi-ba")
+        .limit(long)
+        .limit(short)
+        .build()
+        .unwrap();
+    for (policy, sh, lo) in [(ab, 0, 1), (ba, 1, 0)] {
+        let l = s.limiter(&policy);
+        // Three calls: short goes from 2 to 0 remaining, long from 3 to 1.
+        for k in 1..=3u32 {
+            let d = s.check(&l, "k", 1).await;
+            s.expect(&d, allowed(sh, 3 - u64::from(k), k * 10 * S));
+        }
+        // Short denies; long would admit. Nothing is charged.
+        for _ in 0..6 {
+            let d = s.check(&l, "k", 1).await;
+            s.expect(&d, denied(sh, 0, 30 * S, 10 * S));
+        }
+        // Short has refilled; long is the tightest and shows its state:
+        // three calls charged (TAT t0+180 s), so 0 left after this one and
+        // a reset of 240 s − 30 s. Had the denials charged it, this call
+        // would be denied.
+        s.advance(30 * S);
+        let d = s.check(&l, "k", 1).await;
+        s.expect(&d, allowed(lo, 0, 210 * S));
+        // Now long denies (retry 30 s) while short would admit.
+        for _ in 0..6 {
+            let d = s.check(&l, "k", 1).await;
+            s.expect(&d, denied(lo, 0, 210 * S, 30 * S));
+        }
+        // Both deny a call of cost 3: short asks 10 s, long 150 s. The
+        // longest wait is reported, whichever position it holds.
+        let d = s.check(&l, "k", 3).await;
+        s.expect(&d, denied(lo, 0, 210 * S, 150 * S));
+        // Cost 4 is above short's burst: refused without a store call,
+        // naming the limit with the smallest burst.
+        let d = s.check(&l, "k", 4).await;
+        s.expect_never(&d, sh);
+        // 30 s later long has exactly one call of room again: none of the
+        // denials above charged it.
+        s.advance(30 * S);
+        let d = s.check(&l, "k", 1).await;
+        s.expect(&d, allowed(lo, 0, 240 * S));
+        let d = s.check(&l, "k", 1).await;
+        s.expect(&d, denied(lo, 0, 240 * S, 60 * S));
+    }
+}
+
+/// Weighted calls: cost 3 uses 3; a cost above the burst is refused at
+/// once, never retried, and touches no state.
+async fn cost(s: Sut) {
+    // T = 10 s, burst 5.
+    let t = 10 * S;
+    let l = s.limiter(&single("cost", Rate::new(1, t), 5));
+    // Impossible costs on a fresh key, in both modes.
+    for c in [6, 7, 1_000, u64::MAX / 2, u64::MAX] {
+        let d = s.check(&l, "fresh", c).await;
+        s.expect_never(&d, 0);
+        let d = s.reserve(&l, "fresh", c, Duration::from_secs(86_400)).await;
+        s.expect_never(&d, 0);
+    }
+    // ...which left it fresh: the full burst is there.
+    for k in 1..=5u32 {
+        let d = s.check(&l, "fresh", 1).await;
+        s.expect(&d, allowed(0, 5 - u64::from(k), k * t));
+    }
+    let d = s.check(&l, "fresh", 1).await;
+    s.expect(&d, denied(0, 0, 5 * t, t));
+
+    let d = s.check(&l, "w", 3).await;
+    s.expect(&d, allowed(0, 2, 3 * t));
+    // 3 more would need 1 more interval; nothing is charged.
+    let d = s.check(&l, "w", 3).await;
+    s.expect(&d, denied(0, 2, 3 * t, t));
+    let d = s.check(&l, "w", 2).await;
+    s.expect(&d, allowed(0, 0, 5 * t));
+    let d = s.check(&l, "w", 1).await;
+    s.expect(&d, denied(0, 0, 5 * t, t));
+    let d = s.check(&l, "w", 5).await;
+    s.expect(&d, denied(0, 0, 5 * t, 5 * t));
+    s.advance(3 * t);
+    let d = s.check(&l, "w", 3).await;
+    s.expect(&d, allowed(0, 0, 5 * t));
+    // A full-burst call after a full refill.
+    s.advance(5 * t);
+    let d = s.check(&l, "w", 5).await;
+    s.expect(&d, allowed(0, 0, 5 * t));
+}
+
+/// Reserve mode: waits handed out in order 0, T, 2T, ...; a wait beyond
+/// `max_wait` is refused and charges nothing.
+async fn reserve(s: Sut) {
+    let t = 10 * S;
+    let l = s.limiter(&single("reserve", Rate::new(1, t), 1));
+    let max_wait = 35 * S;
+    for k in 0..4u32 {
+        let d = s.reserve(&l, "k", 1, max_wait).await;
+        s.expect(&d, reserved(0, 0, (k + 1) * t, k * t));
+    }
+    // The next slot is 40 s away: refused, with that retry, for both modes.
+    for _ in 0..3 {
+        let d = s.reserve(&l, "k", 1, max_wait).await;
+        s.expect(&d, denied(0, 0, 4 * t, 4 * t));
+        let d = s.check(&l, "k", 1).await;
+        s.expect(&d, denied(0, 0, 4 * t, 4 * t));
+    }
+    // The refusals took nothing: a longer wait gets exactly the next slot.
+    let d = s.reserve(&l, "k", 1, 4 * t).await;
+    s.expect(&d, reserved(0, 0, 5 * t, 4 * t));
+    // Waiting exactly max_wait is admitted, 1 µs more is not.
+    s.advance(t + US);
+    let d = s.reserve(&l, "k", 1, max_wait).await;
+    s.expect(&d, denied(0, 0, 4 * t - US, 4 * t - US));
+    s.advance(5 * S - US);
+    let d = s.reserve(&l, "k", 1, max_wait).await;
+    s.expect(&d, reserved(0, 0, 45 * S, max_wait));
+
+    // Several limits: the wait is the longest of them. Among limits with
+    // no room left, the first is named (here "fast", while "slow" sets the
+    // wait).
+    let two = Policy::builder("reserve-two")
+        .limit(limit(Rate::new(1, 4 * S), 2, "fast"))
+        .limit(limit(Rate::new(1, t), 1, "slow"))
+        .build()
+        .unwrap();
+    let l = s.limiter(&two);
+    let d = s.reserve(&l, "k", 1, max_wait).await;
+    s.expect(&d, reserved(1, 0, t, Duration::ZERO));
+    let d = s.reserve(&l, "k", 1, max_wait).await;
+    s.expect(&d, reserved(0, 0, 8 * S, t));
+    let d = s.reserve(&l, "k", 1, max_wait).await;
+    s.expect(&d, reserved(0, 0, 12 * S, 2 * t));
+    // The 5th slot of "slow" is 40 s away: refused, nothing charged.
+    let d = s.reserve(&l, "k", 1, max_wait).await;
+    s.expect(&d, reserved(0, 0, 16 * S, 3 * t));
+    let d = s.reserve(&l, "k", 1, max_wait).await;
+    s.expect(&d, denied(1, 0, 4 * t, 4 * t));
+    let d = s.reserve(&l, "k", 1, 4 * t).await;
+    s.expect(&d, reserved(0, 0, 20 * S, 4 * t));
+}
+
+/// After `burst × T` of idle time a key behaves exactly like a fresh one;
+/// 1 µs earlier it does not.
+async fn expiry(s: Sut) {
+    // T = 10 s, burst 4: window 40 s.
+    let t = 10 * S;
+    let l = s.limiter(&single("expiry", Rate::new(1, t), 4));
+    assert_eq!(l.policy().limits()[0].window(), 4 * t);
+    for key in ["early", "on-time"] {
+        for _ in 0..4 {
+            assert!(s.check(&l, key, 1).await.is_allowed());
+        }
+        let d = s.check(&l, key, 1).await;
+        s.expect(&d, denied(0, 0, 4 * t, t));
+    }
+    s.advance(4 * t - US);
+    // Not yet fresh: one call less than a full burst.
+    let d = s.check(&l, "early", 1).await;
+    s.expect(&d, allowed(0, 2, t + US));
+    s.advance(US);
+    let mut seqs = Vec::new();
+    for key in ["on-time", "never-used"] {
+        let mut seq = Vec::new();
+        for _ in 0..5 {
+            seq.push(s.check(&l, key, 1).await);
+        }
+        s.expect(&seq[0], allowed(0, 3, t));
+        s.expect(&seq[3], allowed(0, 0, 4 * t));
+        s.expect(&seq[4], denied(0, 0, 4 * t, t));
+        seqs.push(seq);
+    }
+    assert_eq!(
+        seqs[0], seqs[1],
+        "{}: expired key differs from a fresh one",
+        s.name
+    );
+}
+
+/// A clock that starts at zero (`allow_at` lies before its epoch).
+async fn young_clock(s: Sut) {
+    let t = 10 * S;
+    let l = s.limiter(&single("young", Rate::new(1, t), 3));
+    for k in 1..=3u32 {
+        let d = s.check(&l, "k", 1).await;
+        s.expect(&d, allowed(0, 3 - u64::from(k), k * t));
+    }
+    let d = s.check(&l, "k", 1).await;
+    s.expect(&d, denied(0, 0, 3 * t, t));
+    s.advance(5 * S);
+    let d = s.check(&l, "k", 1).await;
+    s.expect(&d, denied(0, 0, 3 * t - 5 * S, 5 * S));
+    s.advance(5 * S);
+    let d = s.check(&l, "k", 1).await;
+    s.expect(&d, allowed(0, 0, 3 * t));
+}
+
+/// Ties between limits go to the first: equal room when admitted, equal
+/// retry when denied.
+async fn ties(s: Sut) {
+    let t = 10 * S;
+    let twins = Policy::builder("ties")
+        .limit(limit(Rate::new(1, t), 2, "a"))
+        .limit(limit(Rate::new(1, t), 2, "b"))
+        .build()
+        .unwrap();
+    let l = s.limiter(&twins);
+    let d = s.check(&l, "k", 1).await;
+    s.expect(&d, allowed(0, 1, t));
+    let d = s.check(&l, "k", 1).await;
+    s.expect(&d, allowed(0, 0, 2 * t));
+    let d = s.check(&l, "k", 1).await;
+    s.expect(&d, denied(0, 0, 2 * t, t));
+    let d = s.reserve(&l, "k", 1, t).await;
+    s.expect(&d, reserved(0, 0, 3 * t, t));
+    let d = s.reserve(&l, "k", 1, t).await;
+    s.expect(&d, denied(0, 0, 3 * t, 2 * t));
+}
+
+/// Keys and policies do not share state.
+async fn isolation(s: Sut) {
+    let t = 10 * S;
+    let p1 = s.limiter(&single("iso-1", Rate::new(1, t), 2));
+    let p2 = s.limiter(&single("iso-2", Rate::new(1, t), 2));
+    for _ in 0..2 {
+        assert!(s.check(&p1, "a", 1).await.is_allowed());
+    }
+    let d = s.check(&p1, "a", 1).await;
+    s.expect(&d, denied(0, 0, 2 * t, t));
+    let d = s.check(&p1, "b", 1).await;
+    s.expect(&d, allowed(0, 1, t));
+    let d = s.check(&p2, "a", 1).await;
+    s.expect(&d, allowed(0, 1, t));
+}
+
+/// Two limiters with the same policy name but different limits, on one
+/// store (a policy edited under the same name, or two limiters that clash
+/// by mistake): state is kept per limit position, as the Redis keys are,
+/// so alternating between them cannot reset the count.
+async fn same_name_other_shape(s: Sut) {
+    let t = 10 * S;
+    let first = limit(Rate::new(1, t), 2, "first");
+    let one = s.limiter(&Policy::single("shape", first.clone()).unwrap());
+    let two = s.limiter(
+        &Policy::builder("shape")
+            .limit(first)
+            .limit(limit(Rate::per_minute(1), 10, "second"))
+            .build()
+            .unwrap(),
+    );
+    let d = s.check(&one, "k", 1).await;
+    s.expect(&d, allowed(0, 1, t));
+    let d = s.check(&two, "k", 1).await;
+    s.expect(&d, allowed(0, 0, 2 * t));
+    for _ in 0..3 {
+        let d = s.check(&one, "k", 1).await;
+        s.expect(&d, denied(0, 0, 2 * t, t));
+        let d = s.check(&two, "k", 1).await;
+        s.expect(&d, denied(0, 0, 2 * t, t));
+    }
+}
+
+macro_rules! conformance {
+    ($($scenario:ident at $start:expr;)*) => {
+        mod suite {
+            #[allow(unused_imports)]
+            use super::*;
+            $(
+                #[tokio::test]
+                async fn $scenario() {
+                    super::on_both_stores($start, super::$scenario).await;
+                }
+            )*
+        }
+    };
+}
+
+conformance! {
+    burst at UNIX_NOW;
+    steady_rate at UNIX_NOW;
+    multi_limit at UNIX_NOW;
+    cost at UNIX_NOW;
+    reserve at UNIX_NOW;
+    expiry at UNIX_NOW;
+    young_clock at Duration::ZERO;
+    ties at UNIX_NOW;
+    isolation at UNIX_NOW;
+    same_name_other_shape at UNIX_NOW;
+}
+
+/// The memory store forgets expired state: it holds nothing once every
+/// window has passed.
+#[tokio::test]
+async fn memory_store_sweeps_expired_state() {
+    let clock = ManualClock::new(UNIX_NOW);
+    let store = MemoryStore::builder().clock(clock.clone()).build();
+    let l = Limiter::new(single("sweep", Rate::new(1, 10 * S), 4), store.clone());
+    for i in 0..100 {
+        assert!(
+            l.check(&Key::new(format!("k{i}")), 1)
+                .await
+                .unwrap()
+                .is_allowed()
+        );
+    }
+    assert!(!l.check(&Key::new("k0"), 4).await.unwrap().is_allowed());
+    assert_eq!(store.len(), 100);
+    clock.advance(10 * S - US);
+    store.sweep();
+    assert_eq!(store.len(), 100, "swept state that still matters");
+    clock.advance(US);
+    store.sweep();
+    assert!(store.is_empty(), "{} entries left", store.len());
+}
+
+// ---------------------------------------------------------------------------
+// Redis only, with the server's clock and real time.
+
+async fn inspector(server: &RedisServer) -> MultiplexedConnection {
+    server
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .expect("inspection connection")
+}
+
+async fn server_store(server: &RedisServer, prefix: &str) -> RedisStore {
+    RedisStore::builder()
+        .prefix(prefix)
+        .timeout(Duration::from_secs(2))
+        .connect(&server.url())
+        .await
+        .expect("connect")
+}
+
+async fn keys(conn: &mut MultiplexedConnection, pattern: &str) -> Vec<String> {
+    let mut keys: Vec<String> = redis::cmd("KEYS")
+        .arg(pattern)
+        .query_async(conn)
+        .await
+        .unwrap();
+    keys.sort();
+    keys
+}
+
+async fn pttl(conn: &mut MultiplexedConnection, key: &str) -> i64 {
+    redis::cmd("PTTL").arg(key).query_async(conn).await.unwrap()
+}
+
+async fn get(conn: &mut MultiplexedConnection, key: &str) -> Option<String> {
+    redis::cmd("GET").arg(key).query_async(conn).await.unwrap()
+}
+
+/// Keys are `prefix:policy:{identity}:limit`, live exactly as long as the
+/// state matters (`new TAT − now`, at most burst × T), and a denied call
+/// writes nothing.
+#[tokio::test]
+async fn redis_keys_are_named_and_carry_a_ttl() {
+    let server = RedisServer::start();
+    let mut conn = inspector(&server).await;
+    let store = server_store(&server, "fg-keys").await;
+    // T = 10 s, burst 3: window 30 s.
+    let l = Limiter::new(single("ttl", Rate::new(1, 10 * S), 3), store.clone());
+    let who = Key::new("user:1");
+    assert!(l.check(&who, 1).await.unwrap().is_allowed());
+    let key = "fg-keys:ttl:{user:1}:0";
+    assert_eq!(store.gcra_key(l.policy(), &who, 0), key);
+    assert_eq!(keys(&mut conn, "*").await, [key]);
+    let ttl = pttl(&mut conn, key).await;
+    assert!(
+        (8_000..=10_000).contains(&ttl),
+        "PTTL after one call: {ttl}"
+    );
+
+    assert!(l.check(&who, 1).await.unwrap().is_allowed());
+    assert!(l.check(&who, 1).await.unwrap().is_allowed());
+    let ttl = pttl(&mut conn, key).await;
+    assert!(
+        (27_000..=30_000).contains(&ttl),
+        "PTTL after a full burst should be close to burst × T = 30 s: {ttl}"
+    );
+    let tat = get(&mut conn, key).await.expect("state stored");
+    assert!(tat.bytes().all(|b| b.is_ascii_digit()), "TAT {tat:?}");
+    assert!(!l.check(&who, 1).await.unwrap().is_allowed());
+    assert_eq!(
+        get(&mut conn, key).await.as_deref(),
+        Some(&*tat),
+        "denied call wrote"
+    );
+
+    // Several limits: one key per limit, one hash tag per identity.
+    let two = Policy::builder("two")
+        .limit(limit(Rate::new(1, 10 * S), 3, "a"))
+        .limit(limit(Rate::per_minute(1), 5, "b"))
+        .build()
+        .unwrap();
+    let l = Limiter::new(two, store);
+    assert!(l.check(&Key::new("u2"), 2).await.unwrap().is_allowed());
+    let names = keys(&mut conn, "fg-keys:two:*").await;
+    assert_eq!(names, ["fg-keys:two:{u2}:0", "fg-keys:two:{u2}:1"]);
+    let ttl = pttl(&mut conn, &names[0]).await;
+    assert!((18_000..=20_000).contains(&ttl), "limit a: {ttl}");
+    let ttl = pttl(&mut conn, &names[1]).await;
+    assert!((117_000..=120_000).contains(&ttl), "limit b: {ttl}");
+}
+
+/// A short window's key is gone from Redis once the window has passed, and
+/// the identity is then fresh.
+#[tokio::test]
+async fn redis_keys_expire_after_their_window() {
+    let server = RedisServer::start();
+    let mut conn = inspector(&server).await;
+    let store = server_store(&server, "fg-exp").await;
+    // 2 per 200 ms, burst 2: T = 100 ms, window 200 ms.
+    let l = Limiter::new(
+        single("short", Rate::new(2, Duration::from_millis(200)), 2),
+        store,
+    );
+    let who = Key::new("k");
+    assert!(l.check(&who, 1).await.unwrap().is_allowed());
+    assert!(l.check(&who, 1).await.unwrap().is_allowed());
+    let key = "fg-exp:short:{k}:0";
+    let ttl = pttl(&mut conn, key).await;
+    assert!((1..=200).contains(&ttl), "PTTL {ttl}");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut exists = 1;
+    while Instant::now() < deadline {
+        exists = redis::cmd("EXISTS")
+            .arg(key)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        if exists == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(exists, 0, "key still in Redis 5 s after a 200 ms window");
+    let d = l.check(&who, 1).await.unwrap();
+    assert!(d.is_allowed());
+    assert_eq!(
+        d.remaining(),
+        1,
+        "an expired identity starts with a full burst"
+    );
+}
+
+/// `INFO commandstats` as command name → (calls, failed calls).
+async fn command_stats(conn: &mut MultiplexedConnection) -> HashMap<String, (u64, u64)> {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(conn)
+        .await
+        .unwrap();
+    let mut stats = HashMap::new();
+    for line in info.lines() {
+        let Some((name, fields)) = line
+            .strip_prefix("cmdstat_")
+            .and_then(|l| l.split_once(':'))
+        else {
+            continue;
+        };
+        let field = |key: &str| {
+            fields
+                .split(',')
+                .find_map(|f| f.strip_prefix(key)?.strip_prefix('='))
+                .map_or(0, |v| v.parse::<u64>().unwrap())
+        };
+        stats.insert(name.to_owned(), (field("calls"), field("failed_calls")));
+    }
+    stats
+}
+
+async fn reset_stats(conn: &mut MultiplexedConnection) {
+    let () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(conn)
+        .await
+        .unwrap();
+}
+
+/// Commands the store caused: everything but the inspector's own. Redis
+/// counts the commands a script runs too (`time`, `get`, `set`).
+fn store_commands(stats: &HashMap<String, (u64, u64)>) -> HashMap<String, (u64, u64)> {
+    stats
+        .iter()
+        .filter(|(name, _)| {
+            !["info", "config", "script"]
+                .iter()
+                .any(|own| name.split('|').next() == Some(own))
+        })
+        .map(|(name, v)| (name.clone(), *v))
+        .collect()
+}
+
+fn stats(entries: &[(&str, u64, u64)]) -> HashMap<String, (u64, u64)> {
+    entries
+        .iter()
+        .map(|&(name, calls, failed)| (name.to_owned(), (calls, failed)))
+        .collect()
+}
+
+/// One round trip per decision: N decisions are N `EVALSHA` calls and no
+/// other command from the client, several limits and reserve mode
+/// included, and impossible costs cost none. Inside the script: one `TIME`,
+/// one `GET` per limit, one `SET` per limit of an admitted call and none for
+/// a denied one. After `SCRIPT FLUSH` the next decision still works,
+/// through one extra `EVAL`.
+#[tokio::test]
+async fn redis_one_round_trip_per_decision_and_noscript_fallback() {
+    let server = RedisServer::start();
+    let mut conn = inspector(&server).await;
+    let store = server_store(&server, "fg-rt").await;
+    let single = Limiter::new(single("rt", Rate::per_hour(5), 5), store.clone());
+    let two = Limiter::new(
+        Policy::builder("rt2")
+            .limit(limit(Rate::per_hour(3), 3, "a"))
+            .limit(limit(Rate::per_hour(10), 10, "b"))
+            .build()
+            .unwrap(),
+        store.clone(),
+    );
+    // The first decision on a fresh server loads the script.
+    assert!(
+        single
+            .check(&Key::new("warm-up"), 1)
+            .await
+            .unwrap()
+            .is_allowed()
+    );
+
+    reset_stats(&mut conn).await;
+    let (mut decisions, mut gets, mut sets) = (0u64, 0u64, 0u64);
+    for i in 0..8 {
+        // 5 allowed then 3 denied.
+        let d = single.check(&Key::new("a"), 1).await.unwrap();
+        assert_eq!(d.is_allowed(), i < 5);
+        decisions += 1;
+        gets += 1;
+        sets += u64::from(d.is_allowed());
+        let d = two.check(&Key::new("a"), 1).await.unwrap();
+        assert_eq!(d.is_allowed(), i < 3);
+        decisions += 1;
+        gets += 2;
+        sets += 2 * u64::from(d.is_allowed());
+        let d = two
+            .reserve(&Key::new("r"), 1, Duration::from_secs(36_000))
+            .await
+            .unwrap();
+        assert!(d.is_allowed());
+        decisions += 1;
+        gets += 2;
+        sets += 2;
+        // Above the smallest burst: decided without Redis.
+        assert_eq!(
+            two.check(&Key::new("a"), 4).await.unwrap().retry_after(),
+            None
+        );
+    }
+    let expected = stats(&[
+        ("evalsha", decisions, 0),
+        ("time", decisions, 0),
+        ("get", gets, 0),
+        ("set", sets, 0),
+    ]);
+    assert_eq!(
+        store_commands(&command_stats(&mut conn).await),
+        expected,
+        "commands for {decisions} decisions"
+    );
+
+    let () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    reset_stats(&mut conn).await;
+    let d = single.check(&Key::new("b"), 1).await.unwrap();
+    assert!(d.is_allowed(), "first decision after SCRIPT FLUSH");
+    assert_eq!(d.remaining(), 4);
+    for k in (0..4).rev() {
+        let d = single.check(&Key::new("b"), 1).await.unwrap();
+        assert!(d.is_allowed());
+        assert_eq!(d.remaining(), k);
+    }
+    assert!(!single.check(&Key::new("b"), 1).await.unwrap().is_allowed());
+    // Six decisions: six EVALSHA, the first refused with NOSCRIPT, and one
+    // EVAL that reloaded the script; five admitted calls wrote.
+    let expected = stats(&[
+        ("evalsha", 6, 1),
+        ("eval", 1, 0),
+        ("time", 6, 0),
+        ("get", 6, 0),
+        ("set", 5, 0),
+    ]);
+    assert_eq!(
+        store_commands(&command_stats(&mut conn).await),
+        expected,
+        "commands after SCRIPT FLUSH"
+    );
+}
