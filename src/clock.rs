@@ -27,11 +27,12 @@ pub struct MonotonicClock {
 }
 
 impl MonotonicClock {
-    /// A clock counting from now. Starts at one second so that zero never
-    /// means "now".
+    /// A clock counting from now (from one second, where the platform's
+    /// clock allows, so that zero never means "now").
     pub fn new() -> Self {
+        let now = tokio::time::Instant::now();
         MonotonicClock {
-            start: tokio::time::Instant::now() - Duration::from_secs(1),
+            start: now.checked_sub(Duration::from_secs(1)).unwrap_or(now),
         }
     }
 }

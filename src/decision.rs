@@ -53,13 +53,14 @@ impl Decision {
         self.wait
     }
 
-    /// A denial for a call whose cost no limit could ever admit.
-    pub(crate) fn never(limit: usize, reset: Duration) -> Self {
+    /// A denial for a call whose cost no limit could ever admit. The key's
+    /// state is not read, so `remaining` and `reset` say nothing (zero).
+    pub(crate) fn never(limit: usize) -> Self {
         Decision {
             allowed: false,
             limit,
             remaining: 0,
-            reset,
+            reset: Duration::ZERO,
             retry_after: None,
             wait: Duration::ZERO,
         }

@@ -88,11 +88,11 @@ pub mod clock;
 mod decision;
 mod error;
 pub(crate) mod gcra;
-pub mod http;
 pub mod key;
 mod limit;
 mod limiter;
 pub mod rate_limit;
+pub mod response;
 pub mod store;
 
 pub use crate::decision::Decision;
@@ -103,6 +103,7 @@ pub use crate::limit::{
 };
 pub use crate::limiter::{IntoStore, Limiter};
 pub use crate::rate_limit::{Cost, FailurePolicy, OnMissingKey, RateLimit, RateLimitLayer};
+pub use crate::response::{HeaderStyle, Rejection, RejectionKind};
 pub use crate::store::{MemoryStore, RedisStore, RedisStoreBuilder, Store, TimeSource};
 
 /// The error type of services in typed-error mode.

@@ -75,7 +75,9 @@ impl fmt::Display for Rate {
 
 fn fmt_period(period: Duration, f: &mut fmt::Formatter<'_>) -> fmt::Result {
     let micros = period.as_micros();
-    let (value, unit) = if micros % 86_400_000_000 == 0 {
+    let (value, unit) = if period.subsec_nanos() % 1000 != 0 {
+        (period.as_nanos(), "ns")
+    } else if micros % 86_400_000_000 == 0 {
         (micros / 86_400_000_000, "d")
     } else if micros % 3_600_000_000 == 0 {
         (micros / 3_600_000_000, "h")
@@ -159,10 +161,17 @@ impl Limit {
         Duration::from_micros(self.emission_us)
     }
 
-    /// How long a full burst takes to refill from empty (`burst ×
-    /// emission interval`); also the longest a key's state lives.
+    /// How long a full burst takes to refill from empty: `burst × period /
+    /// count`. A key's state lives at most this long (give or take the
+    /// microsecond rounding of the emission interval).
     pub fn window(&self) -> Duration {
-        Duration::from_micros(self.tolerance_us)
+        let nanos = self
+            .rate
+            .period
+            .as_nanos()
+            .saturating_mul(u128::from(self.burst))
+            .div_ceil(u128::from(self.rate.count));
+        Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX))
     }
 
     pub(crate) fn emission_us(&self) -> u64 {
@@ -215,17 +224,17 @@ impl LimitBuilder {
         if burst == 0 {
             return Err(ConfigError::ZeroBurst);
         }
-        let period_us = period.as_micros();
-        if period_us > u128::from(MAX_TOLERANCE_MICROS) {
+        let period_ns = period.as_nanos();
+        if period_ns > u128::from(MAX_TOLERANCE_MICROS) * 1000 {
             return Err(ConfigError::PeriodTooLong { period });
+        }
+        let count = u128::from(count);
+        if period_ns < count * 1000 {
+            return Err(ConfigError::RateTooFine { rate: self.rate });
         }
         // Ceiling division: a rounded-down interval would admit slightly more
         // than the rate over a long run.
-        let count = u128::from(count);
-        let emission_us = period_us.div_ceil(count);
-        if period_us < count {
-            return Err(ConfigError::RateTooFine { rate: self.rate });
-        }
+        let emission_us = period_ns.div_ceil(count * 1000);
         let tolerance_us = emission_us.saturating_mul(u128::from(burst));
         if tolerance_us > u128::from(MAX_TOLERANCE_MICROS) {
             return Err(ConfigError::BurstTooLarge {

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use crate::decision::Decision;
 use crate::key::Key;
-use crate::limit::Policy;
+use crate::limit::{MAX_TOLERANCE_MICROS, Policy};
 use crate::store::{GcraCall, MemoryStore, Store, StoreFuture};
 
 /// A [`Policy`] bound to a [`Store`]: the part of every layer that decides.
@@ -61,6 +61,10 @@ impl Limiter {
 
     /// Decides one call of `cost` for `key`: one round trip to the store,
     /// none at all when the cost is above what any limit could admit.
+    ///
+    /// The memory store decides at once, when this is called; a store that
+    /// does I/O decides when the returned future is first polled, so
+    /// dropping it unpolled charges nothing there.
     pub fn check(&self, key: &Key, cost: u64) -> StoreFuture<Decision> {
         self.decide(key, cost, Duration::ZERO)
     }
@@ -68,22 +72,25 @@ impl Limiter {
     /// Reserve mode: admits the call if its slot comes within `max_wait`
     /// and reports in [`Decision::wait`] how long to wait before using it.
     /// The slot is taken (and charged) at once, so callers are served in
-    /// the order they reach the store.
+    /// the order they reach the store. `max_wait` is capped at
+    /// [`MAX_TOLERANCE_MICROS`](crate::MAX_TOLERANCE_MICROS) (about 35
+    /// years), which keeps every stored time exact in Redis.
     pub fn reserve(&self, key: &Key, cost: u64, max_wait: Duration) -> StoreFuture<Decision> {
-        self.decide(key, cost, max_wait)
+        let cap = Duration::from_micros(MAX_TOLERANCE_MICROS);
+        self.decide(key, cost, max_wait.min(cap))
     }
 
     fn decide(&self, key: &Key, cost: u64, max_wait: Duration) -> StoreFuture<Decision> {
         if cost > self.policy.max_cost() {
             // No amount of waiting admits this: answer without a round trip.
-            let (i, limit) = self
+            let i = self
                 .policy
                 .limits()
                 .iter()
                 .enumerate()
                 .min_by_key(|(_, l)| l.burst())
-                .map_or((0, Duration::ZERO), |(i, l)| (i, l.window()));
-            return StoreFuture::ready(Ok(Decision::never(i, limit)));
+                .map_or(0, |(i, _)| i);
+            return StoreFuture::ready(Ok(Decision::never(i)));
         }
         self.store.gcra(GcraCall {
             policy: self.policy.clone(),

@@ -12,15 +12,15 @@ use axum::extract::ConnectInfo;
 use axum::routing::get;
 use bytes::Bytes;
 use common::RedisServer;
-use fleetgate::http::{HeaderStyle, RejectionKind};
 use fleetgate::key::{GlobalKey, HeaderKey, PeerIp, key_fn};
+use fleetgate::response::{HeaderStyle, RejectionKind};
 use fleetgate::{
     FailurePolicy, Key, Limit, Limiter, MemoryStore, OnMissingKey, Policy, Rate, RateLimitError,
     RateLimitLayer, RedisStore,
 };
 use http::{Request, Response, StatusCode};
 use http_body_util::BodyExt;
-use tower::{ServiceBuilder, ServiceExt, service_fn};
+use tower::{Layer, ServiceBuilder, ServiceExt, service_fn};
 
 fn policy(burst: u64, per_second: u64) -> Policy {
     Policy::single(
@@ -491,4 +491,219 @@ async fn raw_get(addr: SocketAddr, path: &str) -> String {
     let mut response = String::new();
     stream.read_to_string(&mut response).await.unwrap();
     response.split(' ').nth(1).unwrap_or_default().to_owned()
+}
+
+#[tokio::test]
+async fn shadow_mode_lets_keyless_requests_and_store_failures_through() {
+    let limiter = Limiter::new(slow_policy(1), MemoryStore::new());
+    let app1 = app(RateLimitLayer::new(limiter)
+        .key(HeaderKey::new("x-api-key"))
+        .shadow(true));
+    let mut req = Request::get("/api/ping").body(Body::empty()).unwrap();
+    req.extensions_mut().insert(());
+    assert_eq!(send(&app1, req).await.status(), StatusCode::OK);
+
+    let server = RedisServer::start();
+    let store = RedisStore::builder()
+        .timeout(Duration::from_millis(300))
+        .connect(&server.url())
+        .await
+        .unwrap();
+    server.stop();
+    let app2 = app(RateLimitLayer::new(Limiter::new(slow_policy(1), store))
+        .on_store_error(FailurePolicy::Closed)
+        .shadow(true));
+    assert_eq!(
+        send(&app2, request("192.0.2.6", None)).await.status(),
+        StatusCode::OK
+    );
+}
+
+#[tokio::test]
+async fn stacked_layers_list_every_limit_and_keep_the_inner_rejection() {
+    let per_key = Limiter::new(slow_policy(1), MemoryStore::new());
+    let global = Limiter::new(
+        Policy::single("global", Limit::new(Rate::per_second(100)).unwrap()).unwrap(),
+        MemoryStore::new(),
+    );
+    let app = Router::new()
+        .route("/api/ping", get(|| async { "pong" }))
+        .layer(RateLimitLayer::new(per_key).headers(HeaderStyle::Both))
+        .layer(
+            RateLimitLayer::new(global)
+                .key(GlobalKey::new())
+                .headers(HeaderStyle::Both),
+        );
+    let ok = send(&app, request("192.0.2.7", None)).await;
+    assert_eq!(ok.status(), StatusCode::OK);
+    assert_eq!(
+        header(&ok, "ratelimit-policy"),
+        Some("\"1/h\";q=1;w=3600, \"100/s\";q=100;w=1")
+    );
+    let denied = send(&app, request("192.0.2.7", None)).await;
+    assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
+    let draft = header(&denied, "ratelimit").unwrap();
+    assert!(draft.starts_with("\"1/h\";r=0;t="), "{draft}");
+    assert!(draft.contains(", \"100/s\";r=98;t=1"), "{draft}");
+    // The inner (per-key) layer's legacy headers and Retry-After stand.
+    assert_eq!(header(&denied, "x-ratelimit-limit"), Some("1"));
+    assert_eq!(header(&denied, "x-ratelimit-remaining"), Some("0"));
+    assert!(
+        header(&denied, "retry-after")
+            .unwrap()
+            .parse::<u64>()
+            .unwrap()
+            > 3000
+    );
+}
+
+#[tokio::test]
+async fn policy_window_is_exact_for_uneven_rates() {
+    let limiter = Limiter::new(
+        Policy::single("p", Limit::new(Rate::per_second(3)).unwrap()).unwrap(),
+        MemoryStore::new(),
+    );
+    let app = app(RateLimitLayer::new(limiter));
+    let res = send(&app, request("192.0.2.8", None)).await;
+    assert_eq!(header(&res, "ratelimit-policy"), Some("\"3/s\";q=3;w=1"));
+}
+
+#[tokio::test]
+async fn forwarded_client_ip_through_the_layer() {
+    let limiter = Limiter::new(slow_policy(1), MemoryStore::new());
+    let fwd = fleetgate::key::ForwardedIp::new(["10.0.0.0/8"]).unwrap();
+    let app = app(RateLimitLayer::new(limiter).key(fwd));
+    let via_proxy = |client: &str, spoof: &str| {
+        let mut req = request("10.0.0.1", None);
+        req.headers_mut()
+            .insert("forwarded", format!("for={spoof}").parse().unwrap());
+        req.headers_mut().insert(
+            "x-forwarded-for",
+            format!("{spoof}, {client}").parse().unwrap(),
+        );
+        req
+    };
+    assert_eq!(
+        send(&app, via_proxy("198.51.100.1", "1.1.1.1"))
+            .await
+            .status(),
+        StatusCode::OK
+    );
+    // The same client cannot escape its limit by changing what it sends.
+    assert_eq!(
+        send(&app, via_proxy("198.51.100.1", "2.2.2.2"))
+            .await
+            .status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(
+        send(&app, via_proxy("198.51.100.2", "2.2.2.2"))
+            .await
+            .status(),
+        StatusCode::OK
+    );
+    // A direct client's header is ignored: it is keyed by its own address.
+    let mut direct = request("203.0.113.50", None);
+    direct
+        .headers_mut()
+        .insert("x-forwarded-for", "198.51.100.3".parse().unwrap());
+    assert_eq!(send(&app, direct).await.status(), StatusCode::OK);
+    let mut again = request("203.0.113.50", None);
+    again
+        .headers_mut()
+        .insert("x-forwarded-for", "198.51.100.4".parse().unwrap());
+    assert_eq!(
+        send(&app, again).await.status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+}
+
+#[tokio::test]
+async fn zero_cost_requests_pass_without_charging() {
+    let limiter = Limiter::new(slow_policy(1), MemoryStore::new());
+    let app = app(RateLimitLayer::new(limiter).cost(0));
+    for _ in 0..3 {
+        let res = send(&app, request("192.0.2.10", None)).await;
+        assert_eq!(res.status(), StatusCode::OK);
+        assert_eq!(header(&res, "ratelimit"), Some("\"1/h\";r=1;t=0"));
+    }
+}
+
+#[tokio::test]
+async fn polling_after_completion_does_not_panic() {
+    use std::future::Future;
+    use std::task::{Context, Poll, Waker};
+    use tower::Service;
+
+    let server = RedisServer::start();
+    let redis = RedisStore::builder()
+        .timeout(Duration::from_secs(2))
+        .connect(&server.url())
+        .await
+        .unwrap();
+    for limiter in [
+        Limiter::new(slow_policy(1), MemoryStore::new()),
+        Limiter::new(slow_policy(1), redis),
+    ] {
+        let mut svc = RateLimitLayer::new(limiter)
+            .key(GlobalKey::new())
+            .typed_errors()
+            .layer(service_fn(|_: ()| async {
+                Ok::<_, std::convert::Infallible>("done")
+            }));
+        for expect_ok in [true, false] {
+            std::future::poll_fn(|cx| svc.poll_ready(cx)).await.unwrap();
+            let mut fut = std::pin::pin!(svc.call(()));
+            assert_eq!(fut.as_mut().await.is_ok(), expect_ok);
+            let Poll::Ready(again) = fut.as_mut().poll(&mut Context::from_waker(Waker::noop()))
+            else {
+                panic!("a finished future stays finished");
+            };
+            assert!(again.is_err());
+        }
+    }
+}
+
+#[tokio::test]
+async fn inner_readiness_is_respected() {
+    use std::future::Future;
+    use std::task::{Context, Waker};
+    use tower::Service;
+
+    // The inner service admits one call at a time; its permit travels with
+    // the call, so the layer's service is not ready until that call ends.
+    let (release, released) = tokio::sync::oneshot::channel::<()>();
+    let released = std::sync::Arc::new(tokio::sync::Mutex::new(Some(released)));
+    let handler = service_fn(move |_: ()| {
+        let released = released.clone();
+        async move {
+            if let Some(rx) = released.lock().await.take() {
+                let _ = rx.await;
+            }
+            Ok::<_, std::convert::Infallible>(())
+        }
+    });
+    let limiter = Limiter::new(slow_policy(10), MemoryStore::new());
+    let mut svc = ServiceBuilder::new()
+        .layer(
+            RateLimitLayer::new(limiter)
+                .key(GlobalKey::new())
+                .typed_errors(),
+        )
+        .concurrency_limit(1)
+        .service(handler);
+    svc.ready().await.unwrap();
+    let first = tokio::spawn(svc.call(()));
+    {
+        let mut ready = std::pin::pin!(std::future::poll_fn(|cx| svc.poll_ready(cx)));
+        let mut cx = Context::from_waker(Waker::noop());
+        assert!(
+            ready.as_mut().poll(&mut cx).is_pending(),
+            "inner permit is in use"
+        );
+        release.send(()).unwrap();
+        first.await.unwrap().unwrap();
+        ready.await.unwrap();
+    }
+    svc.call(()).await.unwrap();
 }

@@ -64,3 +64,32 @@ async fn hung_redis_times_out_then_recovers() {
     }
     assert!(allowed <= 1, "{allowed} admitted past a burst of 2");
 }
+
+#[tokio::test]
+async fn lazy_store_starts_without_redis_and_enforces_once_it_appears() {
+    // A free port with nothing listening yet.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let store = RedisStore::builder()
+        .timeout(Duration::from_millis(200))
+        .connect_lazy(&format!("redis://127.0.0.1:{port}"))
+        .unwrap();
+    let limit = Limit::builder(Rate::per_hour(1)).burst(1).build().unwrap();
+    let limiter = Limiter::new(Policy::single("lazy", limit).unwrap(), store);
+    let key = Key::new("k");
+    assert!(limiter.check(&key, 1).await.is_err(), "no Redis yet");
+
+    let _server = RedisServer::start_on(port).expect("redis on the chosen port");
+    let mut outcomes = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while outcomes.len() < 2 {
+        assert!(Instant::now() < deadline, "never reconnected: {outcomes:?}");
+        if let Ok(d) = limiter.check(&key, 1).await {
+            outcomes.push(d.is_allowed());
+        }
+    }
+    assert_eq!(outcomes, [true, false]);
+}

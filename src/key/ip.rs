@@ -62,18 +62,18 @@ impl IpNet {
     /// The network of `addr` with `prefix` leading bits.
     pub fn new(addr: IpAddr, prefix: u8) -> Result<Self, ConfigError> {
         let max = if addr.is_ipv4() { 32 } else { 128 };
-        if prefix > max {
+        let canonical = addr.to_canonical();
+        // An IPv4-mapped network (`::ffff:10.0.0.0/104`) is the IPv4 network
+        // it maps; a shorter prefix would reach beyond it.
+        let mapped = addr.is_ipv6() && canonical.is_ipv4();
+        if prefix > max || (mapped && prefix < 96) {
             return Err(ConfigError::InvalidNetwork {
                 text: format!("{addr}/{prefix}"),
             });
         }
         Ok(IpNet {
-            addr: addr.to_canonical(),
-            prefix: if addr.to_canonical().is_ipv4() && addr.is_ipv6() {
-                prefix.saturating_sub(96)
-            } else {
-                prefix
-            },
+            addr: canonical,
+            prefix: if mapped { prefix - 96 } else { prefix },
         })
     }
 
@@ -127,14 +127,18 @@ impl fmt::Display for IpNet {
 }
 
 /// Keys requests by the client address that trusted proxies report in
-/// `Forwarded` (RFC 7239) or `X-Forwarded-For`.
+/// `X-Forwarded-For` (default) or, with
+/// [`use_forwarded_header`](Self::use_forwarded_header), `Forwarded`
+/// (RFC 7239).
 ///
-/// The headers are believed only when the TCP peer is one of the configured
-/// proxy networks; from anyone else they are ignored and the peer address
-/// is used, so a client cannot pick its own key by sending the header. The
+/// The header is believed only when the TCP peer is one of the configured
+/// proxy networks; from anyone else it is ignored and the peer address is
+/// used, so a client cannot pick its own key by sending the header. The
 /// chain is read from the right, skipping trusted proxies: the first address
-/// that is not a trusted proxy is the client. `Forwarded` wins over
-/// `X-Forwarded-For` when both are present.
+/// that is not a trusted proxy is the client. Only the header your proxies
+/// write is read: most proxies append to `X-Forwarded-For` and pass a
+/// client's own `Forwarded` through untouched, so reading both would let
+/// clients choose.
 ///
 /// ```
 /// use fleetgate::key::{ForwardedIp, KeyExtractor};
@@ -152,6 +156,7 @@ impl fmt::Display for IpNet {
 #[derive(Clone, Debug)]
 pub struct ForwardedIp {
     trusted: Arc<[IpNet]>,
+    rfc7239: bool,
 }
 
 impl ForwardedIp {
@@ -173,7 +178,15 @@ impl ForwardedIp {
     pub fn trusting(nets: impl IntoIterator<Item = IpNet>) -> Self {
         ForwardedIp {
             trusted: nets.into_iter().collect(),
+            rfc7239: false,
         }
+    }
+
+    /// Reads the `Forwarded` header (RFC 7239) instead of
+    /// `X-Forwarded-For`: for proxies that write `Forwarded: for=...`.
+    pub fn use_forwarded_header(mut self) -> Self {
+        self.rfc7239 = true;
+        self
     }
 
     fn is_trusted(&self, ip: IpAddr) -> bool {
@@ -186,21 +199,21 @@ impl ForwardedIp {
             return peer;
         }
         let mut client = peer;
-        let forwarded = headers.contains_key(FORWARDED);
+        let forwarded = self.rfc7239;
         let name = if forwarded {
             FORWARDED.as_str()
         } else {
             "x-forwarded-for"
         };
         // Lines in reverse, hops in each line from the right: nearest first.
+        // Split raw bytes, so that junk a client put in its part of a line
+        // cannot spoil the hops proxies appended after it.
         let hops = headers
             .get_all(name)
             .iter()
             .rev()
-            .flat_map(|line| {
-                let text = line.to_str().unwrap_or("\u{0}");
-                text.rsplit(',')
-            })
+            .flat_map(|line| line.as_bytes().rsplit(|&b| b == b','))
+            .map(|hop| std::str::from_utf8(hop).unwrap_or("\u{0}"))
             .take(MAX_HOPS);
         for hop in hops {
             let parsed = if forwarded {
@@ -316,7 +329,9 @@ mod tests {
 
     #[test]
     fn forwarded_header() {
-        let fwd = ForwardedIp::new(["10.0.0.0/8"]).unwrap();
+        let fwd = ForwardedIp::new(["10.0.0.0/8"])
+            .unwrap()
+            .use_forwarded_header();
         let h = headers(&[(
             "forwarded",
             "for=1.1.1.1, for=\"[2001:db8:cafe::17]:4711\";proto=https, for=10.0.0.9",
@@ -324,5 +339,46 @@ mod tests {
         assert_eq!(fwd.client(ip("10.0.0.1"), &h), ip("2001:db8:cafe::17"));
         let h = headers(&[("forwarded", "for=_hidden"), ("x-forwarded-for", "1.1.1.1")]);
         assert_eq!(fwd.client(ip("10.0.0.1"), &h), ip("10.0.0.1"));
+    }
+
+    #[test]
+    fn only_the_configured_header_is_read() {
+        // The proxy appends to X-Forwarded-For; the client's own Forwarded
+        // header must not choose the key.
+        let xff = ForwardedIp::new(["10.0.0.0/8"]).unwrap();
+        let h = headers(&[
+            ("forwarded", "for=1.1.1.1"),
+            ("x-forwarded-for", "203.0.113.5"),
+        ]);
+        assert_eq!(xff.client(ip("10.0.0.1"), &h), ip("203.0.113.5"));
+        let rfc = xff.clone().use_forwarded_header();
+        let h = headers(&[
+            ("x-forwarded-for", "6.6.6.6"),
+            ("forwarded", "for=203.0.113.5"),
+        ]);
+        assert_eq!(rfc.client(ip("10.0.0.1"), &h), ip("203.0.113.5"));
+    }
+
+    #[test]
+    fn junk_before_the_proxy_hop_is_ignored() {
+        let fwd = ForwardedIp::new(["10.0.0.0/8"]).unwrap();
+        let mut h = HeaderMap::new();
+        h.insert(
+            "x-forwarded-for",
+            http::HeaderValue::from_bytes(b"\xff\xfe, 203.0.113.5").unwrap(),
+        );
+        assert_eq!(fwd.client(ip("10.0.0.1"), &h), ip("203.0.113.5"));
+        // A huge chain of trusted hops costs at most MAX_HOPS parses.
+        let long = vec!["10.0.0.7"; 10_000].join(",");
+        let h = headers(&[("x-forwarded-for", &long)]);
+        assert_eq!(fwd.client(ip("10.0.0.1"), &h), ip("10.0.0.7"));
+    }
+
+    #[test]
+    fn mapped_networks_cannot_widen() {
+        assert!("::ffff:0:0/8".parse::<IpNet>().is_err());
+        let net: IpNet = "::ffff:10.0.0.0/104".parse().unwrap();
+        assert!(net.contains(ip("10.1.2.3")));
+        assert!(!net.contains(ip("11.1.2.3")));
     }
 }

@@ -30,8 +30,13 @@ pub const MAX_KEY_LEN: usize = 128;
 
 /// An identity to limit: an IP, a hashed API key, a user id.
 ///
-/// Cheap to clone. Keys from different extractors carry different prefixes
-/// (`ip:`, `h:`, ...) so that they never collide.
+/// Cheap to clone. The built-in extractors give their keys distinct prefixes
+/// (`ip:` addresses, `h:` hashed headers, `hv:` unhashed headers, `global`)
+/// so that they never collide. Keys you make yourself (with [`key_fn`] or
+/// [`OnMissingKey::Fallback`](crate::OnMissingKey::Fallback)) are used as
+/// given: give them a prefix of your own, such as `tenant:`, and never pass
+/// raw client input through unprefixed, or a client could send `ip:<victim>`
+/// and share a victim's limit.
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Key(Arc<str>);
 

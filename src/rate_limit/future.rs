@@ -9,11 +9,11 @@ use http::Response;
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
-use super::{Common, FailurePolicy, mode};
+use super::{Common, FailurePolicy, STORE_WARNINGS, mode};
 use crate::BoxError;
 use crate::decision::Decision;
-use crate::error::RateLimitError;
-use crate::http::{HeaderStyle, RejectionKind, ResponseBody};
+use crate::error::{RateLimitError, StoreError};
+use crate::response::{HeaderStyle, RejectionKind, ResponseBody};
 use crate::store::StoreFuture;
 
 pin_project! {
@@ -49,6 +49,7 @@ pin_project! {
         Rejected {
             kind: Option<RejectionKind>,
         },
+        Done,
     }
 }
 
@@ -97,38 +98,19 @@ impl<S: Service<Req>, Req, M> ResponseFuture<S, Req, M> {
     ) -> Poll<Outcome<S::Response, S::Error>> {
         let mut this = self.project();
         loop {
-            match this.state.as_mut().project() {
+            let outcome = match this.state.as_mut().project() {
                 StateProj::Deciding {
                     decision,
                     inner,
                     req,
                 } => {
                     let result = ready!(Pin::new(decision).poll(cx));
-                    let (Some(mut inner), Some(req)) = (inner.take(), req.take()) else {
-                        // Polled again after completing: nothing left to call.
-                        return Poll::Ready(Outcome::Rejected(RejectionKind::Unavailable));
-                    };
                     let common = &**this.common;
-                    let decision = match result {
-                        Ok(d) if d.is_allowed() => Some(d),
-                        Ok(d) if common.shadow => {
-                            tracing::debug!(
-                                policy = common.limiter.policy().name(),
-                                retry_after = ?d.retry_after(),
-                                "shadow-denied"
-                            );
-                            None
-                        }
-                        Ok(d) => {
-                            tracing::debug!(
-                                policy = common.limiter.policy().name(),
-                                retry_after = ?d.retry_after(),
-                                "denied"
-                            );
-                            return Poll::Ready(Outcome::Rejected(RejectionKind::Limited(d)));
-                        }
+                    let (decision, refusal) = match result {
+                        Ok(d) if d.is_allowed() => (Some(d), None),
+                        Ok(d) => (None, Some(RejectionKind::Limited(d))),
                         Err(err) => {
-                            if common.warn_gate.allow() {
+                            if STORE_WARNINGS.allow() {
                                 tracing::warn!(
                                     policy = common.limiter.policy().name(),
                                     store = common.limiter.store().kind(),
@@ -137,26 +119,47 @@ impl<S: Service<Req>, Req, M> ResponseFuture<S, Req, M> {
                                     "rate-limit store failed"
                                 );
                             }
-                            if common.failure == FailurePolicy::Closed {
-                                return Poll::Ready(Outcome::Rejected(RejectionKind::Unavailable));
+                            match common.failure {
+                                FailurePolicy::Closed => {
+                                    (None, Some(RejectionKind::Unavailable(err)))
+                                }
+                                FailurePolicy::Open => (None, None),
                             }
-                            None
                         }
                     };
-                    let fut = inner.call(req);
-                    this.state.set(State::Calling { fut, decision });
+                    let refusal = refusal.and_then(|kind| common.refuse(kind));
+                    match (refusal, inner.take(), req.take()) {
+                        (Some(kind), _, _) => Outcome::Rejected(kind),
+                        (None, Some(mut inner), Some(req)) => {
+                            let fut = inner.call(req);
+                            this.state.set(State::Calling { fut, decision });
+                            continue;
+                        }
+                        (None, _, _) => Outcome::polled_after_completion(),
+                    }
                 }
                 StateProj::Calling { fut, decision } => {
                     let result = ready!(fut.poll(cx));
-                    return Poll::Ready(Outcome::Passed(result, decision.take()));
+                    Outcome::Passed(result, decision.take())
                 }
-                StateProj::Rejected { kind } => {
-                    return Poll::Ready(Outcome::Rejected(
-                        kind.take().unwrap_or(RejectionKind::Unavailable),
-                    ));
-                }
-            }
+                StateProj::Rejected { kind } => match kind.take() {
+                    Some(kind) => Outcome::Rejected(kind),
+                    None => Outcome::polled_after_completion(),
+                },
+                StateProj::Done => Outcome::polled_after_completion(),
+            };
+            this.state.set(State::Done);
+            return Poll::Ready(outcome);
         }
+    }
+}
+
+impl<R, E> Outcome<R, E> {
+    /// A contract violation by the caller; answered, not panicked on.
+    fn polled_after_completion() -> Self {
+        Outcome::Rejected(RejectionKind::Unavailable(StoreError::UnexpectedReply(
+            "response future polled after completion".into(),
+        )))
     }
 }
 
@@ -208,7 +211,7 @@ where
                     retry_after: d.retry_after(),
                 },
                 RejectionKind::MissingKey(_) => RateLimitError::MissingKey,
-                RejectionKind::Unavailable => RateLimitError::Unavailable("store failed".into()),
+                RejectionKind::Unavailable(err) => RateLimitError::Unavailable(err.to_string()),
             })),
         })
     }

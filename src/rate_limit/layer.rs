@@ -6,11 +6,11 @@ use bytes::Bytes;
 use http::Response;
 use tower_layer::Layer;
 
-use super::{Common, FailurePolicy, LogGate, OnMissingKey, RateLimit, RejectFn, Shared, mode};
+use super::{Common, FailurePolicy, OnMissingKey, RateLimit, RejectFn, Shared, mode};
 use crate::error::ConfigError;
-use crate::http::{HeaderStyle, PolicyHeaders, Rejection};
 use crate::key::PeerIp;
 use crate::limiter::Limiter;
+use crate::response::{HeaderStyle, PolicyHeaders, Rejection};
 
 /// Applies a [`Limiter`] to every request of the wrapped service.
 ///
@@ -18,6 +18,11 @@ use crate::limiter::Limiter;
 /// with 400, IETF draft headers, enforcing (not shadow), fail open when the
 /// store fails, HTTP responses for rejections. Each is changed by one
 /// method; see the [module docs](crate::rate_limit) for an example.
+///
+/// [`PeerIp`] needs the connection's address: serve axum with
+/// `into_make_service_with_connect_info::<SocketAddr>()` (or add
+/// `MockConnectInfo` in tests), or every request lacks a key and is refused
+/// with 400 (logged at `warn`, at most once a second).
 #[must_use]
 pub struct RateLimitLayer<K = PeerIp, C = u64, M = mode::Http> {
     limiter: Limiter,
@@ -88,8 +93,9 @@ impl<K, C, M> RateLimitLayer<K, C, M> {
     }
 
     /// Shadow mode: decide and record (a `debug` event named
-    /// `shadow-denied`), but never refuse, and send no rate-limit headers.
-    /// For trying a new limit on live traffic before enforcing it.
+    /// `shadow-denied`), but never refuse (not over a limit, not for a
+    /// missing key, not when the store fails), and send no rate-limit
+    /// headers. For trying a new limit on live traffic before enforcing it.
     pub fn shadow(mut self, shadow: bool) -> Self {
         self.shadow = shadow;
         self
@@ -102,12 +108,17 @@ impl<K, C, M> RateLimitLayer<K, C, M> {
     }
 
     /// Replaces the rejection response. The function receives the reason
-    /// and can start from [`Rejection::default_response`].
-    pub fn rejection<F>(mut self, f: F) -> Self
+    /// and can start from [`Rejection::default_response`]; its body can be
+    /// anything that turns into `Bytes` (`String`, `&'static str`,
+    /// `Vec<u8>`, ...).
+    pub fn rejection<F, B>(mut self, f: F) -> Self
     where
-        F: Fn(&Rejection<'_>) -> Response<Bytes> + Send + Sync + 'static,
+        F: Fn(&Rejection<'_>) -> Response<B> + Send + Sync + 'static,
+        B: Into<Bytes>,
     {
-        self.rejection = Some(Arc::new(f));
+        self.rejection = Some(Arc::new(move |rejection: &Rejection<'_>| {
+            f(rejection).map(Into::into)
+        }));
         self
     }
 
@@ -173,7 +184,6 @@ impl<S, K: Clone, C: Clone, M> Layer<S> for RateLimitLayer<K, C, M> {
             shadow: self.shadow,
             failure: self.failure,
             rejection: self.rejection.clone(),
-            warn_gate: LogGate::default(),
         };
         RateLimit::new(
             inner,

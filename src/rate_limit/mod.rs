@@ -41,9 +41,9 @@ pub use self::future::ResponseFuture;
 pub use self::layer::RateLimitLayer;
 pub use self::service::RateLimit;
 
-use crate::http::{PolicyHeaders, Rejection};
 use crate::key::Key;
 use crate::limiter::Limiter;
+use crate::response::{PolicyHeaders, Rejection, RejectionKind};
 
 /// What a layer does with a request from which no key can be extracted.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -66,7 +66,7 @@ impl Default for OnMissingKey {
 
 /// What a layer does when its store cannot decide (Redis down, slow, or
 /// answering nonsense). Every failure is logged at `warn`, at most once per
-/// second per layer.
+/// second per process.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum FailurePolicy {
@@ -126,11 +126,38 @@ pub(crate) struct Common {
     pub(crate) shadow: bool,
     pub(crate) failure: FailurePolicy,
     pub(crate) rejection: Option<RejectFn>,
-    pub(crate) warn_gate: LogGate,
 }
 
+/// Store failures are logged at most once a second per process.
+pub(crate) static STORE_WARNINGS: LogGate = LogGate::new();
+/// Requests without a key likewise.
+pub(crate) static KEY_WARNINGS: LogGate = LogGate::new();
+
 impl Common {
-    pub(crate) fn rejection(&self, kind: crate::http::RejectionKind) -> Response<Bytes> {
+    /// The rejection to send, or `None` in shadow mode, where the would-be
+    /// rejection is only logged and the request goes through.
+    pub(crate) fn refuse(&self, kind: RejectionKind) -> Option<RejectionKind> {
+        let policy = self.limiter.policy().name();
+        if let RejectionKind::MissingKey(_) = kind {
+            if KEY_WARNINGS.allow() {
+                tracing::warn!(
+                    policy,
+                    "no rate-limit key in the request; when keying by peer IP, serve with \
+                     into_make_service_with_connect_info::<SocketAddr>()"
+                );
+            }
+        }
+        if self.shadow {
+            tracing::debug!(policy, reason = ?kind, "shadow-denied");
+            return None;
+        }
+        if let RejectionKind::Limited(d) = &kind {
+            tracing::debug!(policy, retry_after = ?d.retry_after(), "denied");
+        }
+        Some(kind)
+    }
+
+    pub(crate) fn rejection(&self, kind: RejectionKind) -> Response<Bytes> {
         let rejection = Rejection {
             kind,
             policy: self.limiter.policy(),
@@ -145,12 +172,18 @@ impl Common {
 
 /// Lets one log line through per second, so that a failing store cannot
 /// flood the logs.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct LogGate {
     last_ms: AtomicU64,
 }
 
 impl LogGate {
+    pub(crate) const fn new() -> Self {
+        LogGate {
+            last_ms: AtomicU64::new(0),
+        }
+    }
+
     pub(crate) fn allow(&self) -> bool {
         static START: OnceLock<Instant> = OnceLock::new();
         let now_ms = u64::try_from(START.get_or_init(Instant::now).elapsed().as_millis())

@@ -10,8 +10,8 @@ use tower_service::Service;
 
 use super::{Cost, OnMissingKey, ResponseFuture, Shared, mode};
 use crate::BoxError;
-use crate::http::{RejectionKind, ResponseBody};
 use crate::key::KeyExtractor;
+use crate::response::{RejectionKind, ResponseBody};
 
 /// The service [`RateLimitLayer`](super::RateLimitLayer) produces.
 ///
@@ -63,8 +63,10 @@ impl<S, K, C, M> RateLimit<S, K, C, M> {
             Some(key) => key,
             None => match &common.on_missing {
                 OnMissingKey::Reject(status) => {
-                    let kind = RejectionKind::MissingKey(*status);
-                    return ResponseFuture::rejected(common, kind);
+                    return match common.refuse(RejectionKind::MissingKey(*status)) {
+                        Some(kind) => ResponseFuture::rejected(common, kind),
+                        None => ResponseFuture::calling(common.clone(), inner.call(req), None),
+                    };
                 }
                 OnMissingKey::Fallback(key) => key.clone(),
                 OnMissingKey::Allow => {

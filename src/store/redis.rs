@@ -280,16 +280,31 @@ impl RedisStoreBuilder {
         self.connect_client(client).await
     }
 
+    /// Builds the store without waiting for Redis, so that a service can
+    /// start while Redis is down: until Redis answers, decisions fail and
+    /// the layers follow their [`FailurePolicy`](crate::FailurePolicy); the
+    /// connection is made, and remade after failures, in the background.
+    /// Must be called within a tokio runtime.
+    pub fn connect_lazy(self, url: &str) -> Result<RedisStore, StoreError> {
+        self.check()?;
+        let client = redis::Client::open(url)?;
+        let conn = ConnectionManager::new_lazy_with_config(client, self.manager_config())?;
+        self.with_connection(conn)
+    }
+
+    fn manager_config(&self) -> ConnectionManagerConfig {
+        ConnectionManagerConfig::new()
+            .set_response_timeout(Some(self.timeout))
+            .set_connection_timeout(Some(self.connect_timeout))
+            .set_number_of_retries(1)
+            .set_max_delay(Duration::from_secs(2))
+    }
+
     /// Like [`connect`](Self::connect), from a configured client.
     pub async fn connect_client(self, client: redis::Client) -> Result<RedisStore, StoreError> {
         // Report a bad setting as such, before any I/O can fail first.
         self.check()?;
-        let config = ConnectionManagerConfig::new()
-            .set_response_timeout(Some(self.timeout))
-            .set_connection_timeout(Some(self.connect_timeout))
-            .set_number_of_retries(1)
-            .set_max_delay(Duration::from_secs(2));
-        let conn = ConnectionManager::new_with_config(client, config).await?;
+        let conn = ConnectionManager::new_with_config(client, self.manager_config()).await?;
         self.with_connection(conn)
     }
 

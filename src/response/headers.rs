@@ -97,6 +97,10 @@ impl PolicyHeaders {
     }
 
     /// Adds the rate-limit headers for `decision`.
+    ///
+    /// When layers are stacked, each layer's limits join the draft headers
+    /// (they are lists), and the `X-RateLimit-*` headers of the innermost
+    /// layer, set first, stay.
     pub(crate) fn write(&self, headers: &mut HeaderMap, decision: &Decision) {
         let Some(limit) = self.policy.limits().get(decision.limit_index()) else {
             return;
@@ -104,7 +108,7 @@ impl PolicyHeaders {
         let reset = retry_after_secs(decision.reset());
         if self.style.draft() {
             if let Some(value) = &self.policy_value {
-                headers.insert(RATELIMIT_POLICY.clone(), value.clone());
+                append_member(headers, &RATELIMIT_POLICY, value.clone());
             }
             let text = format!(
                 "\"{}\";r={};t={}",
@@ -113,13 +117,31 @@ impl PolicyHeaders {
                 reset
             );
             if let Ok(value) = HeaderValue::from_str(&text) {
-                headers.insert(RATELIMIT.clone(), value);
+                append_member(headers, &RATELIMIT, value);
             }
         }
         if self.style.legacy() {
-            headers.insert(X_LIMIT.clone(), HeaderValue::from(limit.burst()));
-            headers.insert(X_REMAINING.clone(), HeaderValue::from(decision.remaining()));
-            headers.insert(X_RESET.clone(), HeaderValue::from(reset));
+            headers
+                .entry(X_LIMIT.clone())
+                .or_insert_with(|| HeaderValue::from(limit.burst()));
+            headers
+                .entry(X_REMAINING.clone())
+                .or_insert_with(|| HeaderValue::from(decision.remaining()));
+            headers
+                .entry(X_RESET.clone())
+                .or_insert_with(|| HeaderValue::from(reset));
         }
     }
+}
+
+/// Adds `value` as one more member of a structured-field list header.
+fn append_member(headers: &mut HeaderMap, name: &HeaderName, value: HeaderValue) {
+    let joined = headers.get(name).and_then(|existing| {
+        let mut bytes = Vec::with_capacity(existing.len() + 2 + value.len());
+        bytes.extend_from_slice(existing.as_bytes());
+        bytes.extend_from_slice(b", ");
+        bytes.extend_from_slice(value.as_bytes());
+        HeaderValue::from_bytes(&bytes).ok()
+    });
+    headers.insert(name.clone(), joined.unwrap_or(value));
 }

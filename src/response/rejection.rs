@@ -4,6 +4,7 @@ use http::{HeaderValue, Response, StatusCode};
 
 use super::headers::{PolicyHeaders, retry_after_secs};
 use crate::decision::Decision;
+use crate::error::StoreError;
 use crate::limit::Policy;
 
 /// Why a layer refused a request; handed to a custom rejection function.
@@ -15,7 +16,7 @@ pub struct Rejection<'a> {
 }
 
 /// The reasons a request is refused.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 #[non_exhaustive]
 pub enum RejectionKind {
     /// A limit denied the request.
@@ -24,7 +25,7 @@ pub enum RejectionKind {
     /// this status.
     MissingKey(StatusCode),
     /// The store failed and the layer fails closed.
-    Unavailable,
+    Unavailable(StoreError),
 }
 
 impl Rejection<'_> {
@@ -54,7 +55,7 @@ impl Rejection<'_> {
         match &self.kind {
             RejectionKind::Limited(_) => StatusCode::TOO_MANY_REQUESTS,
             RejectionKind::MissingKey(status) => *status,
-            RejectionKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+            RejectionKind::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 
@@ -79,7 +80,7 @@ impl Rejection<'_> {
             RejectionKind::MissingKey(_) => {
                 "rate limiting could not identify the client\n".to_owned()
             }
-            RejectionKind::Unavailable => "rate limiter unavailable; retry shortly\n".to_owned(),
+            RejectionKind::Unavailable(_) => "rate limiter unavailable; retry shortly\n".to_owned(),
         };
         let mut response = Response::new(Bytes::from(body));
         *response.status_mut() = self.status();
@@ -90,12 +91,14 @@ impl Rejection<'_> {
         );
         match &self.kind {
             RejectionKind::Limited(d) => {
+                // Without a retry-after the call can never pass, and the
+                // key's state was not read: no numbers to report.
                 if let Some(after) = d.retry_after() {
                     headers.insert(RETRY_AFTER, HeaderValue::from(retry_after_secs(after)));
+                    self.headers.write(headers, d);
                 }
-                self.headers.write(headers, d);
             }
-            RejectionKind::Unavailable => {
+            RejectionKind::Unavailable(_) => {
                 headers.insert(RETRY_AFTER, HeaderValue::from_static("1"));
             }
             RejectionKind::MissingKey(_) => {}
