@@ -93,8 +93,8 @@ impl Limiter {
             return StoreFuture::ready(Ok(Decision::never(i)));
         }
         self.store.gcra(GcraCall {
-            policy: self.policy.clone(),
-            key: key.clone(),
+            policy: &self.policy,
+            key,
             cost,
             max_wait,
         })

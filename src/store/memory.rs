@@ -36,13 +36,18 @@ struct Inner {
     clock: Arc<dyn Clock>,
 }
 
+/// Keyed by identity alone, so that a lookup borrows the caller's key and
+/// touches no shared reference count; the few policies that limit one
+/// identity sit side by side in its slot.
 #[derive(Default)]
 struct Shard {
-    map: HashMap<(Arc<str>, Key), Entry>,
+    map: HashMap<Key, Vec<Entry>>,
+    entries: usize,
     sweep_at: usize,
 }
 
 struct Entry {
+    policy: Arc<str>,
     tats: Box<[u64]>,
     /// When every limit has refilled: from then on the entry means nothing.
     idle_at: u64,
@@ -65,7 +70,7 @@ impl MemoryStore {
     /// How many entries the store holds, expired ones included until they
     /// are swept.
     pub fn len(&self) -> usize {
-        self.inner.shards.iter().map(|s| lock(s).map.len()).sum()
+        self.inner.shards.iter().map(|s| lock(s).entries).sum()
     }
 
     /// Whether the store holds no entries.
@@ -82,7 +87,7 @@ impl MemoryStore {
         }
     }
 
-    fn decide(&self, call: &GcraCall) -> Decision {
+    fn decide(&self, call: &GcraCall<'_>) -> Decision {
         let limits = call.policy.limits();
         let mut params = [Params {
             emission: 1,
@@ -95,12 +100,17 @@ impl MemoryStore {
             };
         }
         let params = &params[..limits.len()];
-        let map_key = (call.policy.name_arc(), call.key.clone());
-        let shard_index = self.inner.hasher.hash_one(&map_key) as usize % self.inner.shards.len();
+        let shard_index =
+            self.inner.hasher.hash_one(call.key.as_str()) as usize % self.inner.shards.len();
         let mut shard = lock(&self.inner.shards[shard_index]);
         let now = self.inner.clock.now_micros();
         let max_wait = call.max_wait_us();
-        if let Some(entry) = shard.map.get_mut(&map_key) {
+        let policy = call.policy.name();
+        let existing = shard
+            .map
+            .get_mut(call.key.as_str())
+            .and_then(|slot| slot.iter_mut().find(|e| &*e.policy == policy));
+        if let Some(entry) = existing {
             if entry.tats.len() < params.len() {
                 // A policy of the same name with more limits (edited, or two
                 // limiters sharing a name): keep each limit's state by
@@ -128,23 +138,38 @@ impl MemoryStore {
         let mut tats = vec![0u64; params.len()].into_boxed_slice();
         let (decision, idle_at) = gcra::decide(params, &mut tats, now, call.cost, max_wait);
         if let Some(idle_at) = idle_at {
-            shard.insert(map_key, Entry { tats, idle_at }, now);
+            let entry = Entry {
+                policy: call.policy.name_arc(),
+                tats,
+                idle_at,
+            };
+            shard.insert(call.key, entry, now);
         }
         decision
     }
 }
 
 impl Shard {
-    fn insert(&mut self, key: (Arc<str>, Key), entry: Entry, now: u64) {
-        if self.map.len() >= self.sweep_at.max(MIN_SWEEP) {
+    fn insert(&mut self, key: &Key, entry: Entry, now: u64) {
+        if self.entries >= self.sweep_at.max(MIN_SWEEP) {
             self.sweep(now);
         }
-        self.map.insert(key, entry);
+        match self.map.get_mut(key.as_str()) {
+            Some(slot) => slot.push(entry),
+            None => {
+                self.map.insert(key.clone(), vec![entry]);
+            }
+        }
+        self.entries += 1;
     }
 
     fn sweep(&mut self, now: u64) {
-        self.map.retain(|_, entry| entry.idle_at > now);
-        self.sweep_at = self.map.len().saturating_mul(2);
+        self.map.retain(|_, slot| {
+            slot.retain(|entry| entry.idle_at > now);
+            !slot.is_empty()
+        });
+        self.entries = self.map.values().map(Vec::len).sum();
+        self.sweep_at = self.entries.saturating_mul(2);
         if self.map.capacity() > self.sweep_at.max(MIN_SWEEP) * 2 {
             self.map.shrink_to(self.sweep_at.max(MIN_SWEEP));
         }
@@ -175,7 +200,7 @@ impl fmt::Debug for MemoryStore {
 }
 
 impl Store for MemoryStore {
-    fn gcra(&self, call: GcraCall) -> StoreFuture<Decision> {
+    fn gcra(&self, call: GcraCall<'_>) -> StoreFuture<Decision> {
         StoreFuture::ready(Ok(self.decide(&call)))
     }
 

@@ -29,7 +29,7 @@ use crate::limit::Policy;
 /// anyone. Use it as `Arc<dyn Store>` to choose a store at run time.
 pub trait Store: Send + Sync + fmt::Debug + sealed::Sealed + 'static {
     /// Decides one GCRA call, all limits of the policy together.
-    fn gcra(&self, call: GcraCall) -> StoreFuture<Decision>;
+    fn gcra(&self, call: GcraCall<'_>) -> StoreFuture<Decision>;
 
     /// A short name for logs and metrics: `"memory"` or `"redis"`.
     fn kind(&self) -> &'static str;
@@ -41,24 +41,25 @@ mod sealed {
     impl Sealed for super::RedisStore {}
 }
 
-/// One call to decide: which policy, for whom, at what cost.
-#[derive(Clone, Debug)]
-pub struct GcraCall {
-    pub(crate) policy: Policy,
-    pub(crate) key: Key,
+/// One call to decide: which policy, for whom, at what cost. Borrowed, so
+/// that deciding in memory copies nothing.
+#[derive(Clone, Copy, Debug)]
+pub struct GcraCall<'a> {
+    pub(crate) policy: &'a Policy,
+    pub(crate) key: &'a Key,
     pub(crate) cost: u64,
     pub(crate) max_wait: Duration,
 }
 
-impl GcraCall {
+impl GcraCall<'_> {
     /// The policy whose limits decide.
     pub fn policy(&self) -> &Policy {
-        &self.policy
+        self.policy
     }
 
     /// The identity being limited.
     pub fn key(&self) -> &Key {
-        &self.key
+        self.key
     }
 
     /// The call's cost (weight).

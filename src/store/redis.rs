@@ -111,28 +111,33 @@ impl RedisStore {
         )
     }
 
-    async fn run_gcra(self, call: GcraCall) -> Result<Decision, StoreError> {
+    /// Builds the script's keys and arguments from the borrowed call, then
+    /// leaves the round trip to the returned future.
+    fn run_gcra(&self, call: GcraCall<'_>) -> StoreFuture<Decision> {
         let limits = call.policy.limits();
         let now = match &self.inner.time {
             TimeSource::Server => String::new(),
             TimeSource::Client(clock) => clock.now_micros().to_string(),
         };
-        let mut args: Vec<Vec<u8>> = Vec::with_capacity(3 + 2 * limits.len());
-        args.push(now.into_bytes());
-        args.push(call.cost.to_string().into_bytes());
-        args.push(call.max_wait_us().to_string().into_bytes());
+        let mut args: Vec<String> = Vec::with_capacity(3 + 2 * limits.len());
+        args.push(now);
+        args.push(call.cost.to_string());
+        args.push(call.max_wait_us().to_string());
         for limit in limits {
-            args.push(limit.emission_us().to_string().into_bytes());
-            args.push(limit.tolerance_us().to_string().into_bytes());
+            args.push(limit.emission_us().to_string());
+            args.push(limit.tolerance_us().to_string());
         }
-        let mut keys = Vec::with_capacity(limits.len());
-        for i in 0..limits.len() {
-            keys.push(self.gcra_key(&call.policy, &call.key, i));
-        }
-        let reply = self
-            .eval(&self.inner.gcra_sha, GCRA_LUA, &keys, &args)
-            .await?;
-        decode_gcra(&reply, limits.len())
+        let keys: Vec<String> = (0..limits.len())
+            .map(|i| self.gcra_key(call.policy, call.key, i))
+            .collect();
+        let store = self.clone();
+        let count = limits.len();
+        StoreFuture::pending(async move {
+            let reply = store
+                .eval(&store.inner.gcra_sha, GCRA_LUA, &keys, &args)
+                .await?;
+            decode_gcra(&reply, count)
+        })
     }
 
     /// `EVALSHA`, falling back to `EVAL` (which also caches the script) when
@@ -142,7 +147,7 @@ impl RedisStore {
         sha: &str,
         source: &str,
         keys: &[String],
-        args: &[Vec<u8>],
+        args: &[String],
     ) -> Result<Value, StoreError> {
         let mut conn = self.inner.conn.clone();
         let exchange = async {
@@ -214,8 +219,8 @@ impl fmt::Debug for RedisStore {
 }
 
 impl Store for RedisStore {
-    fn gcra(&self, call: GcraCall) -> StoreFuture<Decision> {
-        StoreFuture::pending(self.clone().run_gcra(call))
+    fn gcra(&self, call: GcraCall<'_>) -> StoreFuture<Decision> {
+        self.run_gcra(call)
     }
 
     fn kind(&self) -> &'static str {
