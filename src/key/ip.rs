@@ -50,6 +50,98 @@ impl<B> KeyExtractor<http::Request<B>> for PeerIp {
     }
 }
 
+impl<B> ClientIp<http::Request<B>> for PeerIp {
+    fn client_ip(&self, req: &http::Request<B>) -> Option<IpAddr> {
+        peer_addr(req)
+    }
+}
+
+impl PeerIp {
+    /// Keys IPv6 clients by their network of `bits` leading bits instead
+    /// of their full address (IPv4 clients keep theirs): `64` for one
+    /// limit per customer site, since one host commonly has a whole /64
+    /// and could otherwise take a fresh address for every request.
+    pub fn ipv6_prefix(self, bits: u8) -> IpPrefix<Self> {
+        IpPrefix::new(self, bits)
+    }
+}
+
+/// Finds the client's address in a request; implemented by [`PeerIp`] and
+/// [`ForwardedIp`].
+pub trait ClientIp<Req>: Send + Sync + 'static {
+    /// The client's address, or `None` when the request carries none.
+    fn client_ip(&self, req: &Req) -> Option<IpAddr>;
+}
+
+/// Keys clients by network rather than by address; see
+/// [`PeerIp::ipv6_prefix`] and [`ForwardedIp::ipv6_prefix`].
+///
+/// ```
+/// use fleetgate::key::{KeyExtractor, PeerIp};
+/// use std::net::SocketAddr;
+///
+/// let by_site = PeerIp.ipv6_prefix(64);
+/// let mut req = http::Request::new(());
+/// req.extensions_mut().insert("[2001:db8:1:2:aaaa::1]:443".parse::<SocketAddr>().unwrap());
+/// assert_eq!(by_site.extract(&req).unwrap().as_str(), "net:2001:db8:1:2::/64");
+/// ```
+#[derive(Clone, Debug)]
+pub struct IpPrefix<E> {
+    inner: E,
+    v4_bits: u8,
+    v6_bits: u8,
+}
+
+impl<E> IpPrefix<E> {
+    fn new(inner: E, v6_bits: u8) -> Self {
+        IpPrefix {
+            inner,
+            v4_bits: 32,
+            v6_bits: v6_bits.min(128),
+        }
+    }
+
+    /// Also groups IPv4 clients, by networks of `bits` leading bits (such
+    /// as `24`).
+    pub fn ipv4_prefix(mut self, bits: u8) -> Self {
+        self.v4_bits = bits.min(32);
+        self
+    }
+}
+
+impl<Req, E: ClientIp<Req>> KeyExtractor<Req> for IpPrefix<E> {
+    fn extract(&self, req: &Req) -> Option<Key> {
+        let ip = self.inner.client_ip(req)?;
+        let (masked, bits, full) = match ip {
+            IpAddr::V4(v4) => {
+                let mask = u32::MAX
+                    .checked_shl(32 - u32::from(self.v4_bits))
+                    .unwrap_or(0);
+                (
+                    IpAddr::from((u32::from(v4) & mask).to_be_bytes()),
+                    self.v4_bits,
+                    32,
+                )
+            }
+            IpAddr::V6(v6) => {
+                let mask = u128::MAX
+                    .checked_shl(128 - u32::from(self.v6_bits))
+                    .unwrap_or(0);
+                (
+                    IpAddr::from((u128::from(v6) & mask).to_be_bytes()),
+                    self.v6_bits,
+                    128,
+                )
+            }
+        };
+        Some(if bits == full {
+            Key::from_ip(ip)
+        } else {
+            Key::new(format!("net:{masked}/{bits}"))
+        })
+    }
+}
+
 /// An IP network such as `10.0.0.0/8` or `2001:db8::/32`; a bare address is
 /// a network of one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -182,6 +274,12 @@ impl ForwardedIp {
         }
     }
 
+    /// Keys IPv6 clients by their network of `bits` leading bits; see
+    /// [`PeerIp::ipv6_prefix`].
+    pub fn ipv6_prefix(self, bits: u8) -> IpPrefix<Self> {
+        IpPrefix::new(self, bits)
+    }
+
     /// Reads the `Forwarded` header (RFC 7239) instead of
     /// `X-Forwarded-For`: for proxies that write `Forwarded: for=...`.
     pub fn use_forwarded_header(mut self) -> Self {
@@ -239,8 +337,14 @@ impl ForwardedIp {
 
 impl<B> KeyExtractor<http::Request<B>> for ForwardedIp {
     fn extract(&self, req: &http::Request<B>) -> Option<Key> {
+        self.client_ip(req).map(Key::from_ip)
+    }
+}
+
+impl<B> ClientIp<http::Request<B>> for ForwardedIp {
+    fn client_ip(&self, req: &http::Request<B>) -> Option<IpAddr> {
         let peer = peer_addr(req)?;
-        Some(Key::from_ip(self.client(peer, req.headers())))
+        Some(self.client(peer, req.headers()))
     }
 }
 
@@ -372,6 +476,37 @@ mod tests {
         let long = vec!["10.0.0.7"; 10_000].join(",");
         let h = headers(&[("x-forwarded-for", &long)]);
         assert_eq!(fwd.client(ip("10.0.0.1"), &h), ip("10.0.0.7"));
+    }
+
+    #[test]
+    fn prefixes_group_clients() {
+        let req = |addr: &str| {
+            let mut req = http::Request::new(());
+            req.extensions_mut()
+                .insert(addr.parse::<SocketAddr>().unwrap());
+            req
+        };
+        let by64 = PeerIp.ipv6_prefix(64);
+        let a = by64.extract(&req("[2001:db8::1]:1")).unwrap();
+        let b = by64.extract(&req("[2001:db8::ffff:2]:1")).unwrap();
+        let c = by64.extract(&req("[2001:db8:0:1::1]:1")).unwrap();
+        assert_eq!(a, b);
+        assert_ne!(a, c);
+        // IPv4 keeps full addresses unless asked, and then groups too.
+        assert_eq!(
+            by64.extract(&req("192.0.2.7:1")).unwrap().as_str(),
+            "ip:192.0.2.7"
+        );
+        let by24 = PeerIp.ipv6_prefix(64).ipv4_prefix(24);
+        assert_eq!(
+            by24.extract(&req("192.0.2.7:1")).unwrap().as_str(),
+            "net:192.0.2.0/24"
+        );
+        let all = PeerIp.ipv6_prefix(0);
+        assert_eq!(
+            all.extract(&req("[2001:db8::1]:1")).unwrap().as_str(),
+            "net:::/0"
+        );
     }
 
     #[test]

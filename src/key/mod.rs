@@ -3,7 +3,7 @@
 //!
 //! | extractor | key | when missing |
 //! |---|---|---|
-//! | [`PeerIp`] | the TCP peer's address (axum `ConnectInfo`) | server not started with connect info |
+//! | [`PeerIp`] | the TCP peer's address (axum `ConnectInfo`); `.ipv6_prefix(64)` groups IPv6 clients by /64 | server not started with connect info |
 //! | [`ForwardedIp`] | the client address from `X-Forwarded-For` / `Forwarded`, trusted only from configured proxies | never (falls back to the peer) unless the peer is missing |
 //! | [`HeaderKey`] | a header such as `x-api-key` or a bearer token, hashed | header absent or empty |
 //! | [`GlobalKey`] | one key for everyone | never |
@@ -22,7 +22,7 @@ use std::sync::Arc;
 use sha2::{Digest, Sha256};
 
 pub use self::header::HeaderKey;
-pub use self::ip::{ForwardedIp, IpNet, PeerIp};
+pub use self::ip::{ClientIp, ForwardedIp, IpNet, IpPrefix, PeerIp};
 
 /// Keys longer than this are replaced by their SHA-256 digest, so that one
 /// client cannot make the store hold arbitrarily large keys.
@@ -149,6 +149,7 @@ chainable!(
     [] ForwardedIp,
     [] GlobalKey,
     [F] KeyFn<F>,
+    [E] IpPrefix<E>,
     [A, B] Or<A, B>,
 );
 
