@@ -670,40 +670,52 @@ async fn inner_readiness_is_respected() {
     use std::task::{Context, Waker};
     use tower::Service;
 
-    // The inner service admits one call at a time; its permit travels with
-    // the call, so the layer's service is not ready until that call ends.
-    let (release, released) = tokio::sync::oneshot::channel::<()>();
-    let released = std::sync::Arc::new(tokio::sync::Mutex::new(Some(released)));
-    let handler = service_fn(move |_: ()| {
-        let released = released.clone();
-        async move {
-            if let Some(rx) = released.lock().await.take() {
-                let _ = rx.await;
+    let server = RedisServer::start();
+    let redis = RedisStore::builder()
+        .timeout(Duration::from_secs(2))
+        .connect(&server.url())
+        .await
+        .unwrap();
+    // Memory decides inside `call`; Redis decides in the response future.
+    for limiter in [
+        Limiter::new(slow_policy(10), MemoryStore::new()),
+        Limiter::new(slow_policy(10), redis),
+    ] {
+        // The inner service admits one call at a time; its permit travels
+        // with the call, so the layer's service is not ready until that call
+        // ends.
+        let (release, released) = tokio::sync::oneshot::channel::<()>();
+        let released = std::sync::Arc::new(tokio::sync::Mutex::new(Some(released)));
+        let handler = service_fn(move |_: ()| {
+            let released = released.clone();
+            async move {
+                if let Some(rx) = released.lock().await.take() {
+                    let _ = rx.await;
+                }
+                Ok::<_, std::convert::Infallible>(())
             }
-            Ok::<_, std::convert::Infallible>(())
+        });
+        let mut svc = ServiceBuilder::new()
+            .layer(
+                RateLimitLayer::new(limiter)
+                    .key(GlobalKey::new())
+                    .typed_errors(),
+            )
+            .concurrency_limit(1)
+            .service(handler);
+        svc.ready().await.unwrap();
+        let first = tokio::spawn(svc.call(()));
+        {
+            let mut ready = std::pin::pin!(std::future::poll_fn(|cx| svc.poll_ready(cx)));
+            let mut cx = Context::from_waker(Waker::noop());
+            assert!(
+                ready.as_mut().poll(&mut cx).is_pending(),
+                "inner permit is in use"
+            );
+            release.send(()).unwrap();
+            first.await.unwrap().unwrap();
+            ready.await.unwrap();
         }
-    });
-    let limiter = Limiter::new(slow_policy(10), MemoryStore::new());
-    let mut svc = ServiceBuilder::new()
-        .layer(
-            RateLimitLayer::new(limiter)
-                .key(GlobalKey::new())
-                .typed_errors(),
-        )
-        .concurrency_limit(1)
-        .service(handler);
-    svc.ready().await.unwrap();
-    let first = tokio::spawn(svc.call(()));
-    {
-        let mut ready = std::pin::pin!(std::future::poll_fn(|cx| svc.poll_ready(cx)));
-        let mut cx = Context::from_waker(Waker::noop());
-        assert!(
-            ready.as_mut().poll(&mut cx).is_pending(),
-            "inner permit is in use"
-        );
-        release.send(()).unwrap();
-        first.await.unwrap().unwrap();
-        ready.await.unwrap();
+        svc.call(()).await.unwrap();
     }
-    svc.call(()).await.unwrap();
 }

@@ -9,7 +9,7 @@ use http::Response;
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
-use super::{Common, FailurePolicy, STORE_WARNINGS, mode};
+use super::{Common, mode};
 use crate::BoxError;
 use crate::decision::Decision;
 use crate::error::{RateLimitError, StoreError};
@@ -105,29 +105,10 @@ impl<S: Service<Req>, Req, M> ResponseFuture<S, Req, M> {
                     req,
                 } => {
                     let result = ready!(Pin::new(decision).poll(cx));
-                    let common = &**this.common;
-                    let (decision, refusal) = match result {
-                        Ok(d) if d.is_allowed() => (Some(d), None),
-                        Ok(d) => (None, Some(RejectionKind::Limited(d))),
-                        Err(err) => {
-                            if STORE_WARNINGS.allow() {
-                                tracing::warn!(
-                                    policy = common.limiter.policy().name(),
-                                    store = common.limiter.store().kind(),
-                                    error = %err,
-                                    failure_policy = ?common.failure,
-                                    "rate-limit store failed"
-                                );
-                            }
-                            match common.failure {
-                                FailurePolicy::Closed => {
-                                    (None, Some(RejectionKind::Unavailable(err)))
-                                }
-                                FailurePolicy::Open => (None, None),
-                            }
-                        }
+                    let (decision, refusal) = match this.common.judge(result) {
+                        Ok(decision) => (decision, None),
+                        Err(kind) => (None, Some(kind)),
                     };
-                    let refusal = refusal.and_then(|kind| common.refuse(kind));
                     match (refusal, inner.take(), req.take()) {
                         (Some(kind), _, _) => Outcome::Rejected(kind),
                         (None, Some(mut inner), Some(req)) => {

@@ -41,6 +41,8 @@ pub use self::future::ResponseFuture;
 pub use self::layer::RateLimitLayer;
 pub use self::service::RateLimit;
 
+use crate::decision::Decision;
+use crate::error::StoreError;
 use crate::key::Key;
 use crate::limiter::Limiter;
 use crate::response::{PolicyHeaders, Rejection, RejectionKind};
@@ -134,6 +136,38 @@ pub(crate) static STORE_WARNINGS: LogGate = LogGate::new();
 pub(crate) static KEY_WARNINGS: LogGate = LogGate::new();
 
 impl Common {
+    /// What to do with the store's answer: pass (with the decision whose
+    /// headers to send, if any) or refuse. Shadow mode and the failure
+    /// policy are applied here.
+    pub(crate) fn judge(
+        &self,
+        result: Result<Decision, StoreError>,
+    ) -> Result<Option<Decision>, RejectionKind> {
+        let refusal = match result {
+            Ok(d) if d.is_allowed() => return Ok(Some(d)),
+            Ok(d) => RejectionKind::Limited(d),
+            Err(err) => {
+                if STORE_WARNINGS.allow() {
+                    tracing::warn!(
+                        policy = self.limiter.policy().name(),
+                        store = self.limiter.store().kind(),
+                        error = %err,
+                        failure_policy = ?self.failure,
+                        "rate-limit store failed"
+                    );
+                }
+                match self.failure {
+                    FailurePolicy::Closed => RejectionKind::Unavailable(err),
+                    FailurePolicy::Open => return Ok(None),
+                }
+            }
+        };
+        match self.refuse(refusal) {
+            Some(kind) => Err(kind),
+            None => Ok(None),
+        }
+    }
+
     /// The rejection to send, or `None` in shadow mode, where the would-be
     /// rejection is only logged and the request goes through.
     pub(crate) fn refuse(&self, kind: RejectionKind) -> Option<RejectionKind> {

@@ -15,10 +15,12 @@ use crate::response::{RejectionKind, ResponseBody};
 
 /// The service [`RateLimitLayer`](super::RateLimitLayer) produces.
 ///
-/// It is ready whenever the inner service is: the decision happens in the
-/// response future, after the ready inner service has been moved into it
-/// (a clone is left behind), so the inner service is only ever called after
-/// its own `poll_ready` said yes.
+/// It is ready whenever the inner service is, and the inner service is only
+/// ever called after its own `poll_ready` said yes: when the store answers
+/// at once (the memory store), the ready service is called inside `call`;
+/// when the store does I/O, the ready service is moved into the response
+/// future and called there once the decision is in, and a clone takes its
+/// place, to be driven to readiness before the next call.
 pub struct RateLimit<S, K, C, M> {
     inner: S,
     shared: Arc<Shared<K, C>>,
@@ -55,9 +57,6 @@ impl<S, K, C, M> RateLimit<S, K, C, M> {
         K: KeyExtractor<Req>,
         C: Cost<Req>,
     {
-        // Take the service that was driven to readiness; leave a clone.
-        let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
         let common = self.shared.common.clone();
         let key = match self.shared.key.extract(&req) {
             Some(key) => key,
@@ -65,17 +64,30 @@ impl<S, K, C, M> RateLimit<S, K, C, M> {
                 OnMissingKey::Reject(status) => {
                     return match common.refuse(RejectionKind::MissingKey(*status)) {
                         Some(kind) => ResponseFuture::rejected(common, kind),
-                        None => ResponseFuture::calling(common.clone(), inner.call(req), None),
+                        None => ResponseFuture::calling(common.clone(), self.inner.call(req), None),
                     };
                 }
                 OnMissingKey::Fallback(key) => key.clone(),
                 OnMissingKey::Allow => {
-                    return ResponseFuture::calling(common, inner.call(req), None);
+                    return ResponseFuture::calling(common, self.inner.call(req), None);
                 }
             },
         };
         let cost = self.shared.cost.cost(&req);
-        let decision = common.limiter.check(&key, cost);
+        let mut decision = common.limiter.check(&key, cost);
+        // The memory store has decided already: call the service that was
+        // driven to readiness right away.
+        if let Some(result) = decision.take_ready() {
+            return match common.judge(result) {
+                Ok(decision) => ResponseFuture::calling(common, self.inner.call(req), decision),
+                Err(kind) => ResponseFuture::rejected(common, kind),
+            };
+        }
+        // A store doing I/O decides later: take the ready service into the
+        // future, to be called once the decision is in, and leave a clone
+        // that must be driven to readiness again before the next call.
+        let clone = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
         ResponseFuture::deciding(common, decision, inner, req)
     }
 }

@@ -100,6 +100,14 @@ impl<T> StoreFuture<T> {
         }
     }
 
+    /// The result, if it is already known; the future is then spent.
+    pub fn take_ready(&mut self) -> Option<Result<T, StoreError>> {
+        match &mut self.inner {
+            Inner::Ready(result) => result.take(),
+            Inner::Pending(_) => None,
+        }
+    }
+
     /// Wraps a future that does I/O.
     pub fn pending(fut: impl Future<Output = Result<T, StoreError>> + Send + 'static) -> Self {
         StoreFuture {
