@@ -12,6 +12,23 @@ use crate::error::{ConfigError, StoreError};
 use crate::key::Key;
 use crate::limit::{Policy, check_name};
 
+/// A Lua script run by SHA, with its source kept for the `NOSCRIPT` fallback.
+#[derive(Debug)]
+pub(crate) struct LuaScript {
+    source: &'static str,
+    sha: String,
+}
+
+impl LuaScript {
+    /// Hashes the script once; call at store construction.
+    pub(crate) fn new(source: &'static str) -> Self {
+        LuaScript {
+            source,
+            sha: redis::Script::new(source).get_hash().to_owned(),
+        }
+    }
+}
+
 const GCRA_LUA: &str = include_str!("../../lua/gcra.lua");
 
 /// Where the Redis scripts read "now".
@@ -70,7 +87,7 @@ struct Inner {
     prefix: Box<str>,
     timeout: Duration,
     time: TimeSource,
-    gcra_sha: String,
+    gcra: LuaScript,
 }
 
 impl RedisStore {
@@ -102,12 +119,17 @@ impl RedisStore {
     /// The Redis key that holds the GCRA state of limit number `limit` of
     /// `policy` for `key`: `{prefix}:{policy}:{{key}}:{limit}`.
     pub fn gcra_key(&self, policy: &Policy, key: &Key, limit: usize) -> String {
+        format!("{}:{limit}", self.key_base(policy.name(), key))
+    }
+
+    /// `{prefix}:{name}:{{key}}`, the start of every Redis key that one
+    /// identity uses under one policy name. The identity is the cluster hash
+    /// tag, so all of its keys share a slot; see [`hash_tag`].
+    pub(crate) fn key_base(&self, name: &str, key: &Key) -> String {
         format!(
-            "{}:{}:{{{}}}:{}",
+            "{}:{name}:{{{}}}",
             self.inner.prefix,
-            policy.name(),
-            key.as_str(),
-            limit
+            hash_tag(key.as_str())
         )
     }
 
@@ -133,31 +155,28 @@ impl RedisStore {
         let store = self.clone();
         let count = limits.len();
         StoreFuture::pending(async move {
-            let reply = store
-                .eval(&store.inner.gcra_sha, GCRA_LUA, &keys, &args)
-                .await?;
+            let reply = store.eval(&store.inner.gcra, &keys, &args).await?;
             decode_gcra(&reply, count)
         })
     }
 
     /// `EVALSHA`, falling back to `EVAL` (which also caches the script) when
     /// the server has lost it; the whole exchange is bounded by the timeout.
-    async fn eval(
+    pub(crate) async fn eval(
         &self,
-        sha: &str,
-        source: &str,
+        script: &LuaScript,
         keys: &[String],
         args: &[String],
     ) -> Result<Value, StoreError> {
         let mut conn = self.inner.conn.clone();
         let exchange = async {
             let mut cmd = redis::cmd("EVALSHA");
-            cmd.arg(sha).arg(keys.len()).arg(keys).arg(args);
+            cmd.arg(&script.sha).arg(keys.len()).arg(keys).arg(args);
             match cmd.query_async::<Value>(&mut conn).await {
                 Err(err) if err.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
                     tracing::debug!("script cache empty, sending the script");
                     let mut cmd = redis::cmd("EVAL");
-                    cmd.arg(source).arg(keys.len()).arg(keys).arg(args);
+                    cmd.arg(script.source).arg(keys.len()).arg(keys).arg(args);
                     cmd.query_async::<Value>(&mut conn).await
                 }
                 other => other,
@@ -170,6 +189,20 @@ impl RedisStore {
             Ok(Err(err)) => Err(err.into()),
             Err(_) => Err(StoreError::Timeout(self.inner.timeout)),
         }
+    }
+}
+
+/// The identity as a hash tag. Redis hashes the text between the first `{`
+/// and the first `}` after it, unless that text is empty, in which case it
+/// hashes the whole key, and then the keys of one identity could land in
+/// different slots. An identity that is empty or starts with `}` (or with
+/// the escape `~`) is therefore written with a leading `~`: the tag is never
+/// empty, and distinct identities stay distinct.
+pub(crate) fn hash_tag(identity: &str) -> std::borrow::Cow<'_, str> {
+    if identity.is_empty() || identity.starts_with('}') || identity.starts_with('~') {
+        format!("~{identity}").into()
+    } else {
+        identity.into()
     }
 }
 
@@ -322,7 +355,7 @@ impl RedisStoreBuilder {
                 prefix: self.prefix.into_boxed_str(),
                 timeout: self.timeout,
                 time: self.time,
-                gcra_sha: redis::Script::new(GCRA_LUA).get_hash().to_owned(),
+                gcra: LuaScript::new(GCRA_LUA),
             }),
         })
     }
@@ -331,6 +364,32 @@ impl RedisStoreBuilder {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn hash_tags_are_never_empty_and_stay_distinct() {
+        assert_eq!(hash_tag("ip:1.2.3.4"), "ip:1.2.3.4");
+        assert_eq!(hash_tag(""), "~");
+        assert_eq!(hash_tag("}x"), "~}x");
+        assert_eq!(hash_tag("~}x"), "~~}x");
+        assert_eq!(hash_tag("a}b{c"), "a}b{c");
+        // Redis Cluster's rule: the text between the first `{` and the
+        // first `}` after it, if not empty; otherwise the whole key.
+        fn hashed(key: &str) -> &str {
+            if let Some(open) = key.find('{')
+                && let Some(len) = key[open + 1..].find('}')
+                && len > 0
+            {
+                return &key[open + 1..open + 1 + len];
+            }
+            key
+        }
+        for id in ["", "}", "}}", "a}b", "~", "{", "{}", "x"] {
+            let tags: Vec<String> = (0..3)
+                .map(|i| hashed(&format!("p:n:{{{}}}:{i}", hash_tag(id))).to_owned())
+                .collect();
+            assert!(tags.iter().all(|t| *t == tags[0]), "{id:?}: {tags:?}");
+        }
+    }
 
     #[test]
     fn odd_replies_are_errors() {
