@@ -30,4 +30,16 @@ MSG
   fi
 fi
 
+# The scripts need Redis 6.2 or newer (INFO commandstats failed_calls and
+# effect replication of scripts that read TIME).
+version="$("$redis_bin" --version | sed -n 's/.* v=\([0-9][0-9]*\)\.\([0-9][0-9]*\).*/\1 \2/p')"
+read -r major minor <<<"${version:-0 0}"
+if [ "$major" -lt 6 ] || { [ "$major" -eq 6 ] && [ "$minor" -lt 2 ]; }; then
+  echo "scripts/test.sh: $("$redis_bin" --version | cut -d' ' -f1-3) is too old; Redis 6.2 or newer is needed" >&2
+  echo "(set REDIS_SERVER to the path of a newer redis-server)" >&2
+  exit 1
+fi
+# A Redis already listening on 6379 (a system service) is left alone: each
+# test starts its own server on a free loopback port.
+
 exec cargo test --all-features "$@"

@@ -17,15 +17,19 @@ pub enum ConfigError {
     /// The burst is zero: nothing could ever pass.
     #[error("burst must be at least 1")]
     ZeroBurst,
-    /// The rate is finer than one event per microsecond, the resolution of
-    /// every store's clock.
-    #[error("rate {rate} is finer than one event per microsecond; use a longer period")]
+    /// The rate cannot be kept at the stores' microsecond resolution: the
+    /// interval between events, rounded up to whole microseconds, would slow
+    /// it by more than 1%. Every rate up to 10,000 per second is fine, and so
+    /// is any rate whose interval is a whole number of microseconds.
+    #[error(
+        "rate {rate} cannot be kept within 1% at microsecond resolution; use at most 10000 per second or a whole number of microseconds between events"
+    )]
     RateTooFine {
         /// The offending rate.
         rate: Rate,
     },
-    /// The period is too long to represent exactly.
-    #[error("period {period:?} is too long to represent (at most about 35 years)")]
+    /// The interval between events is too long to represent.
+    #[error("period {period:?} is too long to represent (at most about 35 years between events)")]
     PeriodTooLong {
         /// The offending period.
         period: Duration,
@@ -81,6 +85,13 @@ pub enum ConfigError {
     /// A timeout of zero.
     #[error("timeout must be longer than zero")]
     ZeroTimeout,
+    /// Something that starts background tasks was built outside a tokio
+    /// runtime.
+    #[error("{what} must be called within a tokio runtime")]
+    NoRuntime {
+        /// What was called.
+        what: &'static str,
+    },
 }
 
 /// A store could not decide: Redis unreachable, too slow, or answering

@@ -79,7 +79,7 @@ pub(crate) fn decide(
         let p = params[i];
         let tat = tats[i].max(now);
         // Whole calls of cost 1 that would pass now.
-        let remaining = (now + p.tolerance).saturating_sub(tat) / p.emission;
+        let remaining = now.saturating_add(p.tolerance).saturating_sub(tat) / p.emission;
         let decision = Decision {
             allowed: false,
             limit: i,

@@ -225,16 +225,18 @@ impl LimitBuilder {
             return Err(ConfigError::ZeroBurst);
         }
         let period_ns = period.as_nanos();
-        if period_ns > u128::from(MAX_TOLERANCE_MICROS) * 1000 {
-            return Err(ConfigError::PeriodTooLong { period });
-        }
         let count = u128::from(count);
-        if period_ns < count * 1000 {
-            return Err(ConfigError::RateTooFine { rate: self.rate });
-        }
         // Ceiling division: a rounded-down interval would admit slightly more
         // than the rate over a long run.
         let emission_us = period_ns.div_ceil(count * 1000);
+        if emission_us > u128::from(MAX_TOLERANCE_MICROS) {
+            return Err(ConfigError::PeriodTooLong { period });
+        }
+        // Rounding up to whole microseconds must not slow the rate by more
+        // than 1% (it cannot for rates up to 10,000 per second).
+        if (emission_us * count * 1000 - period_ns) * 100 > period_ns {
+            return Err(ConfigError::RateTooFine { rate: self.rate });
+        }
         let tolerance_us = emission_us.saturating_mul(u128::from(burst));
         if tolerance_us > u128::from(MAX_TOLERANCE_MICROS) {
             return Err(ConfigError::BurstTooLarge {

@@ -75,14 +75,34 @@ fn rate_finer_than_one_per_microsecond() {
     let finest = Limit::new(Rate::per_second(1_000_000)).unwrap();
     assert_eq!(finest.emission_interval(), Duration::from_micros(1));
     for rate in [
-        Rate::per_second(1_000_001),
+        Rate::per_second(1_010_101),
         Rate::new(2, Duration::from_micros(1)),
         Rate::new(1, Duration::from_nanos(500)),
         Rate::per_second(u64::MAX),
+        // 1.67 µs would round to 2 µs: 17% slower than asked.
+        Rate::per_second(600_000),
+        Rate::per_second(300_000),
+        Rate::per_second(99_999),
     ] {
         let err = Limit::new(rate).unwrap_err();
         assert_eq!(err, ConfigError::RateTooFine { rate });
         says(&err, &["microsecond"]);
+    }
+    // Whole microseconds, or rounding within 1%, are kept.
+    for (rate, us) in [
+        (Rate::per_second(1_000_001), 1),
+        (Rate::per_second(500_000), 2),
+        (Rate::per_second(250_000), 4),
+        (Rate::per_second(100_000), 10),
+        (Rate::per_second(9_999), 101),
+        (Rate::per_second(7), 142_858),
+    ] {
+        let limit = Limit::new(rate).unwrap();
+        assert_eq!(
+            limit.emission_interval(),
+            Duration::from_micros(us),
+            "{rate}"
+        );
     }
 }
 
@@ -99,6 +119,17 @@ fn period_too_long() {
         assert_eq!(err, ConfigError::PeriodTooLong { period });
         says(&err, &["period", "too long"]);
     }
+    // What must be representable is the interval between events (and the
+    // burst's window), not the period: a million per century, one at a time.
+    let century = Duration::from_secs(100 * 365 * 86_400);
+    let sparse = Limit::builder(Rate::new(1_000_000, century))
+        .burst(1)
+        .build()
+        .unwrap();
+    assert_eq!(
+        sparse.emission_interval(),
+        Duration::from_micros(3_153_600_000)
+    );
 }
 
 #[test]

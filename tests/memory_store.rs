@@ -74,3 +74,47 @@ async fn clones_share_state_and_policies_are_namespaced() {
     );
     assert!(other.check(&key, 1).await.unwrap().is_allowed());
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_sweep_keeps_live_state() {
+    let store = MemoryStore::new();
+    // One per hour, burst 2: a key that has spent its burst stays live
+    // (not yet refilled) for two hours.
+    let slow = Limit::builder(Rate::per_hour(1)).burst(2).build().unwrap();
+    let limiter = Limiter::new(Policy::single("slow", slow).unwrap(), store.clone());
+    let key = Key::new("busy");
+    assert!(limiter.check(&key, 1).await.unwrap().is_allowed());
+    assert!(limiter.check(&key, 1).await.unwrap().is_allowed());
+    assert!(!limiter.check(&key, 1).await.unwrap().is_allowed());
+
+    // An hour later the entry is half refilled: a sweep must keep it, or
+    // the key would get a fresh burst of 2.
+    tokio::time::advance(Duration::from_secs(3600)).await;
+    store.sweep();
+    assert_eq!(store.len(), 1, "live state was swept");
+    assert!(limiter.check(&key, 1).await.unwrap().is_allowed());
+    assert!(!limiter.check(&key, 1).await.unwrap().is_allowed());
+
+    // Two idle hours after that it has fully refilled, and goes.
+    tokio::time::advance(Duration::from_secs(2 * 3600)).await;
+    store.sweep();
+    assert_eq!(store.len(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn two_policies_on_one_key_are_two_entries() {
+    let store = MemoryStore::new();
+    let one = limiter(&store);
+    let two = Limiter::new(
+        Policy::single("second", Limit::new(Rate::per_second(1)).unwrap()).unwrap(),
+        store.clone(),
+    );
+    let key = Key::new("shared");
+    assert!(one.check(&key, 1).await.unwrap().is_allowed());
+    assert!(two.check(&key, 1).await.unwrap().is_allowed());
+    assert_eq!(store.len(), 2);
+    // Each keeps its own state: the second policy is spent, the first not.
+    assert!(!two.check(&key, 1).await.unwrap().is_allowed());
+    assert!(one.check(&key, 1).await.unwrap().is_allowed());
+    assert_eq!(store.len(), 2);
+}

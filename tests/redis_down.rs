@@ -2,19 +2,10 @@
 //! failure policy applies, and enforcement resumes when Redis is back.
 mod common;
 
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::RedisServer;
 use fleetgate::{Key, Limit, Limiter, Policy, Rate, RedisStore, StoreError};
-
-fn signal(pid: u32, sig: &str) {
-    let status = Command::new("kill")
-        .args([sig, &pid.to_string()])
-        .status()
-        .expect("kill runs");
-    assert!(status.success());
-}
 
 #[tokio::test]
 async fn hung_redis_times_out_then_recovers() {
@@ -31,7 +22,7 @@ async fn hung_redis_times_out_then_recovers() {
     assert!(limiter.check(&key, 1).await.unwrap().is_allowed());
 
     // SIGSTOP: the server accepts nothing and answers nothing.
-    signal(server.pid(), "-STOP");
+    server.pause();
     for _ in 0..3 {
         let started = Instant::now();
         let result = limiter.check(&key, 1).await;
@@ -43,7 +34,7 @@ async fn hung_redis_times_out_then_recovers() {
         // The timeout bounds the wait (generous margin for a loaded machine).
         assert!(took < timeout + Duration::from_secs(1), "waited {took:?}");
     }
-    signal(server.pid(), "-CONT");
+    server.resume();
 
     // Back: the limit is enforced again. Calls that timed out may still
     // have reached Redis and been charged (a timeout cannot take back what
@@ -92,4 +83,19 @@ async fn lazy_store_starts_without_redis_and_enforces_once_it_appears() {
         }
     }
     assert_eq!(outcomes, [true, false]);
+}
+
+#[test]
+fn lazy_store_outside_a_runtime_is_an_error_not_a_panic() {
+    let err = RedisStore::builder()
+        .connect_lazy("redis://127.0.0.1:1")
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            StoreError::Config(fleetgate::ConfigError::NoRuntime { .. })
+        ),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("tokio runtime"), "{err}");
 }

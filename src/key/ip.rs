@@ -479,6 +479,33 @@ mod tests {
     }
 
     #[test]
+    fn an_unreadable_hop_ends_the_walk() {
+        let fwd = ForwardedIp::new(["10.0.0.0/8"]).unwrap();
+        // The address beyond the junk cannot be vouched for by anyone.
+        let h = headers(&[("x-forwarded-for", "1.1.1.1, garbage, 10.0.0.3")]);
+        assert_eq!(fwd.client(ip("10.0.0.1"), &h), ip("10.0.0.3"));
+        let rfc = fwd.use_forwarded_header();
+        let h = headers(&[("forwarded", "for=1.1.1.1, for=unknown, for=10.0.0.3")]);
+        assert_eq!(rfc.client(ip("10.0.0.1"), &h), ip("10.0.0.3"));
+    }
+
+    #[test]
+    fn at_most_max_hops_are_read() {
+        let fwd = ForwardedIp::new(["10.0.0.0/8"]).unwrap();
+        let chain = |trusted: usize| {
+            let mut hops = vec!["203.0.113.5"];
+            hops.extend(std::iter::repeat_n("10.0.0.7", trusted));
+            headers(&[("x-forwarded-for", &hops.join(", "))])
+        };
+        // The client is the MAX_HOPS-th hop from the right: found.
+        let h = chain(MAX_HOPS - 1);
+        assert_eq!(fwd.client(ip("10.0.0.1"), &h), ip("203.0.113.5"));
+        // One proxy more and the walk stops at the last hop it read.
+        let h = chain(MAX_HOPS);
+        assert_eq!(fwd.client(ip("10.0.0.1"), &h), ip("10.0.0.7"));
+    }
+
+    #[test]
     fn prefixes_group_clients() {
         let req = |addr: &str| {
             let mut req = http::Request::new(());

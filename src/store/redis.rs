@@ -322,9 +322,16 @@ impl RedisStoreBuilder {
     /// start while Redis is down: until Redis answers, decisions fail and
     /// the layers follow their [`FailurePolicy`](crate::FailurePolicy); the
     /// connection is made, and remade after failures, in the background.
-    /// Must be called within a tokio runtime.
+    /// Must be called within a tokio runtime (otherwise
+    /// [`ConfigError::NoRuntime`]).
     pub fn connect_lazy(self, url: &str) -> Result<RedisStore, StoreError> {
         self.check()?;
+        if tokio::runtime::Handle::try_current().is_err() {
+            return Err(ConfigError::NoRuntime {
+                what: "RedisStoreBuilder::connect_lazy",
+            }
+            .into());
+        }
         let client = redis::Client::open(url)?;
         let conn = ConnectionManager::new_lazy_with_config(client, self.manager_config())?;
         self.with_connection(conn)

@@ -8,6 +8,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
 /// A running `redis-server` owned by the test.
 pub struct RedisServer {
     child: Child,
@@ -104,6 +107,25 @@ impl RedisServer {
     /// The server's process id (for SIGSTOP/SIGKILL in fault tests).
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// SIGSTOP: the server keeps its connections but answers nothing, as a
+    /// hung Redis would.
+    pub fn pause(&self) {
+        self.signal(Signal::SIGSTOP);
+    }
+
+    /// SIGCONT: a paused server answers again.
+    pub fn resume(&self) {
+        self.signal(Signal::SIGCONT);
+    }
+
+    fn signal(&self, sig: Signal) {
+        let pid = i32::try_from(self.child.id()).expect("pid fits pid_t");
+        // The child is not reaped before `kill`/drop, so the pid is ours.
+        if let Err(err) = kill(Pid::from_raw(pid), sig) {
+            panic!("kill({pid}, {sig}): {err}");
+        }
     }
 
     /// A plain client, for inspecting the server from tests.
