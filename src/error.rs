@@ -85,6 +85,24 @@ pub enum ConfigError {
     /// A timeout of zero.
     #[error("timeout must be longer than zero")]
     ZeroTimeout,
+    /// A route or default refers to a policy that is not defined.
+    #[error("no policy named {name:?} is defined")]
+    UnknownPolicy {
+        /// The missing name.
+        name: String,
+    },
+    /// An HTTP method that does not parse.
+    #[error("invalid HTTP method {method:?}")]
+    InvalidMethod {
+        /// The offending text.
+        method: String,
+    },
+    /// A route path that does not start with `/`.
+    #[error("invalid route {path:?}: a route starts with `/`")]
+    InvalidRoute {
+        /// The offending path.
+        path: String,
+    },
     /// Something that starts background tasks was built outside a tokio
     /// runtime.
     #[error("{what} must be called within a tokio runtime")]

@@ -93,6 +93,7 @@ mod limit;
 mod limiter;
 pub mod rate_limit;
 pub mod response;
+pub mod spec;
 pub mod store;
 
 pub use crate::decision::Decision;

@@ -1,0 +1,823 @@
+//! Limits written as text or data, for configuration files and environment
+//! variables.
+//!
+//! A policy is one line: limits joined by `+`, each `COUNT/PERIOD`, with an
+//! optional `burst N` and `as NAME`, and optionally the algorithm at the
+//! end:
+//!
+//! | text | means |
+//! |---|---|
+//! | `100/s` | 100 per second, burst 100 |
+//! | `100/s burst 500` | 100 per second, up to 500 at once |
+//! | `25/5s + 300/min` | both, decided together |
+//! | `25/5s as short + 300/min as long` | the same, with names for headers and errors |
+//! | `5000/h gcra` | the algorithm, named explicitly |
+//!
+//! Periods: a number (default 1) and a unit: `ms`, `s` (`sec`, `second`),
+//! `min` (`m`, `minute`), `h` (`hr`, `hour`), `d` (`day`); plurals are fine.
+//! Numbers may use `_` between digits (`5_000/h`).
+//!
+//! ```
+//! use fleetgate::spec::PolicySpec;
+//!
+//! let spec: PolicySpec = "25/5s + 300/min".parse()?;
+//! let policy = spec.build("upstream")?;
+//! assert_eq!(policy.limits().len(), 2);
+//! // Written back, it reads the same.
+//! assert_eq!(spec.to_string(), "25/5s + 300/min");
+//!
+//! // Mistakes name the offending text.
+//! let err = "25/5x".parse::<PolicySpec>().unwrap_err();
+//! assert_eq!(err.fragment(), "x");
+//! assert!(err.to_string().contains("unknown time unit"));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! With the `serde` feature (on by default) a [`PolicySpec`] reads from a
+//! string as above or from a table such as
+//! `{ limits = [{ rate = "25/5s", burst = 30, name = "short" }, "300/min"] }`,
+//! and [`PolicyFile`] reads a whole file of named policies.
+
+use std::fmt;
+use std::ops::Range;
+use std::str::FromStr;
+use std::time::Duration;
+
+use crate::error::ConfigError;
+use crate::limit::{Limit, Policy, Rate};
+
+/// Text that does not describe a limit or policy: what is wrong, and where.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ParseError {
+    text: String,
+    span: Range<usize>,
+    problem: String,
+}
+
+impl ParseError {
+    fn new(text: &str, span: Range<usize>, problem: impl Into<String>) -> Self {
+        let end = span.end.min(text.len());
+        let start = span.start.min(end);
+        ParseError {
+            text: text.to_owned(),
+            span: start..end,
+            problem: problem.into(),
+        }
+    }
+
+    /// The whole text that was parsed.
+    pub fn text(&self) -> &str {
+        &self.text
+    }
+
+    /// Where in [`text`](Self::text) the problem is, in bytes.
+    pub fn span(&self) -> Range<usize> {
+        self.span.clone()
+    }
+
+    /// The offending part of the text (empty when something is missing at
+    /// the end).
+    pub fn fragment(&self) -> &str {
+        self.text.get(self.span.clone()).unwrap_or("")
+    }
+
+    /// What is wrong, without the position.
+    pub fn problem(&self) -> &str {
+        &self.problem
+    }
+}
+
+impl fmt::Display for ParseError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.span.is_empty() {
+            write!(
+                f,
+                "{} at the end of {:?} (byte {})",
+                self.problem, self.text, self.span.start
+            )
+        } else {
+            write!(
+                f,
+                "{}: {:?} at bytes {}..{} of {:?}",
+                self.problem,
+                self.fragment(),
+                self.span.start,
+                self.span.end,
+                self.text
+            )
+        }
+    }
+}
+
+impl std::error::Error for ParseError {}
+
+/// The algorithms a policy text may name.
+const ALGORITHMS: &[&str] = &["gcra"];
+
+/// One limit as written: a rate, an optional burst and an optional name.
+/// [`build`](Self::build) checks it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LimitSpec {
+    /// The long-run rate.
+    pub rate: Rate,
+    /// How many may pass at once (default: the rate's count).
+    pub burst: Option<u64>,
+    /// The limit's name in headers and errors (default: the rate, as
+    /// `25/5s`).
+    pub name: Option<String>,
+}
+
+impl LimitSpec {
+    /// Checks the limit and builds it.
+    pub fn build(&self) -> Result<Limit, ConfigError> {
+        let mut builder = Limit::builder(self.rate);
+        if let Some(burst) = self.burst {
+            builder = builder.burst(burst);
+        }
+        if let Some(name) = &self.name {
+            builder = builder.name(name.clone());
+        }
+        builder.build()
+    }
+}
+
+impl From<&Limit> for LimitSpec {
+    fn from(limit: &Limit) -> Self {
+        let rate = limit.rate();
+        LimitSpec {
+            rate,
+            burst: (limit.burst() != rate.count()).then_some(limit.burst()),
+            name: (limit.name() != rate.to_string()).then(|| limit.name().to_owned()),
+        }
+    }
+}
+
+impl fmt::Display for LimitSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.rate)?;
+        if let Some(burst) = self.burst {
+            write!(f, " burst {burst}")?;
+        }
+        if let Some(name) = &self.name {
+            write!(f, " as {name}")?;
+        }
+        Ok(())
+    }
+}
+
+impl FromStr for LimitSpec {
+    type Err = ParseError;
+
+    fn from_str(text: &str) -> Result<Self, ParseError> {
+        let mut parser = Parser::new(text);
+        parser.skip_space();
+        let limit = parser.limit()?;
+        parser.skip_space();
+        parser.end()?;
+        Ok(limit.0)
+    }
+}
+
+impl FromStr for Rate {
+    type Err = ParseError;
+
+    /// Parses `100/s`, `25/5s`, `5000/h`.
+    fn from_str(text: &str) -> Result<Self, ParseError> {
+        let mut parser = Parser::new(text);
+        parser.skip_space();
+        let rate = parser.rate()?;
+        parser.skip_space();
+        parser.end()?;
+        Ok(rate)
+    }
+}
+
+/// A policy as written, without its name: one or more limits and the
+/// algorithm. Parse it from text ([`FromStr`]), or deserialize it with the
+/// `serde` feature; [`build`](Self::build) checks it and names it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PolicySpec {
+    /// The limits, decided together.
+    pub limits: Vec<LimitSpec>,
+    /// The algorithm's name, when one was given (`gcra`).
+    pub algorithm: Option<String>,
+}
+
+impl PolicySpec {
+    /// Checks every limit and builds the policy under `name`.
+    pub fn build(&self, name: impl Into<String>) -> Result<Policy, ConfigError> {
+        let mut builder = Policy::builder(name);
+        for limit in &self.limits {
+            builder = builder.limit(limit.build()?);
+        }
+        builder.build()
+    }
+}
+
+impl From<&Policy> for PolicySpec {
+    fn from(policy: &Policy) -> Self {
+        PolicySpec {
+            limits: policy.limits().iter().map(LimitSpec::from).collect(),
+            algorithm: None,
+        }
+    }
+}
+
+impl fmt::Display for PolicySpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, limit) in self.limits.iter().enumerate() {
+            if i > 0 {
+                f.write_str(" + ")?;
+            }
+            write!(f, "{limit}")?;
+        }
+        if let Some(algorithm) = &self.algorithm {
+            write!(f, " {algorithm}")?;
+        }
+        Ok(())
+    }
+}
+
+impl FromStr for PolicySpec {
+    type Err = ParseError;
+
+    fn from_str(text: &str) -> Result<Self, ParseError> {
+        let mut parser = Parser::new(text);
+        parser.skip_space();
+        if parser.at_end() {
+            return Err(parser.error_here("expected a limit such as 100/s"));
+        }
+        let mut limits = Vec::new();
+        let mut algorithm = None;
+        loop {
+            let (limit, span) = parser.limit()?;
+            // Building checks zero rates, bursts and names where they were
+            // written, so the error can point at them.
+            if let Err(err) = limit.build() {
+                return Err(ParseError::new(text, span, err.to_string()));
+            }
+            limits.push(limit);
+            parser.skip_space();
+            if parser.eat(b'+') {
+                parser.skip_space();
+                continue;
+            }
+            if parser.at_end() {
+                break;
+            }
+            let problem = format!(
+                "expected `+`, `burst`, `as` or an algorithm ({})",
+                ALGORITHMS.join(", ")
+            );
+            let (word, span) = parser.word();
+            if word.is_empty() {
+                return Err(parser.error_here(&problem));
+            }
+            let word = word.to_ascii_lowercase();
+            if ALGORITHMS.contains(&word.as_str()) {
+                algorithm = Some(word);
+                parser.skip_space();
+                parser.end()?;
+                break;
+            }
+            return Err(ParseError::new(text, span, problem));
+        }
+        Ok(PolicySpec { limits, algorithm })
+    }
+}
+
+/// A cursor over the text, with positions for errors.
+struct Parser<'a> {
+    text: &'a str,
+    pos: usize,
+}
+
+impl<'a> Parser<'a> {
+    fn new(text: &'a str) -> Self {
+        Parser { text, pos: 0 }
+    }
+
+    fn rest(&self) -> &'a str {
+        self.text.get(self.pos..).unwrap_or("")
+    }
+
+    fn at_end(&self) -> bool {
+        self.rest().is_empty()
+    }
+
+    fn peek(&self) -> Option<u8> {
+        self.rest().bytes().next()
+    }
+
+    fn skip_space(&mut self) {
+        let rest = self.rest();
+        self.pos += rest.len() - rest.trim_start().len();
+    }
+
+    fn eat(&mut self, byte: u8) -> bool {
+        if self.peek() == Some(byte) {
+            self.pos += 1;
+            true
+        } else {
+            false
+        }
+    }
+
+    fn end(&self) -> Result<(), ParseError> {
+        if self.at_end() {
+            Ok(())
+        } else {
+            let len = self.rest().split_whitespace().next().map_or(1, str::len);
+            Err(ParseError::new(
+                self.text,
+                self.pos..self.pos + len,
+                "unexpected text",
+            ))
+        }
+    }
+
+    fn error_here(&self, problem: &str) -> ParseError {
+        // Point at the next word, or at the end if nothing is left.
+        let len = self
+            .rest()
+            .split(|c: char| c.is_whitespace() || c == '+')
+            .next()
+            .map_or(0, str::len);
+        let len = if len == 0 {
+            self.rest().chars().next().map_or(0, char::len_utf8)
+        } else {
+            len
+        };
+        ParseError::new(self.text, self.pos..self.pos + len, problem)
+    }
+
+    /// Digits, with `_` allowed between them.
+    fn number(&mut self, what: &str) -> Result<u64, ParseError> {
+        let start = self.pos;
+        let rest = self.rest();
+        let len = rest
+            .bytes()
+            .take_while(|b| b.is_ascii_digit() || *b == b'_')
+            .count();
+        let digits = &rest[..len];
+        if len == 0 || !digits.starts_with(|c: char| c.is_ascii_digit()) {
+            return Err(self.error_here(&format!("expected {what}")));
+        }
+        self.pos += len;
+        let clean: String = digits.chars().filter(|c| *c != '_').collect();
+        clean
+            .parse::<u64>()
+            .map_err(|_| ParseError::new(self.text, start..self.pos, "number too large"))
+    }
+
+    /// A run of letters, `-` and `_` (possibly empty).
+    fn word(&mut self) -> (&'a str, Range<usize>) {
+        let start = self.pos;
+        let rest = self.rest();
+        let len: usize = rest
+            .chars()
+            .take_while(|c| c.is_ascii_alphabetic() || matches!(c, '-' | '_' | 'µ'))
+            .map(char::len_utf8)
+            .sum();
+        self.pos += len;
+        (&rest[..len], start..self.pos)
+    }
+
+    fn rate(&mut self) -> Result<Rate, ParseError> {
+        let count = self.number("a count such as the 100 of 100/s")?;
+        self.skip_space();
+        if !self.eat(b'/') {
+            return Err(self.error_here("expected `/` and a period after the count, as in 100/s"));
+        }
+        self.skip_space();
+        let period_start = self.pos;
+        let multiple = if self.peek().is_some_and(|b| b.is_ascii_digit()) {
+            let n = self.number("a number")?;
+            if n == 0 {
+                return Err(ParseError::new(
+                    self.text,
+                    period_start..self.pos,
+                    "period must be longer than zero",
+                ));
+            }
+            n
+        } else {
+            1
+        };
+        let (unit, span) = self.word();
+        let Some(unit) = unit_of(unit) else {
+            let problem = "unknown time unit; use ms, s, min, h or d";
+            return Err(if span.is_empty() {
+                self.error_here(problem)
+            } else {
+                ParseError::new(self.text, span, problem)
+            });
+        };
+        let period = u32::try_from(multiple)
+            .ok()
+            .and_then(|n| unit.checked_mul(n))
+            .ok_or_else(|| ParseError::new(self.text, period_start..self.pos, "period too long"))?;
+        Ok(Rate::new(count, period))
+    }
+
+    fn limit(&mut self) -> Result<(LimitSpec, Range<usize>), ParseError> {
+        let start = self.pos;
+        let rate = self.rate()?;
+        let mut spec = LimitSpec {
+            rate,
+            burst: None,
+            name: None,
+        };
+        loop {
+            let before = self.pos;
+            self.skip_space();
+            let (word, span) = self.word();
+            match word.to_ascii_lowercase().as_str() {
+                "burst" if spec.burst.is_none() => {
+                    self.skip_space();
+                    spec.burst = Some(self.number("a number after `burst`")?);
+                }
+                "as" if spec.name.is_none() => {
+                    self.skip_space();
+                    let rest = self.rest();
+                    let len = rest
+                        .find(|c: char| c.is_whitespace() || c == '+')
+                        .unwrap_or(rest.len());
+                    if len == 0 {
+                        return Err(self.error_here("expected a name after `as`"));
+                    }
+                    spec.name = Some(rest[..len].to_owned());
+                    self.pos += len;
+                }
+                "burst" | "as" => {
+                    return Err(ParseError::new(
+                        self.text,
+                        span,
+                        format!("`{word}` given twice"),
+                    ));
+                }
+                _ => {
+                    // Not ours: leave it, and the space before it, to the
+                    // caller.
+                    self.pos = before;
+                    break;
+                }
+            }
+        }
+        Ok((spec, start..self.pos))
+    }
+}
+
+fn unit_of(word: &str) -> Option<Duration> {
+    let unit = match word.to_ascii_lowercase().as_str() {
+        "ms" | "msec" | "millisecond" | "milliseconds" => Duration::from_millis(1),
+        "us" | "µs" | "microsecond" | "microseconds" => Duration::from_micros(1),
+        "s" | "sec" | "secs" | "second" | "seconds" => Duration::from_secs(1),
+        "m" | "min" | "mins" | "minute" | "minutes" => Duration::from_secs(60),
+        "h" | "hr" | "hrs" | "hour" | "hours" => Duration::from_secs(3600),
+        "d" | "day" | "days" => Duration::from_secs(86_400),
+        _ => return None,
+    };
+    Some(unit)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(text: &str) -> ParseError {
+        text.parse::<PolicySpec>().unwrap_err()
+    }
+
+    #[test]
+    fn policies_parse() {
+        let spec: PolicySpec = "100/s burst 500".parse().unwrap();
+        assert_eq!(spec.limits.len(), 1);
+        assert_eq!(spec.limits[0].rate, Rate::per_second(100));
+        assert_eq!(spec.limits[0].burst, Some(500));
+
+        let spec: PolicySpec = "25/5s+300/min".parse().unwrap();
+        assert_eq!(
+            spec.limits.iter().map(|l| l.rate).collect::<Vec<_>>(),
+            [Rate::new(25, Duration::from_secs(5)), Rate::per_minute(300)]
+        );
+
+        let spec: PolicySpec = "  5_000 / hour  GCRA ".parse().unwrap();
+        assert_eq!(spec.limits[0].rate, Rate::per_hour(5000));
+        assert_eq!(spec.algorithm.as_deref(), Some("gcra"));
+
+        let spec: PolicySpec = "25/5s as short + 300/60s burst 10 as long".parse().unwrap();
+        assert_eq!(spec.limits[0].name.as_deref(), Some("short"));
+        assert_eq!(spec.limits[1].name.as_deref(), Some("long"));
+        assert_eq!(spec.limits[1].burst, Some(10));
+        assert_eq!(spec.limits[1].rate, Rate::per_minute(300));
+
+        let spec: PolicySpec = "1/250ms".parse().unwrap();
+        assert_eq!(
+            spec.limits[0].rate,
+            Rate::new(1, Duration::from_millis(250))
+        );
+    }
+
+    #[test]
+    fn text_round_trips() {
+        for text in [
+            "100/s",
+            "100/s burst 500",
+            "25/5s + 300/min",
+            "25/5s burst 30 as short + 300/min as long",
+            "5000/h gcra",
+            "1/250ms + 7/d",
+        ] {
+            let spec: PolicySpec = text.parse().unwrap();
+            assert_eq!(spec.to_string(), text);
+            assert_eq!(spec.to_string().parse::<PolicySpec>().unwrap(), spec);
+        }
+        // From a built policy and back.
+        let policy = "25/5s burst 30 + 300/min as long"
+            .parse::<PolicySpec>()
+            .unwrap()
+            .build("p")
+            .unwrap();
+        let spec = PolicySpec::from(&policy);
+        assert_eq!(spec.to_string(), "25/5s burst 30 + 300/min as long");
+        assert_eq!(spec.build("p").unwrap(), policy);
+    }
+
+    #[test]
+    fn errors_point_at_the_offending_text() {
+        let cases: &[(&str, &str, &str)] = &[
+            ("", "", "expected a limit"),
+            ("   ", "", "expected a limit"),
+            ("25/5x", "x", "unknown time unit"),
+            ("25/5", "", "unknown time unit"),
+            ("x/s", "x/s", "expected a count"),
+            ("25 per s", "per", "expected `/`"),
+            ("100/s burst", "", "a number after `burst`"),
+            ("100/s burst ten", "ten", "a number after `burst`"),
+            ("100/s burst 5 burst 6", "burst", "given twice"),
+            ("100/s + ", "", "expected a count"),
+            ("100/s sliding-fast", "sliding-fast", "expected `+`"),
+            ("100/s gcra extra", "extra", "unexpected text"),
+            ("0/s", "0/s", "at least one event"),
+            ("10/s burst 0", "10/s burst 0", "burst must be at least 1"),
+            ("10/s as no{braces}", "10/s as no{braces}", "invalid name"),
+            (
+                "99999999999999999999/s",
+                "99999999999999999999",
+                "number too large",
+            ),
+            ("1/0s", "0", "longer than zero"),
+            ("1/99999999999d", "99999999999d", "too long"),
+            ("100/s as", "", "a name after `as`"),
+            ("100/s\u{1F600}", "\u{1F600}", "expected `+`"),
+        ];
+        for (text, fragment, problem) in cases {
+            let e = err(text);
+            assert_eq!(e.fragment(), *fragment, "{text:?}: {e}");
+            assert!(e.problem().contains(problem), "{text:?}: {e}");
+            assert!(e.to_string().contains(problem), "{e}");
+            assert_eq!(e.text(), *text);
+        }
+    }
+
+    #[test]
+    fn rates_and_limits_parse_alone() {
+        assert_eq!("300/min".parse::<Rate>().unwrap(), Rate::per_minute(300));
+        assert!("300/min extra".parse::<Rate>().is_err());
+        let limit: LimitSpec = "10/s burst 20".parse().unwrap();
+        assert_eq!(limit.build().unwrap().burst(), 20);
+        assert!("10/s + 1/s".parse::<LimitSpec>().is_err());
+    }
+}
+
+/// A file of named policies and the routes they apply to, as read with the
+/// `serde` feature from TOML, YAML or JSON:
+///
+/// ```toml
+/// default = "general"
+///
+/// [policies]
+/// general = "100/s burst 200"
+/// upstream = "25/5s + 300/min"
+/// login = { limits = [{ rate = "5/min", name = "login" }] }
+///
+/// [[routes]]
+/// path = "/api/login"
+/// method = "POST"
+/// policy = "login"
+/// ```
+///
+/// [`policies`](Self::policies) checks every policy and names it after its
+/// key; routes refer to those names.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Deserialize, serde::Serialize))]
+#[cfg_attr(feature = "serde", serde(deny_unknown_fields))]
+pub struct PolicyFile {
+    /// The policies, by name.
+    pub policies: std::collections::BTreeMap<String, PolicySpec>,
+    /// Routes and the policy each one uses, first match wins.
+    #[cfg_attr(
+        feature = "serde",
+        serde(default, skip_serializing_if = "Vec::is_empty")
+    )]
+    pub routes: Vec<RouteSpec>,
+    /// The policy for requests no route matches; none means they are not
+    /// limited.
+    #[cfg_attr(
+        feature = "serde",
+        serde(default, skip_serializing_if = "Option::is_none")
+    )]
+    pub default: Option<String>,
+}
+
+/// One route of a [`PolicyFile`]: requests whose matched path (and method,
+/// when given) is this use the named policy.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Deserialize, serde::Serialize))]
+#[cfg_attr(feature = "serde", serde(deny_unknown_fields))]
+pub struct RouteSpec {
+    /// The route as the router declares it, such as `/users/{id}`.
+    pub path: String,
+    /// The method, such as `POST`; none matches every method.
+    #[cfg_attr(
+        feature = "serde",
+        serde(default, skip_serializing_if = "Option::is_none")
+    )]
+    pub method: Option<String>,
+    /// The name of a policy of the file.
+    pub policy: String,
+}
+
+impl PolicyFile {
+    /// Checks every policy, route and the default, and builds the policies,
+    /// each named after its key.
+    pub fn policies(&self) -> Result<std::collections::BTreeMap<String, Policy>, ConfigError> {
+        let mut built = std::collections::BTreeMap::new();
+        for (name, spec) in &self.policies {
+            built.insert(name.clone(), spec.build(name.clone())?);
+        }
+        let known = |name: &str| {
+            if built.contains_key(name) {
+                Ok(())
+            } else {
+                Err(ConfigError::UnknownPolicy {
+                    name: name.to_owned(),
+                })
+            }
+        };
+        for route in &self.routes {
+            known(&route.policy)?;
+            if let Some(method) = &route.method {
+                http::Method::from_bytes(method.as_bytes()).map_err(|_| {
+                    ConfigError::InvalidMethod {
+                        method: method.clone(),
+                    }
+                })?;
+            }
+            if !route.path.starts_with('/') {
+                return Err(ConfigError::InvalidRoute {
+                    path: route.path.clone(),
+                });
+            }
+        }
+        if let Some(default) = &self.default {
+            known(default)?;
+        }
+        Ok(built)
+    }
+}
+
+#[cfg(feature = "serde")]
+mod serde_impls {
+    use std::fmt;
+
+    use serde::de::{self, MapAccess, Visitor};
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    use super::{ALGORITHMS, LimitSpec, PolicySpec};
+    use crate::limit::Rate;
+
+    impl Serialize for Rate {
+        fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+            serializer.collect_str(self)
+        }
+    }
+
+    impl<'de> Deserialize<'de> for Rate {
+        fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+            let text = String::deserialize(deserializer)?;
+            text.parse().map_err(de::Error::custom)
+        }
+    }
+
+    impl Serialize for LimitSpec {
+        fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+            serializer.collect_str(self)
+        }
+    }
+
+    impl Serialize for PolicySpec {
+        fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+            serializer.collect_str(self)
+        }
+    }
+
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct LimitTable {
+        rate: Rate,
+        #[serde(default)]
+        burst: Option<u64>,
+        #[serde(default)]
+        name: Option<String>,
+    }
+
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct PolicyTable {
+        limits: Vec<LimitSpec>,
+        #[serde(default)]
+        algorithm: Option<String>,
+    }
+
+    /// Text parsed with `FromStr`, or a table read as `Table`.
+    struct TextOrTable<T, Table>(std::marker::PhantomData<(T, Table)>);
+
+    impl<'de, T, Table> Visitor<'de> for TextOrTable<T, Table>
+    where
+        T: std::str::FromStr<Err = super::ParseError> + TryFrom<Table, Error = String>,
+        Table: Deserialize<'de>,
+    {
+        type Value = T;
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a string such as \"25/5s + 300/min\" or a table")
+        }
+
+        fn visit_str<E: de::Error>(self, text: &str) -> Result<T, E> {
+            text.parse().map_err(E::custom)
+        }
+
+        fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<T, A::Error> {
+            let table = Table::deserialize(de::value::MapAccessDeserializer::new(map))?;
+            T::try_from(table).map_err(de::Error::custom)
+        }
+    }
+
+    impl TryFrom<LimitTable> for LimitSpec {
+        type Error = String;
+
+        fn try_from(t: LimitTable) -> Result<Self, String> {
+            let spec = LimitSpec {
+                rate: t.rate,
+                burst: t.burst,
+                name: t.name,
+            };
+            spec.build().map_err(|e| format!("limit {spec}: {e}"))?;
+            Ok(spec)
+        }
+    }
+
+    impl TryFrom<PolicyTable> for PolicySpec {
+        type Error = String;
+
+        fn try_from(t: PolicyTable) -> Result<Self, String> {
+            if t.limits.is_empty() {
+                return Err("a policy needs at least one limit".into());
+            }
+            let algorithm = match t.algorithm {
+                Some(a) if ALGORITHMS.contains(&a.to_ascii_lowercase().as_str()) => {
+                    Some(a.to_ascii_lowercase())
+                }
+                Some(a) => {
+                    return Err(format!(
+                        "unknown algorithm {a:?}; expected one of {}",
+                        ALGORITHMS.join(", ")
+                    ));
+                }
+                None => None,
+            };
+            Ok(PolicySpec {
+                limits: t.limits,
+                algorithm,
+            })
+        }
+    }
+
+    impl<'de> Deserialize<'de> for LimitSpec {
+        fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+            deserializer.deserialize_any(TextOrTable::<LimitSpec, LimitTable>(
+                std::marker::PhantomData,
+            ))
+        }
+    }
+
+    impl<'de> Deserialize<'de> for PolicySpec {
+        fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+            deserializer.deserialize_any(TextOrTable::<PolicySpec, PolicyTable>(
+                std::marker::PhantomData,
+            ))
+        }
+    }
+}

@@ -1,0 +1,141 @@
+//! Policies written as data: TOML and JSON files, round trips, and errors
+//! that name the problem.
+use std::time::Duration;
+
+use fleetgate::spec::{PolicyFile, PolicySpec};
+use fleetgate::{ConfigError, Rate};
+
+const FILE: &str = r#"
+default = "general"
+
+[policies]
+general = "100/s burst 200"
+upstream = "25/5s + 300/min"
+login = { limits = [{ rate = "5/min", name = "login" }] }
+mixed = { limits = ["10/s", { rate = "100/min", burst = 20 }], algorithm = "gcra" }
+
+[[routes]]
+path = "/api/login"
+method = "POST"
+policy = "login"
+
+[[routes]]
+path = "/api/upstream/{id}"
+policy = "upstream"
+"#;
+
+#[test]
+fn a_toml_file_builds_named_policies() {
+    let file: PolicyFile = toml::from_str(FILE).unwrap();
+    let policies = file.policies().unwrap();
+    assert_eq!(policies.len(), 4);
+    let upstream = &policies["upstream"];
+    assert_eq!(upstream.name(), "upstream");
+    assert_eq!(
+        upstream
+            .limits()
+            .iter()
+            .map(|l| l.rate())
+            .collect::<Vec<_>>(),
+        [Rate::new(25, Duration::from_secs(5)), Rate::per_minute(300)]
+    );
+    assert_eq!(policies["general"].limits()[0].burst(), 200);
+    assert_eq!(policies["login"].limits()[0].name(), "login");
+    let mixed = &policies["mixed"];
+    assert_eq!(mixed.limits()[1].burst(), 20);
+    assert_eq!(file.routes[0].method.as_deref(), Some("POST"));
+    assert_eq!(file.routes[1].method, None);
+    assert_eq!(file.default.as_deref(), Some("general"));
+}
+
+#[test]
+fn files_round_trip_through_toml_and_json() {
+    let file: PolicyFile = toml::from_str(FILE).unwrap();
+    let again: PolicyFile = toml::from_str(&toml::to_string(&file).unwrap()).unwrap();
+    assert_eq!(again, file);
+    let json = serde_json::to_string(&file).unwrap();
+    let from_json: PolicyFile = serde_json::from_str(&json).unwrap();
+    assert_eq!(from_json, file);
+    // Tables come back as their short text.
+    assert!(json.contains(r#""login":"5/min as login""#), "{json}");
+    assert_eq!(from_json.policies().unwrap(), file.policies().unwrap());
+}
+
+#[test]
+fn bad_text_in_a_file_names_the_problem() {
+    let cases: &[(&str, &[&str])] = &[
+        (
+            "[policies]\na = \"25/5x\"",
+            &["unknown time unit", "\"x\"", "25/5x"],
+        ),
+        ("[policies]\na = \"0/s\"", &["at least one event", "0/s"]),
+        ("[policies]\na = { limits = [] }", &["at least one limit"]),
+        (
+            "[policies]\na = { limits = [\"1/s\"], algorithm = \"magic\" }",
+            &["unknown algorithm", "magic"],
+        ),
+        (
+            "[policies]\na = { limits = [{ rate = \"1/s\", burst = 0 }] }",
+            &["burst must be at least 1"],
+        ),
+        (
+            "[policies]\na = { limits = [{ rate = \"1/s\", brust = 5 }] }",
+            &["unknown field", "brust"],
+        ),
+        ("[policies]\na = 5", &["a string such as"]),
+        ("polices = {}", &["unknown field", "polices"]),
+    ];
+    for (text, words) in cases {
+        let err = toml::from_str::<PolicyFile>(text).unwrap_err().to_string();
+        for word in *words {
+            assert!(err.contains(word), "{text:?}: {err} lacks {word:?}");
+        }
+    }
+}
+
+#[test]
+fn routes_must_name_defined_policies() {
+    let mut file: PolicyFile = toml::from_str(FILE).unwrap();
+    file.routes[0].policy = "nope".into();
+    assert_eq!(
+        file.policies().unwrap_err(),
+        ConfigError::UnknownPolicy {
+            name: "nope".into()
+        }
+    );
+    let mut file: PolicyFile = toml::from_str(FILE).unwrap();
+    file.default = Some("missing".into());
+    assert!(matches!(
+        file.policies(),
+        Err(ConfigError::UnknownPolicy { name }) if name == "missing"
+    ));
+    let mut file: PolicyFile = toml::from_str(FILE).unwrap();
+    file.routes[0].method = Some("GE T".into());
+    assert!(matches!(
+        file.policies(),
+        Err(ConfigError::InvalidMethod { .. })
+    ));
+    let mut file: PolicyFile = toml::from_str(FILE).unwrap();
+    file.routes[0].path = "api".into();
+    assert!(matches!(
+        file.policies(),
+        Err(ConfigError::InvalidRoute { .. })
+    ));
+    // A policy name that cannot be a key is refused when built.
+    let file: PolicyFile = toml::from_str("[policies]\n\"a b\" = \"1/s\"").unwrap();
+    assert!(matches!(
+        file.policies(),
+        Err(ConfigError::InvalidName { .. })
+    ));
+}
+
+#[test]
+fn json_strings_and_tables() {
+    let spec: PolicySpec = serde_json::from_str(r#""5000/h""#).unwrap();
+    assert_eq!(spec.limits[0].rate, Rate::per_hour(5000));
+    let spec: PolicySpec =
+        serde_json::from_str(r#"{"limits":[{"rate":"25/5s","name":"short"},"300/min"]}"#).unwrap();
+    assert_eq!(spec.to_string(), "25/5s as short + 300/min");
+    let err = serde_json::from_str::<PolicySpec>(r#""25/5s +""#).unwrap_err();
+    assert!(err.to_string().contains("expected a count"), "{err}");
+}
