@@ -103,6 +103,30 @@ pub enum ConfigError {
         /// The offending path.
         path: String,
     },
+    /// A tier set with a repeated name.
+    #[error("two tiers are named {name:?}")]
+    DuplicateTier {
+        /// The repeated name.
+        name: String,
+    },
+    /// A tier set with fewer than two or more than sixteen tiers.
+    #[error("{count} tiers: a tier set needs 2 to 16 (one never shed, at least one sheddable)")]
+    TierCount {
+        /// How many were given.
+        count: usize,
+    },
+    /// A tier name that is not in the set.
+    #[error("no tier named {name:?}")]
+    UnknownTier {
+        /// The missing name.
+        name: String,
+    },
+    /// Utilization thresholds outside `0 < good <= bad < 1`.
+    #[error("invalid utilization thresholds ({detail}): need 0 < good <= bad < 1")]
+    InvalidThresholds {
+        /// The values given.
+        detail: String,
+    },
     /// Something that starts background tasks was built outside a tokio
     /// runtime.
     #[error("{what} must be called within a tokio runtime")]

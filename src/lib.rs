@@ -91,8 +91,10 @@ pub(crate) mod gcra;
 pub mod key;
 mod limit;
 mod limiter;
+pub mod metrics;
 pub mod rate_limit;
 pub mod response;
+pub mod shed;
 pub mod spec;
 pub mod store;
 

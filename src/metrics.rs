@@ -1,0 +1,258 @@
+//! What the layers decide, as metrics through the [`metrics`] facade (with
+//! the `metrics` feature), so any exporter (Prometheus, StatsD, OTLP via
+//! `metrics-exporter-*`) sees them.
+//!
+//! | metric | kind | labels | meaning |
+//! |---|---|---|---|
+//! | `fleetgate_decisions_total` | counter | `layer`, `policy`, `outcome` | one per request a layer decided |
+//! | `fleetgate_near_limit_total` | counter | `layer`, `policy` | admitted with at most a tenth of the deciding limit left |
+//! | `fleetgate_store_duration_seconds` | histogram | `layer`, `policy`, `store` | time the store took to decide (I/O stores only) |
+//! | `fleetgate_store_errors_total` | counter | `layer`, `policy`, `store`, `error` | store calls that failed: `timeout`, `redis`, `reply` |
+//!
+//! `layer` is the kind of layer (`rate_limit`, `concurrency`, ...), `policy`
+//! the configured policy name and `outcome` one of [`Outcome`]'s names.
+//! Every label comes from configuration, never from a request: the number of
+//! series is bounded by the number of policies, whatever the traffic. Keys
+//! (IP addresses, API keys) are never labels.
+//!
+//! Handles are resolved on a layer's first decision, so install the
+//! recorder before the first request. Without the `metrics` feature nothing
+//! is recorded and nothing is paid.
+
+// The layers call into this module as they gain metrics.
+#![allow(dead_code)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::error::StoreError;
+
+/// What a layer did with one request; the `outcome` label.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Outcome {
+    /// Admitted by the limit.
+    Allowed,
+    /// Refused by the limit.
+    Denied,
+    /// Over the limit in shadow mode: admitted, only counted.
+    ShadowDenied,
+    /// Dropped by a load shedder.
+    Shed,
+    /// No key could be extracted, and the request was refused.
+    MissingKey,
+    /// The store failed and the request was admitted (fail open).
+    FailOpen,
+    /// The store failed and the request was refused (fail closed).
+    FailClosed,
+}
+
+impl Outcome {
+    const ALL: [Outcome; 7] = [
+        Outcome::Allowed,
+        Outcome::Denied,
+        Outcome::ShadowDenied,
+        Outcome::Shed,
+        Outcome::MissingKey,
+        Outcome::FailOpen,
+        Outcome::FailClosed,
+    ];
+
+    /// The label value: `allowed`, `denied`, `shadow_denied`, `shed`,
+    /// `missing_key`, `fail_open`, `fail_closed`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Allowed => "allowed",
+            Outcome::Denied => "denied",
+            Outcome::ShadowDenied => "shadow_denied",
+            Outcome::Shed => "shed",
+            Outcome::MissingKey => "missing_key",
+            Outcome::FailOpen => "fail_open",
+            Outcome::FailClosed => "fail_closed",
+        }
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// The `error` label of a store failure.
+pub(crate) fn error_label(err: &StoreError) -> &'static str {
+    match err {
+        StoreError::Timeout(_) => "timeout",
+        StoreError::Redis(_) => "redis",
+        StoreError::UnexpectedReply(_) => "reply",
+        StoreError::Config(_) => "config",
+    }
+}
+
+/// One layer's metric handles: cheap to clone, resolved once.
+#[derive(Clone, Debug)]
+pub(crate) struct LayerMetrics {
+    #[cfg(feature = "metrics")]
+    inner: Arc<enabled::Inner>,
+    #[cfg(not(feature = "metrics"))]
+    _labels: std::marker::PhantomData<Arc<str>>,
+}
+
+impl LayerMetrics {
+    /// Handles for a layer of kind `layer` (`rate_limit`, ...) deciding
+    /// `policy` on a store of kind `store`.
+    #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+    pub(crate) fn new(layer: &'static str, policy: Arc<str>, store: &'static str) -> Self {
+        LayerMetrics {
+            #[cfg(feature = "metrics")]
+            inner: Arc::new(enabled::Inner::new(layer, policy, store)),
+            #[cfg(not(feature = "metrics"))]
+            _labels: std::marker::PhantomData,
+        }
+    }
+
+    /// Counts one decision. `near_limit` says whether an admitted request
+    /// left at most a tenth of the deciding limit.
+    #[inline]
+    #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+    pub(crate) fn decided(&self, outcome: Outcome, near_limit: bool) {
+        #[cfg(feature = "metrics")]
+        self.inner.decided(outcome, near_limit);
+    }
+
+    /// Records how long an I/O store took.
+    #[inline]
+    #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+    pub(crate) fn store_latency(&self, took: Duration) {
+        #[cfg(feature = "metrics")]
+        self.inner.store_latency(took);
+    }
+
+    /// Counts a failed store call.
+    #[inline]
+    #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+    pub(crate) fn store_error(&self, err: &StoreError) {
+        #[cfg(feature = "metrics")]
+        self.inner.store_error(err);
+    }
+}
+
+/// Whether an admitted call left at most a tenth of the burst.
+pub(crate) fn near_limit(remaining: u64, burst: u64) -> bool {
+    remaining.saturating_mul(10) <= burst
+}
+
+#[cfg(feature = "metrics")]
+mod enabled {
+    use std::sync::{Arc, OnceLock};
+    use std::time::Duration;
+
+    use ::metrics::{Counter, Histogram, counter, histogram};
+
+    use super::{Outcome, error_label};
+    use crate::error::StoreError;
+
+    #[derive(Debug)]
+    pub(super) struct Inner {
+        layer: &'static str,
+        policy: Arc<str>,
+        store: &'static str,
+        handles: OnceLock<Handles>,
+    }
+
+    #[derive(Debug)]
+    struct Handles {
+        outcomes: [Counter; Outcome::ALL.len()],
+        near_limit: Counter,
+        latency: Histogram,
+    }
+
+    impl Inner {
+        pub(super) fn new(layer: &'static str, policy: Arc<str>, store: &'static str) -> Self {
+            Inner {
+                layer,
+                policy,
+                store,
+                handles: OnceLock::new(),
+            }
+        }
+
+        fn handles(&self) -> &Handles {
+            self.handles.get_or_init(|| Handles {
+                outcomes: Outcome::ALL.map(|outcome| {
+                    counter!(
+                        "fleetgate_decisions_total",
+                        "layer" => self.layer,
+                        "policy" => self.policy.clone(),
+                        "outcome" => outcome.as_str(),
+                    )
+                }),
+                near_limit: counter!(
+                    "fleetgate_near_limit_total",
+                    "layer" => self.layer,
+                    "policy" => self.policy.clone(),
+                ),
+                latency: histogram!(
+                    "fleetgate_store_duration_seconds",
+                    "layer" => self.layer,
+                    "policy" => self.policy.clone(),
+                    "store" => self.store,
+                ),
+            })
+        }
+
+        pub(super) fn decided(&self, outcome: Outcome, near_limit: bool) {
+            let handles = self.handles();
+            handles.outcomes[outcome.index()].increment(1);
+            if near_limit && outcome == Outcome::Allowed {
+                handles.near_limit.increment(1);
+            }
+        }
+
+        pub(super) fn store_latency(&self, took: Duration) {
+            self.handles().latency.record(took.as_secs_f64());
+        }
+
+        pub(super) fn store_error(&self, err: &StoreError) {
+            // Rare: resolved per failure rather than kept per error kind.
+            counter!(
+                "fleetgate_store_errors_total",
+                "layer" => self.layer,
+                "policy" => self.policy.clone(),
+                "store" => self.store,
+                "error" => error_label(err),
+            )
+            .increment(1);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn labels_are_fixed_words() {
+        let names: Vec<&str> = Outcome::ALL.iter().map(|o| o.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "allowed",
+                "denied",
+                "shadow_denied",
+                "shed",
+                "missing_key",
+                "fail_open",
+                "fail_closed"
+            ]
+        );
+        for (i, o) in Outcome::ALL.iter().enumerate() {
+            assert_eq!(o.index(), i);
+        }
+        assert_eq!(
+            error_label(&StoreError::Timeout(Duration::from_millis(1))),
+            "timeout"
+        );
+        assert!(near_limit(1, 10));
+        assert!(!near_limit(2, 10));
+        assert!(near_limit(0, 1));
+    }
+}

@@ -1,0 +1,309 @@
+//! The worker-utilization controller: how much to shed, from how busy this
+//! process has been, moving slowly on purpose.
+//!
+//! Utilization `u` (0 = idle, 1 = every worker busy) pushes a shed amount
+//! `a` up or down:
+//!
+//! - `u < good` (0.7): `a` falls at a speed proportional to `1 − u/good`;
+//! - `good ≤ u < bad` (0.7–0.8): a dead zone, `a` stays;
+//! - `u ≥ bad` (0.8): `a` rises at a speed proportional to
+//!   `(u − bad)/(1 − bad)`.
+//!
+//! At full speed `a` moves by 1 per `ramp` (120 s). It rests at
+//! `−delay/ramp` rather than 0, so that nothing is shed until utilization
+//! has been bad for `delay` (28 s at full speed), and it recovers as slowly
+//! as it rose. Time between observations counts for at most `delay`, so a
+//! long silence cannot jump the amount.
+//!
+//! The positive part of `a` sweeps the tiers that may be shed, least
+//! important first: with `k` of them, the one at position `i` from the
+//! bottom is dropped with probability `clamp(a·k − i, 0, 1)`. The most
+//! important tier is never dropped.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::error::ConfigError;
+use crate::shed::tier::{Tier, Tiers};
+
+/// The numbers of the worker-utilization shedder; the defaults are those of
+/// the design (0.7, 0.8, 28 s, 120 s).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct UtilizationConfig {
+    good_below: f64,
+    bad_above: f64,
+    delay: Duration,
+    ramp: Duration,
+}
+
+impl Default for UtilizationConfig {
+    fn default() -> Self {
+        UtilizationConfig {
+            good_below: 0.7,
+            bad_above: 0.8,
+            delay: Duration::from_secs(28),
+            ramp: Duration::from_secs(120),
+        }
+    }
+}
+
+impl UtilizationConfig {
+    /// The dead zone: below `good` shedding relaxes, from `bad` on it rises.
+    /// Needs `0 < good ≤ bad < 1`.
+    pub fn thresholds(mut self, good: f64, bad: f64) -> Result<Self, ConfigError> {
+        if !(good > 0.0 && good <= bad && bad < 1.0) {
+            return Err(ConfigError::InvalidThresholds {
+                detail: format!("good {good}, bad {bad}"),
+            });
+        }
+        self.good_below = good;
+        self.bad_above = bad;
+        Ok(self)
+    }
+
+    /// How long utilization must be fully bad before anything is shed
+    /// (default 28 s).
+    pub fn delay(mut self, delay: Duration) -> Self {
+        self.delay = delay;
+        self
+    }
+
+    /// How long, at full speed, from shedding nothing to shedding everything
+    /// that may be shed, and back (default 120 s). Must be longer than zero.
+    pub fn ramp(mut self, ramp: Duration) -> Result<Self, ConfigError> {
+        if ramp.is_zero() {
+            return Err(ConfigError::ZeroTimeout);
+        }
+        self.ramp = ramp;
+        Ok(self)
+    }
+
+    fn resting(&self) -> f64 {
+        -(self.delay.as_secs_f64() / self.ramp.as_secs_f64())
+    }
+
+    /// The push on the amount, from −1 (idle) to 1 (saturated).
+    fn push(&self, utilization: f64) -> f64 {
+        let u = if utilization.is_nan() {
+            0.0
+        } else {
+            utilization.clamp(0.0, 1.0)
+        };
+        if u < self.good_below {
+            u / self.good_below - 1.0
+        } else if u < self.bad_above {
+            0.0
+        } else {
+            (u - self.bad_above) / (1.0 - self.bad_above)
+        }
+    }
+}
+
+/// The controller's state: the shed amount and when it last moved.
+#[derive(Clone, Debug)]
+pub(crate) struct Controller {
+    config: UtilizationConfig,
+    amount: f64,
+    last_us: Option<u64>,
+}
+
+impl Controller {
+    pub(crate) fn new(config: UtilizationConfig) -> Self {
+        Controller {
+            amount: config.resting(),
+            config,
+            last_us: None,
+        }
+    }
+
+    /// Moves the amount for the time since the last observation, at the
+    /// speed `utilization` asks for.
+    pub(crate) fn observe(&mut self, now_us: u64, utilization: f64) {
+        let elapsed = match self.last_us {
+            Some(last) => Duration::from_micros(now_us.saturating_sub(last)).min(self.config.delay),
+            None => Duration::ZERO,
+        };
+        self.last_us = Some(now_us);
+        let speed = self.config.push(utilization) / self.config.ramp.as_secs_f64();
+        self.amount =
+            (self.amount + speed * elapsed.as_secs_f64()).clamp(self.config.resting(), 1.0);
+    }
+
+    /// The shed amount, from the resting value (below 0) to 1.
+    pub(crate) fn amount(&self) -> f64 {
+        self.amount
+    }
+}
+
+/// The probability of dropping a request of `tier` at shed amount `amount`.
+pub(crate) fn drop_probability(amount: f64, tier: Tier, tiers: &Tiers) -> f64 {
+    let sheddable = tiers.len().saturating_sub(1);
+    if tier.rank() == 0 || sheddable == 0 || amount <= 0.0 {
+        return 0.0;
+    }
+    // Position from the bottom: the least important tier is 0.
+    let from_bottom = tiers.len().saturating_sub(1 + tier.rank()) as f64;
+    (amount * sheddable as f64 - from_bottom).clamp(0.0, 1.0)
+}
+
+/// A source of uniform numbers in `[0, 1)` for the shedders' coin flips;
+/// injectable so tests are deterministic.
+pub trait Random: Send + Sync + 'static {
+    /// The next number, in `[0, 1)`.
+    fn next_f64(&self) -> f64;
+}
+
+impl<F: Fn() -> f64 + Send + Sync + 'static> Random for F {
+    fn next_f64(&self) -> f64 {
+        self()
+    }
+}
+
+/// A small, fast generator (xorshift) seeded per thread: plenty for coin
+/// flips, not for secrets.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ThreadRandom;
+
+impl Random for ThreadRandom {
+    fn next_f64(&self) -> f64 {
+        use std::cell::Cell;
+        use std::hash::{BuildHasher, RandomState};
+        thread_local! {
+            static STATE: Cell<u64> = Cell::new(RandomState::new().hash_one(0u64) | 1);
+        }
+        STATE.with(|s| {
+            let mut x = s.get();
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            s.set(x);
+            // 53 random bits into [0, 1).
+            (x >> 11) as f64 / (1u64 << 53) as f64
+        })
+    }
+}
+
+/// A shared [`Random`].
+pub(crate) type SharedRandom = Arc<dyn Random>;
+
+impl fmt::Debug for dyn Random {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Random")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: u64 = 1_000_000;
+
+    /// Feeds one observation a second from `from` to `to` (seconds) at
+    /// utilization `u`.
+    fn run(c: &mut Controller, from: u64, to: u64, u: f64) {
+        for t in from..=to {
+            c.observe(t * S, u);
+        }
+    }
+
+    fn probabilities(c: &Controller, tiers: &Tiers) -> Vec<f64> {
+        tiers
+            .iter()
+            .map(|t| drop_probability(c.amount(), t, tiers))
+            .collect()
+    }
+
+    fn close(a: f64, b: f64) -> bool {
+        (a - b).abs() < 1e-9
+    }
+
+    #[test]
+    fn saturation_ramps_after_the_delay_lowest_tier_first() {
+        let tiers = Tiers::default(); // critical, high, normal, low
+        let mut c = Controller::new(UtilizationConfig::default());
+        run(&mut c, 0, 28, 1.0);
+        // 28 s of full saturation: only now at the edge of shedding.
+        assert!(close(c.amount(), 0.0), "{}", c.amount());
+        assert_eq!(probabilities(&c, &tiers), [0.0; 4]);
+        run(&mut c, 29, 48, 1.0);
+        // 20 s in: a = 1/6, low is dropped half the time, nothing else.
+        let p = probabilities(&c, &tiers);
+        assert!(
+            close(p[3], 0.5) && p[2] == 0.0 && p[1] == 0.0 && p[0] == 0.0,
+            "{p:?}"
+        );
+        run(&mut c, 49, 88, 1.0);
+        // 60 s in: low gone, normal half.
+        let p = probabilities(&c, &tiers);
+        assert!(close(p[3], 1.0) && close(p[2], 0.5) && p[1] == 0.0, "{p:?}");
+        run(&mut c, 89, 300, 1.0);
+        // Everything sheddable is shed; critical never.
+        assert_eq!(probabilities(&c, &tiers), [0.0, 1.0, 1.0, 1.0]);
+    }
+
+    #[test]
+    fn the_dead_zone_holds_and_recovery_is_as_slow() {
+        let tiers = Tiers::default();
+        let mut c = Controller::new(UtilizationConfig::default());
+        run(&mut c, 0, 28 + 120, 1.0);
+        assert!(close(c.amount(), 1.0));
+        // 0.75 is in the dead zone: nothing moves.
+        run(&mut c, 149, 400, 0.75);
+        assert!(close(c.amount(), 1.0));
+        // Idle: a falls at 1/120 per second, so 60 s later it is 0.5.
+        run(&mut c, 401, 460, 0.0);
+        assert!(close(c.amount(), 0.5), "{}", c.amount());
+        let p = probabilities(&c, &tiers);
+        assert!(close(p[3], 1.0) && close(p[2], 0.5) && p[1] == 0.0, "{p:?}");
+        // And it rests below zero again, so the next overload waits again.
+        run(&mut c, 461, 1000, 0.0);
+        assert!(close(c.amount(), -28.0 / 120.0));
+    }
+
+    #[test]
+    fn partial_overload_moves_proportionally_and_gaps_are_capped() {
+        let mut c = Controller::new(UtilizationConfig::default());
+        // u = 0.9 pushes at half speed: the delay doubles to 56 s.
+        run(&mut c, 0, 55, 0.9);
+        assert!(c.amount() < 0.0);
+        run(&mut c, 56, 57, 0.9);
+        assert!(c.amount() > 0.0);
+        // A silence of an hour counts as 28 s at most.
+        let mut c = Controller::new(UtilizationConfig::default());
+        c.observe(0, 1.0);
+        c.observe(3600 * S, 1.0);
+        assert!(close(c.amount(), 0.0));
+        // Odd gauges are clamped, NaN counts as idle.
+        let mut c = Controller::new(UtilizationConfig::default());
+        c.observe(0, f64::NAN);
+        c.observe(10 * S, f64::INFINITY);
+        assert!(close(c.amount(), -28.0 / 120.0 + 10.0 / 120.0));
+        c.observe(20 * S, f64::NAN);
+        assert!(close(c.amount(), -28.0 / 120.0));
+    }
+
+    #[test]
+    fn config_is_checked() {
+        let c = UtilizationConfig::default();
+        assert!(c.thresholds(0.9, 0.8).is_err());
+        assert!(c.thresholds(0.0, 0.8).is_err());
+        assert!(c.thresholds(0.5, 1.0).is_err());
+        assert!(c.thresholds(f64::NAN, 0.8).is_err());
+        assert!(c.thresholds(0.6, 0.6).is_ok());
+        assert!(c.ramp(Duration::ZERO).is_err());
+    }
+
+    #[test]
+    fn thread_random_is_in_range() {
+        let r = ThreadRandom;
+        let mut sum = 0.0;
+        for _ in 0..10_000 {
+            let x = r.next_f64();
+            assert!((0.0..1.0).contains(&x));
+            sum += x;
+        }
+        let mean = sum / 10_000.0;
+        assert!((0.45..0.55).contains(&mean), "{mean}");
+    }
+}
