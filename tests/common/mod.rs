@@ -4,3 +4,4 @@
 pub mod redis_server;
 
 pub use redis_server::RedisServer;
+pub mod stats;
