@@ -128,24 +128,6 @@ impl RedisServer {
         }
     }
 
-    /// SIGKILL, then a fresh server on the same port, as after a crash and
-    /// a restart by a supervisor: connections are cut and the script cache
-    /// and all keys are gone.
-    pub fn crash_and_restart(mut self) -> RedisServer {
-        let port = self.port;
-        self.kill();
-        let mut last_error = String::new();
-        // The port is free again at once (the server binds with
-        // SO_REUSEADDR); retry in case the kernel is slow to release it.
-        for _ in 0..5 {
-            match RedisServer::start_on(port) {
-                Ok(server) => return server,
-                Err(err) => last_error = err,
-            }
-        }
-        panic!("could not restart redis-server on port {port}: {last_error}");
-    }
-
     /// A plain client, for inspecting the server from tests.
     pub fn client(&self) -> redis::Client {
         redis::Client::open(self.url()).expect("valid url")
