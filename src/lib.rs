@@ -95,6 +95,9 @@ pub mod rate_limit;
 pub mod response;
 pub mod store;
 
+#[cfg(test)]
+mod proptests;
+
 pub use crate::decision::Decision;
 pub use crate::error::{ConfigError, RateLimitError, StoreError};
 pub use crate::key::Key;

@@ -234,16 +234,17 @@ impl Shard {
         if now >= self.earliest {
             self.retain(|e| e.until > now);
         }
-        let mut evicted = 0;
-        if self.entries > capacity - capacity / 4 {
-            let mut untils: Vec<u64> = self.map.values().flatten().map(|e| e.until).collect();
-            let quarter = (capacity / 4).max(1).min(untils.len());
-            let (_, &mut cut, _) = untils.select_nth_unstable(quarter - 1);
-            let before = self.entries;
-            self.retain(|e| e.until > cut);
-            evicted = (before - self.entries) as u64;
+        // Keep at most three quarters, and always leave room for one.
+        let keep = capacity - (capacity / 4).max(1);
+        if self.entries <= keep {
+            return 0;
         }
-        evicted
+        let mut untils: Vec<u64> = self.map.values().flatten().map(|e| e.until).collect();
+        let excess = self.entries - keep;
+        let (_, &mut cut, _) = untils.select_nth_unstable(excess - 1);
+        let before = self.entries;
+        self.retain(|e| e.until > cut);
+        (before - self.entries) as u64
     }
 
     fn retain(&mut self, keep: impl Fn(&Entry) -> bool) {

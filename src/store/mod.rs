@@ -23,6 +23,11 @@ pub use self::redis::{RedisStore, RedisStoreBuilder, TimeSource};
 pub use self::deny_cache::DenyCacheStats;
 pub use self::redis::DEFAULT_DENY_CACHE;
 
+#[cfg(test)]
+pub(crate) use self::deny_cache::DenyCache;
+#[cfg(test)]
+pub(crate) use self::redis::{decode_gcra, hash_tag};
+
 use crate::decision::Decision;
 use crate::error::StoreError;
 use crate::key::Key;

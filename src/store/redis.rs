@@ -228,7 +228,7 @@ pub(crate) fn hash_tag(identity: &str) -> std::borrow::Cow<'_, str> {
     }
 }
 
-fn decode_gcra(reply: &Value, limits: usize) -> Result<Decision, StoreError> {
+pub(crate) fn decode_gcra(reply: &Value, limits: usize) -> Result<Decision, StoreError> {
     let unexpected = || StoreError::UnexpectedReply(format!("{reply:?}"));
     let Value::Array(items) = reply else {
         return Err(unexpected());
