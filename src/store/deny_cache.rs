@@ -38,6 +38,31 @@ use crate::limit::Policy;
 /// Shards of the cache; each holds `capacity / SHARDS` entries (at least 1).
 const SHARDS: usize = 16;
 
+/// The process' real monotonic clock, for caches of stores that read
+/// Redis' `TIME`: Redis' clock runs in real time even when a test pauses
+/// tokio's.
+#[derive(Debug)]
+pub(crate) struct RealClock {
+    start: std::time::Instant,
+}
+
+impl RealClock {
+    pub(crate) fn new() -> Self {
+        RealClock {
+            start: std::time::Instant::now(),
+        }
+    }
+}
+
+impl Clock for RealClock {
+    fn now_micros(&self) -> u64 {
+        // Counted from one second, so that zero never means "now".
+        u64::try_from(self.start.elapsed().as_micros())
+            .unwrap_or(u64::MAX)
+            .saturating_add(1_000_000)
+    }
+}
+
 /// Counters of a [`RedisStore`](super::RedisStore)'s deny cache, read with
 /// [`RedisStore::deny_cache_stats`](super::RedisStore::deny_cache_stats).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

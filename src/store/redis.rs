@@ -6,9 +6,9 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{ErrorKind, ServerErrorKind, Value};
 
 use super::connection::Conn;
-use super::deny_cache::{DenyCache, DenyCacheStats};
+use super::deny_cache::{DenyCache, DenyCacheStats, RealClock};
 use super::{GcraCall, Store, StoreFuture};
-use crate::clock::{Clock, MonotonicClock, SystemClock};
+use crate::clock::{Clock, SystemClock};
 use crate::decision::Decision;
 use crate::error::{ConfigError, StoreError};
 use crate::key::Key;
@@ -388,7 +388,7 @@ impl RedisStoreBuilder {
         let deny = (self.deny_cache > 0).then(|| {
             let clock: Arc<dyn Clock> = match &self.time {
                 TimeSource::Client(clock) => clock.clone(),
-                TimeSource::Server => Arc::new(MonotonicClock::new()),
+                TimeSource::Server => Arc::new(RealClock::new()),
             };
             DenyCache::new(self.deny_cache, clock)
         });
