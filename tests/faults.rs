@@ -29,8 +29,9 @@ use http::{Request, StatusCode};
 use tokio::sync::mpsc;
 use tower::ServiceExt;
 
-/// The store's timeout.
-const TIMEOUT: Duration = Duration::from_millis(100);
+/// The store's timeout: short, yet long enough that a healthy Redis on a
+/// loaded 2-core machine always answers within it.
+const TIMEOUT: Duration = Duration::from_millis(150);
 /// What a loaded 2-core machine may add to it: scheduling, the router,
 /// the test's own tasks.
 const MARGIN: Duration = Duration::from_millis(400);
@@ -283,9 +284,9 @@ fn check_policies_followed(records: &[Record], from: Instant, to: Instant) {
     let unchecked = count(Route::Open, Outcome::PassedUnchecked);
     let refused = count(Route::Closed, Outcome::Unavailable);
     // A hung Redis makes each request wait the full timeout, so each task
-    // sends at most one per TIMEOUT: 3 tasks × 1.4 s / 100 ms ≈ 42.
-    assert!(unchecked >= 20, "fail open let only {unchecked} through");
-    assert!(refused >= 20, "fail closed refused only {refused}");
+    // sends at most one per TIMEOUT: 3 tasks × 1.35 s / 150 ms ≈ 27.
+    assert!(unchecked >= 10, "fail open let only {unchecked} through");
+    assert!(refused >= 10, "fail closed refused only {refused}");
     let admitted = count(Route::Open, Outcome::Admitted) + count(Route::Closed, Outcome::Admitted);
     assert_eq!(admitted, 0, "admitted by a store that cannot answer");
     // Only the hot client's denials can come from the deny cache.

@@ -65,7 +65,10 @@ impl TimeSource {
 /// a restart or `SCRIPT FLUSH`) the call is retried once with the full
 /// script, which also reloads it. Every call is bounded by the store's
 /// timeout (default 50 ms); what the layers do on timeout is their
-/// [`FailurePolicy`](crate::FailurePolicy).
+/// [`FailurePolicy`](crate::FailurePolicy). Denials are remembered, so a
+/// client over its limit is refused locally until its retry time passes
+/// ([`RedisStoreBuilder::deny_cache`]). With the `cluster` feature the same
+/// store runs on a Redis Cluster (`RedisStoreBuilder::connect_cluster`).
 ///
 /// ```no_run
 /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
