@@ -436,7 +436,8 @@ impl RedisStoreBuilder {
     /// period. The answers are those Redis would give, except after a wipe
     /// of the key's state in Redis (restart without persistence, `DEL`):
     /// then the cache keeps denying for at most the retry time it already
-    /// announced. Entries are about 100 bytes; when full, expired entries
+    /// announced. An entry takes about 150 bytes plus the identity; when
+    /// full, expired entries
     /// go first, then those closest to expiry.
     pub fn deny_cache(mut self, capacity: usize) -> Self {
         self.deny_cache = capacity;
