@@ -437,8 +437,7 @@ impl RedisStoreBuilder {
     /// of the key's state in Redis (restart without persistence, `DEL`):
     /// then the cache keeps denying for at most the retry time it already
     /// announced. An entry takes about 150 bytes plus the identity; when
-    /// full, expired entries
-    /// go first, then those closest to expiry.
+    /// full, expired entries go first, then those closest to expiry.
     pub fn deny_cache(mut self, capacity: usize) -> Self {
         self.deny_cache = capacity;
         self
