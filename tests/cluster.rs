@@ -285,3 +285,63 @@ async fn cluster_survives_resharding_and_script_flush() {
         assert_eq!(allowed, 30, "identity {i}");
     }
 }
+
+/// One master hangs (SIGSTOP, shorter than the cluster's node timeout, so
+/// no failover): identities on the other masters are decided as usual,
+/// those on the hung one fail within the store's timeout, and all are
+/// decided again once it resumes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_node_hang_is_bounded_and_local_to_its_slots() {
+    let cluster = RedisCluster::start();
+    let timeout = Duration::from_millis(200);
+    let store = RedisStore::builder()
+        .prefix("cl")
+        .timeout(timeout)
+        .connect_cluster(cluster.urls())
+        .await
+        .expect("connect to the cluster");
+    let policy = Policy::single("hang", limit(Rate::per_second(1000), 1000, "a")).unwrap();
+    let limiter = Limiter::new(policy, store);
+    let keys: Vec<Key> = (0..30).map(|i| Key::new(format!("site:{i}"))).collect();
+    for key in &keys {
+        assert!(limiter.check(key, 1).await.unwrap().is_allowed());
+    }
+
+    cluster.nodes()[0].pause();
+    let (mut decided, mut failed) = (0, 0);
+    for key in &keys {
+        let started = std::time::Instant::now();
+        let result = limiter.check(key, 1).await;
+        let took = started.elapsed();
+        assert!(
+            took < timeout + Duration::from_millis(400),
+            "waited {took:?} on a hung node"
+        );
+        match result {
+            Ok(d) => {
+                assert!(d.is_allowed());
+                decided += 1;
+            }
+            Err(_) => failed += 1,
+        }
+    }
+    cluster.nodes()[0].resume();
+    // A third of the slots hang, the rest answer.
+    assert!(
+        decided >= 5 && failed >= 5,
+        "{decided} decided, {failed} failed"
+    );
+
+    let deadline = std::time::Instant::now() + Duration::from_secs(3);
+    'keys: for key in &keys {
+        loop {
+            if limiter.check(key, 1).await.is_ok() {
+                continue 'keys;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "not decided 3 s after the node resumed"
+            );
+        }
+    }
+}
