@@ -455,6 +455,17 @@ impl RedisStoreBuilder {
     /// A script missing on a node (`NOSCRIPT` after a restart or failover)
     /// is resent to that node. The store's timeout bounds each decision,
     /// redirections included.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// use fleetgate::RedisStore;
+    ///
+    /// let store = RedisStore::builder()
+    ///     .prefix("myapp")
+    ///     .connect_cluster(["redis://10.0.0.1:6379", "redis://10.0.0.2:6379"])
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
     pub async fn connect_cluster<I, T>(self, nodes: I) -> Result<RedisStore, StoreError>
     where
         I: IntoIterator<Item = T>,
