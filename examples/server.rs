@@ -10,6 +10,11 @@
 //! - `REDIS_URL`: when set, limits live in that Redis, so every instance
 //!   pointed at it shares the same counts.
 //! - `RUST_LOG`: log filter (default `info`; `fleetgate=debug` shows denials).
+//! - `FLEETGATE_FAILURE_POLICY`: what `/api/ping` does when Redis is down or
+//!   slow (every call times out after 50 ms): `open` (default) answers
+//!   `pong` unlimited, `closed` answers 503 with `Retry-After: 1`. The demo
+//!   starts even while Redis is down and reconnects by itself when it is
+//!   back; failures are logged at `warn`, at most once a second.
 //!
 //! Routes:
 //! - `GET /` lists the routes and their limits.
@@ -25,7 +30,9 @@ use std::sync::Arc;
 use axum::Router;
 use axum::routing::get;
 use fleetgate::key::{HeaderKey, PeerIp};
-use fleetgate::{Limit, Limiter, MemoryStore, Policy, Rate, RateLimitLayer, RedisStore, Store};
+use fleetgate::{
+    FailurePolicy, Limit, Limiter, MemoryStore, Policy, Rate, RateLimitLayer, RedisStore, Store,
+};
 use tracing_subscriber::EnvFilter;
 
 const ROUTES: &str = "\
@@ -49,14 +56,30 @@ async fn main() -> Result<(), BoxError> {
         .parse()
         .map_err(|err| format!("FLEETGATE_ADDR: {err}"))?;
 
+    let failure = match std::env::var("FLEETGATE_FAILURE_POLICY").as_deref() {
+        Err(_) | Ok("" | "open") => FailurePolicy::Open,
+        Ok("closed") => FailurePolicy::Closed,
+        Ok(other) => {
+            return Err(format!("FLEETGATE_FAILURE_POLICY: {other:?}; use open or closed").into());
+        }
+    };
+
     let (store, store_name): (Arc<dyn Store>, String) = match std::env::var("REDIS_URL") {
         Ok(url) if !url.is_empty() => {
+            // Lazy: the demo serves even while Redis is down, and connects
+            // (and reconnects) in the background.
             let store = RedisStore::builder()
                 .prefix("fleetgate-demo")
-                .connect(&url)
-                .await
-                .map_err(|err| format!("cannot reach Redis at {url}: {err}"))?;
-            (Arc::new(store), format!("redis {url}"))
+                .connect_lazy(&url)
+                .map_err(|err| format!("REDIS_URL {url}: {err}"))?;
+            let policy = match failure {
+                FailurePolicy::Closed => "closed",
+                _ => "open",
+            };
+            (
+                Arc::new(store),
+                format!("redis {url}, fails {policy} when Redis is down"),
+            )
         }
         _ => (Arc::new(MemoryStore::new()), "memory".to_owned()),
     };
@@ -69,7 +92,8 @@ async fn main() -> Result<(), BoxError> {
         .route("/api/ping", get(|| async { "pong\n" }))
         .route_layer(
             RateLimitLayer::new(Limiter::new(ping, store))
-                .key(HeaderKey::new("x-api-key").or(PeerIp)),
+                .key(HeaderKey::new("x-api-key").or(PeerIp))
+                .on_store_error(failure),
         )
         .route("/", get(|| async { ROUTES }))
         .route("/healthz", get(|| async { "ok\n" }));

@@ -47,17 +47,27 @@ case "$got" in
 esac
 
 redis_bin="${REDIS_SERVER:-redis-server}"
-for _ in 1 2 3 4 5; do
-  port=$((20000 + RANDOM % 40000))
-  "$redis_bin" --port "$port" --bind 127.0.0.1 --save "" --appendonly no --dir "$tmp" \
-    --logfile "$tmp/redis.log" &
+# Starts redis-server on $1 and waits until it accepts connections; sets
+# rpid. Fails if it does not come up.
+start_redis() {
+  local log="$tmp/redis-$1-$RANDOM.log"
+  "$redis_bin" --port "$1" --bind 127.0.0.1 --save "" --appendonly no --dir "$tmp" \
+    --logfile "$log" &
   rpid=$!
   for _ in $(seq 50); do
-    grep -q "Ready to accept connections" "$tmp/redis.log" 2>/dev/null && break
+    grep -q "Ready to accept connections" "$log" 2>/dev/null && break
     kill -0 "$rpid" 2>/dev/null || break
     sleep 0.1
   done
-  if kill -0 "$rpid" 2>/dev/null; then pids+=("$rpid"); break; fi
+  if kill -0 "$rpid" 2>/dev/null && grep -q "Ready to accept connections" "$log"; then
+    pids+=("$rpid")
+    return 0
+  fi
+  return 1
+}
+for _ in 1 2 3 4 5; do
+  port=$((20000 + RANDOM % 40000))
+  if start_redis "$port"; then break; fi
 done
 a=$(start_demo env REDIS_URL="redis://127.0.0.1:$port")
 b=$(start_demo env REDIS_URL="redis://127.0.0.1:$port")
@@ -70,5 +80,45 @@ echo "two instances, one redis: $got"
 case "$got" in
   "200 200 200 200 200 429 ") ;;
   *) echo "FAIL: two instances did not share one limit" >&2; exit 1 ;;
+esac
+
+# Redis killed: the demo keeps answering within its 50 ms timeout, failing
+# open by default (pong, no rate-limit headers) and 503 when told to fail
+# closed. A demo started while Redis is down starts all the same.
+{ kill -9 "$rpid" && wait "$rpid"; } 2>/dev/null || true
+closed=$(start_demo env REDIS_URL="redis://127.0.0.1:$port" FLEETGATE_FAILURE_POLICY=closed)
+timed() { # url, key: prints "<status> <seconds>"
+  curl -s -o /dev/null --max-time 5 -w '%{http_code} %{time_total}' -H "x-api-key: $2" "$1/api/ping"
+}
+slow_check() { # "<status> <seconds>", expected status
+  local status=${1% *} secs=${1#* }
+  if [ "$status" != "$2" ]; then echo "FAIL: got $status, expected $2" >&2; exit 1; fi
+  # 50 ms timeout plus a generous margin for a loaded machine.
+  if awk -v s="$secs" 'BEGIN { exit !(s > 0.5) }'; then
+    echo "FAIL: a request took ${secs}s with Redis down" >&2; exit 1
+  fi
+}
+open_codes="" closed_codes=""
+for i in 1 2 3 4 5 6 7 8; do
+  r=$(timed "$a" "down-$i"); slow_check "$r" 200; open_codes+="${r% *} "
+  r=$(timed "$closed" "down-$i"); slow_check "$r" 503; closed_codes+="${r% *} "
+done
+echo "redis killed: fail open: $open_codes; fail closed: $closed_codes"
+
+# Redis back on the same port: 429s return by themselves, within a few
+# seconds, with nothing restarted but Redis.
+start_redis "$port" || { echo "FAIL: could not restart redis on $port" >&2; exit 1; }
+back=""
+for attempt in $(seq 30); do
+  got=$(codes "$a" 6 "back-$attempt")
+  if [ "$got" = "200 200 200 200 200 429 " ]; then back=$attempt; break; fi
+  sleep 0.1
+done
+if [ -z "$back" ]; then echo "FAIL: 429s did not return after Redis came back" >&2; exit 1; fi
+got=$(codes "$closed" 6 "closed-back")
+echo "redis back: fail-open demo enforcing again (attempt $back); fail-closed demo: $got"
+case "$got" in
+  "200 200 200 200 200 429 ") ;;
+  *) echo "FAIL: the fail-closed demo did not recover" >&2; exit 1 ;;
 esac
 echo "demo smoke test passed"

@@ -7,15 +7,18 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 redis_bin="${REDIS_SERVER:-redis-server}"
-if ! command -v "$redis_bin" >/dev/null 2>&1; then
-  echo "scripts/test.sh: redis-server not found; installing it" >&2
+# The cluster tests (cargo feature `cluster`) also need redis-cli, which
+# Debian ships in redis-tools, a dependency of redis-server.
+cli_bin="${REDIS_CLI:-redis-cli}"
+if ! command -v "$redis_bin" >/dev/null 2>&1 || ! command -v "$cli_bin" >/dev/null 2>&1; then
+  echo "scripts/test.sh: redis-server or redis-cli not found; installing them" >&2
   sudo=""
   if [ "$(id -u)" -ne 0 ]; then
     if command -v sudo >/dev/null 2>&1; then sudo="sudo"; fi
   fi
   if command -v apt-get >/dev/null 2>&1 \
     && $sudo apt-get update -qq \
-    && $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null; then
+    && $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server redis-tools >/dev/null; then
     echo "scripts/test.sh: installed $(redis-server --version | cut -d' ' -f1-3)" >&2
   else
     cat >&2 <<'MSG'
@@ -24,7 +27,8 @@ Install it yourself, then re-run this script:
   Debian/Ubuntu:  sudo apt-get install -y redis-server
   Fedora/RHEL:    sudo dnf install -y redis
   macOS:          brew install redis
-or point REDIS_SERVER at a redis-server binary (version 6.2 or newer).
+or point REDIS_SERVER at a redis-server binary (version 6.2 or newer) and
+REDIS_CLI at the redis-cli beside it.
 MSG
     exit 1
   fi

@@ -98,6 +98,9 @@ pub mod shed;
 pub mod spec;
 pub mod store;
 
+#[cfg(test)]
+mod proptests;
+
 pub use crate::decision::Decision;
 pub use crate::error::{ConfigError, RateLimitError, StoreError};
 pub use crate::key::Key;

@@ -617,6 +617,8 @@ async fn server_store(server: &RedisServer, prefix: &str) -> RedisStore {
     RedisStore::builder()
         .prefix(prefix)
         .timeout(Duration::from_secs(2))
+        // These tests count what reaches Redis: every decision must.
+        .deny_cache(0)
         .connect(&server.url())
         .await
         .expect("connect")

@@ -8,6 +8,9 @@
 mod memory;
 mod redis;
 
+mod connection;
+mod deny_cache;
+
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
@@ -16,6 +19,14 @@ use std::time::Duration;
 
 pub use self::memory::{MemoryStore, MemoryStoreBuilder};
 pub use self::redis::{RedisStore, RedisStoreBuilder, TimeSource};
+
+pub use self::deny_cache::DenyCacheStats;
+pub use self::redis::DEFAULT_DENY_CACHE;
+
+#[cfg(test)]
+pub(crate) use self::deny_cache::DenyCache;
+#[cfg(test)]
+pub(crate) use self::redis::{decode_gcra, hash_tag};
 
 use crate::decision::Decision;
 use crate::error::StoreError;

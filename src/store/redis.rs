@@ -5,6 +5,8 @@ use std::time::Duration;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{ErrorKind, ServerErrorKind, Value};
 
+use super::connection::Conn;
+use super::deny_cache::{DenyCache, DenyCacheStats, RealClock};
 use super::{GcraCall, Store, StoreFuture};
 use crate::clock::{Clock, SystemClock};
 use crate::decision::Decision;
@@ -63,7 +65,10 @@ impl TimeSource {
 /// a restart or `SCRIPT FLUSH`) the call is retried once with the full
 /// script, which also reloads it. Every call is bounded by the store's
 /// timeout (default 50 ms); what the layers do on timeout is their
-/// [`FailurePolicy`](crate::FailurePolicy).
+/// [`FailurePolicy`](crate::FailurePolicy). Denials are remembered, so a
+/// client over its limit is refused locally until its retry time passes
+/// ([`RedisStoreBuilder::deny_cache`]). With the `cluster` feature the same
+/// store runs on a Redis Cluster (`RedisStoreBuilder::connect_cluster`).
 ///
 /// ```no_run
 /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -83,11 +88,12 @@ pub struct RedisStore {
 }
 
 struct Inner {
-    conn: ConnectionManager,
+    conn: Conn,
     prefix: Box<str>,
     timeout: Duration,
     time: TimeSource,
     gcra: LuaScript,
+    deny: Option<DenyCache>,
 }
 
 impl RedisStore {
@@ -103,6 +109,7 @@ impl RedisStore {
             timeout: Duration::from_millis(50),
             connect_timeout: Duration::from_secs(1),
             time: TimeSource::Server,
+            deny_cache: DEFAULT_DENY_CACHE,
         }
     }
 
@@ -136,10 +143,19 @@ impl RedisStore {
     /// Builds the script's keys and arguments from the borrowed call, then
     /// leaves the round trip to the returned future.
     fn run_gcra(&self, call: GcraCall<'_>) -> StoreFuture<Decision> {
+        if let Some(cache) = &self.inner.deny {
+            if let Some(denied) = cache.lookup(call.policy, call.key, call.cost, call.max_wait) {
+                return StoreFuture::ready(Ok(denied));
+            }
+        }
         let limits = call.policy.limits();
-        let now = match &self.inner.time {
-            TimeSource::Server => String::new(),
-            TimeSource::Client(clock) => clock.now_micros().to_string(),
+        // With the caller's clock, the deny cache reads the same instant.
+        let (now, sent_at) = match &self.inner.time {
+            TimeSource::Server => (String::new(), self.inner.deny.as_ref().map(|c| c.now())),
+            TimeSource::Client(clock) => {
+                let now = clock.now_micros();
+                (now.to_string(), Some(now))
+            }
         };
         let mut args: Vec<String> = Vec::with_capacity(3 + 2 * limits.len());
         args.push(now);
@@ -154,9 +170,18 @@ impl RedisStore {
             .collect();
         let store = self.clone();
         let count = limits.len();
+        let remember = match (&self.inner.deny, sent_at) {
+            (Some(_), Some(sent_at)) => Some((call.policy.clone(), call.key.clone(), sent_at)),
+            _ => None,
+        };
+        let cost = call.cost;
         StoreFuture::pending(async move {
             let reply = store.eval(&store.inner.gcra, &keys, &args).await?;
-            decode_gcra(&reply, count)
+            let decision = decode_gcra(&reply, count)?;
+            if let (Some(cache), Some((policy, key, sent_at))) = (&store.inner.deny, remember) {
+                cache.record(&policy, &key, cost, sent_at, &decision);
+            }
+            Ok(decision)
         })
     }
 
@@ -206,7 +231,7 @@ pub(crate) fn hash_tag(identity: &str) -> std::borrow::Cow<'_, str> {
     }
 }
 
-fn decode_gcra(reply: &Value, limits: usize) -> Result<Decision, StoreError> {
+pub(crate) fn decode_gcra(reply: &Value, limits: usize) -> Result<Decision, StoreError> {
     let unexpected = || StoreError::UnexpectedReply(format!("{reply:?}"));
     let Value::Array(items) = reply else {
         return Err(unexpected());
@@ -247,6 +272,8 @@ impl fmt::Debug for RedisStore {
             .field("prefix", &self.inner.prefix)
             .field("timeout", &self.inner.timeout)
             .field("time", &self.inner.time)
+            .field("connection", &self.inner.conn.kind())
+            .field("deny_cache", &self.inner.deny.is_some())
             .finish()
     }
 }
@@ -269,6 +296,7 @@ pub struct RedisStoreBuilder {
     timeout: Duration,
     connect_timeout: Duration,
     time: TimeSource,
+    deny_cache: usize,
 }
 
 impl RedisStoreBuilder {
@@ -355,7 +383,18 @@ impl RedisStoreBuilder {
 
     /// Uses an existing connection manager (its own timeouts apply too).
     pub fn with_connection(self, conn: ConnectionManager) -> Result<RedisStore, StoreError> {
+        self.build(Conn::Single(conn))
+    }
+
+    fn build(self, conn: Conn) -> Result<RedisStore, StoreError> {
         self.check()?;
+        let deny = (self.deny_cache > 0).then(|| {
+            let clock: Arc<dyn Clock> = match &self.time {
+                TimeSource::Client(clock) => clock.clone(),
+                TimeSource::Server => Arc::new(RealClock::new()),
+            };
+            DenyCache::new(self.deny_cache, clock)
+        });
         Ok(RedisStore {
             inner: Arc::new(Inner {
                 conn,
@@ -363,8 +402,82 @@ impl RedisStoreBuilder {
                 timeout: self.timeout,
                 time: self.time,
                 gcra: LuaScript::new(GCRA_LUA),
+                deny,
             }),
         })
+    }
+}
+
+/// How many denials a [`RedisStore`] remembers by default; see
+/// [`RedisStoreBuilder::deny_cache`].
+pub const DEFAULT_DENY_CACHE: usize = 10_000;
+
+impl RedisStore {
+    /// The deny cache's counters (all zero when it is off): how many calls
+    /// it answered without Redis, and how full it is.
+    pub fn deny_cache_stats(&self) -> DenyCacheStats {
+        self.inner
+            .deny
+            .as_ref()
+            .map(DenyCache::stats)
+            .unwrap_or_default()
+    }
+}
+
+impl RedisStoreBuilder {
+    /// How many denials to remember locally (default
+    /// [`DEFAULT_DENY_CACHE`], 10,000; `0` turns the cache off).
+    ///
+    /// After Redis denies a call, the same call (same policy, identity and
+    /// cost) is denied by this instance without a round trip until its
+    /// retry time has passed, with the same headers Redis' answer would
+    /// give. A client hammering one key far past its limit then costs Redis
+    /// about the admitted rate plus one denied call per instance and retry
+    /// period. The answers are those Redis would give, except after a wipe
+    /// of the key's state in Redis (restart without persistence, `DEL`):
+    /// then the cache keeps denying for at most the retry time it already
+    /// announced. An entry takes about 150 bytes plus the identity; when
+    /// full, expired entries go first, then those closest to expiry.
+    pub fn deny_cache(mut self, capacity: usize) -> Self {
+        self.deny_cache = capacity;
+        self
+    }
+}
+
+#[cfg(feature = "cluster")]
+impl RedisStoreBuilder {
+    /// Connects to a Redis Cluster through any of its nodes
+    /// (`redis://host:port` each); needs the `cluster` feature.
+    ///
+    /// The keys of one identity share a hash tag, so each script runs on
+    /// the one master that owns that slot; the cluster client follows
+    /// `MOVED` and `ASK` redirections and refreshes its slot map by itself.
+    /// A script missing on a node (`NOSCRIPT` after a restart or failover)
+    /// is resent to that node. The store's timeout bounds each decision,
+    /// redirections included.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// use fleetgate::RedisStore;
+    ///
+    /// let store = RedisStore::builder()
+    ///     .prefix("myapp")
+    ///     .connect_cluster(["redis://10.0.0.1:6379", "redis://10.0.0.2:6379"])
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn connect_cluster<I, T>(self, nodes: I) -> Result<RedisStore, StoreError>
+    where
+        I: IntoIterator<Item = T>,
+        T: redis::IntoConnectionInfo,
+    {
+        self.check()?;
+        let client = redis::cluster::ClusterClient::builder(nodes)
+            .connection_timeout(self.connect_timeout)
+            .response_timeout(self.timeout)
+            .build()?;
+        let conn = client.get_async_connection().await?;
+        self.build(Conn::Cluster(conn))
     }
 }
 

@@ -4,3 +4,5 @@
 pub mod redis_server;
 
 pub use redis_server::RedisServer;
+pub mod redis_cluster;
+pub mod stats;

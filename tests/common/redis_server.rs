@@ -37,6 +37,12 @@ impl RedisServer {
 
     /// Starts a server on `port` (used to restart one on the same port).
     pub fn start_on(port: u16) -> Result<RedisServer, String> {
+        RedisServer::start_on_with(port, &[])
+    }
+
+    /// Starts a server on `port` with extra `redis-server` arguments (later
+    /// ones override the defaults), such as `--cluster-enabled yes`.
+    pub fn start_on_with(port: u16, extra: &[String]) -> Result<RedisServer, String> {
         let binary = std::env::var("REDIS_SERVER").unwrap_or_else(|_| "redis-server".into());
         let dir = std::env::temp_dir();
         let mut child = Command::new(&binary)
@@ -45,6 +51,7 @@ impl RedisServer {
             .args(["--save", "", "--appendonly", "no"])
             .args(["--dir", &dir.to_string_lossy()])
             .args(["--logfile", ""])
+            .args(extra)
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()

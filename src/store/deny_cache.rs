@@ -1,0 +1,411 @@
+//! The local deny cache of [`RedisStore`](super::RedisStore): once Redis has
+//! denied a call, the same call is denied here, without a round trip, until
+//! its retry time has passed.
+//!
+//! This is exact, not an approximation. A GCRA denial stores nothing, and
+//! every write to a key (by this instance or any other) only moves its state
+//! later, so until the cached retry time the script would deny the same call
+//! again, naming the same limit; the retry, reset and remaining are
+//! recomputed here from the cached state. Only a wipe of the key's state (a
+//! Redis restart without persistence, `FLUSHALL`, a hand-made `DEL`) makes
+//! Redis admit sooner: a client denied just before waits out the retry time
+//! it was already told.
+//!
+//! What is cached is one entry per (policy, identity): the cost that was
+//! denied, when it will pass, and the deciding limit's state. Only calls of
+//! exactly that cost are answered from it (another cost has another retry
+//! time); any other answer from Redis for the same policy and identity
+//! replaces or removes the entry.
+//!
+//! Bounded: the cache holds at most its capacity, split over shards. When a
+//! shard is full, its expired entries are dropped; if that frees less than a
+//! quarter of it, the quarter of entries that expire soonest are dropped too
+//! (they would have gone back to Redis soonest anyway). A dropped entry only
+//! costs one more round trip.
+
+use std::collections::HashMap;
+use std::collections::hash_map::RandomState;
+use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use crate::clock::Clock;
+use crate::decision::Decision;
+use crate::key::Key;
+use crate::limit::Policy;
+
+/// Shards of the cache; each holds `capacity / SHARDS` entries (at least 1).
+const SHARDS: usize = 16;
+
+/// The process' real monotonic clock, for caches of stores that read
+/// Redis' `TIME`: Redis' clock runs in real time even when a test pauses
+/// tokio's.
+#[derive(Debug)]
+pub(crate) struct RealClock {
+    start: std::time::Instant,
+}
+
+impl RealClock {
+    pub(crate) fn new() -> Self {
+        RealClock {
+            start: std::time::Instant::now(),
+        }
+    }
+}
+
+impl Clock for RealClock {
+    fn now_micros(&self) -> u64 {
+        // Counted from one second, so that zero never means "now".
+        u64::try_from(self.start.elapsed().as_micros())
+            .unwrap_or(u64::MAX)
+            .saturating_add(1_000_000)
+    }
+}
+
+/// Counters of a [`RedisStore`](super::RedisStore)'s deny cache, read with
+/// [`RedisStore::deny_cache_stats`](super::RedisStore::deny_cache_stats).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct DenyCacheStats {
+    /// Calls denied locally, without a Redis round trip.
+    pub hits: u64,
+    /// Denials from Redis that were recorded.
+    pub inserts: u64,
+    /// Live entries dropped because their shard was full.
+    pub evictions: u64,
+    /// Entries held now, expired ones included until they are swept.
+    pub entries: u64,
+}
+
+pub(crate) struct DenyCache {
+    shards: Box<[Mutex<Shard>]>,
+    per_shard: usize,
+    hasher: RandomState,
+    clock: Arc<dyn Clock>,
+    hits: AtomicU64,
+    inserts: AtomicU64,
+    evictions: AtomicU64,
+}
+
+#[derive(Default)]
+struct Shard {
+    map: HashMap<Key, Vec<Entry>>,
+    entries: usize,
+    /// No entry expires before this: a sweep earlier would free nothing.
+    earliest: u64,
+}
+
+struct Entry {
+    policy: Policy,
+    cost: u64,
+    /// Local time (µs) at which the denied call would pass.
+    until: u64,
+    /// Local time (µs) of the deciding limit's theoretical arrival time.
+    tat: u64,
+    limit: usize,
+}
+
+impl DenyCache {
+    /// A cache of at most `capacity` entries (`capacity > 0`), on `clock`.
+    pub(crate) fn new(capacity: usize, clock: Arc<dyn Clock>) -> Self {
+        let shards = SHARDS.min(capacity).max(1);
+        DenyCache {
+            shards: (0..shards).map(|_| Mutex::new(Shard::default())).collect(),
+            per_shard: (capacity / shards).max(1),
+            hasher: RandomState::new(),
+            clock,
+            hits: AtomicU64::new(0),
+            inserts: AtomicU64::new(0),
+            evictions: AtomicU64::new(0),
+        }
+    }
+
+    /// The local clock, read before a call is sent so that a cached entry
+    /// expires no later than Redis' own state.
+    pub(crate) fn now(&self) -> u64 {
+        self.clock.now_micros()
+    }
+
+    fn shard(&self, key: &Key) -> MutexGuard<'_, Shard> {
+        let i = self.hasher.hash_one(key.as_str()) as usize % self.shards.len();
+        self.shards[i]
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The denial Redis would give now, if a cached one still holds.
+    pub(crate) fn lookup(
+        &self,
+        policy: &Policy,
+        key: &Key,
+        cost: u64,
+        max_wait: Duration,
+    ) -> Option<Decision> {
+        let now = self.now();
+        let shard = self.shard(key);
+        let entry = shard
+            .map
+            .get(key.as_str())?
+            .iter()
+            .find(|e| e.policy == *policy)?;
+        let max_wait = u64::try_from(max_wait.as_micros()).unwrap_or(u64::MAX);
+        if entry.cost != cost || entry.until.saturating_sub(now) <= max_wait {
+            return None;
+        }
+        let limit = policy.limits().get(entry.limit)?;
+        // As the script computes it: whole calls of cost 1 that fit now.
+        let reset = entry.tat.saturating_sub(now);
+        let remaining = limit.tolerance_us().saturating_sub(reset) / limit.emission_us().max(1);
+        let decision = Decision {
+            allowed: false,
+            limit: entry.limit,
+            remaining,
+            reset: Duration::from_micros(reset),
+            retry_after: Some(Duration::from_micros(entry.until - now)),
+            wait: Duration::ZERO,
+        };
+        drop(shard);
+        self.hits.fetch_add(1, Ordering::Relaxed);
+        Some(decision)
+    }
+
+    /// Records Redis' answer to a call sent at local time `sent_at`: a
+    /// denial is cached, anything else forgets what was cached.
+    pub(crate) fn record(
+        &self,
+        policy: &Policy,
+        key: &Key,
+        cost: u64,
+        sent_at: u64,
+        decision: &Decision,
+    ) {
+        let mut shard = self.shard(key);
+        let denial = match decision.retry_after {
+            Some(retry) if !decision.allowed && !retry.is_zero() => retry,
+            _ => {
+                shard.remove(policy, key);
+                return;
+            }
+        };
+        let micros = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+        let entry = Entry {
+            policy: policy.clone(),
+            cost,
+            until: sent_at.saturating_add(micros(denial)),
+            tat: sent_at.saturating_add(micros(decision.reset)),
+            limit: decision.limit,
+        };
+        let now = self.now();
+        if let Some(slot) = shard.map.get_mut(key.as_str())
+            && let Some(existing) = slot.iter_mut().find(|e| e.policy == *policy)
+        {
+            let until = entry.until;
+            *existing = entry;
+            shard.earliest = shard.earliest.min(until);
+            return;
+        }
+        if shard.entries >= self.per_shard {
+            let evicted = shard.make_room(now, self.per_shard);
+            self.evictions.fetch_add(evicted, Ordering::Relaxed);
+        }
+        shard.earliest = if shard.entries == 0 {
+            entry.until
+        } else {
+            shard.earliest.min(entry.until)
+        };
+        shard.map.entry(key.clone()).or_default().push(entry);
+        shard.entries += 1;
+        drop(shard);
+        self.inserts.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn stats(&self) -> DenyCacheStats {
+        let entries = self
+            .shards
+            .iter()
+            .map(|s| {
+                s.lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner())
+                    .entries as u64
+            })
+            .sum();
+        DenyCacheStats {
+            hits: self.hits.load(Ordering::Relaxed),
+            inserts: self.inserts.load(Ordering::Relaxed),
+            evictions: self.evictions.load(Ordering::Relaxed),
+            entries,
+        }
+    }
+}
+
+impl Shard {
+    fn remove(&mut self, policy: &Policy, key: &Key) {
+        let Some(slot) = self.map.get_mut(key.as_str()) else {
+            return;
+        };
+        let before = slot.len();
+        slot.retain(|e| e.policy != *policy);
+        self.entries -= before - slot.len();
+        if slot.is_empty() {
+            self.map.remove(key.as_str());
+        }
+    }
+
+    /// Frees at least one slot of a full shard; returns how many live
+    /// entries had to go. Every sweep frees a quarter of the shard or more,
+    /// so the cost of sweeping is constant per insert on average.
+    fn make_room(&mut self, now: u64, capacity: usize) -> u64 {
+        if now >= self.earliest {
+            self.retain(|e| e.until > now);
+        }
+        // Keep at most three quarters, and always leave room for one.
+        let keep = capacity - (capacity / 4).max(1);
+        if self.entries <= keep {
+            return 0;
+        }
+        let mut untils: Vec<u64> = self.map.values().flatten().map(|e| e.until).collect();
+        let excess = self.entries - keep;
+        let (_, &mut cut, _) = untils.select_nth_unstable(excess - 1);
+        let before = self.entries;
+        self.retain(|e| e.until > cut);
+        (before - self.entries) as u64
+    }
+
+    fn retain(&mut self, keep: impl Fn(&Entry) -> bool) {
+        self.map.retain(|_, slot| {
+            slot.retain(&keep);
+            !slot.is_empty()
+        });
+        self.entries = self.map.values().map(Vec::len).sum();
+        self.earliest = self
+            .map
+            .values()
+            .flatten()
+            .map(|e| e.until)
+            .min()
+            .unwrap_or(u64::MAX);
+        if self.map.capacity() > 4 * self.map.len().max(64) {
+            self.map.shrink_to_fit();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+    use crate::limit::{Limit, Rate};
+
+    const S: u64 = 1_000_000;
+
+    fn policy() -> Policy {
+        // T = 1 s, burst 4.
+        Policy::single(
+            "p",
+            Limit::builder(Rate::per_second(1))
+                .burst(4)
+                .build()
+                .unwrap(),
+        )
+        .unwrap()
+    }
+
+    fn denied(retry: u64, reset: u64) -> Decision {
+        Decision {
+            allowed: false,
+            limit: 0,
+            remaining: 0,
+            reset: Duration::from_micros(reset),
+            retry_after: Some(Duration::from_micros(retry)),
+            wait: Duration::ZERO,
+        }
+    }
+
+    #[test]
+    fn denies_the_same_call_until_the_retry_passes() {
+        let clock = ManualClock::new(Duration::from_secs(100));
+        let cache = DenyCache::new(100, Arc::new(clock.clone()));
+        let (p, k) = (policy(), Key::new("k"));
+        let sent = cache.now();
+        cache.record(&p, &k, 1, sent, &denied(S, 4 * S));
+        let d = cache.lookup(&p, &k, 1, Duration::ZERO).unwrap();
+        assert_eq!(d, denied(S, 4 * S));
+        // Another cost, or a wait that covers the retry: ask Redis.
+        assert!(cache.lookup(&p, &k, 2, Duration::ZERO).is_none());
+        assert!(cache.lookup(&p, &k, 1, Duration::from_secs(1)).is_none());
+        clock.advance(Duration::from_micros(S / 2));
+        let d = cache.lookup(&p, &k, 1, Duration::ZERO).unwrap();
+        assert_eq!(d.retry_after(), Some(Duration::from_micros(S / 2)));
+        assert_eq!(d.reset(), Duration::from_micros(4 * S - S / 2));
+        assert_eq!(d.remaining(), 0);
+        clock.advance(Duration::from_micros(S / 2));
+        assert!(cache.lookup(&p, &k, 1, Duration::ZERO).is_none());
+        // An admitted call forgets the entry.
+        cache.record(&p, &k, 1, cache.now(), &denied(S, 4 * S));
+        let allowed = Decision {
+            allowed: true,
+            retry_after: None,
+            ..denied(0, 0)
+        };
+        cache.record(&p, &k, 1, cache.now(), &allowed);
+        assert!(cache.lookup(&p, &k, 1, Duration::ZERO).is_none());
+        assert_eq!(cache.stats().entries, 0);
+        assert_eq!(cache.stats().hits, 2);
+    }
+
+    #[test]
+    fn other_policies_and_keys_are_apart() {
+        let clock = ManualClock::new(Duration::from_secs(100));
+        let cache = DenyCache::new(100, Arc::new(clock));
+        let (p, k) = (policy(), Key::new("k"));
+        let other = Policy::single("q", p.limits()[0].clone()).unwrap();
+        cache.record(&p, &k, 1, cache.now(), &denied(S, 4 * S));
+        assert!(cache.lookup(&other, &k, 1, Duration::ZERO).is_none());
+        assert!(
+            cache
+                .lookup(&p, &Key::new("j"), 1, Duration::ZERO)
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn a_full_cache_stays_within_its_capacity() {
+        let clock = ManualClock::new(Duration::from_secs(100));
+        let cache = DenyCache::new(64, Arc::new(clock.clone()));
+        let p = policy();
+        for i in 0..10_000u64 {
+            let sent = cache.now();
+            cache.record(
+                &p,
+                &Key::new(format!("k{i}")),
+                1,
+                sent,
+                &denied(S + i, 4 * S),
+            );
+            assert!(cache.stats().entries <= 64);
+            clock.advance(Duration::from_micros(10));
+        }
+        let stats = cache.stats();
+        assert_eq!(stats.inserts, 10_000);
+        assert!(stats.evictions > 0);
+        // The newest denial is still answered locally.
+        assert!(
+            cache
+                .lookup(&p, &Key::new("k9999"), 1, Duration::ZERO)
+                .is_some()
+        );
+        // Once everything has expired, a sweep empties a shard it touches.
+        clock.advance(Duration::from_secs(60));
+        for i in 0..1000u64 {
+            let sent = cache.now();
+            cache.record(&p, &Key::new(format!("n{i}")), 1, sent, &denied(S, 4 * S));
+        }
+        assert!(cache.stats().entries <= 64);
+        assert!(
+            cache
+                .lookup(&p, &Key::new("k9999"), 1, Duration::ZERO)
+                .is_none()
+        );
+    }
+}

@@ -1,0 +1,251 @@
+//! Denied keys are answered locally until their retry time passes: a client
+//! hammering past its limit costs Redis about the admitted rate plus one
+//! call per instance and retry period, and the local answers are the ones
+//! Redis would give, headers included.
+mod common;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::ConnectInfo;
+use axum::routing::get;
+use common::RedisServer;
+use common::stats::{reset_stats, script_calls};
+use fleetgate::clock::ManualClock;
+use fleetgate::{Key, Limit, Limiter, Policy, Rate, RateLimitLayer, RedisStore, TimeSource};
+use http::{Request, StatusCode};
+use tower::ServiceExt;
+
+fn policy(name: &str, rate: Rate, burst: u64) -> Policy {
+    Policy::single(name, Limit::builder(rate).burst(burst).build().unwrap()).unwrap()
+}
+
+/// A store whose script is already cached in Redis, so that every later
+/// decision is exactly one `EVALSHA`.
+async fn store(server: &RedisServer, deny_cache: usize) -> RedisStore {
+    let store = RedisStore::builder()
+        .prefix("deny")
+        .timeout(Duration::from_secs(2))
+        .deny_cache(deny_cache)
+        .connect(&server.url())
+        .await
+        .expect("connect");
+    Limiter::new(policy("warm-up", Rate::per_second(1), 1), store.clone())
+        .check(&Key::new("warm-up"), 1)
+        .await
+        .expect("warm-up decision");
+    store
+}
+
+/// Two instances each send one request per millisecond for 1.5 s at a key
+/// limited to 10 per second (burst 10): about 100 times the limit. Redis
+/// sees the admitted calls, plus at most about one denied call per
+/// instance per emission interval (100 ms), not 3000 calls.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hammering_one_key_costs_redis_the_rate_not_the_requests() {
+    let server = RedisServer::start();
+    let mut admin = server
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let policy = policy("hammer", Rate::per_second(10), 10);
+    let stores = [store(&server, 1000).await, store(&server, 1000).await];
+    reset_stats(&mut admin).await;
+    let run = Duration::from_millis(1500);
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for store in &stores {
+        let limiter = Limiter::new(policy.clone(), store.clone());
+        tasks.push(tokio::spawn(async move {
+            let key = Key::new("ip:198.51.100.9");
+            let mut tick = tokio::time::interval(Duration::from_millis(1));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+            let (mut sent, mut admitted) = (0u64, 0u64);
+            let until = tokio::time::Instant::now() + run;
+            while tokio::time::Instant::now() < until {
+                tick.tick().await;
+                sent += 1;
+                let decision = limiter.check(&key, 1).await.expect("store error");
+                admitted += u64::from(decision.is_allowed());
+            }
+            (sent, admitted)
+        }));
+    }
+    let (mut sent, mut admitted) = (0, 0);
+    for task in tasks {
+        let (s, a) = task.await.unwrap();
+        sent += s;
+        admitted += a;
+    }
+    let elapsed = started.elapsed();
+    let calls = script_calls(&mut admin).await;
+    let hits: u64 = stores.iter().map(|s| s.deny_cache_stats().hits).sum();
+    let periods = elapsed.as_millis() as u64 / 100 + 1;
+    // Burst 10 plus 10/s; the limit is exact, whatever the cache does.
+    assert!(admitted <= 10 + periods + 1, "{admitted} admitted");
+    assert!(admitted >= 10, "{admitted} admitted");
+    assert!(sent >= 1000, "only {sent} requests sent in {elapsed:?}");
+    let budget = admitted + 2 * (periods + 1) + 4;
+    assert!(
+        calls <= budget,
+        "{calls} script calls for {sent} requests ({admitted} admitted, {hits} cached) in \
+         {elapsed:?}; at most {budget} expected"
+    );
+    assert_eq!(calls + hits, sent, "every request is a call or a hit");
+    println!(
+        "hammer: {sent} requests in {elapsed:?}, {admitted} admitted, {calls} reached Redis, \
+         {hits} denied locally"
+    );
+}
+
+/// The same run without the cache sends every request to Redis: the
+/// measurement above is the cache's doing.
+#[tokio::test]
+async fn without_the_cache_every_denial_is_a_round_trip() {
+    let server = RedisServer::start();
+    let mut admin = server
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let limiter = Limiter::new(policy("off", Rate::per_hour(2), 2), store(&server, 0).await);
+    reset_stats(&mut admin).await;
+    let key = Key::new("k");
+    for i in 0..50 {
+        assert_eq!(limiter.check(&key, 1).await.unwrap().is_allowed(), i < 2);
+    }
+    assert_eq!(script_calls(&mut admin).await, 50);
+}
+
+/// With the caller's clock, local denials match Redis' answers field by
+/// field as time passes, and end exactly when the retry time has passed;
+/// another cost, or a reserve wait covering the retry, asks Redis.
+#[tokio::test]
+async fn local_denials_equal_redis_denials() {
+    let server = RedisServer::start();
+    let mut admin = server
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let clock = ManualClock::new(Duration::from_secs(1_700_000_000));
+    let url = server.url();
+    let build = |cache: usize| {
+        RedisStore::builder()
+            .prefix("deny-eq")
+            .time_source(TimeSource::Client(Arc::new(clock.clone())))
+            .timeout(Duration::from_secs(2))
+            .deny_cache(cache)
+            .connect(&url)
+    };
+    let (cached, direct) = (build(100).await.unwrap(), build(0).await.unwrap());
+    // Two limits: 1 per 10 s burst 3, 1 per minute burst 5.
+    let policy = Policy::builder("eq")
+        .limit(
+            Limit::builder(Rate::new(1, Duration::from_secs(10)))
+                .burst(3)
+                .build()
+                .unwrap(),
+        )
+        .limit(
+            Limit::builder(Rate::per_minute(1))
+                .burst(5)
+                .build()
+                .unwrap(),
+        )
+        .build()
+        .unwrap();
+    let (a, b) = (
+        Limiter::new(policy.clone(), cached.clone()),
+        Limiter::new(policy, direct),
+    );
+    let key = Key::new("user:7");
+    for _ in 0..3 {
+        assert!(a.check(&key, 1).await.unwrap().is_allowed());
+    }
+    let first = a.check(&key, 1).await.unwrap();
+    assert!(!first.is_allowed());
+    reset_stats(&mut admin).await;
+    let mut compared = 0;
+    for step in [0u64, 1, 2_500_000, 4_000_000, 3_499_998] {
+        clock.advance(Duration::from_micros(step));
+        let local = a.check(&key, 1).await.unwrap();
+        let remote = b.check(&key, 1).await.unwrap();
+        assert_eq!(local, remote, "after +{step} µs");
+        assert!(!local.is_allowed());
+        compared += 1;
+    }
+    // Only the direct store's calls reached Redis.
+    assert_eq!(script_calls(&mut admin).await, compared);
+    assert_eq!(cached.deny_cache_stats().hits, compared);
+
+    // Cost 2 has another retry time: Redis answers (and is now cached).
+    reset_stats(&mut admin).await;
+    let two = a.check(&key, 2).await.unwrap();
+    assert_eq!(two, b.check(&key, 2).await.unwrap());
+    assert_eq!(script_calls(&mut admin).await, 2);
+    // A reserve wait that covers the retry goes to Redis and is admitted.
+    let retry = two.retry_after().unwrap();
+    let reserved = a.reserve(&key, 2, retry).await.unwrap();
+    assert!(reserved.is_allowed());
+    assert_eq!(reserved.wait(), retry);
+    assert_eq!(script_calls(&mut admin).await, 3);
+}
+
+/// Through an axum router: the 429 answered locally carries the same
+/// status, `Retry-After` and rate-limit headers as the one Redis decided.
+#[tokio::test]
+async fn local_429s_carry_the_same_headers() {
+    let server = RedisServer::start();
+    let mut admin = server
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let limiter = Limiter::new(
+        policy("http", Rate::per_hour(2), 2),
+        store(&server, 100).await,
+    );
+    let app = Router::new()
+        .route("/api/ping", get(|| async { "pong" }))
+        .route_layer(RateLimitLayer::new(limiter).headers(fleetgate::HeaderStyle::Both));
+    let send = |app: Router| async move {
+        let mut req = Request::get("/api/ping").body(Body::empty()).unwrap();
+        let addr: SocketAddr = "192.0.2.44:5000".parse().unwrap();
+        req.extensions_mut().insert(ConnectInfo(addr));
+        app.oneshot(req).await.unwrap()
+    };
+    for _ in 0..2 {
+        assert_eq!(send(app.clone()).await.status(), StatusCode::OK);
+    }
+    reset_stats(&mut admin).await;
+    let from_redis = send(app.clone()).await;
+    assert_eq!(script_calls(&mut admin).await, 1);
+    let local = send(app.clone()).await;
+    assert_eq!(
+        script_calls(&mut admin).await,
+        1,
+        "the second 429 was local"
+    );
+    assert_eq!(from_redis.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(local.status(), StatusCode::TOO_MANY_REQUESTS);
+    for name in [
+        "retry-after",
+        "ratelimit",
+        "ratelimit-policy",
+        "x-ratelimit-limit",
+        "x-ratelimit-remaining",
+        "x-ratelimit-reset",
+    ] {
+        assert!(from_redis.headers().contains_key(name), "{name} missing");
+        assert_eq!(
+            from_redis.headers().get(name),
+            local.headers().get(name),
+            "{name}"
+        );
+    }
+}
