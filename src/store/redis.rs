@@ -209,7 +209,8 @@ impl RedisStore {
         };
         match tokio::time::timeout(self.inner.timeout, exchange).await {
             Ok(Ok(reply)) => Ok(reply),
-            // The connection's own response timeout, set to the same value.
+            // A timeout reported by the client (a `with_connection` manager
+            // configured with its own).
             Ok(Err(err)) if err.is_timeout() => Err(StoreError::Timeout(self.inner.timeout)),
             Ok(Err(err)) => Err(err.into()),
             Err(_) => Err(StoreError::Timeout(self.inner.timeout)),
@@ -366,8 +367,12 @@ impl RedisStoreBuilder {
     }
 
     fn manager_config(&self) -> ConnectionManagerConfig {
+        // No per-request timer in the client: `eval` bounds the whole
+        // exchange (NOSCRIPT retry and reconnect waits included) with one
+        // timer, and a second one per request cost about 15% of the
+        // requests per second of a Redis-backed layer (benches/http.rs).
         ConnectionManagerConfig::new()
-            .set_response_timeout(Some(self.timeout))
+            .set_response_timeout(None)
             .set_connection_timeout(Some(self.connect_timeout))
             .set_number_of_retries(1)
             .set_max_delay(Duration::from_secs(2))
