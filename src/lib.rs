@@ -84,6 +84,7 @@
 #![deny(missing_docs)]
 #![warn(unreachable_pub)]
 
+mod algorithm;
 pub mod clock;
 mod decision;
 mod error;
@@ -94,7 +95,9 @@ mod limiter;
 pub mod rate_limit;
 pub mod response;
 pub mod store;
+mod window;
 
+pub use crate::algorithm::Algorithm;
 pub use crate::decision::Decision;
 pub use crate::error::{ConfigError, RateLimitError, StoreError};
 pub use crate::key::Key;

@@ -5,7 +5,9 @@ use std::time::Duration;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{ErrorKind, ServerErrorKind, Value};
 
-use super::{GcraCall, Store, StoreFuture};
+mod window;
+
+use super::{GcraCall, Store, StoreFuture, WindowCall};
 use crate::clock::{Clock, SystemClock};
 use crate::decision::Decision;
 use crate::error::{ConfigError, StoreError};
@@ -88,6 +90,7 @@ struct Inner {
     timeout: Duration,
     time: TimeSource,
     gcra: LuaScript,
+    windows: window::Scripts,
 }
 
 impl RedisStore {
@@ -256,6 +259,10 @@ impl Store for RedisStore {
         self.run_gcra(call)
     }
 
+    fn window(&self, call: WindowCall<'_>) -> StoreFuture<Decision> {
+        self.run_window(call)
+    }
+
     fn kind(&self) -> &'static str {
         "redis"
     }
@@ -356,6 +363,7 @@ impl RedisStoreBuilder {
                 timeout: self.timeout,
                 time: self.time,
                 gcra: LuaScript::new(GCRA_LUA),
+                windows: window::Scripts::new(),
             }),
         })
     }
