@@ -93,11 +93,18 @@ for i = 1, n do
   end
 end
 
+-- Denied: the window with the longest retry. Admitted: the one with the
+-- least remaining. On ties the longest window, then the first.
+local function longer(i, j) return tonumber(ARGV[1 + 2 * i]) > tonumber(ARGV[1 + 2 * j]) end
 local worst, tight = 0, 0
 for i = 1, n do
   if not admits[i] then
-    if worst == 0 or retry[i] > retry[worst] then worst = i end
-  elseif tight == 0 or remaining[i] < remaining[tight] then
+    if worst == 0 or retry[i] > retry[worst]
+        or (retry[i] == retry[worst] and longer(i, worst)) then
+      worst = i
+    end
+  elseif tight == 0 or remaining[i] < remaining[tight]
+      or (remaining[i] == remaining[tight] and longer(i, tight)) then
     tight = i
   end
 end

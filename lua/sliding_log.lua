@@ -31,10 +31,13 @@ local n = (#ARGV - 2) / 2
 
 local function fmt(x) return string.format('%d', x) end
 
--- The newest logged time: the reset is when it leaves a window.
-local top = now
+-- The newest logged time: the reset is when it leaves a window. After an
+-- admitted call it is at least now.
+local newest = now
 local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
-if last[2] and tonumber(last[2]) > top then top = tonumber(last[2]) end
+if last[2] then newest = tonumber(last[2]) end
+local top = newest
+if top < now then top = now end
 
 local admits, remaining, reset, retry = {}, {}, {}, {}
 local longest = 0
@@ -44,8 +47,8 @@ for i = 1, n do
   if length > longest then longest = length end
   local after = '(' .. fmt(now - length)
   local used = redis.call('ZCOUNT', key, after, '+inf')
-  reset[i] = top + length - now
   if used + cost <= count then
+    reset[i] = top + length - now
     admits[i] = true
     remaining[i] = count - used - cost
     retry[i] = 0
@@ -55,6 +58,8 @@ for i = 1, n do
     local entry = redis.call('ZRANGEBYSCORE', key, after, '+inf', 'WITHSCORES', 'LIMIT', k - 1, 1)
     if not entry[2] then return redis.error_reply('fleetgate: sliding log changed under the script') end
     admits[i] = false
+    -- Denied, so the window holds entries: the newest is one.
+    reset[i] = newest + length - now
     remaining[i] = count - used
     if remaining[i] < 0 then remaining[i] = 0 end
     retry[i] = tonumber(entry[2]) + length - now
@@ -62,12 +67,17 @@ for i = 1, n do
 end
 
 -- Denied: the window with the longest retry. Admitted: the one with the
--- least remaining. The first on ties.
+-- least remaining. On ties the longest window, then the first.
+local function longer(i, j) return tonumber(ARGV[1 + 2 * i]) > tonumber(ARGV[1 + 2 * j]) end
 local worst, tight = 0, 0
 for i = 1, n do
   if not admits[i] then
-    if worst == 0 or retry[i] > retry[worst] then worst = i end
-  elseif tight == 0 or remaining[i] < remaining[tight] then
+    if worst == 0 or retry[i] > retry[worst]
+        or (retry[i] == retry[worst] and longer(i, worst)) then
+      worst = i
+    end
+  elseif tight == 0 or remaining[i] < remaining[tight]
+      or (remaining[i] == remaining[tight] and longer(i, tight)) then
     tight = i
   end
 end

@@ -7,8 +7,10 @@
 //! must admit the call or nothing is stored, and the decision names the
 //! window that decided:
 //!
-//! - denied: the window asking for the longest retry (the first on ties);
-//! - admitted: the window with the least remaining (the first on ties).
+//! - denied: the window asking for the longest retry;
+//! - admitted: the window with the least remaining;
+//! - on ties, the longest window, then the first: with "25 per 5 s and 300
+//!   per minute", a client that has used up both is told about the minute.
 //!
 //! A window of length `W` holding `count`, for a call of cost `n` at `now`:
 //!
@@ -90,16 +92,23 @@ struct Verdict {
 }
 
 /// All windows together: the decision, naming the window that decided.
-fn combine(verdicts: &[Verdict]) -> Decision {
+fn combine(windows: &[Window], verdicts: &[Verdict]) -> Decision {
     let mut worst: Option<usize> = None;
     let mut tightest = 0;
     for (i, v) in verdicts.iter().enumerate() {
+        let longer = |j: usize| windows[i].length > windows[j].length;
         if !v.admits {
-            if worst.is_none_or(|w| v.retry > verdicts[w].retry) {
+            if worst.is_none_or(|w| {
+                let w_retry = verdicts[w].retry;
+                v.retry > w_retry || (v.retry == w_retry && longer(w))
+            }) {
                 worst = Some(i);
             }
-        } else if v.remaining < verdicts[tightest].remaining {
-            tightest = i;
+        } else {
+            let t = verdicts[tightest].remaining;
+            if v.remaining < t || (v.remaining == t && longer(tightest)) {
+                tightest = i;
+            }
         }
     }
     let (limit, v) = match worst {
@@ -156,13 +165,13 @@ pub(crate) fn sliding_log(
             Verdict {
                 admits: false,
                 remaining: w.count.saturating_sub(used),
-                reset: newest.unwrap_or(now).max(now) + w.length - now,
+                // Denied, so the window holds entries: the newest is one.
+                reset: newest.unwrap_or(now) + w.length - now,
                 retry: leaves - now,
             }
         };
     }
-    let verdicts = &verdicts[..windows.len()];
-    let decision = combine(verdicts);
+    let decision = combine(windows, &verdicts[..windows.len()]);
     if !decision.allowed {
         return (decision, None);
     }
@@ -237,7 +246,7 @@ pub(crate) fn fixed_window(
             }
         };
     }
-    let decision = combine(&verdicts[..windows.len()]);
+    let decision = combine(windows, &verdicts[..windows.len()]);
     if !decision.allowed {
         return (decision, None);
     }
@@ -314,7 +323,7 @@ pub(crate) fn sliding_counter(
             }
         };
     }
-    let decision = combine(&verdicts[..windows.len()]);
+    let decision = combine(windows, &verdicts[..windows.len()]);
     if !decision.allowed {
         return (decision, None);
     }
