@@ -5,9 +5,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::decision::Decision;
+use crate::error::ConfigError;
 use crate::key::Key;
 use crate::limit::{MAX_TOLERANCE_MICROS, Policy};
-use crate::error::ConfigError;
 use crate::store::{GcraCall, MemoryStore, Store, StoreFuture, WindowCall};
 
 /// A [`Policy`] bound to a [`Store`]: the part of every layer that decides.

@@ -73,7 +73,12 @@ impl MemoryStore {
     /// How many entries the store holds, expired ones included until they
     /// are swept.
     pub fn len(&self) -> usize {
-        self.inner.shards.iter().map(|s| lock(s).entries).sum::<usize>() + self.inner.windows.len()
+        self.inner
+            .shards
+            .iter()
+            .map(|s| lock(s).entries)
+            .sum::<usize>()
+            + self.inner.windows.len()
     }
 
     /// Whether the store holds no entries.
