@@ -237,10 +237,7 @@ async fn flush(admin: &mut MultiplexedConnection) -> Result<(), BoxError> {
 }
 
 async fn used_memory(admin: &mut MultiplexedConnection) -> Result<u64, BoxError> {
-    let info: String = redis::cmd("INFO")
-        .arg("memory")
-        .query_async(admin)
-        .await?;
+    let info: String = redis::cmd("INFO").arg("memory").query_async(admin).await?;
     info_field(&info, "used_memory")
         .and_then(|v| v.parse().ok())
         .ok_or_else(|| "INFO memory without used_memory".into())

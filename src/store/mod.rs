@@ -4,6 +4,10 @@
 //! A store is the only part that knows where state lives. Both run the same
 //! algorithm (`src/gcra.rs`, transcribed in `lua/gcra.lua`) and give the same decisions for the same
 //! sequence of calls and times.
+//!
+//! The window algorithms likewise: `src/window.rs` for the memory store,
+//! `lua/sliding_log.lua`, `lua/sliding_counter.lua` and
+//! `lua/fixed_window.lua` for Redis.
 
 mod memory;
 mod redis;
