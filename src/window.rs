@@ -406,6 +406,49 @@ mod tests {
         assert!(d.allowed);
     }
 
+    /// Waiting the retry a denial gives is enough, and a microsecond less
+    /// is not (the sliding counter's doubles included, in these cases).
+    #[test]
+    fn retry_after_is_when_the_call_passes() {
+        type Decide = fn(&[Window], &mut [Counter], u64, u64) -> (Decision, Option<u64>);
+        let mut denials = 0;
+        for decide in [fixed_window as Decide, sliding_counter] {
+            for (count, secs) in [(7, 10), (100, 60), (3, 1), (5000, 3600)] {
+                let windows = [w(count, secs)];
+                let length = secs * S;
+                for start in [0, length / 3, length - 1, 2 * length + 12_345] {
+                    for cost in [1, count / 2 + 1, count] {
+                        let mut c = [Counter::default()];
+                        let mut now = start;
+                        // Fill it up with a call every 1/count of a window.
+                        let mut denial = None;
+                        for _ in 0..3 * count {
+                            let (d, _) = decide(&windows, &mut c, now, cost);
+                            if !d.allowed {
+                                denial = Some(d);
+                                break;
+                            }
+                            now += length / count / 2;
+                        }
+                        let Some(d) = denial else { continue };
+                        let retry = d.retry_after.unwrap().as_micros() as u64;
+                        assert!(retry > 0);
+                        denials += 1;
+                        let mut early = c;
+                        let (d, _) = decide(&windows, &mut early, now + retry - 1, cost);
+                        assert!(!d.allowed, "{count}/{secs}s cost {cost}: passed early");
+                        let (d, _) = decide(&windows, &mut c, now + retry, cost);
+                        assert!(
+                            d.allowed,
+                            "{count}/{secs}s start {start} cost {cost}: denied after retry {retry}: {d:?}"
+                        );
+                    }
+                }
+            }
+        }
+        assert!(denials > 50, "only {denials} denials exercised");
+    }
+
     #[test]
     fn sliding_counter_weights_the_previous_window() {
         let windows = [w(10, 10)];

@@ -229,6 +229,31 @@ async fn sliding_log_window(s: Sut) {
     assert!(!d.is_allowed() && d.retry_after().is_none(), "{d:?}");
 }
 
+/// Large weighted calls on the sliding log: one entry per unit of cost
+/// (written in batches by the script), all counted.
+async fn sliding_log_big_cost(s: Sut) {
+    let l = s.limiter(&policy(
+        "big",
+        Algorithm::SlidingLog,
+        &[Rate::per_minute(2000)],
+    ));
+    let d = s.check(&l, "k", 1200).await;
+    s.expect(&d, allowed(0, 800, 60 * S));
+    s.advance(S);
+    let d = s.check(&l, "k", 801).await;
+    s.expect(&d, denied(0, 800, 59 * S, 59 * S));
+    let d = s.check(&l, "k", 800).await;
+    s.expect(&d, allowed(0, 0, 60 * S));
+    let d = s.check(&l, "k", 1).await;
+    s.expect(&d, denied(0, 0, 60 * S, 59 * S));
+    // The 1200 leave together; the 800 a second later.
+    s.advance(59 * S);
+    let d = s.check(&l, "k", 1200).await;
+    s.expect(&d, allowed(0, 0, 60 * S));
+    let d = s.check(&l, "k", 1).await;
+    s.expect(&d, denied(0, 0, 60 * S, S));
+}
+
 /// 25 per 5 s and 300 per minute on one sorted set: the 26th call of a
 /// burst is denied by the short window and charges neither; after twelve
 /// bursts, one every 5 s, the 301st call is denied with both windows full,
@@ -480,6 +505,7 @@ macro_rules! conformance {
 
 conformance! {
     sliding_log_window at UNIX_NOW;
+    sliding_log_big_cost at UNIX_NOW;
     dual_sliding_log at UNIX_NOW;
     dual_fixed_window at ALIGNED;
     fixed_window at ALIGNED;
