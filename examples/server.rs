@@ -20,24 +20,31 @@
 //! - `GET /` lists the routes and their limits.
 //! - `GET /api/ping` answers `pong`, limited per API key (`x-api-key`, or the
 //!   client IP without one) to a burst of 5, refilling 1 per second.
+//! - `GET /api/window` answers `window`, limited per API key (or client IP)
+//!   by an exact sliding-window log of 25 per 5 s and 300 per minute, the
+//!   way many upstream APIs publish their limits: the 26th quick call gets
+//!   a 429 naming the 5 s window.
 //! - `GET /healthz` answers `ok`, never limited.
 //!
 //! Try: `for i in $(seq 8); do curl -s -o /dev/null -w '%{http_code}\n' localhost:3000/api/ping; done`
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::Router;
 use axum::routing::get;
 use fleetgate::key::{HeaderKey, PeerIp};
 use fleetgate::{
-    FailurePolicy, Limit, Limiter, MemoryStore, Policy, Rate, RateLimitLayer, RedisStore, Store,
+    Algorithm, FailurePolicy, Limit, Limiter, MemoryStore, Policy, Rate, RateLimitLayer,
+    RedisStore, Store,
 };
 use tracing_subscriber::EnvFilter;
 
 const ROUTES: &str = "\
 fleetgate demo
 GET /api/ping  pong; per x-api-key (or client IP): burst 5, 1/s
+GET /api/window  window; per x-api-key (or client IP): sliding log, 25/5s and 300/min
 GET /healthz   ok; unlimited
 ";
 
@@ -88,12 +95,26 @@ async fn main() -> Result<(), BoxError> {
         "ping",
         Limit::builder(Rate::per_second(1)).burst(5).build()?,
     )?;
+    // An upstream's published limits, mirrored exactly: 25 per 5 s and 300
+    // per minute, decided together.
+    let window = Policy::builder("window")
+        .algorithm(Algorithm::SlidingLog)
+        .limit(Limit::new(Rate::new(25, Duration::from_secs(5)))?)
+        .limit(Limit::new(Rate::per_minute(300))?)
+        .build()?;
     let app = Router::new()
         .route("/api/ping", get(|| async { "pong\n" }))
         .route_layer(
-            RateLimitLayer::new(Limiter::new(ping, store))
+            RateLimitLayer::new(Limiter::new(ping, store.clone()))
                 .key(HeaderKey::new("x-api-key").or(PeerIp))
                 .on_store_error(failure),
+        )
+        .route(
+            "/api/window",
+            get(|| async { "window\n" }).layer(
+                RateLimitLayer::new(Limiter::new(window, store))
+                    .key(HeaderKey::new("x-api-key").or(PeerIp)),
+            ),
         )
         .route("/", get(|| async { ROUTES }))
         .route("/healthz", get(|| async { "ok\n" }));

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs the demo the way README.md tells users to, and checks what it
-# promises: a curl loop on /api/ping sees 429 within a few requests, and two
+# promises: a curl loop on /api/ping sees 429 within a few requests, the
+# 26th quick call to /api/window gets a 429 naming the 5 s window, and two
 # instances pointed at one Redis share their counts.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -46,6 +47,27 @@ case "$got" in
   *) echo "FAIL: expected five 200 then 429s" >&2; exit 1 ;;
 esac
 
+# /api/window: 25 per 5 s (and 300 per minute). The 26th quick call is
+# refused, and the body names the short window.
+window_check() { # url, api key
+  local got status body
+  got=$(for _ in $(seq 25); do
+    curl -s -o /dev/null -w '%{http_code} ' -H "x-api-key: $2" "$1/api/window"
+  done)
+  if [ "$got" != "$(printf '200 %.0s' $(seq 25))" ]; then
+    echo "FAIL: /api/window: expected 25 x 200, got $got" >&2
+    exit 1
+  fi
+  status=$(curl -s -o "$tmp/window-body" -w '%{http_code}' -H "x-api-key: $2" "$1/api/window")
+  body=$(cat "$tmp/window-body")
+  echo "/api/window: 25 x 200, then $status: $body"
+  if [ "$status" != 429 ] || [[ "$body" != *"25/5s"* ]]; then
+    echo "FAIL: expected the 26th call to be 429 naming 25/5s" >&2
+    exit 1
+  fi
+}
+window_check "$url" smoke-window
+
 redis_bin="${REDIS_SERVER:-redis-server}"
 # Starts redis-server on $1 and waits until it accepts connections; sets
 # rpid. Fails if it does not come up.
@@ -81,6 +103,7 @@ case "$got" in
   "200 200 200 200 200 429 ") ;;
   *) echo "FAIL: two instances did not share one limit" >&2; exit 1 ;;
 esac
+window_check "$a" smoke-window-redis
 
 # Redis killed: the demo keeps answering within its 50 ms timeout, failing
 # open by default (pong, no rate-limit headers) and 503 when told to fail

@@ -134,6 +134,26 @@ pub enum ConfigError {
         /// What was called.
         what: &'static str,
     },
+    /// A limit of a window policy with a burst other than its rate's count:
+    /// a window admits its count, and has no separate burst.
+    #[error(
+        "limit {name} has burst {burst}, but a window admits its rate's count ({count}); drop the burst or use GCRA"
+    )]
+    WindowBurst {
+        /// The limit's name.
+        name: String,
+        /// The burst it was given.
+        burst: u64,
+        /// The rate's count, the window's quota.
+        count: u64,
+    },
+    /// Reserve mode (waiting for a slot) on a policy decided by a window
+    /// algorithm: only GCRA can hand out future slots.
+    #[error("reserve mode needs a GCRA policy; this policy uses {algorithm}")]
+    ReserveNeedsGcra {
+        /// The policy's algorithm.
+        algorithm: crate::algorithm::Algorithm,
+    },
 }
 
 /// A store could not decide: Redis unreachable, too slow, or answering

@@ -84,6 +84,7 @@
 #![deny(missing_docs)]
 #![warn(unreachable_pub)]
 
+mod algorithm;
 pub mod clock;
 mod decision;
 mod error;
@@ -97,10 +98,12 @@ pub mod response;
 pub mod shed;
 pub mod spec;
 pub mod store;
+mod window;
 
 #[cfg(test)]
 mod proptests;
 
+pub use crate::algorithm::Algorithm;
 pub use crate::decision::Decision;
 pub use crate::error::{ConfigError, RateLimitError, StoreError};
 pub use crate::key::Key;

@@ -9,6 +9,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::algorithm::Algorithm;
 use crate::error::ConfigError;
 
 /// The longest tolerance (burst × emission interval) a limit may have, in
@@ -306,6 +307,7 @@ struct PolicyInner {
     name: Arc<str>,
     limits: Box<[Limit]>,
     max_cost: u64,
+    algorithm: Algorithm,
 }
 
 /// The most limits one policy may hold.
@@ -323,6 +325,7 @@ impl Policy {
         PolicyBuilder {
             name: name.into(),
             limits: Vec::new(),
+            algorithm: Algorithm::default(),
         }
     }
 
@@ -345,6 +348,11 @@ impl Policy {
     pub fn max_cost(&self) -> u64 {
         self.inner.max_cost
     }
+
+    /// The algorithm that decides the policy's limits.
+    pub fn algorithm(&self) -> Algorithm {
+        self.inner.algorithm
+    }
 }
 
 /// Builds a [`Policy`]; see [`Policy::builder`].
@@ -353,6 +361,7 @@ impl Policy {
 pub struct PolicyBuilder {
     name: String,
     limits: Vec<Limit>,
+    algorithm: Algorithm,
 }
 
 impl PolicyBuilder {
@@ -362,9 +371,18 @@ impl PolicyBuilder {
         self
     }
 
+    /// Decides the limits with `algorithm` (default: [`Algorithm::Gcra`]).
+    /// Under a window algorithm each limit is a window of its rate's count
+    /// per its rate's period; see [`Algorithm`].
+    pub fn algorithm(mut self, algorithm: Algorithm) -> Self {
+        self.algorithm = algorithm;
+        self
+    }
+
     /// Checks the policy and builds it.
     pub fn build(self) -> Result<Policy, ConfigError> {
         check_name(&self.name)?;
+        crate::window::check_limits(self.algorithm, &self.limits)?;
         if self.limits.is_empty() {
             return Err(ConfigError::EmptyPolicy);
         }
@@ -386,6 +404,7 @@ impl PolicyBuilder {
                 name: Arc::from(self.name),
                 limits: self.limits.into_boxed_slice(),
                 max_cost,
+                algorithm: self.algorithm,
             }),
         })
     }

@@ -5,9 +5,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::decision::Decision;
+use crate::error::ConfigError;
 use crate::key::Key;
 use crate::limit::{MAX_TOLERANCE_MICROS, Policy};
-use crate::store::{GcraCall, MemoryStore, Store, StoreFuture};
+use crate::store::{GcraCall, MemoryStore, Store, StoreFuture, WindowCall};
 
 /// A [`Policy`] bound to a [`Store`]: the part of every layer that decides.
 ///
@@ -75,7 +76,15 @@ impl Limiter {
     /// the order they reach the store. `max_wait` is capped at
     /// [`MAX_TOLERANCE_MICROS`](crate::MAX_TOLERANCE_MICROS) (about 35
     /// years), which keeps every stored time exact in Redis.
+    ///
+    /// Only GCRA policies can reserve: under a window algorithm this fails
+    /// with [`ConfigError::ReserveNeedsGcra`](crate::ConfigError::ReserveNeedsGcra)
+    /// (as [`StoreError::Config`](crate::StoreError::Config)).
     pub fn reserve(&self, key: &Key, cost: u64, max_wait: Duration) -> StoreFuture<Decision> {
+        let algorithm = self.policy.algorithm();
+        if algorithm.is_window() {
+            return StoreFuture::ready(Err(ConfigError::ReserveNeedsGcra { algorithm }.into()));
+        }
         let cap = Duration::from_micros(MAX_TOLERANCE_MICROS);
         self.decide(key, cost, max_wait.min(cap))
     }
@@ -91,6 +100,13 @@ impl Limiter {
                 .min_by_key(|(_, l)| l.burst())
                 .map_or(0, |(i, _)| i);
             return StoreFuture::ready(Ok(Decision::never(i)));
+        }
+        if self.policy.algorithm().is_window() {
+            return self.store.window(WindowCall {
+                policy: &self.policy,
+                key,
+                cost,
+            });
         }
         self.store.gcra(GcraCall {
             policy: &self.policy,

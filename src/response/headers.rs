@@ -22,6 +22,10 @@ use crate::limit::Policy;
 /// that decided: `r` the calls of cost 1 left, `t` the seconds (rounded
 /// up) until it is full again. `X-RateLimit-Reset` is that same number of
 /// seconds, not a timestamp.
+///
+/// For the window algorithms a limit's quota is the window's count and its
+/// window the window's length; what `r` and `t` mean for each is tabled in
+/// [`Algorithm`](crate::Algorithm).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum HeaderStyle {

@@ -4,7 +4,9 @@ use std::fmt;
 use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use super::{GcraCall, Store, StoreFuture};
+mod window;
+
+use super::{GcraCall, Store, StoreFuture, WindowCall};
 use crate::clock::{Clock, MonotonicClock};
 use crate::decision::Decision;
 use crate::gcra::{self, Params};
@@ -34,6 +36,7 @@ struct Inner {
     shards: Box<[Mutex<Shard>]>,
     hasher: RandomState,
     clock: Arc<dyn Clock>,
+    windows: window::Table,
 }
 
 /// Keyed by identity alone, so that a lookup borrows the caller's key and
@@ -70,7 +73,12 @@ impl MemoryStore {
     /// How many entries the store holds, expired ones included until they
     /// are swept.
     pub fn len(&self) -> usize {
-        self.inner.shards.iter().map(|s| lock(s).entries).sum()
+        self.inner
+            .shards
+            .iter()
+            .map(|s| lock(s).entries)
+            .sum::<usize>()
+            + self.inner.windows.len()
     }
 
     /// Whether the store holds no entries.
@@ -85,6 +93,7 @@ impl MemoryStore {
         for shard in self.inner.shards.iter() {
             lock(shard).sweep(now);
         }
+        self.inner.windows.sweep(now);
     }
 
     fn decide(&self, call: &GcraCall<'_>) -> Decision {
@@ -204,6 +213,10 @@ impl Store for MemoryStore {
         StoreFuture::ready(Ok(self.decide(&call)))
     }
 
+    fn window(&self, call: WindowCall<'_>) -> StoreFuture<Decision> {
+        StoreFuture::ready(Ok(self.decide_window(&call)))
+    }
+
     fn kind(&self) -> &'static str {
         "memory"
     }
@@ -243,6 +256,7 @@ impl MemoryStoreBuilder {
                 clock: self
                     .clock
                     .unwrap_or_else(|| Arc::new(MonotonicClock::new())),
+                windows: window::Table::new(shards),
             }),
         }
     }

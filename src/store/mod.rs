@@ -4,6 +4,10 @@
 //! A store is the only part that knows where state lives. Both run the same
 //! algorithm (`src/gcra.rs`, transcribed in `lua/gcra.lua`) and give the same decisions for the same
 //! sequence of calls and times.
+//!
+//! The window algorithms likewise: `src/window.rs` for the memory store,
+//! `lua/sliding_log.lua`, `lua/sliding_counter.lua` and
+//! `lua/fixed_window.lua` for Redis.
 
 mod memory;
 mod redis;
@@ -41,6 +45,10 @@ use crate::limit::Policy;
 pub trait Store: Send + Sync + fmt::Debug + sealed::Sealed + 'static {
     /// Decides one GCRA call, all limits of the policy together.
     fn gcra(&self, call: GcraCall<'_>) -> StoreFuture<Decision>;
+
+    /// Decides one call with the policy's window algorithm (sliding log,
+    /// sliding-window counter or fixed window), all windows together.
+    fn window(&self, call: WindowCall<'_>) -> StoreFuture<Decision>;
 
     /// A short name for logs and metrics: `"memory"` or `"redis"`.
     fn kind(&self) -> &'static str;
@@ -86,6 +94,42 @@ impl GcraCall<'_> {
 
     fn max_wait_us(&self) -> u64 {
         u64::try_from(self.max_wait.as_micros()).unwrap_or(u64::MAX)
+    }
+}
+
+/// One call to decide with a window algorithm: which policy, for whom, at
+/// what cost. Borrowed, like [`GcraCall`].
+#[derive(Clone, Copy, Debug)]
+pub struct WindowCall<'a> {
+    pub(crate) policy: &'a Policy,
+    pub(crate) key: &'a Key,
+    pub(crate) cost: u64,
+}
+
+impl WindowCall<'_> {
+    /// The policy whose windows decide.
+    pub fn policy(&self) -> &Policy {
+        self.policy
+    }
+
+    /// The identity being limited.
+    pub fn key(&self) -> &Key {
+        self.key
+    }
+
+    /// The call's cost (weight).
+    pub fn cost(&self) -> u64 {
+        self.cost
+    }
+
+    /// The same call as an ordinary GCRA check.
+    pub(crate) fn as_gcra(&self) -> GcraCall<'_> {
+        GcraCall {
+            policy: self.policy,
+            key: self.key,
+            cost: self.cost,
+            max_wait: Duration::ZERO,
+        }
     }
 }
 

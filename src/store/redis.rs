@@ -7,7 +7,9 @@ use redis::{ErrorKind, ServerErrorKind, Value};
 
 use super::connection::Conn;
 use super::deny_cache::{DenyCache, DenyCacheStats, RealClock};
-use super::{GcraCall, Store, StoreFuture};
+mod window;
+
+use super::{GcraCall, Store, StoreFuture, WindowCall};
 use crate::clock::{Clock, SystemClock};
 use crate::decision::Decision;
 use crate::error::{ConfigError, StoreError};
@@ -94,6 +96,7 @@ struct Inner {
     time: TimeSource,
     gcra: LuaScript,
     deny: Option<DenyCache>,
+    windows: window::Scripts,
 }
 
 impl RedisStore {
@@ -284,6 +287,10 @@ impl Store for RedisStore {
         self.run_gcra(call)
     }
 
+    fn window(&self, call: WindowCall<'_>) -> StoreFuture<Decision> {
+        self.run_window(call)
+    }
+
     fn kind(&self) -> &'static str {
         "redis"
     }
@@ -408,6 +415,7 @@ impl RedisStoreBuilder {
                 time: self.time,
                 gcra: LuaScript::new(GCRA_LUA),
                 deny,
+                windows: window::Scripts::new(),
             }),
         })
     }

@@ -1,0 +1,85 @@
+-- Fixed windows over one or more limits of one identity, decided together:
+-- the call passes only if every window admits it, and a denied call
+-- stores nothing. Transcribes fixed_window in src/window.rs; keep the two
+-- in step.
+--
+-- KEYS[i]        counter of window i: "<window start>:<cost so far>"
+-- ARGV[1]        now in microseconds, or "" to read the server clock
+-- ARGV[2]        cost (never above the smallest count: checked by the caller)
+-- ARGV[1+2i]     length of window i, in microseconds
+-- ARGV[2+2i]     count of window i
+--
+-- Windows are aligned to the clock's epoch: [k·length, (k+1)·length).
+-- The stored start says which window a count belongs to, so a count is
+-- never read into the next window, whatever the key's TTL.
+--
+-- Returns {allowed (1/0), deciding window (1-based), remaining, reset_us,
+--          retry_after_us (0 when allowed)}.
+
+local now
+if ARGV[1] == '' then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+else
+  now = tonumber(ARGV[1])
+end
+local cost = tonumber(ARGV[2])
+local n = #KEYS
+
+-- floor(a / b) for non-negative integers, immune to division rounding.
+local function idiv(a, b)
+  local q = math.floor(a / b)
+  if q * b > a then q = q - 1 elseif (q + 1) * b <= a then q = q + 1 end
+  return q
+end
+
+local admits, remaining, reset, starts, used = {}, {}, {}, {}, {}
+for i = 1, n do
+  local length = tonumber(ARGV[1 + 2 * i])
+  local count = tonumber(ARGV[2 + 2 * i])
+  local start = idiv(now, length) * length
+  starts[i] = start
+  used[i] = 0
+  local stored = redis.call('GET', KEYS[i])
+  if stored then
+    local s, c = string.match(stored, '^(%d+):(%d+)$')
+    if not s then return redis.error_reply('fleetgate: unreadable window state') end
+    if tonumber(s) == start then used[i] = tonumber(c) end
+  end
+  reset[i] = start + length - now
+  admits[i] = used[i] + cost <= count
+  if admits[i] then
+    remaining[i] = count - used[i] - cost
+  else
+    remaining[i] = count - used[i]
+    if remaining[i] < 0 then remaining[i] = 0 end
+  end
+end
+
+-- Denied: the window with the longest retry. Admitted: the one with the
+-- least remaining. On ties the longest window, then the first.
+local function longer(i, j) return tonumber(ARGV[1 + 2 * i]) > tonumber(ARGV[1 + 2 * j]) end
+local worst, tight = 0, 0
+for i = 1, n do
+  if not admits[i] then
+    if worst == 0 or reset[i] > reset[worst]
+        or (reset[i] == reset[worst] and longer(i, worst)) then
+      worst = i
+    end
+  elseif tight == 0 or remaining[i] < remaining[tight]
+      or (remaining[i] == remaining[tight] and longer(i, tight)) then
+    tight = i
+  end
+end
+if worst > 0 then
+  return {0, worst, remaining[worst], reset[worst], reset[worst]}
+end
+
+for i = 1, n do
+  -- The key lives until its window ends.
+  local ttl_ms = math.ceil(reset[i] / 1000)
+  if ttl_ms < 1 then ttl_ms = 1 end
+  local value = string.format('%d:%d', starts[i], used[i] + cost)
+  redis.call('SET', KEYS[i], value, 'PX', ttl_ms)
+end
+return {1, tight, remaining[tight], reset[tight], 0}

@@ -1,0 +1,123 @@
+-- Sliding-window counters over one or more limits of one identity, decided
+-- together: the call passes only if every window admits it, and a denied
+-- call stores nothing. Transcribes sliding_counter in src/window.rs; keep
+-- the two in step, down to the order of every floating-point operation,
+-- so that both stores decide alike.
+--
+-- KEYS[i]        counters of window i: "<fixed window start>:<its cost so
+--                far>:<the previous fixed window's cost>"
+-- ARGV[1]        now in microseconds, or "" to read the server clock
+-- ARGV[2]        cost (never above the smallest count: checked by the caller)
+-- ARGV[1+2i]     length of window i, in microseconds
+-- ARGV[2+2i]     count of window i
+--
+-- The estimate of a sliding window of length W ending now is the current
+-- fixed window's cost plus the previous one's, weighted by the share of it
+-- the sliding window still covers: est = prev * (r / W), r = time left in
+-- the current fixed window. Admitted when est <= count - curr - cost.
+--
+-- Returns {allowed (1/0), deciding window (1-based), remaining, reset_us,
+--          retry_after_us (0 when allowed)}.
+
+local now
+if ARGV[1] == '' then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+else
+  now = tonumber(ARGV[1])
+end
+local cost = tonumber(ARGV[2])
+local n = #KEYS
+
+-- floor(a / b) for non-negative integers, immune to division rounding.
+local function idiv(a, b)
+  local q = math.floor(a / b)
+  if q * b > a then q = q - 1 elseif (q + 1) * b <= a then q = q + 1 end
+  return q
+end
+
+local admits, remaining, reset, retry, starts, currs, prevs = {}, {}, {}, {}, {}, {}, {}
+for i = 1, n do
+  local length = tonumber(ARGV[1 + 2 * i])
+  local count = tonumber(ARGV[2 + 2 * i])
+  local start = idiv(now, length) * length
+  local finish = start + length
+  local curr, prev = 0, 0
+  local stored = redis.call('GET', KEYS[i])
+  if stored then
+    local s, c, p = string.match(stored, '^(%d+):(%d+):(%d+)$')
+    if not s then return redis.error_reply('fleetgate: unreadable window state') end
+    s, c, p = tonumber(s), tonumber(c), tonumber(p)
+    if s == start then
+      curr, prev = c, p
+    elseif s == start - length then
+      prev = c
+    end
+  end
+  starts[i], currs[i], prevs[i] = start, curr, prev
+  local r = finish - now
+  local weight = r / length
+  local est = prev * weight
+  local room = count - curr - cost
+  if est <= room then
+    admits[i] = true
+    remaining[i] = math.floor(room - est)
+    reset[i] = finish + length - now
+    retry[i] = 0
+  else
+    admits[i] = false
+    local wait
+    if room >= 0 then
+      local x = room * length / prev
+      wait = math.ceil(r - x)
+    else
+      local room2 = count - cost
+      if curr <= room2 then
+        wait = r
+      else
+        local x = room2 * length / curr
+        wait = r + math.ceil(length - x)
+      end
+    end
+    if wait < 1 then wait = 1 end
+    retry[i] = wait
+    remaining[i] = math.floor(count - curr - est)
+    if remaining[i] < 0 then remaining[i] = 0 end
+    if curr > 0 then
+      reset[i] = finish + length - now
+    elseif prev > 0 then
+      reset[i] = r
+    else
+      reset[i] = 0
+    end
+  end
+end
+
+-- Denied: the window with the longest retry. Admitted: the one with the
+-- least remaining. On ties the longest window, then the first.
+local function longer(i, j) return tonumber(ARGV[1 + 2 * i]) > tonumber(ARGV[1 + 2 * j]) end
+local worst, tight = 0, 0
+for i = 1, n do
+  if not admits[i] then
+    if worst == 0 or retry[i] > retry[worst]
+        or (retry[i] == retry[worst] and longer(i, worst)) then
+      worst = i
+    end
+  elseif tight == 0 or remaining[i] < remaining[tight]
+      or (remaining[i] == remaining[tight] and longer(i, tight)) then
+    tight = i
+  end
+end
+if worst > 0 then
+  return {0, worst, remaining[worst], reset[worst], retry[worst]}
+end
+
+for i = 1, n do
+  local length = tonumber(ARGV[1 + 2 * i])
+  -- The count must outlive its window: it is the next one's "previous".
+  local ttl_ms = math.ceil((starts[i] + 2 * length - now) / 1000)
+  if ttl_ms < 1 then ttl_ms = 1 end
+  local value = string.format('%d:%d:%d', starts[i], currs[i] + cost, prevs[i])
+  redis.call('SET', KEYS[i], value, 'PX', ttl_ms)
+end
+return {1, tight, remaining[tight], reset[tight], 0}

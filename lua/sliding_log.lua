@@ -1,0 +1,105 @@
+-- Sliding-window log over one or more windows of one identity, all kept in
+-- one sorted set (trimmed to the longest window) and decided together: the
+-- call passes only if every window admits it, and a denied call is not
+-- logged. Transcribes sliding_log in src/window.rs; keep the two in step.
+--
+-- KEYS[1]        the log: score = admission time in microseconds, one
+--                member per unit of cost
+-- ARGV[1]        now in microseconds, or "" to read the server clock
+-- ARGV[2]        cost (never above the smallest count: checked by the caller)
+-- ARGV[1+2i]     length of window i, in microseconds
+-- ARGV[2+2i]     count of window i
+--
+-- Members are "<time>-<seq>", seq counting the members already logged at
+-- that same microsecond. The script runs atomically on the one server that
+-- holds the key, so members are unique whichever process or machine calls,
+-- and two calls in one microsecond both count.
+--
+-- Returns {allowed (1/0), deciding window (1-based), remaining, reset_us,
+--          retry_after_us (0 when allowed)}.
+
+local now
+if ARGV[1] == '' then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+else
+  now = tonumber(ARGV[1])
+end
+local cost = tonumber(ARGV[2])
+local key = KEYS[1]
+local n = (#ARGV - 2) / 2
+
+local function fmt(x) return string.format('%d', x) end
+
+-- The newest logged time: the reset is when it leaves a window. After an
+-- admitted call it is at least now.
+local newest = now
+local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+if last[2] then newest = tonumber(last[2]) end
+local top = newest
+if top < now then top = now end
+
+local admits, remaining, reset, retry = {}, {}, {}, {}
+local longest = 0
+for i = 1, n do
+  local length = tonumber(ARGV[1 + 2 * i])
+  local count = tonumber(ARGV[2 + 2 * i])
+  if length > longest then longest = length end
+  local after = '(' .. fmt(now - length)
+  local used = redis.call('ZCOUNT', key, after, '+inf')
+  if used + cost <= count then
+    reset[i] = top + length - now
+    admits[i] = true
+    remaining[i] = count - used - cost
+    retry[i] = 0
+  else
+    -- The k-th oldest entry in the window must leave before the call fits.
+    local k = used + cost - count
+    local entry = redis.call('ZRANGEBYSCORE', key, after, '+inf', 'WITHSCORES', 'LIMIT', k - 1, 1)
+    if not entry[2] then return redis.error_reply('fleetgate: sliding log changed under the script') end
+    admits[i] = false
+    -- Denied, so the window holds entries: the newest is one.
+    reset[i] = newest + length - now
+    remaining[i] = count - used
+    if remaining[i] < 0 then remaining[i] = 0 end
+    retry[i] = tonumber(entry[2]) + length - now
+  end
+end
+
+-- Denied: the window with the longest retry. Admitted: the one with the
+-- least remaining. On ties the longest window, then the first.
+local function longer(i, j) return tonumber(ARGV[1 + 2 * i]) > tonumber(ARGV[1 + 2 * j]) end
+local worst, tight = 0, 0
+for i = 1, n do
+  if not admits[i] then
+    if worst == 0 or retry[i] > retry[worst]
+        or (retry[i] == retry[worst] and longer(i, worst)) then
+      worst = i
+    end
+  elseif tight == 0 or remaining[i] < remaining[tight]
+      or (remaining[i] == remaining[tight] and longer(i, tight)) then
+    tight = i
+  end
+end
+if worst > 0 then
+  return {0, worst, remaining[worst], reset[worst], retry[worst]}
+end
+
+redis.call('ZREMRANGEBYSCORE', key, '-inf', fmt(now - longest))
+local seq = redis.call('ZCOUNT', key, fmt(now), fmt(now))
+local j = 0
+while j < cost do
+  local args = {}
+  local upto = math.min(cost, j + 500)
+  while j < upto do
+    args[#args + 1] = fmt(now)
+    args[#args + 1] = fmt(now) .. '-' .. fmt(seq + j)
+    j = j + 1
+  end
+  redis.call('ZADD', key, unpack(args))
+end
+-- Once the newest entry has left the longest window the log means nothing.
+local ttl_ms = math.ceil((top + longest - now) / 1000)
+if ttl_ms < 1 then ttl_ms = 1 end
+redis.call('PEXPIRE', key, ttl_ms)
+return {1, tight, remaining[tight], reset[tight], 0}

@@ -1,0 +1,473 @@
+//! The window algorithms over one or more windows at once: sliding log,
+//! sliding-window counter and fixed window.
+//!
+//! This is their one definition: [`MemoryStore`] calls these functions and
+//! `lua/sliding_log.lua`, `lua/sliding_counter.lua` and `lua/fixed_window.lua`
+//! transcribe them for Redis. Times are integer microseconds. Every window
+//! must admit the call or nothing is stored, and the decision names the
+//! window that decided:
+//!
+//! - denied: the window asking for the longest retry;
+//! - admitted: the window with the least remaining;
+//! - on ties, the longest window, then the first: with "25 per 5 s and 300
+//!   per minute", a client that has used up both is told about the minute.
+//!
+//! A window of length `W` holding `count`, for a call of cost `n` at `now`:
+//!
+//! ```text
+//! sliding log      used = cost logged at times t > now − W
+//!                  admit ⇔ used + n ≤ count
+//!                  retry = t_k + W − now, t_k the k-th oldest logged time
+//!                          in the window, k = used + n − count
+//! fixed window     start = ⌊now / W⌋·W, used = cost admitted since start
+//!                  admit ⇔ used + n ≤ count;  retry = reset = start + W − now
+//! sliding counter  curr, prev = cost admitted in the current and previous
+//!                  fixed windows; r = start + W − now (1 ..= W)
+//!                  est = prev · (r / W)                   (a double)
+//!                  admit ⇔ est ≤ count − curr − n
+//! ```
+//!
+//! The sliding counter's weighting is computed in IEEE doubles, in the same
+//! order of operations as the Lua script, so that both stores give the same
+//! answers bit for bit; every integer in it stays below 2^53 (window lengths
+//! are at most 2^50 µs and counts at most one per microsecond of a window).
+//! Costs above a window's count are refused before any store is asked (see
+//! [`Limiter`]), so `n ≤ count` here.
+//!
+//! [`MemoryStore`]: crate::MemoryStore
+//! [`Limiter`]: crate::Limiter
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use crate::algorithm::Algorithm;
+use crate::decision::Decision;
+use crate::error::ConfigError;
+use crate::limit::Limit;
+
+/// A window admits its rate's count: a limit with another burst is refused
+/// rather than silently given a different meaning.
+pub(crate) fn check_limits(algorithm: Algorithm, limits: &[Limit]) -> Result<(), ConfigError> {
+    if !algorithm.is_window() {
+        return Ok(());
+    }
+    match limits.iter().find(|l| l.burst() != l.rate().count()) {
+        Some(l) => Err(ConfigError::WindowBurst {
+            name: l.name().to_owned(),
+            burst: l.burst(),
+            count: l.rate().count(),
+        }),
+        None => Ok(()),
+    }
+}
+
+/// One window: its length in microseconds and the cost it admits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Window {
+    pub(crate) length: u64,
+    pub(crate) count: u64,
+}
+
+impl Window {
+    /// The window a limit stands for: its rate's period (rounded up to whole
+    /// microseconds) and count. The builders keep the period at most 2^50 µs.
+    pub(crate) fn of(limit: &Limit) -> Window {
+        let rate = limit.rate();
+        let length = rate.period().as_nanos().div_ceil(1000);
+        Window {
+            length: u64::try_from(length).unwrap_or(u64::MAX),
+            count: rate.count(),
+        }
+    }
+}
+
+/// What one window says about a call. When it admits, `remaining` and
+/// `reset` are those after the call; when it denies, those of now.
+#[derive(Clone, Copy, Debug)]
+struct Verdict {
+    admits: bool,
+    remaining: u64,
+    reset: u64,
+    retry: u64,
+}
+
+/// All windows together: the decision, naming the window that decided.
+fn combine(windows: &[Window], verdicts: &[Verdict]) -> Decision {
+    let mut worst: Option<usize> = None;
+    let mut tightest = 0;
+    for (i, v) in verdicts.iter().enumerate() {
+        let longer = |j: usize| windows[i].length > windows[j].length;
+        if !v.admits {
+            if worst.is_none_or(|w| {
+                let w_retry = verdicts[w].retry;
+                v.retry > w_retry || (v.retry == w_retry && longer(w))
+            }) {
+                worst = Some(i);
+            }
+        } else {
+            let t = verdicts[tightest].remaining;
+            if v.remaining < t || (v.remaining == t && longer(tightest)) {
+                tightest = i;
+            }
+        }
+    }
+    let (limit, v) = match worst {
+        Some(i) => (i, verdicts[i]),
+        None => (tightest, verdicts[tightest]),
+    };
+    Decision {
+        allowed: v.admits,
+        limit,
+        remaining: v.remaining,
+        reset: Duration::from_micros(v.reset),
+        retry_after: (!v.admits).then(|| Duration::from_micros(v.retry)),
+        wait: Duration::ZERO,
+    }
+}
+
+/// Index of the first logged time inside a window of length `length`: the
+/// first time `t > now − length`.
+fn window_start(log: &VecDeque<u64>, now: u64, length: u64) -> usize {
+    match now.checked_sub(length) {
+        Some(cutoff) => log.partition_point(|&t| t <= cutoff),
+        None => 0,
+    }
+}
+
+/// Sliding log over `windows`, all sharing `log`: the times of admitted
+/// calls in ascending order, one entry per unit of cost. An admitted call
+/// drops what is older than the longest window and logs `cost` entries at
+/// `now`; a denied call changes nothing. Returns the decision and, when
+/// admitted, the time from which the log means nothing (every entry has
+/// left every window).
+pub(crate) fn sliding_log(
+    windows: &[Window],
+    log: &mut VecDeque<u64>,
+    now: u64,
+    cost: u64,
+) -> (Decision, Option<u64>) {
+    let mut verdicts = [EMPTY; crate::limit::MAX_LIMITS_PER_POLICY];
+    let newest = log.back().copied();
+    for (v, w) in verdicts.iter_mut().zip(windows) {
+        let first = window_start(log, now, w.length);
+        let used = (log.len() - first) as u64;
+        *v = if used.saturating_add(cost) <= w.count {
+            Verdict {
+                admits: true,
+                remaining: w.count - used - cost,
+                reset: newest.unwrap_or(0).max(now) + w.length - now,
+                retry: 0,
+            }
+        } else {
+            // used + cost > count ≥ cost, so 1 ≤ k ≤ used: entry k exists.
+            let k = (used + cost - w.count) as usize;
+            let leaves = log[first + k - 1] + w.length;
+            Verdict {
+                admits: false,
+                remaining: w.count.saturating_sub(used),
+                // Denied, so the window holds entries: the newest is one.
+                reset: newest.unwrap_or(now) + w.length - now,
+                retry: leaves - now,
+            }
+        };
+    }
+    let decision = combine(windows, &verdicts[..windows.len()]);
+    if !decision.allowed {
+        return (decision, None);
+    }
+    let longest = windows.iter().map(|w| w.length).max().unwrap_or(0);
+    let stale = window_start(log, now, longest);
+    log.drain(..stale);
+    let at = log.partition_point(|&t| t <= now);
+    for _ in 0..cost {
+        log.insert(at, now);
+    }
+    let newest = log.back().copied().unwrap_or(now);
+    (decision, Some(newest + longest))
+}
+
+const EMPTY: Verdict = Verdict {
+    admits: true,
+    remaining: 0,
+    reset: 0,
+    retry: 0,
+};
+
+/// The counts of one window of the counter algorithms: the fixed window
+/// starting at `start`, its cost so far, and the cost of the window before
+/// it (sliding counter only).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Counter {
+    pub(crate) start: u64,
+    pub(crate) count: u64,
+    pub(crate) prev: u64,
+}
+
+impl Counter {
+    /// (current, previous) cost for the fixed window starting at `start`.
+    fn counts(&self, start: u64, length: u64) -> (u64, u64) {
+        if self.start == start {
+            (self.count, self.prev)
+        } else if start.checked_sub(length) == Some(self.start) {
+            (0, self.count)
+        } else {
+            (0, 0)
+        }
+    }
+}
+
+/// Fixed windows aligned to the clock's epoch. `counters[i]` is window
+/// `i`'s state; an admitted call updates every one. Returns the decision
+/// and, when admitted, the time from which the state means nothing.
+pub(crate) fn fixed_window(
+    windows: &[Window],
+    counters: &mut [Counter],
+    now: u64,
+    cost: u64,
+) -> (Decision, Option<u64>) {
+    let mut verdicts = [EMPTY; crate::limit::MAX_LIMITS_PER_POLICY];
+    for ((v, w), c) in verdicts.iter_mut().zip(windows).zip(counters.iter()) {
+        let start = now / w.length * w.length;
+        let reset = start + w.length - now;
+        let (used, _) = c.counts(start, w.length);
+        *v = if used.saturating_add(cost) <= w.count {
+            Verdict {
+                admits: true,
+                remaining: w.count - used - cost,
+                reset,
+                retry: 0,
+            }
+        } else {
+            Verdict {
+                admits: false,
+                remaining: w.count.saturating_sub(used),
+                reset,
+                retry: reset,
+            }
+        };
+    }
+    let decision = combine(windows, &verdicts[..windows.len()]);
+    if !decision.allowed {
+        return (decision, None);
+    }
+    let mut idle_at = now;
+    for (w, c) in windows.iter().zip(counters.iter_mut()) {
+        let start = now / w.length * w.length;
+        let (used, _) = c.counts(start, w.length);
+        *c = Counter {
+            start,
+            count: used + cost,
+            prev: 0,
+        };
+        idle_at = idle_at.max(start + w.length);
+    }
+    (decision, Some(idle_at))
+}
+
+/// Sliding-window counters: each window's fixed-window count plus the
+/// previous fixed window's, weighted by how much of it the sliding window
+/// still covers. Returns the decision and, when admitted, the time from
+/// which the state means nothing.
+pub(crate) fn sliding_counter(
+    windows: &[Window],
+    counters: &mut [Counter],
+    now: u64,
+    cost: u64,
+) -> (Decision, Option<u64>) {
+    let mut verdicts = [EMPTY; crate::limit::MAX_LIMITS_PER_POLICY];
+    for ((v, w), c) in verdicts.iter_mut().zip(windows).zip(counters.iter()) {
+        let start = now / w.length * w.length;
+        let end = start + w.length;
+        let (curr, prev) = c.counts(start, w.length);
+        // The share of the previous window still inside the sliding one.
+        let r = end - now;
+        let weight = r as f64 / w.length as f64;
+        let est = prev as f64 * weight;
+        let room = w.count as f64 - curr as f64 - cost as f64;
+        *v = if est <= room {
+            Verdict {
+                admits: true,
+                remaining: (room - est).floor() as u64,
+                reset: end + w.length - now,
+                retry: 0,
+            }
+        } else {
+            let retry = if room >= 0.0 {
+                // Wait in this window until the previous one weighs little
+                // enough: prev · (r − d) / W ≤ room.
+                let x = room * w.length as f64 / prev as f64;
+                (r as f64 - x).ceil()
+            } else {
+                // Wait for the next window, where this one's count becomes
+                // the previous one: curr · (W − e) / W ≤ count − n.
+                let room = w.count as f64 - cost as f64;
+                if curr as f64 <= room {
+                    r as f64
+                } else {
+                    let x = room * w.length as f64 / curr as f64;
+                    r as f64 + (w.length as f64 - x).ceil()
+                }
+            };
+            let reset = if curr > 0 {
+                end + w.length - now
+            } else if prev > 0 {
+                r
+            } else {
+                0
+            };
+            Verdict {
+                admits: false,
+                remaining: (w.count as f64 - curr as f64 - est).floor().max(0.0) as u64,
+                reset,
+                retry: (retry as u64).max(1),
+            }
+        };
+    }
+    let decision = combine(windows, &verdicts[..windows.len()]);
+    if !decision.allowed {
+        return (decision, None);
+    }
+    let mut idle_at = now;
+    for (w, c) in windows.iter().zip(counters.iter_mut()) {
+        let start = now / w.length * w.length;
+        let (curr, prev) = c.counts(start, w.length);
+        *c = Counter {
+            start,
+            count: curr + cost,
+            prev,
+        };
+        idle_at = idle_at.max(start + 2 * w.length);
+    }
+    (decision, Some(idle_at))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: u64 = 1_000_000;
+
+    fn w(count: u64, secs: u64) -> Window {
+        Window {
+            length: secs * S,
+            count,
+        }
+    }
+
+    #[test]
+    fn sliding_log_counts_exactly_and_denials_log_nothing() {
+        let windows = [w(3, 10)];
+        let mut log = VecDeque::new();
+        let t0 = 100 * S;
+        for (i, remaining) in [2, 1].into_iter().enumerate() {
+            let (d, _) = sliding_log(&windows, &mut log, t0 + i as u64 * S, 1);
+            assert!(d.allowed);
+            assert_eq!(d.remaining, remaining);
+        }
+        let (d, idle) = sliding_log(&windows, &mut log, t0 + 2 * S, 1);
+        assert!(d.allowed);
+        assert_eq!(d.remaining, 0);
+        assert_eq!(idle, Some(t0 + 12 * S));
+        let (d, _) = sliding_log(&windows, &mut log, t0 + 5 * S, 1);
+        assert!(!d.allowed);
+        assert_eq!(d.retry_after, Some(Duration::from_secs(5)));
+        assert_eq!(log.len(), 3);
+        // The first entry leaves exactly at t0 + 10 s, not a microsecond before.
+        let (d, _) = sliding_log(&windows, &mut log, t0 + 10 * S - 1, 1);
+        assert!(!d.allowed);
+        assert_eq!(d.retry_after, Some(Duration::from_micros(1)));
+        let (d, _) = sliding_log(&windows, &mut log, t0 + 10 * S, 1);
+        assert!(d.allowed);
+        assert_eq!(log.len(), 3, "the stale entry was trimmed");
+    }
+
+    #[test]
+    fn sliding_log_retry_for_a_costly_call() {
+        let windows = [w(4, 10)];
+        let mut log = VecDeque::new();
+        for i in 0..4 {
+            assert!(sliding_log(&windows, &mut log, i * S, 1).0.allowed);
+        }
+        // Cost 3 needs the three oldest entries gone: the third leaves at 12 s.
+        let (d, _) = sliding_log(&windows, &mut log, 5 * S, 3);
+        assert_eq!(d.retry_after, Some(Duration::from_secs(7)));
+    }
+
+    #[test]
+    fn fixed_window_resets_on_the_boundary() {
+        let windows = [w(2, 10)];
+        let mut c = [Counter::default()];
+        let (d, _) = fixed_window(&windows, &mut c, 18 * S, 2);
+        assert!(d.allowed);
+        assert_eq!(d.reset, Duration::from_secs(2));
+        let (d, _) = fixed_window(&windows, &mut c, 20 * S - 1, 1);
+        assert_eq!(d.retry_after, Some(Duration::from_micros(1)));
+        let (d, _) = fixed_window(&windows, &mut c, 20 * S, 2);
+        assert!(d.allowed);
+    }
+
+    /// Waiting the retry a denial gives is enough, and a microsecond less
+    /// is not (the sliding counter's doubles included, in these cases).
+    #[test]
+    fn retry_after_is_when_the_call_passes() {
+        type Decide = fn(&[Window], &mut [Counter], u64, u64) -> (Decision, Option<u64>);
+        let mut denials = 0;
+        for decide in [fixed_window as Decide, sliding_counter] {
+            for (count, secs) in [(7, 10), (100, 60), (3, 1), (5000, 3600)] {
+                let windows = [w(count, secs)];
+                let length = secs * S;
+                for start in [0, length / 3, length - 1, 2 * length + 12_345] {
+                    for cost in [1, count / 2 + 1, count] {
+                        let mut c = [Counter::default()];
+                        let mut now = start;
+                        // Fill it up with a call every 1/count of a window.
+                        let mut denial = None;
+                        for _ in 0..3 * count {
+                            let (d, _) = decide(&windows, &mut c, now, cost);
+                            if !d.allowed {
+                                denial = Some(d);
+                                break;
+                            }
+                            now += length / count / 2;
+                        }
+                        let Some(d) = denial else { continue };
+                        let retry = d.retry_after.unwrap().as_micros() as u64;
+                        assert!(retry > 0);
+                        denials += 1;
+                        let mut early = c;
+                        let (d, _) = decide(&windows, &mut early, now + retry - 1, cost);
+                        assert!(!d.allowed, "{count}/{secs}s cost {cost}: passed early");
+                        let (d, _) = decide(&windows, &mut c, now + retry, cost);
+                        assert!(
+                            d.allowed,
+                            "{count}/{secs}s start {start} cost {cost}: denied after retry {retry}: {d:?}"
+                        );
+                    }
+                }
+            }
+        }
+        assert!(denials > 50, "only {denials} denials exercised");
+    }
+
+    #[test]
+    fn sliding_counter_weights_the_previous_window() {
+        let windows = [w(10, 10)];
+        let mut c = [Counter::default()];
+        let (d, _) = sliding_counter(&windows, &mut c, 5 * S, 10);
+        assert!(d.allowed);
+        // 25% into the next window, 75% of the 10 still count: 7.5, so 2
+        // calls fit (9.5 ≤ 10), the third does not.
+        let now = 12 * S + S / 2;
+        for remaining in [1, 0] {
+            let (d, _) = sliding_counter(&windows, &mut c, now, 1);
+            assert!(d.allowed);
+            assert_eq!(d.remaining, remaining);
+        }
+        let (d, _) = sliding_counter(&windows, &mut c, now, 1);
+        assert!(!d.allowed);
+        // 7.5 must fall to 7: (r − d) / W · 10 ≤ 7 ⇒ d ≥ 0.5 s.
+        assert_eq!(d.retry_after, Some(Duration::from_millis(500)));
+        let (d, _) = sliding_counter(&windows, &mut c, now + S / 2, 1);
+        assert!(d.allowed);
+    }
+}
