@@ -11,7 +11,12 @@
 //! | `100/s burst 500` | 100 per second, up to 500 at once |
 //! | `25/5s + 300/min` | both, decided together |
 //! | `25/5s as short + 300/min as long` | the same, with names for headers and errors |
-//! | `5000/h gcra` | the algorithm, named explicitly |
+//! | `5000/h sliding` | an exact sliding-window log of 5000 per hour |
+//! | `100/min fixed` | a fixed window of 100 per minute |
+//!
+//! Algorithms: `gcra` (the default), `sliding-log` (or `sliding`, `log`),
+//! `sliding-window` (or `sliding-counter`) and `fixed-window` (or `fixed`);
+//! see [`Algorithm`]. Window algorithms take no `burst`.
 //!
 //! Periods: a number (default 1) and a unit: `ms`, `s` (`sec`, `second`),
 //! `min` (`m`, `minute`), `h` (`hr`, `hour`), `d` (`day`); plurals are fine.
@@ -43,6 +48,7 @@ use std::ops::Range;
 use std::str::FromStr;
 use std::time::Duration;
 
+use crate::algorithm::Algorithm;
 use crate::error::ConfigError;
 use crate::limit::{Limit, Policy, Rate};
 
@@ -111,8 +117,34 @@ impl fmt::Display for ParseError {
 
 impl std::error::Error for ParseError {}
 
-/// The algorithms a policy text may name.
-const ALGORITHMS: &[&str] = &["gcra"];
+/// The algorithms a policy text may name, with their aliases.
+const ALGORITHMS: &[(&str, Algorithm)] = &[
+    ("gcra", Algorithm::Gcra),
+    ("sliding-log", Algorithm::SlidingLog),
+    ("sliding", Algorithm::SlidingLog),
+    ("log", Algorithm::SlidingLog),
+    ("sliding-window", Algorithm::SlidingWindow),
+    ("sliding-counter", Algorithm::SlidingWindow),
+    ("fixed-window", Algorithm::FixedWindow),
+    ("fixed", Algorithm::FixedWindow),
+];
+
+/// The algorithm named `word` (any case), if any.
+pub(crate) fn algorithm_named(word: &str) -> Option<Algorithm> {
+    let word = word.to_ascii_lowercase();
+    ALGORITHMS
+        .iter()
+        .find(|(name, _)| *name == word)
+        .map(|(_, a)| *a)
+}
+
+fn algorithm_names() -> String {
+    ALGORITHMS
+        .iter()
+        .map(|(name, _)| *name)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
 
 /// One limit as written: a rate, an optional burst and an optional name.
 /// [`build`](Self::build) checks it.
@@ -199,14 +231,17 @@ impl FromStr for Rate {
 pub struct PolicySpec {
     /// The limits, decided together.
     pub limits: Vec<LimitSpec>,
-    /// The algorithm's name, when one was given (`gcra`).
-    pub algorithm: Option<String>,
+    /// The algorithm, when one was given (default GCRA).
+    pub algorithm: Option<Algorithm>,
 }
 
 impl PolicySpec {
     /// Checks every limit and builds the policy under `name`.
     pub fn build(&self, name: impl Into<String>) -> Result<Policy, ConfigError> {
         let mut builder = Policy::builder(name);
+        if let Some(algorithm) = self.algorithm {
+            builder = builder.algorithm(algorithm);
+        }
         for limit in &self.limits {
             builder = builder.limit(limit.build()?);
         }
@@ -218,7 +253,7 @@ impl From<&Policy> for PolicySpec {
     fn from(policy: &Policy) -> Self {
         PolicySpec {
             limits: policy.limits().iter().map(LimitSpec::from).collect(),
-            algorithm: None,
+            algorithm: policy.algorithm().is_window().then(|| policy.algorithm()),
         }
     }
 }
@@ -231,7 +266,7 @@ impl fmt::Display for PolicySpec {
             }
             write!(f, "{limit}")?;
         }
-        if let Some(algorithm) = &self.algorithm {
+        if let Some(algorithm) = self.algorithm {
             write!(f, " {algorithm}")?;
         }
         Ok(())
@@ -267,22 +302,27 @@ impl FromStr for PolicySpec {
             }
             let problem = format!(
                 "expected `+`, `burst`, `as` or an algorithm ({})",
-                ALGORITHMS.join(", ")
+                algorithm_names()
             );
             let (word, span) = parser.word();
             if word.is_empty() {
                 return Err(parser.error_here(&problem));
             }
-            let word = word.to_ascii_lowercase();
-            if ALGORITHMS.contains(&word.as_str()) {
-                algorithm = Some(word);
+            if let Some(named) = algorithm_named(word) {
+                algorithm = Some(named);
                 parser.skip_space();
                 parser.end()?;
                 break;
             }
             return Err(ParseError::new(text, span, problem));
         }
-        Ok(PolicySpec { limits, algorithm })
+        let spec = PolicySpec { limits, algorithm };
+        // What only the whole policy can refuse (a burst on a window, too
+        // many limits, duplicate names).
+        if let Err(err) = spec.build("policy") {
+            return Err(ParseError::new(text, 0..text.len(), err.to_string()));
+        }
+        Ok(spec)
     }
 }
 
@@ -504,7 +544,22 @@ mod tests {
 
         let spec: PolicySpec = "  5_000 / hour  GCRA ".parse().unwrap();
         assert_eq!(spec.limits[0].rate, Rate::per_hour(5000));
-        assert_eq!(spec.algorithm.as_deref(), Some("gcra"));
+        assert_eq!(spec.algorithm, Some(Algorithm::Gcra));
+        let spec: PolicySpec = "5000/h sliding".parse().unwrap();
+        assert_eq!(spec.algorithm, Some(Algorithm::SlidingLog));
+        assert_eq!(spec.build("p").unwrap().algorithm(), Algorithm::SlidingLog);
+        for (text, algorithm) in [
+            ("1/s fixed", Algorithm::FixedWindow),
+            ("1/s Fixed-Window", Algorithm::FixedWindow),
+            ("1/s sliding-counter", Algorithm::SlidingWindow),
+            ("1/s sliding-window", Algorithm::SlidingWindow),
+            ("1/s log", Algorithm::SlidingLog),
+        ] {
+            assert_eq!(
+                text.parse::<PolicySpec>().unwrap().algorithm,
+                Some(algorithm)
+            );
+        }
 
         let spec: PolicySpec = "25/5s as short + 300/60s burst 10 as long".parse().unwrap();
         assert_eq!(spec.limits[0].name.as_deref(), Some("short"));
@@ -527,6 +582,8 @@ mod tests {
             "25/5s + 300/min",
             "25/5s burst 30 as short + 300/min as long",
             "5000/h gcra",
+            "25/5s + 300/min sliding-log",
+            "100/h fixed-window",
             "1/250ms + 7/d",
         ] {
             let spec: PolicySpec = text.parse().unwrap();
@@ -571,6 +628,16 @@ mod tests {
             ("1/99999999999d", "99999999999d", "too long"),
             ("100/s as", "", "a name after `as`"),
             ("100/s\u{1F600}", "\u{1F600}", "expected `+`"),
+            (
+                "10/s burst 20 sliding",
+                "10/s burst 20 sliding",
+                "window admits",
+            ),
+            (
+                "1/s as a + 2/s as a",
+                "1/s as a + 2/s as a",
+                "two limits are named",
+            ),
         ];
         for (text, fragment, problem) in cases {
             let e = err(text);
@@ -695,7 +762,7 @@ mod serde_impls {
     use serde::de::{self, MapAccess, Visitor};
     use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-    use super::{ALGORITHMS, LimitSpec, PolicySpec};
+    use super::{LimitSpec, PolicySpec, algorithm_named, algorithm_names};
     use crate::limit::Rate;
 
     impl Serialize for Rate {
@@ -787,15 +854,12 @@ mod serde_impls {
                 return Err("a policy needs at least one limit".into());
             }
             let algorithm = match t.algorithm {
-                Some(a) if ALGORITHMS.contains(&a.to_ascii_lowercase().as_str()) => {
-                    Some(a.to_ascii_lowercase())
-                }
-                Some(a) => {
-                    return Err(format!(
+                Some(a) => Some(algorithm_named(&a).ok_or_else(|| {
+                    format!(
                         "unknown algorithm {a:?}; expected one of {}",
-                        ALGORITHMS.join(", ")
-                    ));
-                }
+                        algorithm_names()
+                    )
+                })?),
                 None => None,
             };
             Ok(PolicySpec {

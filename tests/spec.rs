@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use fleetgate::spec::{PolicyFile, PolicySpec};
-use fleetgate::{ConfigError, Rate};
+use fleetgate::{Algorithm, ConfigError, Rate};
 
 const FILE: &str = r#"
 default = "general"
@@ -13,6 +13,8 @@ general = "100/s burst 200"
 upstream = "25/5s + 300/min"
 login = { limits = [{ rate = "5/min", name = "login" }] }
 mixed = { limits = ["10/s", { rate = "100/min", burst = 20 }], algorithm = "gcra" }
+window = { limits = ["25/5s", "300/min"], algorithm = "sliding-log" }
+hourly = "5000/h sliding"
 
 [[routes]]
 path = "/api/login"
@@ -28,7 +30,10 @@ policy = "upstream"
 fn a_toml_file_builds_named_policies() {
     let file: PolicyFile = toml::from_str(FILE).unwrap();
     let policies = file.policies().unwrap();
-    assert_eq!(policies.len(), 4);
+    assert_eq!(policies.len(), 6);
+    assert_eq!(policies["window"].algorithm(), Algorithm::SlidingLog);
+    assert_eq!(policies["hourly"].algorithm(), Algorithm::SlidingLog);
+    assert_eq!(policies["upstream"].algorithm(), Algorithm::Gcra);
     let upstream = &policies["upstream"];
     assert_eq!(upstream.name(), "upstream");
     assert_eq!(
