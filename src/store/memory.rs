@@ -4,7 +4,9 @@ use std::fmt;
 use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use super::{GcraCall, Store, StoreFuture};
+mod defer;
+
+use super::{DeferCall, GcraCall, Store, StoreFuture};
 use crate::clock::{Clock, MonotonicClock};
 use crate::decision::Decision;
 use crate::gcra::{self, Params};
@@ -206,6 +208,11 @@ impl Store for MemoryStore {
 
     fn kind(&self) -> &'static str {
         "memory"
+    }
+
+    fn gcra_defer(&self, call: DeferCall<'_>) -> StoreFuture<()> {
+        self.defer(&call);
+        StoreFuture::ready(Ok(()))
     }
 }
 

@@ -7,6 +7,7 @@
 
 mod memory;
 mod redis;
+mod defer;
 
 use std::fmt;
 use std::future::Future;
@@ -16,6 +17,7 @@ use std::time::Duration;
 
 pub use self::memory::{MemoryStore, MemoryStoreBuilder};
 pub use self::redis::{RedisStore, RedisStoreBuilder, TimeSource};
+pub use self::defer::DeferCall;
 
 use crate::decision::Decision;
 use crate::error::StoreError;
@@ -33,6 +35,11 @@ pub trait Store: Send + Sync + fmt::Debug + sealed::Sealed + 'static {
 
     /// A short name for logs and metrics: `"memory"` or `"redis"`.
     fn kind(&self) -> &'static str;
+
+    /// Upstream feedback: holds every GCRA limit of the policy back so that
+    /// the key's next call is admitted no earlier than the pause from now
+    /// (see [`Limiter::defer`](crate::Limiter::defer)). One round trip.
+    fn gcra_defer(&self, call: DeferCall<'_>) -> StoreFuture<()>;
 }
 
 mod sealed {

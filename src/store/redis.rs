@@ -5,7 +5,9 @@ use std::time::Duration;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{ErrorKind, ServerErrorKind, Value};
 
-use super::{GcraCall, Store, StoreFuture};
+mod defer;
+
+use super::{DeferCall, GcraCall, Store, StoreFuture};
 use crate::clock::{Clock, SystemClock};
 use crate::decision::Decision;
 use crate::error::{ConfigError, StoreError};
@@ -258,6 +260,10 @@ impl Store for RedisStore {
 
     fn kind(&self) -> &'static str {
         "redis"
+    }
+
+    fn gcra_defer(&self, call: DeferCall<'_>) -> StoreFuture<()> {
+        self.run_gcra_defer(call)
     }
 }
 
