@@ -225,6 +225,8 @@ mod defer_tests {
             tolerance: S,
         }];
         let mut tat = [0];
-        assert_eq!(defer(&p, &mut tat, u64::MAX - 1, u64::MAX), u64::MAX - S);
+        let idle = defer(&p, &mut tat, u64::MAX - 1, u64::MAX);
+        assert_eq!(tat, [u64::MAX - S]);
+        assert_eq!(idle, u64::MAX - 1);
     }
 }
