@@ -55,8 +55,9 @@ impl Limiter {
     /// use std::time::Duration;
     /// use fleetgate::{Key, Limit, Limiter, Policy, Rate};
     ///
-    /// # #[tokio::main(flavor = "current_thread")]
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // (Paused time: the memory store's clock stands still.)
     /// let limiter = Limiter::in_memory(Policy::single("api", Limit::new(Rate::per_second(10))?)?);
     /// let token = Key::new("token:1");
     /// // The upstream answered 429 with `Retry-After: 30`.
