@@ -179,9 +179,7 @@ pub(crate) fn defer(params: &[Params], tats: &mut [u64], now: u64, pause: u64) -
     let mut idle_at = now;
     for (p, tat) in params.iter().zip(tats.iter_mut()) {
         // τ ≥ T (a burst is at least 1), so this never goes below `until`.
-        let floor = until
-            .saturating_add(p.tolerance)
-            .saturating_sub(p.emission);
+        let floor = until.saturating_add(p.tolerance).saturating_sub(p.emission);
         *tat = (*tat).max(floor);
         idle_at = idle_at.max(*tat);
     }

@@ -5,9 +5,9 @@
 //! algorithm (`src/gcra.rs`, transcribed in `lua/gcra.lua`) and give the same decisions for the same
 //! sequence of calls and times.
 
+mod defer;
 mod memory;
 mod redis;
-mod defer;
 
 use std::fmt;
 use std::future::Future;
@@ -15,9 +15,9 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+pub use self::defer::DeferCall;
 pub use self::memory::{MemoryStore, MemoryStoreBuilder};
 pub use self::redis::{RedisStore, RedisStoreBuilder, TimeSource};
-pub use self::defer::DeferCall;
 
 use crate::decision::Decision;
 use crate::error::StoreError;
