@@ -147,7 +147,11 @@ fn hot() -> Key {
 
 /// `tasks` tasks calling `op` back to back for `duration`; the latencies of
 /// every call and the number of errors (or of "reserve had to wait").
-async fn phase<F, Fut>(tasks: usize, duration: Duration, op: F) -> Result<(Vec<Duration>, u64), BoxError>
+async fn phase<F, Fut>(
+    tasks: usize,
+    duration: Duration,
+    op: F,
+) -> Result<(Vec<Duration>, u64), BoxError>
 where
     F: Fn() -> Fut + Clone + Send + 'static,
     Fut: Future<Output = Result<bool, fleetgate::StoreError>> + Send + 'static,
@@ -269,8 +273,7 @@ async fn fleet(
     let log = upstream.0.lock().map_err(|_| "poisoned")?;
     let accepted: Vec<Instant> = log.accepted.clone();
     let achieved = if accepted.len() > 1 {
-        (accepted.len() - 1) as f64
-            / (accepted[accepted.len() - 1] - accepted[0]).as_secs_f64()
+        (accepted.len() - 1) as f64 / (accepted[accepted.len() - 1] - accepted[0]).as_secs_f64()
     } else {
         0.0
     };
@@ -357,7 +360,9 @@ async fn reset_stats(admin: &mut MultiplexedConnection) -> Result<(), BoxError> 
     Ok(())
 }
 
-async fn commandstats(admin: &mut MultiplexedConnection) -> Result<BTreeMap<String, u64>, BoxError> {
+async fn commandstats(
+    admin: &mut MultiplexedConnection,
+) -> Result<BTreeMap<String, u64>, BoxError> {
     let info: String = redis::cmd("INFO")
         .arg("commandstats")
         .query_async(admin)
