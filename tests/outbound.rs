@@ -309,6 +309,59 @@ async fn waiting_calls_go_exactly_at_their_slots_in_order() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn several_limits_are_reserved_together_and_the_latest_slot_wins() {
+    // 10/s one at a time, and at most 3 at once refilling 1 per second.
+    let policy = Policy::builder("two")
+        .limit(
+            Limit::builder(Rate::per_second(10))
+                .burst(1)
+                .build()
+                .unwrap(),
+        )
+        .limit(
+            Limit::builder(Rate::per_second(1))
+                .burst(3)
+                .build()
+                .unwrap(),
+        )
+        .build()
+        .unwrap();
+    let upstream = Upstream::unlimited();
+    let mut c = client(Limiter::in_memory(policy), 10 * S, upstream.clone());
+    let t0 = Instant::now();
+    let mut futs = Vec::new();
+    for i in 0..5 {
+        futs.push(start(&mut c, req(i, "a")).await);
+    }
+    join_in_order(futs).await;
+    let offsets: Vec<Duration> = upstream.calls().iter().map(|c| c.at - t0).collect();
+    assert_eq!(
+        offsets,
+        [Duration::ZERO, 100 * MS, 200 * MS, S, 2 * S],
+        "the 10/s limit spaces the burst of 3, then 1/s takes over"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn shadow_mode_reserves_but_never_waits() {
+    let upstream = Upstream::unlimited();
+    let limiter = Limiter::in_memory(one_limit("api", Rate::per_second(1), 1));
+    let mut c = RateLimitLayer::new(limiter.clone())
+        .key(GlobalKey::new())
+        .typed_errors()
+        .wait_up_to(S)
+        .shadow(true)
+        .layer(upstream.clone());
+    let t0 = Instant::now();
+    for i in 0..3 {
+        let res = c.ready().await.unwrap().call(req(i, "a")).await.unwrap();
+        assert_eq!(res.status(), 200);
+    }
+    assert_eq!(Instant::now(), t0, "no call slept");
+    assert_eq!(upstream.count(200), 3, "and none was refused");
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_slot_beyond_the_deadline_is_refused_at_once_and_reserves_nothing() {
     let upstream = Upstream::unlimited();
     let limiter = Limiter::in_memory(one_limit("api", Rate::per_second(1), 1));
