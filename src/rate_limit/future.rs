@@ -217,15 +217,17 @@ where
                 StateProj::Calling { fut, decision } => {
                     let result = ready!(fut.poll(cx));
                     let decision = decision.take();
+                    // The key is only kept when the feedback is enabled.
                     let pause = match (&result, this.key.as_ref()) {
-                        (Ok(response), Some(_)) => this
+                        (Ok(response), Some(key)) => this
                             .feedback
                             .pause(response)
-                            .filter(|pause| !pause.is_zero()),
+                            .filter(|pause| !pause.is_zero())
+                            .map(|pause| (pause, key)),
                         _ => None,
                     };
-                    match (pause, this.key.as_ref(), result) {
-                        (Some(pause), Some(key), Ok(response)) => {
+                    match (pause, result) {
+                        (Some((pause, key)), Ok(response)) => {
                             let report = this.common.limiter.defer(key, pause);
                             this.state.set(State::Reporting {
                                 report,
@@ -235,7 +237,7 @@ where
                             });
                             continue;
                         }
-                        (_, _, result) => Outcome::Passed(result, decision),
+                        (_, result) => Outcome::Passed(result, decision),
                     }
                 }
                 StateProj::Reporting {

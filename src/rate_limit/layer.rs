@@ -149,7 +149,9 @@ impl<K, C, M, Fb> RateLimitLayer<K, C, M, Fb> {
     /// A call of a cost above the burst can never pass and is refused
     /// without waiting. In shadow mode the layer reserves but never sleeps.
     /// `max_wait` is capped at about 35 years
-    /// ([`Limiter::reserve`](crate::Limiter::reserve)).
+    /// ([`Limiter::reserve`](crate::Limiter::reserve)). Waiting uses tokio's
+    /// timer: call and poll the service within a tokio runtime (with time
+    /// enabled), as `tower`'s own timeout layer requires too.
     pub fn wait_up_to(mut self, max_wait: Duration) -> Self {
         self.max_wait = Some(max_wait);
         self

@@ -11,7 +11,7 @@ use tower_service::Service;
 use super::future::Start;
 use super::{Cost, NoFeedback, OnMissingKey, ResponseFuture, Shared, UpstreamFeedback, mode};
 use crate::BoxError;
-use crate::key::KeyExtractor;
+use crate::key::{Key, KeyExtractor};
 use crate::response::{RejectionKind, ResponseBody};
 
 /// The service [`RateLimitLayer`](super::RateLimitLayer) produces.
@@ -108,7 +108,7 @@ impl<S, K, C, M, F> RateLimit<S, K, C, M, F> {
     fn decide<Req>(
         &mut self,
         mut start: Start<F>,
-        key: crate::key::Key,
+        key: Key,
         req: Req,
     ) -> ResponseFuture<S, Req, M, F>
     where
