@@ -117,10 +117,10 @@ impl<S, K, C, M, F> RateLimit<S, K, C, M, F> {
         F: UpstreamFeedback<S::Response>,
     {
         let cost = self.shared.cost.cost(&req);
-        let common = start.common.clone();
-        let mut decision = match common.max_wait {
-            Some(max_wait) => common.limiter.reserve(&key, cost, max_wait),
-            None => common.limiter.check(&key, cost),
+        let limiter = &start.common.limiter;
+        let mut decision = match start.common.max_wait {
+            Some(max_wait) => limiter.reserve(&key, cost, max_wait),
+            None => limiter.check(&key, cost),
         };
         if start.feedback.is_enabled() {
             start.key = Some(key);
@@ -128,8 +128,8 @@ impl<S, K, C, M, F> RateLimit<S, K, C, M, F> {
         // The memory store has decided already: call the service that was
         // driven to readiness right away, unless there is a slot to wait for.
         if let Some(result) = decision.take_ready() {
-            return match common.judge(result) {
-                Ok(decision) => match common.wait_for(decision.as_ref()) {
+            return match start.common.judge(result) {
+                Ok(decision) => match start.common.wait_for(decision.as_ref()) {
                     None => ResponseFuture::calling(start, self.inner.call(req), decision),
                     Some(wait) => {
                         let inner = self.take_ready();
