@@ -687,6 +687,73 @@ async fn redis_slots_go_to_calls_in_the_order_they_reach_redis_without_polling()
     assert_eq!(count("eval"), 0, "{info}");
 }
 
+/// FIFO across independent connections: call `i + 1` is issued, on another
+/// connection, only once call `i`'s reservation has landed in Redis (a
+/// keyspace notification for the key's `SET` is the signal), so the calls
+/// reach Redis in index order; they must reach the upstream in that order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_slots_are_fifo_across_connections() {
+    let server = RedisServer::start();
+    let policy = one_limit("fifo4", Rate::per_second(20), 1);
+    let upstream = Upstream::unlimited();
+    let mut clients = Vec::new();
+    let mut tat_key = String::new();
+    for _ in 0..4 {
+        let store = redis_store(&server).await;
+        tat_key = store.gcra_key(&policy, &Key::hashed("h:", b"\0fifo"), 0);
+        clients.push(client(
+            Limiter::new(policy.clone(), store),
+            10 * S,
+            upstream.clone(),
+        ));
+    }
+    let mut admin = server
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("notify-keyspace-events")
+        .arg("K$")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let mut events = redis::Client::open(format!("{}/?protocol=resp3", server.url()))
+        .unwrap()
+        .get_multiplexed_async_connection_with_config(
+            &redis::AsyncConnectionConfig::new().set_push_sender(tx),
+        )
+        .await
+        .unwrap();
+    events
+        .subscribe(format!("__keyspace@0__:{tat_key}"))
+        .await
+        .unwrap();
+    let n = 8;
+    let mut tasks = Vec::new();
+    for i in 0..n {
+        let fut = start(&mut clients[i % 4], req(i, "fifo")).await;
+        tasks.push(tokio::spawn(fut));
+        // Wait for this call's reservation to be stored before the next.
+        loop {
+            let push = tokio::time::timeout(10 * S, rx.recv())
+                .await
+                .expect("a keyspace notification within 10 s")
+                .expect("keyspace notifications");
+            if push.kind == redis::PushKind::Message {
+                break;
+            }
+        }
+    }
+    for task in tasks {
+        assert_eq!(task.await.unwrap().unwrap().status(), 200);
+    }
+    let expected: Vec<String> = (0..n).map(|i| i.to_string()).collect();
+    assert_eq!(upstream.labels(), expected);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_deadline_refusal_reserves_nothing() {
     let server = RedisServer::start();
