@@ -207,4 +207,18 @@ pub enum RateLimitError {
     /// The store failed and the layer fails closed.
     #[error("rate limiter unavailable: {0}")]
     Unavailable(String),
+    /// A waiting layer ([`RateLimitLayer::wait_up_to`](crate::RateLimitLayer::wait_up_to))
+    /// refused the call at once because its slot was further away than the
+    /// layer may wait; nothing was reserved.
+    #[error(
+        "rate limited by {limit}: the next slot is {wait:?} away, longer than the {max_wait:?} this call may wait"
+    )]
+    WaitTooLong {
+        /// The name of the limit whose slot was too far away.
+        limit: String,
+        /// How long the call would have had to wait.
+        wait: Duration,
+        /// The longest the layer waits.
+        max_wait: Duration,
+    },
 }

@@ -163,3 +163,68 @@ mod tests {
         assert_eq!(d.wait, Duration::from_secs(2));
     }
 }
+
+/// Upstream feedback: holds every limit back so that the next call of
+/// cost 1 is admitted no earlier than `now + pause`, and returns the time at
+/// which the state becomes idle again.
+///
+/// A call of cost 1 is admitted from `tat + T − τ` on, so the TAT is raised
+/// to at least `now + pause + τ − T` (never lowered). After the pause the
+/// limit resumes at its rate, one call at a time, not with a full burst: an
+/// upstream that has just asked for a pause should not then be hit by the
+/// whole fleet at once. `lua/gcra_defer.lua` transcribes this.
+pub(crate) fn defer(params: &[Params], tats: &mut [u64], now: u64, pause: u64) -> u64 {
+    debug_assert_eq!(params.len(), tats.len());
+    let until = now.saturating_add(pause);
+    let mut idle_at = now;
+    for (p, tat) in params.iter().zip(tats.iter_mut()) {
+        // τ ≥ T (a burst is at least 1), so this never goes below `until`.
+        let floor = until.saturating_add(p.tolerance).saturating_sub(p.emission);
+        *tat = (*tat).max(floor);
+        idle_at = idle_at.max(*tat);
+    }
+    idle_at
+}
+
+#[cfg(test)]
+mod defer_tests {
+    use super::*;
+
+    const S: u64 = 1_000_000;
+
+    #[test]
+    fn defer_holds_the_next_slot_back_then_resumes_at_the_rate() {
+        // Burst 3 at 1/s, untouched: a pause of 5 s, then one call at a time.
+        let p = [Params {
+            emission: S,
+            tolerance: 3 * S,
+        }];
+        let mut tat = [0];
+        let now = 100 * S;
+        let idle = defer(&p, &mut tat, now, 5 * S);
+        assert_eq!(idle, now + 7 * S);
+        let (d, _) = decide(&p, &mut tat, now + 5 * S - 1, 1, 0);
+        assert!(!d.allowed);
+        assert_eq!(d.retry_after, Some(Duration::from_micros(1)));
+        let (d, _) = decide(&p, &mut tat, now + 5 * S, 1, 0);
+        assert!(d.allowed);
+        let (d, _) = decide(&p, &mut tat, now + 5 * S, 1, 0);
+        assert!(!d.allowed, "no burst right after a pause");
+        // A state already further out is left alone.
+        let before = tat;
+        defer(&p, &mut tat, now, S);
+        assert_eq!(tat, before);
+    }
+
+    #[test]
+    fn defer_saturates() {
+        let p = [Params {
+            emission: S,
+            tolerance: S,
+        }];
+        let mut tat = [0];
+        let idle = defer(&p, &mut tat, u64::MAX - 1, u64::MAX);
+        assert_eq!(tat, [u64::MAX - S]);
+        assert_eq!(idle, u64::MAX - 1);
+    }
+}

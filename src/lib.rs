@@ -7,6 +7,9 @@
 //!   default) or [`RedisStore`] (shared by every instance of the fleet).
 //! - [`RateLimitLayer`] applies a limiter to an axum router or any tower
 //!   service; [`key`] extractors say who a request is.
+//! - Around a client of someone else's API, [`RateLimitLayer::wait_up_to`]
+//!   waits for the call's slot instead of refusing, oldest first across
+//!   the fleet; see [waiting for a slot](rate_limit#waiting-for-a-slot-outbound-clients).
 //!
 //! # An axum server
 //!

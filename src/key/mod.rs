@@ -7,12 +7,14 @@
 //! | [`ForwardedIp`] | the client address from `X-Forwarded-For` / `Forwarded`, trusted only from configured proxies | never (falls back to the peer) unless the peer is missing |
 //! | [`HeaderKey`] | a header such as `x-api-key` or a bearer token, hashed | header absent or empty |
 //! | [`GlobalKey`] | one key for everyone | never |
+//! | [`HostKey`] | the host a client request goes to (`host:api.example.com`) | no URI authority and no `Host` header |
 //! | [`key_fn`] | whatever your closure returns | closure returns `None` |
 //!
 //! Chain extractors with `.or(...)`: `HeaderKey::new("x-api-key").or(PeerIp)`
 //! limits per API key and falls back to the client address.
 
 mod header;
+mod host;
 mod ip;
 
 use std::fmt;
@@ -22,6 +24,7 @@ use std::sync::Arc;
 use sha2::{Digest, Sha256};
 
 pub use self::header::HeaderKey;
+pub use self::host::HostKey;
 pub use self::ip::{ClientIp, ForwardedIp, IpNet, IpPrefix, PeerIp};
 
 /// Keys longer than this are replaced by their SHA-256 digest, so that one
@@ -151,6 +154,7 @@ chainable!(
     [F] KeyFn<F>,
     [E] IpPrefix<E>,
     [A, B] Or<A, B>,
+    [] HostKey,
 );
 
 /// Tries one extractor, then another; see [`HeaderKey::or`].

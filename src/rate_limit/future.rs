@@ -4,28 +4,36 @@ use std::marker::PhantomData;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
+use std::time::Duration;
 
 use http::Response;
 use pin_project_lite::pin_project;
+use tokio::time::{Instant, Sleep};
 use tower_service::Service;
 
-use super::{Common, mode};
+use super::{Common, FEEDBACK_WARNINGS, NoFeedback, UpstreamFeedback, mode};
 use crate::BoxError;
 use crate::decision::Decision;
 use crate::error::{RateLimitError, StoreError};
+use crate::key::Key;
 use crate::response::{HeaderStyle, RejectionKind, ResponseBody};
 use crate::store::StoreFuture;
 
 pin_project! {
     /// The response future of [`RateLimit`](super::RateLimit): waits for the
-    /// store's decision, then calls the inner service or refuses.
-    pub struct ResponseFuture<S, Req, M>
+    /// store's decision (and, in waiting mode, for the call's slot), then
+    /// calls the inner service or refuses; with upstream feedback, records
+    /// the upstream's pause before handing its response back.
+    pub struct ResponseFuture<S, Req, M, F = NoFeedback>
     where
         S: Service<Req>,
     {
         #[pin]
         state: State<S, Req>,
         common: Arc<Common>,
+        feedback: F,
+        // The request's key, kept only when the feedback may need it.
+        key: Option<Key>,
         _mode: PhantomData<fn() -> M>,
     }
 }
@@ -36,14 +44,34 @@ pin_project! {
     where
         S: Service<Req>,
     {
+        // The store is deciding. `inner` was driven to readiness by the
+        // service's `poll_ready` and is called (at once, or after
+        // `Waiting`) without being polled again.
         Deciding {
             decision: StoreFuture<Decision>,
             inner: Option<S>,
             req: Option<Req>,
         },
+        // A slot was reserved; sleeping until it. Dropping the future here
+        // drops the request and the ready service uncalled.
+        Waiting {
+            #[pin]
+            sleep: Sleep,
+            inner: Option<S>,
+            req: Option<Req>,
+            decision: Option<Decision>,
+        },
         Calling {
             #[pin]
             fut: S::Future,
+            decision: Option<Decision>,
+        },
+        // The upstream asked for a pause: recording it before returning
+        // its response, so that the caller's next call already sees it.
+        Reporting {
+            report: StoreFuture<()>,
+            pause: Duration,
+            response: Option<S::Response>,
             decision: Option<Decision>,
         },
         Rejected {
@@ -59,15 +87,22 @@ enum Outcome<R, E> {
     Rejected(RejectionKind),
 }
 
-impl<S: Service<Req>, Req, M> ResponseFuture<S, Req, M> {
+/// What every response future of one call starts from.
+pub(crate) struct Start<F> {
+    pub(crate) common: Arc<Common>,
+    pub(crate) feedback: F,
+    pub(crate) key: Option<Key>,
+}
+
+impl<S: Service<Req>, Req, M, F> ResponseFuture<S, Req, M, F> {
     pub(crate) fn deciding(
-        common: Arc<Common>,
+        start: Start<F>,
         decision: StoreFuture<Decision>,
         inner: S,
         req: Req,
     ) -> Self {
         Self::with_state(
-            common,
+            start,
             State::Deciding {
                 decision,
                 inner: Some(inner),
@@ -76,22 +111,59 @@ impl<S: Service<Req>, Req, M> ResponseFuture<S, Req, M> {
         )
     }
 
-    pub(crate) fn calling(common: Arc<Common>, fut: S::Future, decision: Option<Decision>) -> Self {
-        Self::with_state(common, State::Calling { fut, decision })
+    pub(crate) fn waiting(
+        start: Start<F>,
+        wait: Duration,
+        inner: S,
+        req: Req,
+        decision: Option<Decision>,
+    ) -> Self {
+        Self::with_state(start, State::waiting(wait, inner, req, decision))
     }
 
-    pub(crate) fn rejected(common: Arc<Common>, kind: RejectionKind) -> Self {
-        Self::with_state(common, State::Rejected { kind: Some(kind) })
+    pub(crate) fn calling(start: Start<F>, fut: S::Future, decision: Option<Decision>) -> Self {
+        Self::with_state(start, State::Calling { fut, decision })
     }
 
-    fn with_state(common: Arc<Common>, state: State<S, Req>) -> Self {
+    pub(crate) fn rejected(start: Start<F>, kind: RejectionKind) -> Self {
+        Self::with_state(start, State::Rejected { kind: Some(kind) })
+    }
+
+    fn with_state(start: Start<F>, state: State<S, Req>) -> Self {
         ResponseFuture {
             state,
-            common,
+            common: start.common,
+            feedback: start.feedback,
+            key: start.key,
             _mode: PhantomData,
         }
     }
+}
 
+impl<S: Service<Req>, Req> State<S, Req> {
+    fn waiting(wait: Duration, inner: S, req: Req, decision: Option<Decision>) -> Self {
+        // The wait counts from the store's "now", which came a little
+        // before this reply: sleeping from here errs on the late side.
+        let sleep = match Instant::now().checked_add(wait) {
+            Some(deadline) => tokio::time::sleep_until(deadline),
+            // Beyond what the clock can hold (the wait is capped at about
+            // 35 years): tokio's own far-future sleep.
+            None => tokio::time::sleep(wait),
+        };
+        State::Waiting {
+            sleep,
+            inner: Some(inner),
+            req: Some(req),
+            decision,
+        }
+    }
+}
+
+impl<S, Req, M, F> ResponseFuture<S, Req, M, F>
+where
+    S: Service<Req>,
+    F: UpstreamFeedback<S::Response>,
+{
     fn poll_outcome(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -112,16 +184,89 @@ impl<S: Service<Req>, Req, M> ResponseFuture<S, Req, M> {
                     match (refusal, inner.take(), req.take()) {
                         (Some(kind), _, _) => Outcome::Rejected(kind),
                         (None, Some(mut inner), Some(req)) => {
-                            let fut = inner.call(req);
-                            this.state.set(State::Calling { fut, decision });
+                            let next = match this.common.wait_for(decision.as_ref()) {
+                                Some(wait) => State::waiting(wait, inner, req, decision),
+                                None => State::Calling {
+                                    fut: inner.call(req),
+                                    decision,
+                                },
+                            };
+                            this.state.set(next);
                             continue;
                         }
                         (None, _, _) => Outcome::polled_after_completion(),
                     }
                 }
+                StateProj::Waiting {
+                    sleep,
+                    inner,
+                    req,
+                    decision,
+                } => {
+                    ready!(sleep.poll(cx));
+                    match (inner.take(), req.take()) {
+                        (Some(mut inner), Some(req)) => {
+                            let fut = inner.call(req);
+                            let decision = decision.take();
+                            this.state.set(State::Calling { fut, decision });
+                            continue;
+                        }
+                        _ => Outcome::polled_after_completion(),
+                    }
+                }
                 StateProj::Calling { fut, decision } => {
                     let result = ready!(fut.poll(cx));
-                    Outcome::Passed(result, decision.take())
+                    let decision = decision.take();
+                    // The key is only kept when the feedback is enabled.
+                    let pause = match (&result, this.key.as_ref()) {
+                        (Ok(response), Some(key)) => this
+                            .feedback
+                            .pause(response)
+                            .filter(|pause| !pause.is_zero())
+                            .map(|pause| (pause, key)),
+                        _ => None,
+                    };
+                    match (pause, result) {
+                        (Some((pause, key)), Ok(response)) => {
+                            let report = this.common.limiter.defer(key, pause);
+                            this.state.set(State::Reporting {
+                                report,
+                                pause,
+                                response: Some(response),
+                                decision,
+                            });
+                            continue;
+                        }
+                        (_, result) => Outcome::Passed(result, decision),
+                    }
+                }
+                StateProj::Reporting {
+                    report,
+                    pause,
+                    response,
+                    decision,
+                } => {
+                    let recorded = ready!(Pin::new(report).poll(cx));
+                    if FEEDBACK_WARNINGS.allow() {
+                        let policy = this.common.limiter.policy().name();
+                        match recorded {
+                            Ok(()) => tracing::warn!(
+                                policy,
+                                pause = ?*pause,
+                                "upstream asked to slow down; identity paused fleet-wide"
+                            ),
+                            Err(err) => tracing::warn!(
+                                policy,
+                                pause = ?*pause,
+                                error = %err,
+                                "upstream asked to slow down; recording the pause failed"
+                            ),
+                        }
+                    }
+                    match response.take() {
+                        Some(response) => Outcome::Passed(Ok(response), decision.take()),
+                        None => Outcome::polled_after_completion(),
+                    }
                 }
                 StateProj::Rejected { kind } => match kind.take() {
                     Some(kind) => Outcome::Rejected(kind),
@@ -144,9 +289,10 @@ impl<R, E> Outcome<R, E> {
     }
 }
 
-impl<S, Req, ResBody> Future for ResponseFuture<S, Req, mode::Http>
+impl<S, Req, ResBody, F> Future for ResponseFuture<S, Req, mode::Http, F>
 where
     S: Service<Req, Response = Response<ResBody>>,
+    F: UpstreamFeedback<Response<ResBody>>,
 {
     type Output = Result<Response<ResponseBody<ResBody>>, S::Error>;
 
@@ -168,10 +314,11 @@ where
     }
 }
 
-impl<S, Req> Future for ResponseFuture<S, Req, mode::TypedErrors>
+impl<S, Req, F> Future for ResponseFuture<S, Req, mode::TypedErrors, F>
 where
     S: Service<Req>,
     S::Error: Into<BoxError>,
+    F: UpstreamFeedback<S::Response>,
 {
     type Output = Result<S::Response, BoxError>;
 
@@ -180,17 +327,24 @@ where
         Poll::Ready(match outcome {
             Outcome::Passed(result, _) => result.map_err(Into::into),
             Outcome::Rejected(kind) => Err(Box::new(match kind {
-                RejectionKind::Limited(d) => RateLimitError::Limited {
-                    limit: self
+                RejectionKind::Limited(d) => {
+                    let limit = self
                         .common
                         .limiter
                         .policy()
                         .limits()
                         .get(d.limit_index())
                         .map(|l| l.name().to_owned())
-                        .unwrap_or_default(),
-                    retry_after: d.retry_after(),
-                },
+                        .unwrap_or_default();
+                    match (self.common.max_wait, d.retry_after()) {
+                        (Some(max_wait), Some(wait)) => RateLimitError::WaitTooLong {
+                            limit,
+                            wait,
+                            max_wait,
+                        },
+                        (_, retry_after) => RateLimitError::Limited { limit, retry_after },
+                    }
+                }
                 RejectionKind::MissingKey(_) => RateLimitError::MissingKey,
                 RejectionKind::Unavailable(err) => RateLimitError::Unavailable(err.to_string()),
             })),
@@ -198,7 +352,7 @@ where
     }
 }
 
-impl<S: Service<Req>, Req, M> fmt::Debug for ResponseFuture<S, Req, M> {
+impl<S: Service<Req>, Req, M, F> fmt::Debug for ResponseFuture<S, Req, M, F> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ResponseFuture").finish_non_exhaustive()
     }

@@ -1,12 +1,13 @@
 use std::fmt;
 use std::marker::PhantomData;
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::Response;
 use tower_layer::Layer;
 
-use super::{Common, FailurePolicy, OnMissingKey, RateLimit, RejectFn, Shared, mode};
+use super::{Common, FailurePolicy, NoFeedback, OnMissingKey, RateLimit, RejectFn, Shared, mode};
 use crate::error::ConfigError;
 use crate::key::PeerIp;
 use crate::limiter::Limiter;
@@ -23,8 +24,13 @@ use crate::response::{HeaderStyle, PolicyHeaders, Rejection};
 /// `into_make_service_with_connect_info::<SocketAddr>()` (or add
 /// `MockConnectInfo` in tests), or every request lacks a key and is refused
 /// with 400 (logged at `warn`, at most once a second).
+///
+/// Around a client, [`wait_up_to`](Self::wait_up_to) makes the layer wait
+/// for a slot instead of refusing, and
+/// [`upstream_feedback`](Self::upstream_feedback) lets the upstream's own
+/// 429s pause the fleet; see [Waiting for a slot](crate::rate_limit#waiting-for-a-slot-outbound-clients).
 #[must_use]
-pub struct RateLimitLayer<K = PeerIp, C = u64, M = mode::Http> {
+pub struct RateLimitLayer<K = PeerIp, C = u64, M = mode::Http, F = NoFeedback> {
     limiter: Limiter,
     key: K,
     cost: C,
@@ -33,6 +39,8 @@ pub struct RateLimitLayer<K = PeerIp, C = u64, M = mode::Http> {
     shadow: bool,
     failure: FailurePolicy,
     rejection: Option<RejectFn>,
+    max_wait: Option<Duration>,
+    feedback: F,
     _mode: PhantomData<fn() -> M>,
 }
 
@@ -48,31 +56,33 @@ impl RateLimitLayer {
             shadow: false,
             failure: FailurePolicy::default(),
             rejection: None,
+            max_wait: None,
+            feedback: NoFeedback,
             _mode: PhantomData,
         }
     }
 }
 
-impl<K, C, M> RateLimitLayer<K, C, M> {
+impl<K, C, M, Fb> RateLimitLayer<K, C, M, Fb> {
     /// The limiter.
     pub fn limiter(&self) -> &Limiter {
         &self.limiter
     }
 
     /// Who a request is: any [`KeyExtractor`](crate::key::KeyExtractor).
-    pub fn key<K2>(self, key: K2) -> RateLimitLayer<K2, C, M> {
-        self.rebuild(|_, cost| (key, cost))
+    pub fn key<K2>(self, key: K2) -> RateLimitLayer<K2, C, M, Fb> {
+        self.rebuild(|_, cost, feedback| (key, cost, feedback))
     }
 
     /// How much a request costs: any [`Cost`](super::Cost), such as a
     /// closure over the request.
-    pub fn cost<C2>(self, cost: C2) -> RateLimitLayer<K, C2, M> {
-        self.rebuild(|key, _| (key, cost))
+    pub fn cost<C2>(self, cost: C2) -> RateLimitLayer<K, C2, M, Fb> {
+        self.rebuild(|key, _, feedback| (key, cost, feedback))
     }
 
     /// A fixed cost per request, refused if no request of that cost could
     /// ever pass the policy.
-    pub fn fixed_cost(self, cost: u64) -> Result<RateLimitLayer<K, u64, M>, ConfigError> {
+    pub fn fixed_cost(self, cost: u64) -> Result<RateLimitLayer<K, u64, M, Fb>, ConfigError> {
         let max = self.limiter.policy().max_cost();
         if cost > max {
             return Err(ConfigError::CostAboveBurst { cost, max });
@@ -124,13 +134,49 @@ impl<K, C, M> RateLimitLayer<K, C, M> {
 
     /// Refuse with a [`RateLimitError`](crate::RateLimitError) instead of an
     /// HTTP response; works around any `tower::Service`.
-    pub fn typed_errors(self) -> RateLimitLayer<K, C, mode::TypedErrors> {
-        self.rebuild(|key, cost| (key, cost))
+    pub fn typed_errors(self) -> RateLimitLayer<K, C, mode::TypedErrors, Fb> {
+        self.rebuild(|key, cost, feedback| (key, cost, feedback))
     }
 
-    /// The same settings with another key, cost or mode type.
-    fn rebuild<K2, C2, M2>(self, f: impl FnOnce(K, C) -> (K2, C2)) -> RateLimitLayer<K2, C2, M2> {
-        let (key, cost) = f(self.key, self.cost);
+    /// Waiting mode, for clients: instead of refusing a call over the
+    /// limit, reserve its slot (all limits of the policy, one round trip)
+    /// and sleep until it, then call the inner service. Calls are served in
+    /// the order they reach the store. A call whose slot is more than
+    /// `max_wait` away is refused at once, reserving nothing:
+    /// [`RateLimitError::WaitTooLong`](crate::RateLimitError::WaitTooLong)
+    /// in typed-error mode, a 429 with `Retry-After` otherwise.
+    ///
+    /// A call of a cost above the burst can never pass and is refused
+    /// without waiting. In shadow mode the layer reserves but never sleeps.
+    /// `max_wait` is capped at about 35 years
+    /// ([`Limiter::reserve`](crate::Limiter::reserve)). Waiting uses tokio's
+    /// timer: call and poll the service within a tokio runtime (with time
+    /// enabled), as `tower`'s own timeout layer requires too.
+    pub fn wait_up_to(mut self, max_wait: Duration) -> Self {
+        self.max_wait = Some(max_wait);
+        self
+    }
+
+    /// Upstream feedback: reads each response of the inner service with
+    /// `feedback` (such as [`RetryAfter`](super::RetryAfter) for
+    /// `http::Response`), and when it asks for a pause, records it for the
+    /// request's key in the store before returning the response, so that
+    /// every instance holds that identity back
+    /// ([`Limiter::defer`](crate::Limiter::defer)). Off by default.
+    ///
+    /// Slots already reserved by waiting calls keep their times; the pause
+    /// holds back the calls that reserve after it is recorded. If recording
+    /// fails, the failure is logged and the response returned as is.
+    pub fn upstream_feedback<Fb2>(self, feedback: Fb2) -> RateLimitLayer<K, C, M, Fb2> {
+        self.rebuild(|key, cost, _| (key, cost, feedback))
+    }
+
+    /// The same settings with another key, cost, feedback or mode type.
+    fn rebuild<K2, C2, M2, Fb2>(
+        self,
+        f: impl FnOnce(K, C, Fb) -> (K2, C2, Fb2),
+    ) -> RateLimitLayer<K2, C2, M2, Fb2> {
+        let (key, cost, feedback) = f(self.key, self.cost, self.feedback);
         RateLimitLayer {
             limiter: self.limiter,
             key,
@@ -140,12 +186,14 @@ impl<K, C, M> RateLimitLayer<K, C, M> {
             shadow: self.shadow,
             failure: self.failure,
             rejection: self.rejection,
+            max_wait: self.max_wait,
+            feedback,
             _mode: PhantomData,
         }
     }
 }
 
-impl<K: Clone, C: Clone, M> Clone for RateLimitLayer<K, C, M> {
+impl<K: Clone, C: Clone, M, F: Clone> Clone for RateLimitLayer<K, C, M, F> {
     fn clone(&self) -> Self {
         RateLimitLayer {
             limiter: self.limiter.clone(),
@@ -156,12 +204,14 @@ impl<K: Clone, C: Clone, M> Clone for RateLimitLayer<K, C, M> {
             shadow: self.shadow,
             failure: self.failure,
             rejection: self.rejection.clone(),
+            max_wait: self.max_wait,
+            feedback: self.feedback.clone(),
             _mode: PhantomData,
         }
     }
 }
 
-impl<K, C, M> fmt::Debug for RateLimitLayer<K, C, M> {
+impl<K, C, M, F> fmt::Debug for RateLimitLayer<K, C, M, F> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RateLimitLayer")
             .field("limiter", &self.limiter)
@@ -169,12 +219,13 @@ impl<K, C, M> fmt::Debug for RateLimitLayer<K, C, M> {
             .field("headers", &self.headers)
             .field("shadow", &self.shadow)
             .field("failure", &self.failure)
+            .field("max_wait", &self.max_wait)
             .finish_non_exhaustive()
     }
 }
 
-impl<S, K: Clone, C: Clone, M> Layer<S> for RateLimitLayer<K, C, M> {
-    type Service = RateLimit<S, K, C, M>;
+impl<S, K: Clone, C: Clone, M, F: Clone> Layer<S> for RateLimitLayer<K, C, M, F> {
+    type Service = RateLimit<S, K, C, M, F>;
 
     fn layer(&self, inner: S) -> Self::Service {
         let common = Common {
@@ -184,12 +235,14 @@ impl<S, K: Clone, C: Clone, M> Layer<S> for RateLimitLayer<K, C, M> {
             shadow: self.shadow,
             failure: self.failure,
             rejection: self.rejection.clone(),
+            max_wait: self.max_wait,
         };
         RateLimit::new(
             inner,
             Arc::new(Shared {
                 key: self.key.clone(),
                 cost: self.cost.clone(),
+                feedback: self.feedback.clone(),
                 common: Arc::new(common),
             }),
         )

@@ -25,21 +25,85 @@
 //! Around services that are not HTTP (or when you would rather have an
 //! error than a 429 response), call [`RateLimitLayer::typed_errors`]: the
 //! service then fails with a [`RateLimitError`](crate::RateLimitError).
+//!
+//! # Waiting for a slot: outbound clients
+//!
+//! Around a client of someone else's rate-limited API, refusing is rarely
+//! what a background job wants: it would rather wait its turn.
+//! [`RateLimitLayer::wait_up_to`] makes the layer reserve the call's slot
+//! (GCRA reserve mode, every limit of the policy in one round trip), sleep
+//! exactly until that slot, then call the inner service. Slots are handed
+//! out in the order calls reach the store, so the fleet is served oldest
+//! first, and nobody polls. A call whose slot is further away than the
+//! maximum wait fails at once with
+//! [`RateLimitError::WaitTooLong`](crate::RateLimitError::WaitTooLong),
+//! which says how long it would have waited, and reserves nothing.
+//!
+//! ```
+//! use std::time::Duration;
+//! use fleetgate::key::HeaderKey;
+//! use fleetgate::rate_limit::{within_window, RetryAfter};
+//! use fleetgate::{Limiter, MemoryStore, Policy, RateLimitLayer};
+//! use tower::{service_fn, ServiceBuilder, ServiceExt};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), fleetgate::BoxError> {
+//! // The upstream allows 25 calls per 5 s and 300 per minute, per token.
+//! let margin = Duration::from_millis(100);
+//! let upstream = Policy::builder("upstream")
+//!     .limit(within_window(25, Duration::from_secs(5), margin)?)
+//!     .limit(within_window(300, Duration::from_secs(60), margin)?)
+//!     .build()?;
+//! let client = ServiceBuilder::new()
+//!     .layer(
+//!         RateLimitLayer::new(Limiter::new(upstream, MemoryStore::new()))
+//!             // One layer, many upstream accounts: keyed by access token (hashed).
+//!             .key(HeaderKey::bearer())
+//!             .typed_errors()
+//!             .wait_up_to(Duration::from_secs(30))
+//!             // A 429 or 503 with Retry-After pauses that token fleet-wide.
+//!             .upstream_feedback(RetryAfter::new()),
+//!     )
+//!     .service(service_fn(|_req: http::Request<()>| async {
+//!         Ok::<_, std::convert::Infallible>(http::Response::new(()))
+//!     }));
+//!
+//! let req = http::Request::get("https://api.example.com/items")
+//!     .header("authorization", "Bearer token-1")
+//!     .body(())?;
+//! let response = client.oneshot(req).await?;
+//! assert_eq!(response.status(), 200);
+//! # Ok(()) }
+//! ```
+//!
+//! Configure the limits with [`within_window`] when the upstream publishes
+//! windows ("25 per 5 s"): it explains why GCRA mirrors them with a burst
+//! of 1 and a small margin. A cancelled call (its future dropped while it
+//! waits) never reaches the inner service, but its slot stays used: later
+//! slots were already handed out behind it. A Redis failure while
+//! reserving follows the layer's [`FailurePolicy`]; for clients that must
+//! never earn a 429, consider [`FailurePolicy::Closed`].
 
+mod feedback;
 mod future;
 mod layer;
+mod retry_after;
 mod service;
+mod upstream;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::{Response, StatusCode};
 
+pub use self::feedback::{NoFeedback, RetryAfter, UpstreamFeedback};
 pub use self::future::ResponseFuture;
 pub use self::layer::RateLimitLayer;
+pub use self::retry_after::parse_retry_after;
 pub use self::service::RateLimit;
+pub use self::upstream::within_window;
 
 use crate::decision::Decision;
 use crate::error::StoreError;
@@ -128,12 +192,16 @@ pub(crate) struct Common {
     pub(crate) shadow: bool,
     pub(crate) failure: FailurePolicy,
     pub(crate) rejection: Option<RejectFn>,
+    /// Waiting mode: reserve a slot up to this far ahead and sleep until it.
+    pub(crate) max_wait: Option<Duration>,
 }
 
 /// Store failures are logged at most once a second per process.
 pub(crate) static STORE_WARNINGS: LogGate = LogGate::new();
 /// Requests without a key likewise.
 pub(crate) static KEY_WARNINGS: LogGate = LogGate::new();
+/// Upstream pauses (429/503 with Retry-After) likewise.
+pub(crate) static FEEDBACK_WARNINGS: LogGate = LogGate::new();
 
 impl Common {
     /// What to do with the store's answer: pass (with the decision whose
@@ -191,6 +259,20 @@ impl Common {
         Some(kind)
     }
 
+    /// In waiting mode, how long an admitted call must sleep before it may
+    /// go; `None` to call now. Shadow mode reserves but never sleeps.
+    pub(crate) fn wait_for(&self, decision: Option<&Decision>) -> Option<Duration> {
+        let wait = decision?.wait();
+        if wait.is_zero() || self.max_wait.is_none() {
+            return None;
+        }
+        if self.shadow {
+            tracing::debug!(policy = self.limiter.policy().name(), ?wait, "shadow-wait");
+            return None;
+        }
+        Some(wait)
+    }
+
     pub(crate) fn rejection(&self, kind: RejectionKind) -> Response<Bytes> {
         let rejection = Rejection {
             kind,
@@ -232,10 +314,11 @@ impl LogGate {
     }
 }
 
-/// What a service's clones share: the key extractor, the cost and the
-/// settings.
-pub(crate) struct Shared<K, C> {
+/// What a service's clones share: the key extractor, the cost, the
+/// upstream feedback and the settings.
+pub(crate) struct Shared<K, C, F> {
     pub(crate) key: K,
     pub(crate) cost: C,
+    pub(crate) feedback: F,
     pub(crate) common: Arc<Common>,
 }

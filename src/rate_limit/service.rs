@@ -8,27 +8,39 @@ use http::{Request, Response};
 use http_body::Body;
 use tower_service::Service;
 
-use super::{Cost, OnMissingKey, ResponseFuture, Shared, mode};
+use super::future::Start;
+use super::{Cost, NoFeedback, OnMissingKey, ResponseFuture, Shared, UpstreamFeedback, mode};
 use crate::BoxError;
-use crate::key::KeyExtractor;
+use crate::key::{Key, KeyExtractor};
 use crate::response::{RejectionKind, ResponseBody};
 
 /// The service [`RateLimitLayer`](super::RateLimitLayer) produces.
 ///
 /// It is ready whenever the inner service is, and the inner service is only
 /// ever called after its own `poll_ready` said yes: when the store answers
-/// at once (the memory store), the ready service is called inside `call`;
-/// when the store does I/O, the ready service is moved into the response
-/// future and called there once the decision is in, and a clone takes its
-/// place, to be driven to readiness before the next call.
-pub struct RateLimit<S, K, C, M> {
+/// at once (the memory store) and there is no slot to wait for, the ready
+/// service is called inside `call`; otherwise (a store doing I/O, or a
+/// slot in the future in waiting mode) the ready service is moved into the
+/// response future and called there once the decision is in and the slot
+/// has come, and a clone takes its place, to be driven to readiness before
+/// the next call.
+///
+/// While a call waits for its slot, it therefore holds a service that said
+/// it was ready, and whatever that readiness reserved (a `Buffer` slot, a
+/// `ConcurrencyLimit` permit) stays reserved until the call is made. That
+/// is deliberate: polling the service again after the sleep could find it
+/// not ready and push the call past its slot, bunching it with the next
+/// one. A waiting future that is dropped drops that service and the request
+/// uncalled, which releases the reservation; the inner service is never
+/// half-called.
+pub struct RateLimit<S, K, C, M, F = NoFeedback> {
     inner: S,
-    shared: Arc<Shared<K, C>>,
+    shared: Arc<Shared<K, C, F>>,
     _mode: PhantomData<fn() -> M>,
 }
 
-impl<S, K, C, M> RateLimit<S, K, C, M> {
-    pub(crate) fn new(inner: S, shared: Arc<Shared<K, C>>) -> Self {
+impl<S, K, C, M, F> RateLimit<S, K, C, M, F> {
+    pub(crate) fn new(inner: S, shared: Arc<Shared<K, C, F>>) -> Self {
         RateLimit {
             inner,
             shared,
@@ -51,48 +63,99 @@ impl<S, K, C, M> RateLimit<S, K, C, M> {
         self.inner
     }
 
-    fn start<Req>(&mut self, req: Req) -> ResponseFuture<S, Req, M>
+    fn start<Req>(&mut self, req: Req) -> ResponseFuture<S, Req, M, F>
     where
         S: Service<Req> + Clone,
         K: KeyExtractor<Req>,
         C: Cost<Req>,
+        F: UpstreamFeedback<S::Response>,
     {
         let common = self.shared.common.clone();
+        let feedback = self.shared.feedback.clone();
         let key = match self.shared.key.extract(&req) {
             Some(key) => key,
-            None => match &common.on_missing {
-                OnMissingKey::Reject(status) => {
-                    return match common.refuse(RejectionKind::MissingKey(*status)) {
-                        Some(kind) => ResponseFuture::rejected(common, kind),
-                        None => ResponseFuture::calling(common.clone(), self.inner.call(req), None),
-                    };
-                }
-                OnMissingKey::Fallback(key) => key.clone(),
-                OnMissingKey::Allow => {
-                    return ResponseFuture::calling(common, self.inner.call(req), None);
-                }
-            },
+            None => {
+                let start = Start {
+                    common: common.clone(),
+                    feedback,
+                    key: None,
+                };
+                return match &common.on_missing {
+                    OnMissingKey::Reject(status) => {
+                        match common.refuse(RejectionKind::MissingKey(*status)) {
+                            Some(kind) => ResponseFuture::rejected(start, kind),
+                            None => ResponseFuture::calling(start, self.inner.call(req), None),
+                        }
+                    }
+                    OnMissingKey::Fallback(key) => {
+                        let key = key.clone();
+                        self.decide(start, key, req)
+                    }
+                    OnMissingKey::Allow => {
+                        ResponseFuture::calling(start, self.inner.call(req), None)
+                    }
+                };
+            }
         };
+        let start = Start {
+            common,
+            feedback,
+            key: None,
+        };
+        self.decide(start, key, req)
+    }
+
+    fn decide<Req>(
+        &mut self,
+        mut start: Start<F>,
+        key: Key,
+        req: Req,
+    ) -> ResponseFuture<S, Req, M, F>
+    where
+        S: Service<Req> + Clone,
+        C: Cost<Req>,
+        F: UpstreamFeedback<S::Response>,
+    {
         let cost = self.shared.cost.cost(&req);
-        let mut decision = common.limiter.check(&key, cost);
+        let limiter = &start.common.limiter;
+        let mut decision = match start.common.max_wait {
+            Some(max_wait) => limiter.reserve(&key, cost, max_wait),
+            None => limiter.check(&key, cost),
+        };
+        if start.feedback.is_enabled() {
+            start.key = Some(key);
+        }
         // The memory store has decided already: call the service that was
-        // driven to readiness right away.
+        // driven to readiness right away, unless there is a slot to wait for.
         if let Some(result) = decision.take_ready() {
-            return match common.judge(result) {
-                Ok(decision) => ResponseFuture::calling(common, self.inner.call(req), decision),
-                Err(kind) => ResponseFuture::rejected(common, kind),
+            return match start.common.judge(result) {
+                Ok(decision) => match start.common.wait_for(decision.as_ref()) {
+                    None => ResponseFuture::calling(start, self.inner.call(req), decision),
+                    Some(wait) => {
+                        let inner = self.take_ready();
+                        ResponseFuture::waiting(start, wait, inner, req, decision)
+                    }
+                },
+                Err(kind) => ResponseFuture::rejected(start, kind),
             };
         }
-        // A store doing I/O decides later: take the ready service into the
-        // future, to be called once the decision is in, and leave a clone
-        // that must be driven to readiness again before the next call.
+        let inner = self.take_ready();
+        ResponseFuture::deciding(start, decision, inner, req)
+    }
+
+    /// Takes the service that `poll_ready` drove to readiness, to be called
+    /// later by the response future, and leaves a clone that must be driven
+    /// to readiness again before the next call.
+    fn take_ready(&mut self) -> S
+    where
+        S: Clone,
+    {
         let clone = self.inner.clone();
-        let inner = std::mem::replace(&mut self.inner, clone);
-        ResponseFuture::deciding(common, decision, inner, req)
+        std::mem::replace(&mut self.inner, clone)
     }
 }
 
-impl<S: Clone, K, C, M> Clone for RateLimit<S, K, C, M> {
+impl<S: Clone, K, C, M, F> Clone for RateLimit<S, K, C, M, F> {
     fn clone(&self) -> Self {
         RateLimit {
             inner: self.inner.clone(),
@@ -102,7 +165,7 @@ impl<S: Clone, K, C, M> Clone for RateLimit<S, K, C, M> {
     }
 }
 
-impl<S: fmt::Debug, K, C, M> fmt::Debug for RateLimit<S, K, C, M> {
+impl<S: fmt::Debug, K, C, M, F> fmt::Debug for RateLimit<S, K, C, M, F> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RateLimit")
             .field("inner", &self.inner)
@@ -111,16 +174,17 @@ impl<S: fmt::Debug, K, C, M> fmt::Debug for RateLimit<S, K, C, M> {
     }
 }
 
-impl<S, K, C, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimit<S, K, C, mode::Http>
+impl<S, K, C, F, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimit<S, K, C, mode::Http, F>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
     K: KeyExtractor<Request<ReqBody>>,
     C: Cost<Request<ReqBody>>,
+    F: UpstreamFeedback<Response<ResBody>>,
     ResBody: Body<Data = Bytes>,
 {
     type Response = Response<ResponseBody<ResBody>>;
     type Error = S::Error;
-    type Future = ResponseFuture<S, Request<ReqBody>, mode::Http>;
+    type Future = ResponseFuture<S, Request<ReqBody>, mode::Http, F>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
@@ -131,16 +195,17 @@ where
     }
 }
 
-impl<S, K, C, Req> Service<Req> for RateLimit<S, K, C, mode::TypedErrors>
+impl<S, K, C, F, Req> Service<Req> for RateLimit<S, K, C, mode::TypedErrors, F>
 where
     S: Service<Req> + Clone,
     S::Error: Into<BoxError>,
     K: KeyExtractor<Req>,
     C: Cost<Req>,
+    F: UpstreamFeedback<S::Response>,
 {
     type Response = S::Response;
     type Error = BoxError;
-    type Future = ResponseFuture<S, Req, mode::TypedErrors>;
+    type Future = ResponseFuture<S, Req, mode::TypedErrors, F>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx).map_err(Into::into)

@@ -4,9 +4,10 @@ use std::fmt;
 use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+mod defer;
 mod window;
 
-use super::{GcraCall, Store, StoreFuture, WindowCall};
+use super::{DeferCall, GcraCall, Store, StoreFuture, WindowCall};
 use crate::clock::{Clock, MonotonicClock};
 use crate::decision::Decision;
 use crate::gcra::{self, Params};
@@ -219,6 +220,11 @@ impl Store for MemoryStore {
 
     fn kind(&self) -> &'static str {
         "memory"
+    }
+
+    fn gcra_defer(&self, call: DeferCall<'_>) -> StoreFuture<()> {
+        self.defer(&call);
+        StoreFuture::ready(Ok(()))
     }
 }
 

@@ -9,6 +9,7 @@
 //! `lua/sliding_log.lua`, `lua/sliding_counter.lua` and
 //! `lua/fixed_window.lua` for Redis.
 
+mod defer;
 mod memory;
 mod redis;
 
@@ -21,6 +22,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+pub use self::defer::DeferCall;
 pub use self::memory::{MemoryStore, MemoryStoreBuilder};
 pub use self::redis::{RedisStore, RedisStoreBuilder, TimeSource};
 
@@ -52,6 +54,11 @@ pub trait Store: Send + Sync + fmt::Debug + sealed::Sealed + 'static {
 
     /// A short name for logs and metrics: `"memory"` or `"redis"`.
     fn kind(&self) -> &'static str;
+
+    /// Upstream feedback: holds every GCRA limit of the policy back so that
+    /// the key's next call is admitted no earlier than the pause from now
+    /// (see [`Limiter::defer`](crate::Limiter::defer)). One round trip.
+    fn gcra_defer(&self, call: DeferCall<'_>) -> StoreFuture<()>;
 }
 
 mod sealed {

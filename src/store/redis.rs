@@ -7,9 +7,10 @@ use redis::{ErrorKind, ServerErrorKind, Value};
 
 use super::connection::Conn;
 use super::deny_cache::{DenyCache, DenyCacheStats, RealClock};
+mod defer;
 mod window;
 
-use super::{GcraCall, Store, StoreFuture, WindowCall};
+use super::{DeferCall, GcraCall, Store, StoreFuture, WindowCall};
 use crate::clock::{Clock, SystemClock};
 use crate::decision::Decision;
 use crate::error::{ConfigError, StoreError};
@@ -293,6 +294,10 @@ impl Store for RedisStore {
 
     fn kind(&self) -> &'static str {
         "redis"
+    }
+
+    fn gcra_defer(&self, call: DeferCall<'_>) -> StoreFuture<()> {
+        self.run_gcra_defer(call)
     }
 }
 

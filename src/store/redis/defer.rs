@@ -1,0 +1,69 @@
+//! Upstream feedback on Redis: `lua/gcra_defer.lua`, one round trip.
+
+use std::sync::LazyLock;
+
+use ::redis::Value;
+
+use super::{LuaScript, RedisStore, TimeSource};
+use crate::error::StoreError;
+use crate::store::{DeferCall, StoreFuture};
+
+/// Held here rather than in the store's `Inner`, so that the script is
+/// hashed once per process and this operation stays in its own file.
+static GCRA_DEFER: LazyLock<LuaScript> =
+    LazyLock::new(|| LuaScript::new(include_str!("../../../lua/gcra_defer.lua")));
+
+impl RedisStore {
+    pub(super) fn run_gcra_defer(&self, call: DeferCall<'_>) -> StoreFuture<()> {
+        let limits = call.policy.limits();
+        let now = match &self.inner.time {
+            TimeSource::Server => String::new(),
+            TimeSource::Client(clock) => clock.now_micros().to_string(),
+        };
+        let mut args: Vec<String> = Vec::with_capacity(2 + 2 * limits.len());
+        args.push(now);
+        args.push(call.pause_us().to_string());
+        for limit in limits {
+            args.push(limit.emission_us().to_string());
+            args.push(limit.tolerance_us().to_string());
+        }
+        let keys: Vec<String> = (0..limits.len())
+            .map(|i| self.gcra_key(call.policy, call.key, i))
+            .collect();
+        let store = self.clone();
+        let count = limits.len();
+        StoreFuture::pending(async move {
+            let reply = store.eval(&GCRA_DEFER, &keys, &args).await?;
+            decode_defer(&reply, count)
+        })
+    }
+}
+
+/// The script returns how many limits it moved: 0 to `limits`.
+fn decode_defer(reply: &Value, limits: usize) -> Result<(), StoreError> {
+    match reply {
+        Value::Int(n) if usize::try_from(*n).is_ok_and(|n| n <= limits) => Ok(()),
+        _ => Err(StoreError::UnexpectedReply(format!("{reply:?}"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn odd_defer_replies_are_errors() {
+        for reply in [
+            Value::Nil,
+            Value::Okay,
+            Value::Int(-1),
+            Value::Int(3),
+            Value::Array(vec![Value::Int(1)]),
+            Value::BulkString(b"1".to_vec()),
+        ] {
+            assert!(decode_defer(&reply, 2).is_err(), "{reply:?}");
+        }
+        assert!(decode_defer(&Value::Int(0), 2).is_ok());
+        assert!(decode_defer(&Value::Int(2), 2).is_ok());
+    }
+}
