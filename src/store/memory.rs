@@ -4,7 +4,9 @@ use std::fmt;
 use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use super::{GcraCall, Store, StoreFuture};
+mod lease;
+
+use super::{GcraCall, LeaseCall, LeaseGrant, Store, StoreFuture};
 use crate::clock::{Clock, MonotonicClock};
 use crate::decision::Decision;
 use crate::gcra::{self, Params};
@@ -34,6 +36,7 @@ struct Inner {
     shards: Box<[Mutex<Shard>]>,
     hasher: RandomState,
     clock: Arc<dyn Clock>,
+    leases: lease::Leases,
 }
 
 /// Keyed by identity alone, so that a lookup borrows the caller's key and
@@ -85,6 +88,13 @@ impl MemoryStore {
         for shard in self.inner.shards.iter() {
             lock(shard).sweep(now);
         }
+        self.inner.leases.sweep(now);
+    }
+
+    /// How many concurrency leases the store holds, expired ones included
+    /// until an acquire on their key or a sweep drops them.
+    pub fn lease_count(&self) -> usize {
+        self.inner.leases.count()
     }
 
     fn decide(&self, call: &GcraCall<'_>) -> Decision {
@@ -207,6 +217,20 @@ impl Store for MemoryStore {
     fn kind(&self) -> &'static str {
         "memory"
     }
+
+    fn lease_acquire(&self, call: LeaseCall<'_>) -> StoreFuture<LeaseGrant> {
+        let now = self.inner.clock.now_micros();
+        StoreFuture::ready(Ok(self.inner.leases.acquire(&call, now)))
+    }
+
+    fn lease_release(&self, call: LeaseCall<'_>) -> StoreFuture<bool> {
+        StoreFuture::ready(Ok(self.inner.leases.release(&call)))
+    }
+
+    fn lease_renew(&self, call: LeaseCall<'_>) -> StoreFuture<bool> {
+        let now = self.inner.clock.now_micros();
+        StoreFuture::ready(Ok(self.inner.leases.renew(&call, now)))
+    }
 }
 
 /// Configures a [`MemoryStore`]; see [`MemoryStore::builder`].
@@ -243,6 +267,7 @@ impl MemoryStoreBuilder {
                 clock: self
                     .clock
                     .unwrap_or_else(|| Arc::new(MonotonicClock::new())),
+                leases: lease::Leases::new(shards),
             }),
         }
     }

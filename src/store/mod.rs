@@ -5,6 +5,7 @@
 //! algorithm (`src/gcra.rs`, transcribed in `lua/gcra.lua`) and give the same decisions for the same
 //! sequence of calls and times.
 
+mod lease;
 mod memory;
 mod redis;
 
@@ -14,6 +15,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+pub use self::lease::{LeaseCall, LeaseGrant, LeaseId};
 pub use self::memory::{MemoryStore, MemoryStoreBuilder};
 pub use self::redis::{RedisStore, RedisStoreBuilder, TimeSource};
 
@@ -33,6 +35,18 @@ pub trait Store: Send + Sync + fmt::Debug + sealed::Sealed + 'static {
 
     /// A short name for logs and metrics: `"memory"` or `"redis"`.
     fn kind(&self) -> &'static str;
+
+    /// Takes a lease if the key holds fewer unexpired leases than the
+    /// call's capacity (expired ones are dropped first); see
+    /// [`LeaseCall`] for the rules. One round trip in Redis.
+    fn lease_acquire(&self, call: LeaseCall<'_>) -> StoreFuture<LeaseGrant>;
+
+    /// Gives a lease back; `true` if it was held. One round trip in Redis.
+    fn lease_release(&self, call: LeaseCall<'_>) -> StoreFuture<bool>;
+
+    /// Extends an unexpired lease to `now + ttl`; `false` if it is no longer
+    /// held (released, or expired and dropped). One round trip in Redis.
+    fn lease_renew(&self, call: LeaseCall<'_>) -> StoreFuture<bool>;
 }
 
 mod sealed {

@@ -5,7 +5,9 @@ use std::time::Duration;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{ErrorKind, ServerErrorKind, Value};
 
-use super::{GcraCall, Store, StoreFuture};
+mod lease;
+
+use super::{GcraCall, LeaseCall, LeaseGrant, Store, StoreFuture};
 use crate::clock::{Clock, SystemClock};
 use crate::decision::Decision;
 use crate::error::{ConfigError, StoreError};
@@ -88,6 +90,7 @@ struct Inner {
     timeout: Duration,
     time: TimeSource,
     gcra: LuaScript,
+    leases: lease::Scripts,
 }
 
 impl RedisStore {
@@ -259,6 +262,18 @@ impl Store for RedisStore {
     fn kind(&self) -> &'static str {
         "redis"
     }
+
+    fn lease_acquire(&self, call: LeaseCall<'_>) -> StoreFuture<LeaseGrant> {
+        self.run_lease_acquire(call)
+    }
+
+    fn lease_release(&self, call: LeaseCall<'_>) -> StoreFuture<bool> {
+        self.run_lease_release(call)
+    }
+
+    fn lease_renew(&self, call: LeaseCall<'_>) -> StoreFuture<bool> {
+        self.run_lease_renew(call)
+    }
 }
 
 /// Configures a [`RedisStore`]; see [`RedisStore::builder`].
@@ -356,6 +371,7 @@ impl RedisStoreBuilder {
                 timeout: self.timeout,
                 time: self.time,
                 gcra: LuaScript::new(GCRA_LUA),
+                leases: lease::Scripts::new(),
             }),
         })
     }
