@@ -85,10 +85,12 @@
 #![warn(unreachable_pub)]
 
 pub mod clock;
+pub mod concurrency;
 mod decision;
 mod error;
 pub(crate) mod gcra;
 pub mod key;
+pub mod lease;
 mod limit;
 mod limiter;
 pub mod rate_limit;
@@ -105,6 +107,11 @@ pub use crate::limiter::{IntoStore, Limiter};
 pub use crate::rate_limit::{Cost, FailurePolicy, OnMissingKey, RateLimit, RateLimitLayer};
 pub use crate::response::{HeaderStyle, Rejection, RejectionKind};
 pub use crate::store::{MemoryStore, RedisStore, RedisStoreBuilder, Store, TimeSource};
+
+pub use crate::concurrency::{
+    ConcurrencyLimit, ConcurrencyLimitError, ConcurrencyLimitLayer, ConcurrencyLimiter,
+    ConcurrencyPolicy,
+};
 
 /// The error type of services in typed-error mode.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
