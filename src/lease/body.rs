@@ -14,9 +14,11 @@ pin_project! {
     where
         L: Lease,
     {
+        // Declared first so that it drops first: by the time the body's own
+        // drop runs, the release is done or under way.
+        guard: Option<LeaseGuard<L>>,
         #[pin]
         body: B,
-        guard: Option<LeaseGuard<L>>,
     }
 }
 
