@@ -16,14 +16,23 @@
 //! - `GET /api/ping` answers `pong`, limited per API key (`x-api-key`, or the
 //!   client IP without one) to a burst of 5, refilling 1 per second.
 //! - `GET /healthz` answers `ok`, never limited.
+//! - `GET /api/slow?ms=N` answers after `N` milliseconds (default 1000, at
+//!   most 60000), at most 2 in flight per API key (`x-api-key`, or the
+//!   client IP without one): a third concurrent call gets 429.
 //!
 //! Try: `for i in $(seq 8); do curl -s -o /dev/null -w '%{http_code}\n' localhost:3000/api/ping; done`
+//! and `for i in 1 2 3; do curl -s -w ' %{http_code}\n' 'localhost:3000/api/slow?ms=3000' & done; wait`
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::Router;
+use axum::extract::Query;
+use axum::http::StatusCode;
 use axum::routing::get;
+use fleetgate::concurrency::{ConcurrencyLimitLayer, ConcurrencyLimiter, ConcurrencyPolicy};
 use fleetgate::key::{HeaderKey, PeerIp};
 use fleetgate::{Limit, Limiter, MemoryStore, Policy, Rate, RateLimitLayer, RedisStore, Store};
 use tracing_subscriber::EnvFilter;
@@ -32,6 +41,7 @@ const ROUTES: &str = "\
 fleetgate demo
 GET /api/ping  pong; per x-api-key (or client IP): burst 5, 1/s
 GET /healthz   ok; unlimited
+GET /api/slow?ms=N  answers after N ms (default 1000); per x-api-key (or client IP): 2 in flight
 ";
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -68,9 +78,10 @@ async fn main() -> Result<(), BoxError> {
     let app = Router::new()
         .route("/api/ping", get(|| async { "pong\n" }))
         .route_layer(
-            RateLimitLayer::new(Limiter::new(ping, store))
+            RateLimitLayer::new(Limiter::new(ping, store.clone()))
                 .key(HeaderKey::new("x-api-key").or(PeerIp)),
         )
+        .merge(slow_routes(store.clone())?)
         .route("/", get(|| async { ROUTES }))
         .route("/healthz", get(|| async { "ok\n" }));
 
@@ -86,4 +97,30 @@ async fn main() -> Result<(), BoxError> {
     })
     .await?;
     Ok(())
+}
+
+/// `GET /api/slow`: at most 2 in flight per API key (or client IP).
+fn slow_routes(store: Arc<dyn Store>) -> Result<Router, BoxError> {
+    let slow = ConcurrencyPolicy::builder("slow", 2)
+        .lease_ttl(Duration::from_secs(30))
+        .build()?;
+    Ok(Router::new()
+        .route(
+            "/api/slow",
+            get(|Query(q): Query<HashMap<String, String>>| async move {
+                let ms = match q.get("ms").map(|ms| ms.parse::<u64>()) {
+                    None => 1000,
+                    Some(Ok(ms)) => ms.min(60_000),
+                    Some(Err(_)) => {
+                        return (StatusCode::BAD_REQUEST, "ms must be a number\n".to_owned());
+                    }
+                };
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+                (StatusCode::OK, format!("slept {ms} ms\n"))
+            }),
+        )
+        .route_layer(
+            ConcurrencyLimitLayer::new(ConcurrencyLimiter::new(slow, store))
+                .key(HeaderKey::new("x-api-key").or(PeerIp)),
+        ))
 }
