@@ -406,3 +406,42 @@ fn signal(pid: u32, sig: &str) {
         .expect("kill runs");
     assert!(status.success());
 }
+
+/// Leases of keys never seen again do not pile up in the memory store:
+/// expired ones are swept.
+#[test]
+fn the_memory_store_sweeps_expired_leases() {
+    let clock = ManualClock::new(UNIX_NOW);
+    let store = MemoryStore::builder()
+        .clock(clock.clone())
+        .shards(1)
+        .build();
+    let policy = ConcurrencyPolicy::builder("sweep", 1)
+        .lease_ttl(S)
+        .no_renewal()
+        .build()
+        .unwrap();
+    let limiter = ConcurrencyLimiter::new(policy, store.clone());
+    for i in 0..3000 {
+        let mut acquire = limiter.acquire(&Key::new(format!("k{i}")));
+        match acquire.take_ready() {
+            Some(Ok(Admission::Acquired(guard))) => std::mem::forget(guard),
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(store.lease_count(), 3000);
+    clock.advance(S);
+    // New keys (held by crashed holders too) trigger a sweep once the
+    // shard has doubled since its last one: the expired leases go.
+    for i in 0..3000 {
+        let mut acquire = limiter.acquire(&Key::new(format!("new{i}")));
+        match acquire.take_ready() {
+            Some(Ok(Admission::Acquired(guard))) => std::mem::forget(guard),
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(store.lease_count(), 3000, "expired leases were kept");
+    clock.advance(S);
+    store.sweep();
+    assert_eq!(store.lease_count(), 0);
+}
