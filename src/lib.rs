@@ -7,6 +7,9 @@
 //!   default) or [`RedisStore`] (shared by every instance of the fleet).
 //! - [`RateLimitLayer`] applies a limiter to an axum router or any tower
 //!   service; [`key`] extractors say who a request is.
+//! - [`ConcurrencyLimitLayer`] caps the requests in flight per identity
+//!   across the fleet with leases held until the response body ends
+//!   ([`concurrency`]); [`lease`] holds the reusable release-on-drop pieces.
 //!
 //! # An axum server
 //!
