@@ -7,7 +7,7 @@ use std::task::{Context, Poll, ready};
 use super::ConcurrencyPolicy;
 use crate::error::StoreError;
 use crate::key::Key;
-use crate::lease::{LeaseGuard, Pending, StoreLease};
+use crate::lease::{LeaseGuard, Pending, Renewer, StoreLease};
 use crate::limiter::IntoStore;
 use crate::store::{LeaseGrant, Store, StoreFuture};
 
@@ -22,6 +22,7 @@ pub struct ConcurrencyLimiter {
     policy: ConcurrencyPolicy,
     store: Arc<dyn Store>,
     pending: Arc<Pending>,
+    renewer: Option<Renewer<StoreLease>>,
 }
 
 /// The outcome of [`ConcurrencyLimiter::acquire`].
@@ -38,6 +39,7 @@ impl ConcurrencyLimiter {
     /// Binds `policy` to `store`.
     pub fn new(policy: ConcurrencyPolicy, store: impl IntoStore) -> Self {
         ConcurrencyLimiter {
+            renewer: policy.renew_every().map(Renewer::new),
             policy,
             store: store.into_store(),
             pending: Arc::default(),
@@ -56,7 +58,8 @@ impl ConcurrencyLimiter {
 
     /// Takes a lease for `key` if it has fewer than the policy's maximum in
     /// flight. An acquired lease is renewed in the background (if the
-    /// policy renews) until its guard is dropped.
+    /// policy renews) until its guard is dropped, by one task per limiter
+    /// that renews every lease due.
     ///
     /// The lease id is chosen before the store is asked, so that if the
     /// returned future is dropped mid-way or the store fails after the
@@ -85,7 +88,7 @@ impl ConcurrencyLimiter {
             grant,
             guard: Some(LeaseGuard::new(lease)),
             sent,
-            renew_every: self.policy.renew_every(),
+            renewer: self.renewer.clone(),
         }
     }
 
@@ -124,7 +127,7 @@ pub struct Acquire {
     /// memory store; once polled for a store doing I/O, which sends nothing
     /// before that.
     sent: bool,
-    renew_every: Option<std::time::Duration>,
+    renewer: Option<Renewer<StoreLease>>,
 }
 
 impl Acquire {
@@ -142,8 +145,8 @@ impl Acquire {
             ));
         };
         match result {
-            Ok(grant) if grant.is_acquired() => Ok(Admission::Acquired(match self.renew_every {
-                Some(every) => guard.renew_every(every),
+            Ok(grant) if grant.is_acquired() => Ok(Admission::Acquired(match &self.renewer {
+                Some(renewer) => guard.renewed_by(renewer),
                 None => guard,
             })),
             Ok(grant) => {

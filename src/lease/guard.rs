@@ -6,6 +6,7 @@ use tokio::runtime::Handle;
 use tokio::sync::oneshot;
 
 use super::Lease;
+use super::renewer::{Registration, Renewer};
 use crate::rate_limit::LogGate;
 
 /// Failed releases and renewals are logged at most once a second.
@@ -20,8 +21,20 @@ static LEASE_WARNINGS: LogGate = LogGate::new();
 #[must_use = "dropping the guard releases the lease at once"]
 pub struct LeaseGuard<L: Lease> {
     lease: Option<Arc<L>>,
-    /// Dropping the sender stops the renewal task.
-    renewal: Option<oneshot::Sender<()>>,
+    renewal: Renewal<L>,
+}
+
+/// How the lease is kept alive; dropping this stops it.
+enum Renewal<L> {
+    None,
+    /// Its own task, stopped when the sender drops.
+    Task {
+        _stop: oneshot::Sender<()>,
+    },
+    /// A shared [`Renewer`], left when the registration drops.
+    Shared {
+        _registration: Registration<L>,
+    },
 }
 
 impl<L: Lease> LeaseGuard<L> {
@@ -29,7 +42,7 @@ impl<L: Lease> LeaseGuard<L> {
     pub fn new(lease: L) -> Self {
         LeaseGuard {
             lease: Some(Arc::new(lease)),
-            renewal: None,
+            renewal: Renewal::None,
         }
     }
 
@@ -44,7 +57,23 @@ impl<L: Lease> LeaseGuard<L> {
         };
         let (stop, stopped) = oneshot::channel();
         runtime.spawn(renew_loop(lease.clone(), every, stopped));
-        self.renewal = Some(stop);
+        self.renewal = Renewal::Task { _stop: stop };
+        self
+    }
+
+    /// Has `renewer` keep the lease alive until the guard is dropped: one
+    /// background task for many leases (see [`Renewer`]). Without a tokio
+    /// runtime nothing is renewed.
+    pub fn renewed_by(mut self, renewer: &Renewer<L>) -> Self {
+        if let Some(registration) = self
+            .lease
+            .as_ref()
+            .and_then(|l| renewer.register(l.clone()))
+        {
+            self.renewal = Renewal::Shared {
+                _registration: registration,
+            };
+        }
         self
     }
 
@@ -59,7 +88,7 @@ impl<L: Lease> LeaseGuard<L> {
     /// Lets go of the lease without releasing it: for a lease known not to
     /// be held (its acquire was refused).
     pub(crate) fn disarm(mut self) {
-        self.renewal = None;
+        self.renewal = Renewal::None;
         self.lease = None;
     }
 }
@@ -73,23 +102,17 @@ async fn renew_loop<L: Lease>(lease: Arc<L>, every: Duration, mut stopped: onesh
         match lease.renew().await {
             Ok(true) => {}
             Ok(false) => {
-                if LEASE_WARNINGS.allow() {
-                    tracing::warn!("lease expired before it could be renewed; renewal stops");
-                }
+                log_lost();
                 return;
             }
-            Err(err) => {
-                if LEASE_WARNINGS.allow() {
-                    tracing::warn!(error = %err, "lease renewal failed; retrying at the next tick");
-                }
-            }
+            Err(err) => log_renew_failure(&err),
         }
     }
 }
 
 impl<L: Lease> Drop for LeaseGuard<L> {
     fn drop(&mut self) {
-        self.renewal = None;
+        self.renewal = Renewal::None;
         let Some(lease) = self.lease.take() else {
             return;
         };
@@ -115,6 +138,18 @@ impl<L: Lease> Drop for LeaseGuard<L> {
     }
 }
 
+pub(super) fn log_lost() {
+    if LEASE_WARNINGS.allow() {
+        tracing::warn!("lease expired before it could be renewed; renewal stops");
+    }
+}
+
+pub(super) fn log_renew_failure(err: &crate::StoreError) {
+    if LEASE_WARNINGS.allow() {
+        tracing::warn!(error = %err, "lease renewal failed; retrying at the next tick");
+    }
+}
+
 fn log_release_failure(err: &crate::StoreError) {
     if LEASE_WARNINGS.allow() {
         tracing::warn!(error = %err, "lease release failed; it expires after its TTL");
@@ -125,7 +160,7 @@ impl<L: Lease + fmt::Debug> fmt::Debug for LeaseGuard<L> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LeaseGuard")
             .field("lease", &self.lease)
-            .field("renewing", &self.renewal.is_some())
+            .field("renewing", &!matches!(self.renewal, Renewal::None))
             .finish()
     }
 }

@@ -7,7 +7,8 @@
 //! - [`LeaseGuard`]: releases its lease when dropped, whatever ends the
 //!   request: the response finished, the request future dropped (client
 //!   gone, a timeout layer outside), or a panic unwinding through it. It can
-//!   also renew the lease in the background while it lives.
+//!   also renew the lease in the background while it lives, on a task of
+//!   its own or through a [`Renewer`] shared by many leases.
 //! - [`GuardedBody`]: a response body that holds a guard until the body has
 //!   been sent to its end, has failed, or is dropped.
 //!
@@ -40,10 +41,12 @@
 
 mod body;
 mod guard;
+mod renewer;
 mod store;
 
 pub use self::body::GuardedBody;
 pub use self::guard::LeaseGuard;
+pub use self::renewer::Renewer;
 pub use self::store::StoreLease;
 
 pub(crate) use self::store::Pending;
