@@ -86,7 +86,10 @@ impl<L: Lease> Renewer<L> {
         );
         if !state.running {
             state.running = true;
-            runtime.spawn(run(Running(self.shared.clone())));
+            runtime.spawn(run(Running {
+                shared: self.shared.clone(),
+                stopped: false,
+            }));
         }
         Some(Registration {
             shared: self.shared.clone(),
@@ -98,16 +101,23 @@ impl<L: Lease> Renewer<L> {
 /// The renewal task's hold on the set; clears `running` however the task
 /// ends (a runtime shutting down drops it), so that the next lease starts
 /// a new one.
-struct Running<L>(Arc<Shared<L>>);
+struct Running<L> {
+    shared: Arc<Shared<L>>,
+    /// Set when the task cleared `running` itself: a new task may own the
+    /// flag by the time this one is dropped.
+    stopped: bool,
+}
 
 impl<L> Drop for Running<L> {
     fn drop(&mut self) {
-        lock(&self.0.state).running = false;
+        if !self.stopped {
+            lock(&self.shared.state).running = false;
+        }
     }
 }
 
-async fn run<L: Lease>(running: Running<L>) {
-    let shared = &running.0;
+async fn run<L: Lease>(mut running: Running<L>) {
+    let shared = running.shared.clone();
     let tick = (shared.every / 4).max(Duration::from_millis(1));
     let due_after = shared.every.saturating_sub(tick);
     loop {
@@ -116,7 +126,7 @@ async fn run<L: Lease>(running: Running<L>) {
             let mut state = lock(&shared.state);
             if state.leases.is_empty() {
                 state.running = false;
-                // `running` is false already; the drop repeats it harmlessly.
+                running.stopped = true;
                 return;
             }
             let now = Instant::now();
