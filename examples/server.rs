@@ -25,15 +25,23 @@
 //!   way many upstream APIs publish their limits: the 26th quick call gets
 //!   a 429 naming the 5 s window.
 //! - `GET /healthz` answers `ok`, never limited.
+//! - `GET /api/slow?ms=N` answers after `N` milliseconds (default 1000, at
+//!   most 60000), at most 2 in flight per API key (`x-api-key`, or the
+//!   client IP without one): a third concurrent call gets 429.
 //!
 //! Try: `for i in $(seq 8); do curl -s -o /dev/null -w '%{http_code}\n' localhost:3000/api/ping; done`
+//! and `for i in 1 2 3; do curl -s -w ' %{http_code}\n' 'localhost:3000/api/slow?ms=3000' & done; wait`
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
+use axum::extract::Query;
+use axum::http::StatusCode;
 use axum::routing::get;
+use fleetgate::concurrency::{ConcurrencyLimitLayer, ConcurrencyLimiter, ConcurrencyPolicy};
 use fleetgate::key::{HeaderKey, PeerIp};
 use fleetgate::{
     Algorithm, FailurePolicy, Limit, Limiter, MemoryStore, Policy, Rate, RateLimitLayer,
@@ -46,6 +54,7 @@ fleetgate demo
 GET /api/ping  pong; per x-api-key (or client IP): burst 5, 1/s
 GET /api/window  window; per x-api-key (or client IP): sliding log, 25/5s and 300/min
 GET /healthz   ok; unlimited
+GET /api/slow?ms=N  answers after N ms (default 1000); per x-api-key (or client IP): 2 in flight
 ";
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -112,10 +121,11 @@ async fn main() -> Result<(), BoxError> {
         .route(
             "/api/window",
             get(|| async { "window\n" }).layer(
-                RateLimitLayer::new(Limiter::new(window, store))
+                RateLimitLayer::new(Limiter::new(window, store.clone()))
                     .key(HeaderKey::new("x-api-key").or(PeerIp)),
             ),
         )
+        .merge(slow_routes(store.clone())?)
         .route("/", get(|| async { ROUTES }))
         .route("/healthz", get(|| async { "ok\n" }));
 
@@ -131,4 +141,30 @@ async fn main() -> Result<(), BoxError> {
     })
     .await?;
     Ok(())
+}
+
+/// `GET /api/slow`: at most 2 in flight per API key (or client IP).
+fn slow_routes(store: Arc<dyn Store>) -> Result<Router, BoxError> {
+    let slow = ConcurrencyPolicy::builder("slow", 2)
+        .lease_ttl(Duration::from_secs(30))
+        .build()?;
+    Ok(Router::new()
+        .route(
+            "/api/slow",
+            get(|Query(q): Query<HashMap<String, String>>| async move {
+                let ms = match q.get("ms").map(|ms| ms.parse::<u64>()) {
+                    None => 1000,
+                    Some(Ok(ms)) => ms.min(60_000),
+                    Some(Err(_)) => {
+                        return (StatusCode::BAD_REQUEST, "ms must be a number\n".to_owned());
+                    }
+                };
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+                (StatusCode::OK, format!("slept {ms} ms\n"))
+            }),
+        )
+        .route_layer(
+            ConcurrencyLimitLayer::new(ConcurrencyLimiter::new(slow, store))
+                .key(HeaderKey::new("x-api-key").or(PeerIp)),
+        ))
 }

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs the demo the way README.md tells users to, and checks what it
 # promises: a curl loop on /api/ping sees 429 within a few requests, the
-# 26th quick call to /api/window gets a 429 naming the 5 s window, and two
-# instances pointed at one Redis share their counts.
+# 26th quick call to /api/window gets a 429 naming the 5 s window, two
+# instances pointed at one Redis share their counts, and /api/slow lets at
+# most 2 calls per key be in flight at once (fleet-wide with Redis).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -67,6 +68,33 @@ window_check() { # url, api key
   fi
 }
 window_check "$url" smoke-window
+slow() { # url, api key, ms
+  curl -s -o /dev/null -w '%{http_code}' -H "x-api-key: $2" "$1/api/slow?ms=$3"
+}
+
+# Two slow calls of one key in flight (on $1 and $2); a third of that key
+# (on $3) is refused, another key's call passes.
+check_slow() { # label, url of 1st call, url of 2nd, url of 3rd
+  local key="slow-$RANDOM"
+  slow "$2" "$key" 4000 >"$tmp/slow1" &
+  local p1=$!
+  slow "$3" "$key" 4000 >"$tmp/slow2" &
+  local p2=$!
+  # Give both calls time to be admitted (they then hold their slots 4 s).
+  sleep 1
+  local third other
+  third=$(slow "$4" "$key" 0)
+  other=$(slow "$4" "other-$key" 0)
+  wait "$p1" "$p2"
+  local got
+  got="$(cat "$tmp/slow1") $(cat "$tmp/slow2") third=$third other=$other"
+  echo "$1: $got"
+  case "$got" in
+    "200 200 third=429 other=200") ;;
+    *) echo "FAIL: expected 2 in flight per key, a third refused, another key unaffected" >&2; exit 1 ;;
+  esac
+}
+check_slow "memory store /api/slow" "$url" "$url" "$url"
 
 redis_bin="${REDIS_SERVER:-redis-server}"
 # Starts redis-server on $1 and waits until it accepts connections; sets
@@ -103,6 +131,7 @@ case "$got" in
   "200 200 200 200 200 429 ") ;;
   *) echo "FAIL: two instances did not share one limit" >&2; exit 1 ;;
 esac
+check_slow "two instances, one redis, /api/slow" "$a" "$b" "$a"
 window_check "$a" smoke-window-redis
 
 # Redis killed: the demo keeps answering within its 50 ms timeout, failing

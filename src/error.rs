@@ -154,6 +154,30 @@ pub enum ConfigError {
         /// The policy's algorithm.
         algorithm: crate::algorithm::Algorithm,
     },
+    /// A concurrency limit of zero requests in flight: nothing could pass.
+    #[error("a concurrency limit must allow at least one request in flight")]
+    ZeroInFlight,
+    /// A lease TTL outside 1 ms ..= 1 day.
+    #[error("lease TTL {ttl:?} is outside 1 ms ..= 1 day")]
+    LeaseTtl {
+        /// The offending TTL.
+        ttl: Duration,
+    },
+    /// A renewal interval of zero, or not shorter than the lease TTL (the
+    /// lease would expire before it is renewed).
+    #[error("leases must be renewed more often than their TTL ({ttl:?}), and not every {every:?}")]
+    RenewInterval {
+        /// The offending interval.
+        every: Duration,
+        /// The lease TTL.
+        ttl: Duration,
+    },
+    /// A rejection status that is not an error status (4xx or 5xx).
+    #[error("rejection status {status} is not an error status (4xx or 5xx)")]
+    RejectionStatus {
+        /// The offending status.
+        status: http::StatusCode,
+    },
 }
 
 /// A store could not decide: Redis unreachable, too slow, or answering

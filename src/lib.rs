@@ -10,6 +10,9 @@
 //! - Around a client of someone else's API, [`RateLimitLayer::wait_up_to`]
 //!   waits for the call's slot instead of refusing, oldest first across
 //!   the fleet; see [waiting for a slot](rate_limit#waiting-for-a-slot-outbound-clients).
+//! - [`ConcurrencyLimitLayer`] caps the requests in flight per identity
+//!   across the fleet with leases held until the response body ends
+//!   ([`concurrency`]); [`lease`] holds the reusable release-on-drop pieces.
 //!
 //! # An axum server
 //!
@@ -89,10 +92,12 @@
 
 mod algorithm;
 pub mod clock;
+pub mod concurrency;
 mod decision;
 mod error;
 pub(crate) mod gcra;
 pub mod key;
+pub mod lease;
 mod limit;
 mod limiter;
 pub mod metrics;
@@ -117,6 +122,11 @@ pub use crate::limiter::{IntoStore, Limiter};
 pub use crate::rate_limit::{Cost, FailurePolicy, OnMissingKey, RateLimit, RateLimitLayer};
 pub use crate::response::{HeaderStyle, Rejection, RejectionKind};
 pub use crate::store::{MemoryStore, RedisStore, RedisStoreBuilder, Store, TimeSource};
+
+pub use crate::concurrency::{
+    ConcurrencyLimit, ConcurrencyLimitError, ConcurrencyLimitLayer, ConcurrencyLimiter,
+    ConcurrencyPolicy,
+};
 
 /// The error type of services in typed-error mode.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;

@@ -10,3 +10,4 @@ pub use self::headers::HeaderStyle;
 pub use self::rejection::{Rejection, RejectionKind};
 
 pub(crate) use self::headers::PolicyHeaders;
+pub(crate) use self::headers::retry_after_secs;

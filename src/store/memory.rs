@@ -5,9 +5,10 @@ use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 mod defer;
+mod lease;
 mod window;
 
-use super::{DeferCall, GcraCall, Store, StoreFuture, WindowCall};
+use super::{DeferCall, GcraCall, LeaseCall, LeaseGrant, Store, StoreFuture, WindowCall};
 use crate::clock::{Clock, MonotonicClock};
 use crate::decision::Decision;
 use crate::gcra::{self, Params};
@@ -38,6 +39,7 @@ struct Inner {
     hasher: RandomState,
     clock: Arc<dyn Clock>,
     windows: window::Table,
+    leases: lease::Leases,
 }
 
 /// Keyed by identity alone, so that a lookup borrows the caller's key and
@@ -95,6 +97,13 @@ impl MemoryStore {
             lock(shard).sweep(now);
         }
         self.inner.windows.sweep(now);
+        self.inner.leases.sweep(now);
+    }
+
+    /// How many concurrency leases the store holds, expired ones included
+    /// until an acquire on their key or a sweep drops them.
+    pub fn lease_count(&self) -> usize {
+        self.inner.leases.count()
     }
 
     fn decide(&self, call: &GcraCall<'_>) -> Decision {
@@ -226,6 +235,20 @@ impl Store for MemoryStore {
         self.defer(&call);
         StoreFuture::ready(Ok(()))
     }
+
+    fn lease_acquire(&self, call: LeaseCall<'_>) -> StoreFuture<LeaseGrant> {
+        let now = self.inner.clock.now_micros();
+        StoreFuture::ready(Ok(self.inner.leases.acquire(&call, now)))
+    }
+
+    fn lease_release(&self, call: LeaseCall<'_>) -> StoreFuture<bool> {
+        StoreFuture::ready(Ok(self.inner.leases.release(&call)))
+    }
+
+    fn lease_renew(&self, call: LeaseCall<'_>) -> StoreFuture<bool> {
+        let now = self.inner.clock.now_micros();
+        StoreFuture::ready(Ok(self.inner.leases.renew(&call, now)))
+    }
 }
 
 /// Configures a [`MemoryStore`]; see [`MemoryStore::builder`].
@@ -263,6 +286,7 @@ impl MemoryStoreBuilder {
                     .clock
                     .unwrap_or_else(|| Arc::new(MonotonicClock::new())),
                 windows: window::Table::new(shards),
+                leases: lease::Leases::new(shards),
             }),
         }
     }

@@ -10,6 +10,7 @@
 //! `lua/fixed_window.lua` for Redis.
 
 mod defer;
+mod lease;
 mod memory;
 mod redis;
 
@@ -23,6 +24,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 pub use self::defer::DeferCall;
+pub use self::lease::{LeaseCall, LeaseGrant, LeaseId};
 pub use self::memory::{MemoryStore, MemoryStoreBuilder};
 pub use self::redis::{RedisStore, RedisStoreBuilder, TimeSource};
 
@@ -59,6 +61,18 @@ pub trait Store: Send + Sync + fmt::Debug + sealed::Sealed + 'static {
     /// the key's next call is admitted no earlier than the pause from now
     /// (see [`Limiter::defer`](crate::Limiter::defer)). One round trip.
     fn gcra_defer(&self, call: DeferCall<'_>) -> StoreFuture<()>;
+
+    /// Takes a lease if the key holds fewer unexpired leases than the
+    /// call's capacity (expired ones are dropped first); see
+    /// [`LeaseCall`] for the rules. One round trip in Redis.
+    fn lease_acquire(&self, call: LeaseCall<'_>) -> StoreFuture<LeaseGrant>;
+
+    /// Gives a lease back; `true` if it was held. One round trip in Redis.
+    fn lease_release(&self, call: LeaseCall<'_>) -> StoreFuture<bool>;
+
+    /// Extends an unexpired lease to `now + ttl`; `false` if it is no longer
+    /// held (released, or expired and dropped). One round trip in Redis.
+    fn lease_renew(&self, call: LeaseCall<'_>) -> StoreFuture<bool>;
 }
 
 mod sealed {

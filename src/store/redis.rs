@@ -8,9 +8,10 @@ use redis::{ErrorKind, ServerErrorKind, Value};
 use super::connection::Conn;
 use super::deny_cache::{DenyCache, DenyCacheStats, RealClock};
 mod defer;
+mod lease;
 mod window;
 
-use super::{DeferCall, GcraCall, Store, StoreFuture, WindowCall};
+use super::{DeferCall, GcraCall, LeaseCall, LeaseGrant, Store, StoreFuture, WindowCall};
 use crate::clock::{Clock, SystemClock};
 use crate::decision::Decision;
 use crate::error::{ConfigError, StoreError};
@@ -98,6 +99,7 @@ struct Inner {
     gcra: LuaScript,
     deny: Option<DenyCache>,
     windows: window::Scripts,
+    leases: lease::Scripts,
 }
 
 impl RedisStore {
@@ -299,6 +301,18 @@ impl Store for RedisStore {
     fn gcra_defer(&self, call: DeferCall<'_>) -> StoreFuture<()> {
         self.run_gcra_defer(call)
     }
+
+    fn lease_acquire(&self, call: LeaseCall<'_>) -> StoreFuture<LeaseGrant> {
+        self.run_lease_acquire(call)
+    }
+
+    fn lease_release(&self, call: LeaseCall<'_>) -> StoreFuture<bool> {
+        self.run_lease_release(call)
+    }
+
+    fn lease_renew(&self, call: LeaseCall<'_>) -> StoreFuture<bool> {
+        self.run_lease_renew(call)
+    }
 }
 
 /// Configures a [`RedisStore`]; see [`RedisStore::builder`].
@@ -421,6 +435,7 @@ impl RedisStoreBuilder {
                 gcra: LuaScript::new(GCRA_LUA),
                 deny,
                 windows: window::Scripts::new(),
+                leases: lease::Scripts::new(),
             }),
         })
     }

@@ -1,0 +1,171 @@
+use std::fmt;
+use std::marker::PhantomData;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Response, StatusCode};
+use tower_layer::Layer;
+
+use super::{Common, ConcurrencyLimit, ConcurrencyLimiter, ConcurrencyRejection, RejectFn, Shared};
+use crate::error::ConfigError;
+use crate::key::PeerIp;
+use crate::rate_limit::{FailurePolicy, OnMissingKey, mode};
+
+/// Caps the requests in flight per identity with a [`ConcurrencyLimiter`].
+///
+/// Defaults: key = [`PeerIp`], requests without a key refused with 400,
+/// refusals `429` with `Retry-After: 1`, fail open when the store fails,
+/// HTTP responses for rejections. Each is changed by one method; see the
+/// [module docs](crate::concurrency) for an example.
+#[must_use]
+pub struct ConcurrencyLimitLayer<K = PeerIp, M = mode::Http> {
+    limiter: ConcurrencyLimiter,
+    key: K,
+    on_missing: OnMissingKey,
+    failure: FailurePolicy,
+    status: StatusCode,
+    retry_after: Duration,
+    rejection: Option<RejectFn>,
+    _mode: PhantomData<fn() -> M>,
+}
+
+impl ConcurrencyLimitLayer {
+    /// Limits requests with `limiter`, keyed by peer IP.
+    pub fn new(limiter: ConcurrencyLimiter) -> Self {
+        ConcurrencyLimitLayer {
+            limiter,
+            key: PeerIp,
+            on_missing: OnMissingKey::default(),
+            failure: FailurePolicy::default(),
+            status: StatusCode::TOO_MANY_REQUESTS,
+            retry_after: Duration::from_secs(1),
+            rejection: None,
+            _mode: PhantomData,
+        }
+    }
+}
+
+impl<K, M> ConcurrencyLimitLayer<K, M> {
+    /// The limiter.
+    pub fn limiter(&self) -> &ConcurrencyLimiter {
+        &self.limiter
+    }
+
+    /// Who a request is: any [`KeyExtractor`](crate::key::KeyExtractor).
+    pub fn key<K2>(self, key: K2) -> ConcurrencyLimitLayer<K2, M> {
+        self.rebuild(|_| key)
+    }
+
+    /// What to do with requests that carry no key (default: refuse with 400).
+    pub fn on_missing_key(mut self, action: OnMissingKey) -> Self {
+        self.on_missing = action;
+        self
+    }
+
+    /// What to do when the store fails (default: let requests through,
+    /// holding no lease).
+    pub fn on_store_error(mut self, policy: FailurePolicy) -> Self {
+        self.failure = policy;
+        self
+    }
+
+    /// The status of a refusal for too many in flight (default 429);
+    /// refused unless it is a 4xx or 5xx.
+    pub fn status(mut self, status: StatusCode) -> Result<Self, ConfigError> {
+        if !(status.is_client_error() || status.is_server_error()) {
+            return Err(ConfigError::RejectionStatus { status });
+        }
+        self.status = status;
+        Ok(self)
+    }
+
+    /// The `Retry-After` of a refusal for too many in flight (default 1 s;
+    /// sent in whole seconds, rounded up).
+    pub fn retry_after(mut self, after: Duration) -> Self {
+        self.retry_after = after;
+        self
+    }
+
+    /// Replaces the rejection response. The function receives the reason
+    /// and can start from [`ConcurrencyRejection::default_response`].
+    pub fn rejection<F, B>(mut self, f: F) -> Self
+    where
+        F: Fn(&ConcurrencyRejection<'_>) -> Response<B> + Send + Sync + 'static,
+        B: Into<Bytes>,
+    {
+        self.rejection = Some(Arc::new(move |rejection: &ConcurrencyRejection<'_>| {
+            f(rejection).map(Into::into)
+        }));
+        self
+    }
+
+    /// Refuse with a [`ConcurrencyLimitError`](super::ConcurrencyLimitError)
+    /// instead of an HTTP response; works around any `tower::Service`. The
+    /// lease is then held until the response future resolves.
+    pub fn typed_errors(self) -> ConcurrencyLimitLayer<K, mode::TypedErrors> {
+        self.rebuild(|key| key)
+    }
+
+    fn rebuild<K2, M2>(self, f: impl FnOnce(K) -> K2) -> ConcurrencyLimitLayer<K2, M2> {
+        ConcurrencyLimitLayer {
+            limiter: self.limiter,
+            key: f(self.key),
+            on_missing: self.on_missing,
+            failure: self.failure,
+            status: self.status,
+            retry_after: self.retry_after,
+            rejection: self.rejection,
+            _mode: PhantomData,
+        }
+    }
+}
+
+impl<K: Clone, M> Clone for ConcurrencyLimitLayer<K, M> {
+    fn clone(&self) -> Self {
+        ConcurrencyLimitLayer {
+            limiter: self.limiter.clone(),
+            key: self.key.clone(),
+            on_missing: self.on_missing.clone(),
+            failure: self.failure,
+            status: self.status,
+            retry_after: self.retry_after,
+            rejection: self.rejection.clone(),
+            _mode: PhantomData,
+        }
+    }
+}
+
+impl<K, M> fmt::Debug for ConcurrencyLimitLayer<K, M> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ConcurrencyLimitLayer")
+            .field("limiter", &self.limiter)
+            .field("on_missing", &self.on_missing)
+            .field("failure", &self.failure)
+            .field("status", &self.status)
+            .field("retry_after", &self.retry_after)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, K: Clone, M> Layer<S> for ConcurrencyLimitLayer<K, M> {
+    type Service = ConcurrencyLimit<S, K, M>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        let common = Common {
+            limiter: self.limiter.clone(),
+            on_missing: self.on_missing.clone(),
+            failure: self.failure,
+            status: self.status,
+            retry_after: self.retry_after,
+            rejection: self.rejection.clone(),
+        };
+        ConcurrencyLimit::new(
+            inner,
+            Arc::new(Shared {
+                key: self.key.clone(),
+                common: Arc::new(common),
+            }),
+        )
+    }
+}

@@ -1,0 +1,190 @@
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, ready};
+
+use super::ConcurrencyPolicy;
+use crate::error::StoreError;
+use crate::key::Key;
+use crate::lease::{LeaseGuard, Pending, Renewer, StoreLease};
+use crate::limiter::IntoStore;
+use crate::store::{LeaseGrant, Store, StoreFuture};
+
+/// A [`ConcurrencyPolicy`] bound to a [`Store`]: takes leases, one store
+/// round trip each, and hands them out in [`LeaseGuard`]s that give them
+/// back when dropped. Clones share everything.
+///
+/// Usable on its own, outside tower; see the [`lease`](crate::lease)
+/// module for an example.
+#[derive(Clone)]
+pub struct ConcurrencyLimiter {
+    policy: ConcurrencyPolicy,
+    store: Arc<dyn Store>,
+    pending: Arc<Pending>,
+    renewer: Option<Renewer<StoreLease>>,
+}
+
+/// The outcome of [`ConcurrencyLimiter::acquire`].
+#[derive(Debug)]
+#[must_use = "dropping an acquired guard releases its lease at once"]
+pub enum Admission {
+    /// A lease was taken; it is held until the guard is dropped.
+    Acquired(LeaseGuard<StoreLease>),
+    /// The identity already has the maximum in flight.
+    Refused(LeaseGrant),
+}
+
+impl ConcurrencyLimiter {
+    /// Binds `policy` to `store`.
+    pub fn new(policy: ConcurrencyPolicy, store: impl IntoStore) -> Self {
+        ConcurrencyLimiter {
+            renewer: policy.renew_every().map(Renewer::new),
+            policy,
+            store: store.into_store(),
+            pending: Arc::default(),
+        }
+    }
+
+    /// The policy.
+    pub fn policy(&self) -> &ConcurrencyPolicy {
+        &self.policy
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    /// Takes a lease for `key` if it has fewer than the policy's maximum in
+    /// flight. An acquired lease is renewed in the background (if the
+    /// policy renews) until its guard is dropped, by one task per limiter
+    /// that renews every lease due.
+    ///
+    /// The lease id is chosen before the store is asked, so that if the
+    /// returned future is dropped mid-way or the store fails after the
+    /// request was sent, the lease that may have been recorded is released
+    /// again rather than held until its TTL.
+    pub fn acquire(&self, key: &Key) -> Acquire {
+        let lease = StoreLease::new(
+            self.store.clone(),
+            self.policy.name_arc(),
+            key.clone(),
+            self.policy.lease_ttl(),
+            self.pending.clone(),
+        );
+        let mut grant = self
+            .store
+            .lease_acquire(lease.call(self.policy.max_in_flight()));
+        // A store that decided at once has recorded the lease already.
+        let sent = match grant.take_ready() {
+            Some(result) => {
+                grant = StoreFuture::ready(result);
+                true
+            }
+            None => false,
+        };
+        Acquire {
+            grant,
+            guard: Some(LeaseGuard::new(lease)),
+            sent,
+            renewer: self.renewer.clone(),
+        }
+    }
+
+    /// How many releases this limiter's leases have handed to spawned tasks
+    /// that have not reached the store yet.
+    pub fn pending_releases(&self) -> usize {
+        self.pending.count()
+    }
+
+    /// Resolves once every release handed to a spawned task has reached the
+    /// store (or failed): call it on shutdown so that no lease outlives the
+    /// process until its TTL.
+    pub async fn releases_settled(&self) {
+        self.pending.settled().await;
+    }
+}
+
+impl fmt::Debug for ConcurrencyLimiter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ConcurrencyLimiter")
+            .field("policy", &self.policy)
+            .field("store", &self.store)
+            .finish()
+    }
+}
+
+/// The future of [`ConcurrencyLimiter::acquire`]. Dropped before it
+/// resolves, it releases the lease it may have taken.
+#[must_use = "futures do nothing unless polled"]
+pub struct Acquire {
+    grant: StoreFuture<LeaseGrant>,
+    /// Holds the tentative lease: released on drop unless the store
+    /// refused it or it was handed out.
+    guard: Option<LeaseGuard<StoreLease>>,
+    /// Whether the store may have recorded the lease: at once for the
+    /// memory store; once polled for a store doing I/O, which sends nothing
+    /// before that.
+    sent: bool,
+    renewer: Option<Renewer<StoreLease>>,
+}
+
+impl Acquire {
+    /// The outcome, if the store has decided already (the memory store
+    /// always has); the future is then spent.
+    pub fn take_ready(&mut self) -> Option<Result<Admission, StoreError>> {
+        let result = self.grant.take_ready()?;
+        Some(self.finish(result))
+    }
+
+    fn finish(&mut self, result: Result<LeaseGrant, StoreError>) -> Result<Admission, StoreError> {
+        let Some(guard) = self.guard.take() else {
+            return Err(StoreError::UnexpectedReply(
+                "acquire polled after completion".into(),
+            ));
+        };
+        match result {
+            Ok(grant) if grant.is_acquired() => Ok(Admission::Acquired(match &self.renewer {
+                Some(renewer) => guard.renewed_by(renewer),
+                None => guard,
+            })),
+            Ok(grant) => {
+                guard.disarm();
+                Ok(Admission::Refused(grant))
+            }
+            // The script may have run before the failure (a timeout): the
+            // guard drops here and releases that lease, if any.
+            Err(err) => Err(err),
+        }
+    }
+}
+
+impl Future for Acquire {
+    type Output = Result<Admission, StoreError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        this.sent = true;
+        let result = ready!(Pin::new(&mut this.grant).poll(cx));
+        Poll::Ready(this.finish(result))
+    }
+}
+
+impl Drop for Acquire {
+    fn drop(&mut self) {
+        if !self.sent {
+            if let Some(guard) = self.guard.take() {
+                guard.disarm();
+            }
+        }
+    }
+}
+
+impl fmt::Debug for Acquire {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Acquire")
+            .field("grant", &self.grant)
+            .finish_non_exhaustive()
+    }
+}

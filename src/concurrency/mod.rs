@@ -1,0 +1,167 @@
+//! [`ConcurrencyLimitLayer`]: at most N requests in flight per identity,
+//! across the whole fleet.
+//!
+//! Each admitted request holds a lease in the store (a Redis sorted set per
+//! identity, or the in-process [`MemoryStore`](crate::MemoryStore)): one
+//! round trip to take it, one to give it back. The lease is held until the
+//! response body has been sent to its end or dropped, not merely until the
+//! handler returns, so a streaming response counts for as long as it
+//! streams. It is also given back when the request future is dropped (the
+//! client went away, a timeout layer outside gave up) and when the handler
+//! panics. Long responses renew their lease before it expires; a lease
+//! whose instance crashed frees its slot after the lease TTL.
+//!
+//! ```
+//! use std::time::Duration;
+//! use axum::{routing::get, Router};
+//! use fleetgate::concurrency::{ConcurrencyLimitLayer, ConcurrencyLimiter, ConcurrencyPolicy};
+//! use fleetgate::key::{HeaderKey, PeerIp};
+//! use fleetgate::MemoryStore;
+//!
+//! # fn main() -> Result<(), fleetgate::ConfigError> {
+//! // Two reports per API key at a time, fleet-wide with a RedisStore.
+//! let policy = ConcurrencyPolicy::builder("reports", 2)
+//!     .lease_ttl(Duration::from_secs(30))
+//!     .build()?;
+//! let app: Router = Router::new()
+//!     .route("/api/report", get(|| async { "report" }))
+//!     .route_layer(
+//!         ConcurrencyLimitLayer::new(ConcurrencyLimiter::new(policy, MemoryStore::new()))
+//!             .key(HeaderKey::new("x-api-key").or(PeerIp)),
+//!     );
+//! # Ok(()) }
+//! ```
+//!
+//! Refusals are `429 Too Many Requests` with `Retry-After: 1` (both
+//! configurable); [`ConcurrencyLimitLayer::typed_errors`] turns them into a
+//! [`ConcurrencyLimitError`] for services that are not HTTP, where the
+//! lease is held until the response future resolves (there is no body to
+//! follow). Key extraction, missing keys and store failures work as in
+//! [`RateLimitLayer`](crate::RateLimitLayer): the same extractors,
+//! [`OnMissingKey`] and [`FailurePolicy`].
+//!
+//! Use `Router::route_layer` to limit only matched routes and
+//! `Router::layer` to limit everything that reaches the router. Every
+//! service clone axum makes shares one limit: the state is in the store.
+
+mod error;
+mod future;
+mod layer;
+mod limiter;
+mod policy;
+mod rejection;
+mod service;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Response, StatusCode};
+
+pub use self::error::ConcurrencyLimitError;
+pub use self::future::ResponseFuture;
+pub use self::layer::ConcurrencyLimitLayer;
+pub use self::limiter::{Acquire, Admission, ConcurrencyLimiter};
+pub use self::policy::{ConcurrencyPolicy, ConcurrencyPolicyBuilder, MAX_LEASE_TTL, MIN_LEASE_TTL};
+pub use self::rejection::{ConcurrencyRejection, ConcurrencyRejectionKind};
+pub use self::service::ConcurrencyLimit;
+
+use crate::error::StoreError;
+use crate::lease::{GuardedBody, LeaseGuard, StoreLease};
+use crate::rate_limit::{FailurePolicy, KEY_WARNINGS, OnMissingKey, STORE_WARNINGS};
+use crate::response::ResponseBody;
+
+/// The response body of a [`ConcurrencyLimit`] service: the inner body
+/// holding the request's lease until it ends, or a rejection's text.
+pub type ConcurrencyBody<B> = GuardedBody<ResponseBody<B>, StoreLease>;
+
+pub(crate) type RejectFn = Arc<dyn Fn(&ConcurrencyRejection<'_>) -> Response<Bytes> + Send + Sync>;
+
+/// Settings every clone of a service and every response future shares.
+pub(crate) struct Common {
+    pub(crate) limiter: ConcurrencyLimiter,
+    pub(crate) on_missing: OnMissingKey,
+    pub(crate) failure: FailurePolicy,
+    pub(crate) status: StatusCode,
+    pub(crate) retry_after: Duration,
+    pub(crate) rejection: Option<RejectFn>,
+}
+
+/// What a service's clones share: the key extractor and the settings.
+pub(crate) struct Shared<K> {
+    pub(crate) key: K,
+    pub(crate) common: Arc<Common>,
+}
+
+impl Common {
+    /// What to do with the store's answer: pass (holding the lease, if one
+    /// was taken) or refuse.
+    pub(crate) fn judge(
+        &self,
+        result: Result<Admission, StoreError>,
+    ) -> Result<Option<LeaseGuard<StoreLease>>, ConcurrencyRejectionKind> {
+        match result {
+            Ok(Admission::Acquired(guard)) => Ok(Some(guard)),
+            Ok(Admission::Refused(grant)) => {
+                tracing::debug!(
+                    policy = self.limiter.policy().name(),
+                    in_flight = grant.in_flight(),
+                    "too many in flight"
+                );
+                Err(ConcurrencyRejectionKind::InFlight(grant))
+            }
+            Err(err) => {
+                if STORE_WARNINGS.allow() {
+                    tracing::warn!(
+                        policy = self.limiter.policy().name(),
+                        store = self.limiter.store().kind(),
+                        error = %err,
+                        failure_policy = ?self.failure,
+                        "concurrency-limit store failed"
+                    );
+                }
+                match self.failure {
+                    FailurePolicy::Closed => Err(ConcurrencyRejectionKind::Unavailable(err)),
+                    FailurePolicy::Open => Ok(None),
+                }
+            }
+        }
+    }
+
+    pub(crate) fn missing_key(&self, status: StatusCode) -> ConcurrencyRejectionKind {
+        if KEY_WARNINGS.allow() {
+            tracing::warn!(
+                policy = self.limiter.policy().name(),
+                "no concurrency-limit key in the request; when keying by peer IP, serve with \
+                 into_make_service_with_connect_info::<SocketAddr>()"
+            );
+        }
+        ConcurrencyRejectionKind::MissingKey(status)
+    }
+
+    pub(crate) fn rejection(&self, kind: ConcurrencyRejectionKind) -> Response<Bytes> {
+        let rejection = ConcurrencyRejection {
+            kind,
+            policy: self.limiter.policy(),
+            status: self.status,
+            retry_after: self.retry_after,
+        };
+        match &self.rejection {
+            Some(custom) => custom(&rejection),
+            None => rejection.default_response(),
+        }
+    }
+
+    pub(crate) fn error(&self, kind: ConcurrencyRejectionKind) -> ConcurrencyLimitError {
+        match kind {
+            ConcurrencyRejectionKind::InFlight(_) => ConcurrencyLimitError::InFlight {
+                limit: self.limiter.policy().name().to_owned(),
+                max_in_flight: self.limiter.policy().max_in_flight(),
+            },
+            ConcurrencyRejectionKind::MissingKey(_) => ConcurrencyLimitError::MissingKey,
+            ConcurrencyRejectionKind::Unavailable(err) => {
+                ConcurrencyLimitError::Unavailable(err.to_string())
+            }
+        }
+    }
+}

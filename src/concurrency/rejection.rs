@@ -1,0 +1,102 @@
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{CONTENT_TYPE, RETRY_AFTER};
+use http::{HeaderValue, Response, StatusCode};
+
+use super::ConcurrencyPolicy;
+use crate::error::StoreError;
+use crate::response::retry_after_secs;
+use crate::store::LeaseGrant;
+
+/// Why a [`ConcurrencyLimitLayer`](super::ConcurrencyLimitLayer) refused a
+/// request; handed to a custom rejection function.
+#[derive(Debug)]
+pub struct ConcurrencyRejection<'a> {
+    pub(crate) kind: ConcurrencyRejectionKind,
+    pub(crate) policy: &'a ConcurrencyPolicy,
+    pub(crate) status: StatusCode,
+    pub(crate) retry_after: Duration,
+}
+
+/// The reasons a concurrency limit refuses a request.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub enum ConcurrencyRejectionKind {
+    /// The identity already has the maximum in flight.
+    InFlight(LeaseGrant),
+    /// No key could be extracted; the layer rejects such requests with
+    /// this status.
+    MissingKey(StatusCode),
+    /// The store failed and the layer fails closed.
+    Unavailable(StoreError),
+}
+
+impl ConcurrencyRejection<'_> {
+    /// The reason.
+    pub fn kind(&self) -> &ConcurrencyRejectionKind {
+        &self.kind
+    }
+
+    /// The policy of the layer that refused.
+    pub fn policy(&self) -> &ConcurrencyPolicy {
+        self.policy
+    }
+
+    /// The status the default response uses: the layer's configured status
+    /// (429 unless changed) when too many are in flight, the missing-key
+    /// status, or 503 when the store is down.
+    pub fn status(&self) -> StatusCode {
+        match &self.kind {
+            ConcurrencyRejectionKind::InFlight(_) => self.status,
+            ConcurrencyRejectionKind::MissingKey(status) => *status,
+            ConcurrencyRejectionKind::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+
+    /// The `Retry-After` the default response sends when too many are in
+    /// flight (the layer's setting, 1 s unless changed): a slot frees up as
+    /// soon as any of the identity's requests ends, which nobody can
+    /// predict.
+    pub fn retry_after(&self) -> Duration {
+        self.retry_after
+    }
+
+    /// The response fleetgate sends by default: the status, `Retry-After`
+    /// (seconds, rounded up; 1 when the store is down) and a one-line text
+    /// body. Custom rejection functions can start from it.
+    pub fn default_response(&self) -> Response<Bytes> {
+        let (body, retry) = match &self.kind {
+            ConcurrencyRejectionKind::InFlight(_) => {
+                let secs = retry_after_secs(self.retry_after);
+                (
+                    format!(
+                        "too many requests in flight for {} (at most {}); retry in {secs} s\n",
+                        self.policy.name(),
+                        self.policy.max_in_flight()
+                    ),
+                    Some(secs),
+                )
+            }
+            ConcurrencyRejectionKind::MissingKey(_) => (
+                "concurrency limiting could not identify the client\n".to_owned(),
+                None,
+            ),
+            ConcurrencyRejectionKind::Unavailable(_) => (
+                "concurrency limiter unavailable; retry shortly\n".to_owned(),
+                Some(1),
+            ),
+        };
+        let mut response = Response::new(Bytes::from(body));
+        *response.status_mut() = self.status();
+        let headers = response.headers_mut();
+        headers.insert(
+            CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; charset=utf-8"),
+        );
+        if let Some(secs) = retry {
+            headers.insert(RETRY_AFTER, HeaderValue::from(secs));
+        }
+        response
+    }
+}

@@ -1,0 +1,139 @@
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+
+use super::Lease;
+use crate::key::Key;
+use crate::store::{LeaseCall, LeaseId, Store, StoreFuture};
+
+/// A concurrency lease held in a [`Store`]: the set of `key` under the
+/// limit `name`, member `id`.
+pub struct StoreLease {
+    store: Arc<dyn Store>,
+    name: Arc<str>,
+    key: Key,
+    id: LeaseId,
+    ttl: Duration,
+    pending: Arc<Pending>,
+}
+
+impl StoreLease {
+    pub(crate) fn new(
+        store: Arc<dyn Store>,
+        name: Arc<str>,
+        key: Key,
+        ttl: Duration,
+        pending: Arc<Pending>,
+    ) -> Self {
+        StoreLease {
+            store,
+            name,
+            key,
+            id: LeaseId::generate(),
+            ttl,
+            pending,
+        }
+    }
+
+    /// The name of the limit.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The identity holding the lease.
+    pub fn key(&self) -> &Key {
+        &self.key
+    }
+
+    /// The lease's id.
+    pub fn id(&self) -> &LeaseId {
+        &self.id
+    }
+
+    pub(crate) fn call(&self, capacity: u64) -> LeaseCall<'_> {
+        LeaseCall {
+            name: &self.name,
+            key: &self.key,
+            id: &self.id,
+            capacity,
+            ttl: self.ttl,
+        }
+    }
+}
+
+impl Lease for StoreLease {
+    fn release(&self) -> StoreFuture<bool> {
+        let mut release = self.store.lease_release(self.call(0));
+        if let Some(done) = release.take_ready() {
+            return StoreFuture::ready(done);
+        }
+        // Counted until it is done, so that shutdown (and tests) can wait
+        // for every release to reach the store.
+        let token = self.pending.begin();
+        StoreFuture::pending(async move {
+            let _token = token;
+            release.await
+        })
+    }
+
+    fn renew(&self) -> StoreFuture<bool> {
+        self.store.lease_renew(self.call(0))
+    }
+}
+
+impl fmt::Debug for StoreLease {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StoreLease")
+            .field("name", &self.name)
+            .field("key", &self.key)
+            .field("id", &self.id)
+            .field("ttl", &self.ttl)
+            .finish()
+    }
+}
+
+/// Releases on their way to the store, counted so that someone can wait
+/// for all of them to finish.
+#[derive(Debug, Default)]
+pub(crate) struct Pending {
+    count: AtomicUsize,
+    idle: Notify,
+}
+
+impl Pending {
+    fn begin(self: &Arc<Self>) -> PendingToken {
+        self.count.fetch_add(1, Ordering::SeqCst);
+        PendingToken(self.clone())
+    }
+
+    pub(crate) fn count(&self) -> usize {
+        self.count.load(Ordering::SeqCst)
+    }
+
+    /// Resolves once no release is pending.
+    pub(crate) async fn settled(&self) {
+        loop {
+            let mut idle = std::pin::pin!(self.idle.notified());
+            idle.as_mut().enable();
+            if self.count() == 0 {
+                return;
+            }
+            idle.await;
+        }
+    }
+}
+
+/// Counts one pending release until dropped (done, failed, or abandoned
+/// with its runtime).
+struct PendingToken(Arc<Pending>);
+
+impl Drop for PendingToken {
+    fn drop(&mut self) {
+        if self.0.count.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.0.idle.notify_waiters();
+        }
+    }
+}

@@ -1,0 +1,165 @@
+//! The Redis store's leases: one sorted set per key and limit name, one
+//! script per operation (`lua/lease_*.lua`), each one round trip through
+//! [`RedisStore::eval`].
+
+use std::time::Duration;
+
+use redis::Value;
+
+use super::{LuaScript, RedisStore, TimeSource};
+use crate::error::StoreError;
+use crate::key::Key;
+use crate::store::{LeaseCall, LeaseGrant, StoreFuture};
+
+const ACQUIRE_LUA: &str = include_str!("../../../lua/lease_acquire.lua");
+const RELEASE_LUA: &str = include_str!("../../../lua/lease_release.lua");
+const RENEW_LUA: &str = include_str!("../../../lua/lease_renew.lua");
+
+/// The lease scripts, hashed once per store.
+#[derive(Debug)]
+pub(super) struct Scripts {
+    acquire: LuaScript,
+    release: LuaScript,
+    renew: LuaScript,
+}
+
+impl Scripts {
+    pub(super) fn new() -> Self {
+        Scripts {
+            acquire: LuaScript::new(ACQUIRE_LUA),
+            release: LuaScript::new(RELEASE_LUA),
+            renew: LuaScript::new(RENEW_LUA),
+        }
+    }
+}
+
+impl RedisStore {
+    /// The Redis key of the sorted set that holds the concurrency leases of
+    /// `key` under the limit `name`: `{prefix}:{name}:{{key}}:lease`
+    /// (member = lease id, score = expiry in microseconds).
+    pub fn lease_key(&self, name: &str, key: &Key) -> String {
+        format!("{}:lease", self.key_base(name, key))
+    }
+
+    fn now_arg(&self) -> String {
+        match &self.inner.time {
+            TimeSource::Server => String::new(),
+            TimeSource::Client(clock) => clock.now_micros().to_string(),
+        }
+    }
+
+    pub(super) fn run_lease_acquire(&self, call: LeaseCall<'_>) -> StoreFuture<LeaseGrant> {
+        let keys = [self.lease_key(call.name, call.key)];
+        let args = [
+            self.now_arg(),
+            call.capacity.to_string(),
+            call.ttl_us().to_string(),
+            call.id.as_str().to_owned(),
+        ];
+        let store = self.clone();
+        StoreFuture::pending(async move {
+            let reply = store
+                .eval(&store.inner.leases.acquire, &keys, &args)
+                .await?;
+            decode_grant(&reply)
+        })
+    }
+
+    pub(super) fn run_lease_release(&self, call: LeaseCall<'_>) -> StoreFuture<bool> {
+        let keys = [self.lease_key(call.name, call.key)];
+        let args = [call.id.as_str().to_owned()];
+        let store = self.clone();
+        StoreFuture::pending(async move {
+            let reply = store
+                .eval(&store.inner.leases.release, &keys, &args)
+                .await?;
+            decode_flag(&reply)
+        })
+    }
+
+    pub(super) fn run_lease_renew(&self, call: LeaseCall<'_>) -> StoreFuture<bool> {
+        let keys = [self.lease_key(call.name, call.key)];
+        let args = [
+            self.now_arg(),
+            call.ttl_us().to_string(),
+            call.id.as_str().to_owned(),
+        ];
+        let store = self.clone();
+        StoreFuture::pending(async move {
+            let reply = store.eval(&store.inner.leases.renew, &keys, &args).await?;
+            decode_flag(&reply)
+        })
+    }
+}
+
+fn decode_grant(reply: &Value) -> Result<LeaseGrant, StoreError> {
+    let unexpected = || StoreError::UnexpectedReply(format!("{reply:?}"));
+    let Value::Array(items) = reply else {
+        return Err(unexpected());
+    };
+    let [Value::Int(acquired), Value::Int(held), Value::Int(wait)] = items.as_slice() else {
+        return Err(unexpected());
+    };
+    let (Ok(held), Ok(wait)) = (u64::try_from(*held), u64::try_from(*wait)) else {
+        return Err(unexpected());
+    };
+    match acquired {
+        1 if held > 0 => Ok(LeaseGrant {
+            acquired: true,
+            in_flight: held,
+            oldest_expires_in: None,
+        }),
+        0 => Ok(LeaseGrant {
+            acquired: false,
+            in_flight: held,
+            oldest_expires_in: Some(Duration::from_micros(wait)),
+        }),
+        _ => Err(unexpected()),
+    }
+}
+
+fn decode_flag(reply: &Value) -> Result<bool, StoreError> {
+    match reply {
+        Value::Int(0) => Ok(false),
+        Value::Int(1) => Ok(true),
+        _ => Err(StoreError::UnexpectedReply(format!("{reply:?}"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn odd_lease_replies_are_errors() {
+        for reply in [
+            Value::Nil,
+            Value::Int(1),
+            Value::Array(vec![]),
+            Value::Array(vec![Value::Int(1), Value::Int(1)]),
+            Value::Array(vec![Value::Int(2), Value::Int(1), Value::Int(0)]),
+            Value::Array(vec![Value::Int(1), Value::Int(0), Value::Int(0)]),
+            Value::Array(vec![Value::Int(0), Value::Int(-1), Value::Int(0)]),
+            Value::Array(vec![Value::Int(0), Value::Int(1), Value::Int(-5)]),
+            Value::Array(vec![Value::Int(1), Value::Nil, Value::Int(0)]),
+        ] {
+            assert!(decode_grant(&reply).is_err(), "{reply:?}");
+        }
+        let denied = decode_grant(&Value::Array(vec![
+            Value::Int(0),
+            Value::Int(2),
+            Value::Int(1500),
+        ]))
+        .unwrap();
+        assert!(!denied.is_acquired());
+        assert_eq!(denied.in_flight(), 2);
+        assert_eq!(
+            denied.oldest_expires_in(),
+            Some(Duration::from_micros(1500))
+        );
+        for reply in [Value::Nil, Value::Int(2), Value::Int(-1), Value::Okay] {
+            assert!(decode_flag(&reply).is_err(), "{reply:?}");
+        }
+        assert!(decode_flag(&Value::Int(1)).unwrap());
+    }
+}

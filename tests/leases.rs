@@ -1,0 +1,447 @@
+//! Concurrency leases in both stores: the same decisions for the same calls
+//! and times, one script and one round trip per operation in Redis, and no
+//! lease outliving its TTL when its holder vanished.
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::RedisServer;
+use fleetgate::clock::ManualClock;
+use fleetgate::concurrency::{Admission, ConcurrencyLimiter, ConcurrencyPolicy};
+use fleetgate::lease::{Lease, LeaseGuard, StoreLease};
+use fleetgate::store::LeaseGrant;
+use fleetgate::{Key, MemoryStore, RedisStore, Store, TimeSource};
+
+const S: Duration = Duration::from_secs(1);
+const UNIX_NOW: Duration = Duration::from_secs(1_700_000_000);
+
+/// A store with a manual clock and the log of what it answered.
+#[derive(Clone)]
+struct Sut {
+    name: &'static str,
+    clock: ManualClock,
+    store: Arc<dyn Store>,
+    log: Arc<Mutex<Vec<String>>>,
+}
+
+impl Sut {
+    fn memory() -> Sut {
+        let clock = ManualClock::new(UNIX_NOW);
+        let store = MemoryStore::builder().clock(clock.clone()).build();
+        Sut {
+            name: "memory",
+            clock,
+            store: Arc::new(store),
+            log: Arc::default(),
+        }
+    }
+
+    async fn redis(server: &RedisServer) -> Sut {
+        let clock = ManualClock::new(UNIX_NOW);
+        let store = RedisStore::builder()
+            .time_source(TimeSource::Client(Arc::new(clock.clone())))
+            .timeout(Duration::from_secs(2))
+            .connect(&server.url())
+            .await
+            .expect("connect to the test's redis-server");
+        Sut {
+            name: "redis",
+            clock,
+            store: Arc::new(store),
+            log: Arc::default(),
+        }
+    }
+
+    fn limiter(&self, name: &str, max: u64, ttl: Duration) -> ConcurrencyLimiter {
+        let policy = ConcurrencyPolicy::builder(name, max)
+            .lease_ttl(ttl)
+            .no_renewal()
+            .build()
+            .unwrap();
+        ConcurrencyLimiter::new(policy, self.store.clone())
+    }
+
+    fn record(&self, entry: String) {
+        self.log.lock().unwrap().push(entry);
+    }
+
+    /// Acquires; records the grant (or refusal) in the log.
+    async fn acquire(&self, l: &ConcurrencyLimiter, key: &str) -> Result<Guard, LeaseGrant> {
+        match l.acquire(&Key::new(key)).await {
+            Ok(Admission::Acquired(guard)) => {
+                self.record(format!("{key}: acquired"));
+                Ok(guard)
+            }
+            Ok(Admission::Refused(grant)) => {
+                self.record(format!("{key}: refused {grant:?}"));
+                Err(grant)
+            }
+            Err(err) => panic!("{}: store error: {err}", self.name),
+        }
+    }
+
+    async fn renew(&self, guard: &Guard) -> bool {
+        let renewed = lease(guard).renew().await.unwrap();
+        self.record(format!("renew {renewed}"));
+        renewed
+    }
+
+    async fn release(&self, guard: &Guard) -> bool {
+        let released = lease(guard).release().await.unwrap();
+        self.record(format!("release {released}"));
+        released
+    }
+}
+
+type Guard = LeaseGuard<StoreLease>;
+
+fn lease(guard: &Guard) -> &StoreLease {
+    guard.lease().expect("an armed guard")
+}
+
+#[track_caller]
+fn refused(result: Result<Guard, LeaseGrant>, in_flight: u64, oldest: Duration) {
+    match result {
+        Ok(_) => panic!("acquired past the limit"),
+        Err(grant) => {
+            assert!(!grant.is_acquired());
+            assert_eq!(grant.in_flight(), in_flight);
+            assert_eq!(grant.oldest_expires_in(), Some(oldest));
+        }
+    }
+}
+
+/// The whole life of leases, step by step, with exact answers.
+async fn lifecycle(s: Sut) {
+    let l = s.limiter("life", 2, 10 * S);
+    let a = s.acquire(&l, "k").await.expect("first lease");
+    s.clock.advance(S);
+    let b = s.acquire(&l, "k").await.expect("second lease");
+    refused(s.acquire(&l, "k").await, 2, 9 * S);
+    // Other keys and other limit names are counted apart.
+    let other_key = s.acquire(&l, "other").await.expect("other key");
+    let other_name = s.acquire(&s.limiter("life2", 1, 10 * S), "k").await;
+    assert!(other_name.is_ok(), "{}: names share a set", s.name);
+
+    s.clock.advance(2 * S);
+    refused(s.acquire(&l, "k").await, 2, 7 * S);
+    assert!(s.release(&a).await, "{}", s.name);
+    assert!(!s.release(&a).await, "{}: released twice", s.name);
+    a.release();
+    let c = s.acquire(&l, "k").await.expect("a released slot is free");
+
+    // Renewal moves b's expiry from 11 s to 13 s (now 3 s + 10 s).
+    assert!(s.renew(&b).await, "{}", s.name);
+    s.clock.advance(9 * S);
+    // Now 12 s: b and c expire at 13 s.
+    refused(s.acquire(&l, "k").await, 2, S);
+    s.clock.advance(S);
+    // Exactly at expiry the leases are gone, and never revived.
+    let d = s
+        .acquire(&l, "k")
+        .await
+        .expect("expired leases free their slots");
+    assert!(!s.renew(&b).await, "{}: an expired lease renewed", s.name);
+    assert!(!s.renew(&c).await, "{}: an expired lease renewed", s.name);
+    let e = s.acquire(&l, "k").await.expect("second slot");
+    refused(s.acquire(&l, "k").await, 2, 10 * S);
+    drop((b, c, d, e, other_key, other_name));
+}
+
+#[tokio::test]
+async fn both_stores_agree_on_the_lease_lifecycle() {
+    let memory = Sut::memory();
+    lifecycle(memory.clone()).await;
+    let server = RedisServer::start();
+    let redis = Sut::redis(&server).await;
+    lifecycle(redis.clone()).await;
+    let (memory, redis) = (
+        memory.log.lock().unwrap().clone(),
+        redis.log.lock().unwrap().clone(),
+    );
+    assert!(memory.len() > 10);
+    assert_eq!(memory, redis, "the stores answered differently");
+}
+
+/// A crashed instance (a lease taken and never released, nor renewed)
+/// holds its slot until the TTL, then frees it: on a manual clock for both
+/// stores, exactly at the TTL.
+#[tokio::test]
+async fn a_vanished_holder_frees_its_slot_after_the_ttl() {
+    let server = RedisServer::start();
+    for s in [Sut::memory(), Sut::redis(&server).await] {
+        let l = s.limiter("crash", 2, 5 * S);
+        for _ in 0..2 {
+            let guard = s.acquire(&l, "k").await.expect("free slot");
+            // The instance dies: no release, no renewal, ever.
+            std::mem::forget(guard);
+        }
+        refused(s.acquire(&l, "k").await, 2, 5 * S);
+        s.clock.advance(5 * S - Duration::from_micros(1));
+        refused(s.acquire(&l, "k").await, 2, Duration::from_micros(1));
+        s.clock.advance(Duration::from_micros(1));
+        let guard = s.acquire(&l, "k").await;
+        assert!(guard.is_ok(), "{}: slot not freed after the TTL", s.name);
+    }
+}
+
+/// The same with Redis' own clock and real time: the slot frees after the
+/// TTL and not before, and the sorted set itself expires.
+#[tokio::test]
+async fn a_vanished_holder_frees_its_slot_on_redis_time() {
+    let server = RedisServer::start();
+    let store = RedisStore::builder()
+        .timeout(Duration::from_secs(2))
+        .connect(&server.url())
+        .await
+        .unwrap();
+    let ttl = Duration::from_millis(300);
+    let policy = ConcurrencyPolicy::builder("crash", 1)
+        .lease_ttl(ttl)
+        .no_renewal()
+        .build()
+        .unwrap();
+    let key = Key::new("k");
+    let crashed = ConcurrencyLimiter::new(policy.clone(), store.clone());
+    let Admission::Acquired(guard) = crashed.acquire(&key).await.unwrap() else {
+        panic!("first lease refused");
+    };
+    let taken = Instant::now();
+    std::mem::forget(guard);
+
+    let survivor = ConcurrencyLimiter::new(policy, store.clone());
+    let mut conn = server
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let lease_key = store.lease_key("crash", &key);
+    let pttl: i64 = redis::cmd("PTTL")
+        .arg(&lease_key)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!((1..=300).contains(&pttl), "lease set PTTL {pttl}");
+    let deadline = taken + Duration::from_secs(10);
+    loop {
+        let admitted = matches!(
+            survivor.acquire(&key).await.unwrap(),
+            Admission::Acquired(_)
+        );
+        if admitted {
+            break;
+        }
+        assert!(Instant::now() < deadline, "slot never freed");
+        // Waiting for Redis' clock to pass the TTL: there is no event to
+        // await, so check again a little later.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        taken.elapsed() >= ttl,
+        "freed before the TTL: {:?}",
+        taken.elapsed()
+    );
+    // The admitted lease was released when its guard dropped; once that
+    // is done nothing is left.
+    survivor.releases_settled().await;
+    let exists: i64 = redis::cmd("EXISTS")
+        .arg(&lease_key)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(exists, 0);
+}
+
+/// Acquire and release are one `EVALSHA` each, and the lease set shares the
+/// identity's hash tag.
+#[tokio::test]
+async fn one_round_trip_per_acquire_and_per_release() {
+    let server = RedisServer::start();
+    let store = RedisStore::builder()
+        .timeout(Duration::from_secs(2))
+        .connect(&server.url())
+        .await
+        .unwrap();
+    let policy = ConcurrencyPolicy::builder("trips", 5)
+        .no_renewal()
+        .build()
+        .unwrap();
+    let limiter = ConcurrencyLimiter::new(policy, store.clone());
+    let key = Key::new("user:7");
+    assert_eq!(
+        store.lease_key("trips", &key),
+        "fleetgate:trips:{user:7}:lease"
+    );
+    let mut conn = server
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    // Load the scripts so that no NOSCRIPT fallback muddies the count.
+    for _ in 0..2 {
+        let _ = limiter.acquire(&key).await.unwrap();
+        limiter.releases_settled().await;
+    }
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    for _ in 0..10 {
+        let Admission::Acquired(guard) = limiter.acquire(&key).await.unwrap() else {
+            panic!("refused");
+        };
+        drop(guard);
+        limiter.releases_settled().await;
+    }
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let calls = |cmd: &str| -> u64 {
+        info.lines()
+            .find_map(|l| l.strip_prefix(&format!("cmdstat_{cmd}:calls=")))
+            .and_then(|rest| rest.split(',').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    };
+    assert_eq!(calls("evalsha"), 20, "{info}");
+    assert_eq!(calls("eval"), 0, "{info}");
+    assert_eq!(calls("time"), 10, "acquire reads Redis' clock: {info}");
+}
+
+/// A release never waits for Redis: with Redis hung, dropping the guard
+/// returns at once and hands the release to a task. The lease is free
+/// again once Redis answers (the queued release runs) or its TTL passes.
+#[tokio::test]
+async fn release_does_not_wait_for_a_hung_redis() {
+    let server = RedisServer::start();
+    let store = RedisStore::builder()
+        .timeout(Duration::from_millis(100))
+        .connect(&server.url())
+        .await
+        .unwrap();
+    let policy = ConcurrencyPolicy::builder("hung", 1)
+        .lease_ttl(Duration::from_millis(800))
+        .no_renewal()
+        .build()
+        .unwrap();
+    let limiter = ConcurrencyLimiter::new(policy, store.clone());
+    let key = Key::new("k");
+    let Admission::Acquired(guard) = limiter.acquire(&key).await.unwrap() else {
+        panic!("refused");
+    };
+    signal(server.pid(), "-STOP");
+    drop(guard);
+    assert_eq!(limiter.pending_releases(), 1, "release not handed off");
+    // The release gives up after the store's timeout, with Redis still hung.
+    limiter.releases_settled().await;
+    assert_eq!(limiter.pending_releases(), 0);
+    signal(server.pid(), "-CONT");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Ok(Admission::Acquired(_)) = limiter.acquire(&key).await {
+            break;
+        }
+        assert!(Instant::now() < deadline, "lease never freed");
+        // Waiting on Redis' clock (or reconnection): nothing to await.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A guard dropped where there is no tokio runtime cannot release: the
+/// lease stays, and expires after its TTL.
+#[tokio::test]
+async fn without_a_runtime_the_lease_expires_after_its_ttl() {
+    let server = RedisServer::start();
+    let store = RedisStore::builder()
+        .timeout(Duration::from_secs(2))
+        .connect(&server.url())
+        .await
+        .unwrap();
+    let ttl = Duration::from_millis(300);
+    let policy = ConcurrencyPolicy::builder("nort", 1)
+        .lease_ttl(ttl)
+        .no_renewal()
+        .build()
+        .unwrap();
+    let limiter = ConcurrencyLimiter::new(policy, store.clone());
+    let key = Key::new("k");
+    let Admission::Acquired(guard) = limiter.acquire(&key).await.unwrap() else {
+        panic!("refused");
+    };
+    let taken = Instant::now();
+    std::thread::spawn(move || drop(guard)).join().unwrap();
+    assert_eq!(limiter.pending_releases(), 0);
+    let mut conn = server
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let held: i64 = redis::cmd("ZCARD")
+        .arg(store.lease_key("nort", &key))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    if taken.elapsed() < ttl {
+        assert_eq!(held, 1, "released without a runtime?");
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Admission::Acquired(_) = limiter.acquire(&key).await.unwrap() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "lease never expired");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(taken.elapsed() >= ttl);
+}
+
+fn signal(pid: u32, sig: &str) {
+    let status = std::process::Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status()
+        .expect("kill runs");
+    assert!(status.success());
+}
+
+/// Leases of keys never seen again do not pile up in the memory store:
+/// expired ones are swept.
+#[test]
+fn the_memory_store_sweeps_expired_leases() {
+    let clock = ManualClock::new(UNIX_NOW);
+    let store = MemoryStore::builder()
+        .clock(clock.clone())
+        .shards(1)
+        .build();
+    let policy = ConcurrencyPolicy::builder("sweep", 1)
+        .lease_ttl(S)
+        .no_renewal()
+        .build()
+        .unwrap();
+    let limiter = ConcurrencyLimiter::new(policy, store.clone());
+    for i in 0..3000 {
+        let mut acquire = limiter.acquire(&Key::new(format!("k{i}")));
+        match acquire.take_ready() {
+            Some(Ok(Admission::Acquired(guard))) => std::mem::forget(guard),
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(store.lease_count(), 3000);
+    clock.advance(S);
+    // New keys (held by crashed holders too) trigger a sweep once the
+    // shard has doubled since its last one: the expired leases go.
+    for i in 0..3000 {
+        let mut acquire = limiter.acquire(&Key::new(format!("new{i}")));
+        match acquire.take_ready() {
+            Some(Ok(Admission::Acquired(guard))) => std::mem::forget(guard),
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(store.lease_count(), 3000, "expired leases were kept");
+    clock.advance(S);
+    store.sweep();
+    assert_eq!(store.lease_count(), 0);
+}
