@@ -6,11 +6,14 @@
 //! |---|---|---|---|
 //! | `fleetgate_decisions_total` | counter | `layer`, `policy`, `outcome` | one per request a layer decided |
 //! | `fleetgate_near_limit_total` | counter | `layer`, `policy` | admitted with at most a tenth of the deciding limit left |
-//! | `fleetgate_store_duration_seconds` | histogram | `layer`, `policy`, `store` | time the store took to decide (I/O stores only) |
-//! | `fleetgate_store_errors_total` | counter | `layer`, `policy`, `store`, `error` | store calls that failed: `timeout`, `redis`, `reply` |
+//! | `fleetgate_store_duration_seconds` | histogram | `store`, `op` | one Redis round trip, timeouts and errors included |
+//! | `fleetgate_store_errors_total` | counter | `store`, `op`, `error` | Redis calls that failed: `timeout`, `redis`, `reply` |
 //!
 //! `layer` is the kind of layer (`rate_limit`, `concurrency`, ...), `policy`
-//! the configured policy name and `outcome` one of [`Outcome`]'s names.
+//! the configured policy name, `outcome` one of [`Outcome`]'s names, and
+//! `op` the script (`gcra`, `sliding_log`, `lease_acquire`, ...). A store
+//! failure shows twice: as a store error, and as the `fail_open` or
+//! `fail_closed` outcome of the decision it spoiled.
 //! Every label comes from configuration, never from a request: the number of
 //! series is bounded by the number of policies, whatever the traffic. Keys
 //! (IP addresses, API keys) are never labels.
@@ -18,9 +21,6 @@
 //! Handles are resolved on a layer's first decision, so install the
 //! recorder before the first request. Without the `metrics` feature nothing
 //! is recorded and nothing is paid.
-
-// The layers call into this module as they gain metrics.
-#![allow(dead_code)]
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -98,12 +98,12 @@ pub(crate) struct LayerMetrics {
 
 impl LayerMetrics {
     /// Handles for a layer of kind `layer` (`rate_limit`, ...) deciding
-    /// `policy` on a store of kind `store`.
+    /// `policy`.
     #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
-    pub(crate) fn new(layer: &'static str, policy: Arc<str>, store: &'static str) -> Self {
+    pub(crate) fn new(layer: &'static str, policy: Arc<str>) -> Self {
         LayerMetrics {
             #[cfg(feature = "metrics")]
-            inner: Arc::new(enabled::Inner::new(layer, policy, store)),
+            inner: Arc::new(enabled::Inner::new(layer, policy)),
             #[cfg(not(feature = "metrics"))]
             _labels: std::marker::PhantomData,
         }
@@ -118,20 +118,55 @@ impl LayerMetrics {
         self.inner.decided(outcome, near_limit);
     }
 
-    /// Records how long an I/O store took.
-    #[inline]
+}
+
+/// One Redis script's latency and error counters.
+#[derive(Debug)]
+pub(crate) struct ScriptMetrics {
+    #[cfg(feature = "metrics")]
+    op: &'static str,
+    #[cfg(feature = "metrics")]
+    latency: std::sync::OnceLock<::metrics::Histogram>,
+}
+
+impl ScriptMetrics {
     #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
-    pub(crate) fn store_latency(&self, took: Duration) {
-        #[cfg(feature = "metrics")]
-        self.inner.store_latency(took);
+    pub(crate) fn new(op: &'static str) -> Self {
+        ScriptMetrics {
+            #[cfg(feature = "metrics")]
+            op,
+            #[cfg(feature = "metrics")]
+            latency: std::sync::OnceLock::new(),
+        }
     }
 
-    /// Counts a failed store call.
+    /// Records one round trip and, if it failed, why.
     #[inline]
     #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
-    pub(crate) fn store_error(&self, err: &StoreError) {
+    pub(crate) fn record(&self, took: Duration, error: Option<&StoreError>) {
         #[cfg(feature = "metrics")]
-        self.inner.store_error(err);
+        {
+            let op = self.op;
+            self.latency
+                .get_or_init(|| {
+                    ::metrics::histogram!(
+                        "fleetgate_store_duration_seconds",
+                        "store" => "redis",
+                        "op" => op,
+                    )
+                })
+                .record(took.as_secs_f64());
+            if let Some(err) = error {
+                // Rare: resolved per failure.
+                ::metrics::counter!(
+                    "fleetgate_store_errors_total",
+                    "store" => "redis",
+                    "op" => op,
+                    "error" => error_label(err),
+                )
+                .increment(1);
+            }
+        }
     }
 }
 
@@ -143,18 +178,15 @@ pub(crate) fn near_limit(remaining: u64, burst: u64) -> bool {
 #[cfg(feature = "metrics")]
 mod enabled {
     use std::sync::{Arc, OnceLock};
-    use std::time::Duration;
 
-    use ::metrics::{Counter, Histogram, counter, histogram};
+    use ::metrics::{Counter, counter};
 
-    use super::{Outcome, error_label};
-    use crate::error::StoreError;
+    use super::Outcome;
 
     #[derive(Debug)]
     pub(super) struct Inner {
         layer: &'static str,
         policy: Arc<str>,
-        store: &'static str,
         handles: OnceLock<Handles>,
     }
 
@@ -162,15 +194,13 @@ mod enabled {
     struct Handles {
         outcomes: [Counter; Outcome::ALL.len()],
         near_limit: Counter,
-        latency: Histogram,
     }
 
     impl Inner {
-        pub(super) fn new(layer: &'static str, policy: Arc<str>, store: &'static str) -> Self {
+        pub(super) fn new(layer: &'static str, policy: Arc<str>) -> Self {
             Inner {
                 layer,
                 policy,
-                store,
                 handles: OnceLock::new(),
             }
         }
@@ -190,12 +220,6 @@ mod enabled {
                     "layer" => self.layer,
                     "policy" => self.policy.clone(),
                 ),
-                latency: histogram!(
-                    "fleetgate_store_duration_seconds",
-                    "layer" => self.layer,
-                    "policy" => self.policy.clone(),
-                    "store" => self.store,
-                ),
             })
         }
 
@@ -205,22 +229,6 @@ mod enabled {
             if near_limit && outcome == Outcome::Allowed {
                 handles.near_limit.increment(1);
             }
-        }
-
-        pub(super) fn store_latency(&self, took: Duration) {
-            self.handles().latency.record(took.as_secs_f64());
-        }
-
-        pub(super) fn store_error(&self, err: &StoreError) {
-            // Rare: resolved per failure rather than kept per error kind.
-            counter!(
-                "fleetgate_store_errors_total",
-                "layer" => self.layer,
-                "policy" => self.policy.clone(),
-                "store" => self.store,
-                "error" => error_label(err),
-            )
-            .increment(1);
         }
     }
 }

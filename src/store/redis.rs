@@ -15,22 +15,27 @@ use super::{DeferCall, GcraCall, LeaseCall, LeaseGrant, Store, StoreFuture, Wind
 use crate::clock::{Clock, SystemClock};
 use crate::decision::Decision;
 use crate::error::{ConfigError, StoreError};
+use crate::metrics::ScriptMetrics;
 use crate::key::Key;
 use crate::limit::{Policy, check_name};
 
-/// A Lua script run by SHA, with its source kept for the `NOSCRIPT` fallback.
+/// A Lua script run by SHA, with its source kept for the `NOSCRIPT` fallback
+/// and its name for metrics.
 #[derive(Debug)]
 pub(crate) struct LuaScript {
     source: &'static str,
     sha: String,
+    metrics: ScriptMetrics,
 }
 
 impl LuaScript {
-    /// Hashes the script once; call at store construction.
-    pub(crate) fn new(source: &'static str) -> Self {
+    /// Hashes the script once; call at store construction. `name` is the
+    /// `op` label of its metrics (`gcra`, `lease_acquire`, ...).
+    pub(crate) fn new(name: &'static str, source: &'static str) -> Self {
         LuaScript {
             source,
             sha: redis::Script::new(source).get_hash().to_owned(),
+            metrics: ScriptMetrics::new(name),
         }
     }
 }
@@ -213,14 +218,17 @@ impl RedisStore {
                 other => other,
             }
         };
-        match tokio::time::timeout(self.inner.timeout, exchange).await {
+        let started = std::time::Instant::now();
+        let result = match tokio::time::timeout(self.inner.timeout, exchange).await {
             Ok(Ok(reply)) => Ok(reply),
             // A timeout reported by the client (a `with_connection` manager
             // configured with its own).
             Ok(Err(err)) if err.is_timeout() => Err(StoreError::Timeout(self.inner.timeout)),
             Ok(Err(err)) => Err(err.into()),
             Err(_) => Err(StoreError::Timeout(self.inner.timeout)),
-        }
+        };
+        script.metrics.record(started.elapsed(), result.as_ref().err());
+        result
     }
 }
 
@@ -432,7 +440,7 @@ impl RedisStoreBuilder {
                 prefix: self.prefix.into_boxed_str(),
                 timeout: self.timeout,
                 time: self.time,
-                gcra: LuaScript::new(GCRA_LUA),
+                gcra: LuaScript::new("gcra", GCRA_LUA),
                 deny,
                 windows: window::Scripts::new(),
                 leases: lease::Scripts::new(),

@@ -11,7 +11,7 @@ use crate::store::{DeferCall, StoreFuture};
 /// Held here rather than in the store's `Inner`, so that the script is
 /// hashed once per process and this operation stays in its own file.
 static GCRA_DEFER: LazyLock<LuaScript> =
-    LazyLock::new(|| LuaScript::new(include_str!("../../../lua/gcra_defer.lua")));
+    LazyLock::new(|| LuaScript::new("gcra_defer", include_str!("../../../lua/gcra_defer.lua")));
 
 impl RedisStore {
     pub(super) fn run_gcra_defer(&self, call: DeferCall<'_>) -> StoreFuture<()> {

@@ -26,9 +26,9 @@ pub(super) struct Scripts {
 impl Scripts {
     pub(super) fn new() -> Self {
         Scripts {
-            acquire: LuaScript::new(ACQUIRE_LUA),
-            release: LuaScript::new(RELEASE_LUA),
-            renew: LuaScript::new(RENEW_LUA),
+            acquire: LuaScript::new("lease_acquire", ACQUIRE_LUA),
+            release: LuaScript::new("lease_release", RELEASE_LUA),
+            renew: LuaScript::new("lease_renew", RENEW_LUA),
         }
     }
 }

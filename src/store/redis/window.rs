@@ -24,9 +24,9 @@ pub(super) struct Scripts {
 impl Scripts {
     pub(super) fn new() -> Self {
         Scripts {
-            sliding_log: LuaScript::new(SLIDING_LOG_LUA),
-            sliding_counter: LuaScript::new(SLIDING_COUNTER_LUA),
-            fixed_window: LuaScript::new(FIXED_WINDOW_LUA),
+            sliding_log: LuaScript::new("sliding_log", SLIDING_LOG_LUA),
+            sliding_counter: LuaScript::new("sliding_counter", SLIDING_COUNTER_LUA),
+            fixed_window: LuaScript::new("fixed_window", FIXED_WINDOW_LUA),
         }
     }
 
