@@ -5,7 +5,7 @@
 //! | metric | kind | labels | meaning |
 //! |---|---|---|---|
 //! | `fleetgate_decisions_total` | counter | `layer`, `policy`, `outcome` | one per request a layer decided |
-//! | `fleetgate_near_limit_total` | counter | `layer`, `policy` | admitted with at most a tenth of the deciding limit left |
+//! | `fleetgate_near_limit_total` | counter | `layer`, `policy` | rate limits: admitted with at most a tenth of the deciding limit's burst left |
 //! | `fleetgate_store_duration_seconds` | histogram | `store`, `op` | one Redis round trip, timeouts and errors included |
 //! | `fleetgate_store_errors_total` | counter | `store`, `op`, `error` | Redis calls that failed: `timeout`, `redis`, `reply` |
 //!
@@ -47,6 +47,7 @@ pub enum Outcome {
     FailClosed,
 }
 
+#[cfg_attr(not(feature = "metrics"), allow(dead_code))]
 impl Outcome {
     const ALL: [Outcome; 7] = [
         Outcome::Allowed,
@@ -72,12 +73,13 @@ impl Outcome {
         }
     }
 
-    fn index(self) -> usize {
+    pub(crate) fn index(self) -> usize {
         self as usize
     }
 }
 
 /// The `error` label of a store failure.
+#[cfg_attr(not(feature = "metrics"), allow(dead_code))]
 pub(crate) fn error_label(err: &StoreError) -> &'static str {
     match err {
         StoreError::Timeout(_) => "timeout",
@@ -117,7 +119,6 @@ impl LayerMetrics {
         #[cfg(feature = "metrics")]
         self.inner.decided(outcome, near_limit);
     }
-
 }
 
 /// One Redis script's latency and error counters.

@@ -10,6 +10,7 @@ use tower_layer::Layer;
 use super::{Common, ConcurrencyLimit, ConcurrencyLimiter, ConcurrencyRejection, RejectFn, Shared};
 use crate::error::ConfigError;
 use crate::key::PeerIp;
+use crate::metrics::LayerMetrics;
 use crate::rate_limit::{FailurePolicy, OnMissingKey, mode};
 
 /// Caps the requests in flight per identity with a [`ConcurrencyLimiter`].
@@ -159,6 +160,7 @@ impl<S, K: Clone, M> Layer<S> for ConcurrencyLimitLayer<K, M> {
             status: self.status,
             retry_after: self.retry_after,
             rejection: self.rejection.clone(),
+            metrics: LayerMetrics::new("concurrency", self.limiter.policy().name_arc()),
         };
         ConcurrencyLimit::new(
             inner,

@@ -68,6 +68,7 @@ pub use self::service::ConcurrencyLimit;
 
 use crate::error::StoreError;
 use crate::lease::{GuardedBody, LeaseGuard, StoreLease};
+use crate::metrics::{LayerMetrics, Outcome};
 use crate::rate_limit::{FailurePolicy, KEY_WARNINGS, OnMissingKey, STORE_WARNINGS};
 use crate::response::ResponseBody;
 
@@ -85,6 +86,7 @@ pub(crate) struct Common {
     pub(crate) status: StatusCode,
     pub(crate) retry_after: Duration,
     pub(crate) rejection: Option<RejectFn>,
+    pub(crate) metrics: LayerMetrics,
 }
 
 /// What a service's clones share: the key extractor and the settings.
@@ -100,15 +102,29 @@ impl Common {
         &self,
         result: Result<Admission, StoreError>,
     ) -> Result<Option<LeaseGuard<StoreLease>>, ConcurrencyRejectionKind> {
-        match result {
-            Ok(Admission::Acquired(guard)) => Ok(Some(guard)),
+        let span = tracing::debug_span!(
+            "fleetgate.decision",
+            layer = "concurrency",
+            policy = self.limiter.policy().name(),
+            outcome = tracing::field::Empty,
+        );
+        let _entered = span.enter();
+        let (outcome, verdict) = match result {
+            Ok(Admission::Acquired(guard)) => {
+                self.metrics.decided(Outcome::Allowed, false);
+                span.record("outcome", Outcome::Allowed.as_str());
+                return Ok(Some(guard));
+            }
             Ok(Admission::Refused(grant)) => {
                 tracing::debug!(
                     policy = self.limiter.policy().name(),
                     in_flight = grant.in_flight(),
                     "too many in flight"
                 );
-                Err(ConcurrencyRejectionKind::InFlight(grant))
+                (
+                    Outcome::Denied,
+                    Err(ConcurrencyRejectionKind::InFlight(grant)),
+                )
             }
             Err(err) => {
                 if STORE_WARNINGS.allow() {
@@ -121,11 +137,17 @@ impl Common {
                     );
                 }
                 match self.failure {
-                    FailurePolicy::Closed => Err(ConcurrencyRejectionKind::Unavailable(err)),
-                    FailurePolicy::Open => Ok(None),
+                    FailurePolicy::Closed => (
+                        Outcome::FailClosed,
+                        Err(ConcurrencyRejectionKind::Unavailable(err)),
+                    ),
+                    FailurePolicy::Open => (Outcome::FailOpen, Ok(None)),
                 }
             }
-        }
+        };
+        self.metrics.decided(outcome, false);
+        span.record("outcome", outcome.as_str());
+        verdict
     }
 
     pub(crate) fn missing_key(&self, status: StatusCode) -> ConcurrencyRejectionKind {
@@ -136,6 +158,7 @@ impl Common {
                  into_make_service_with_connect_info::<SocketAddr>()"
             );
         }
+        self.metrics.decided(Outcome::MissingKey, false);
         ConcurrencyRejectionKind::MissingKey(status)
     }
 

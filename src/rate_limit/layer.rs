@@ -11,6 +11,7 @@ use super::{Common, FailurePolicy, NoFeedback, OnMissingKey, RateLimit, RejectFn
 use crate::error::ConfigError;
 use crate::key::PeerIp;
 use crate::limiter::Limiter;
+use crate::metrics::LayerMetrics;
 use crate::response::{HeaderStyle, PolicyHeaders, Rejection};
 
 /// Applies a [`Limiter`] to every request of the wrapped service.
@@ -236,6 +237,7 @@ impl<S, K: Clone, C: Clone, M, F: Clone> Layer<S> for RateLimitLayer<K, C, M, F>
             failure: self.failure,
             rejection: self.rejection.clone(),
             max_wait: self.max_wait,
+            metrics: LayerMetrics::new("rate_limit", self.limiter.policy().name_arc()),
         };
         RateLimit::new(
             inner,

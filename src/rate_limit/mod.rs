@@ -109,6 +109,7 @@ use crate::decision::Decision;
 use crate::error::StoreError;
 use crate::key::Key;
 use crate::limiter::Limiter;
+use crate::metrics::{LayerMetrics, Outcome, near_limit};
 use crate::response::{PolicyHeaders, Rejection, RejectionKind};
 
 /// What a layer does with a request from which no key can be extracted.
@@ -194,6 +195,7 @@ pub(crate) struct Common {
     pub(crate) rejection: Option<RejectFn>,
     /// Waiting mode: reserve a slot up to this far ahead and sleep until it.
     pub(crate) max_wait: Option<Duration>,
+    pub(crate) metrics: LayerMetrics,
 }
 
 /// Store failures are logged at most once a second per process.
@@ -211,13 +213,31 @@ impl Common {
         &self,
         result: Result<Decision, StoreError>,
     ) -> Result<Option<Decision>, RejectionKind> {
+        let policy = self.limiter.policy();
+        // One span per decision; free unless a subscriber wants `debug`.
+        let span = tracing::debug_span!(
+            "fleetgate.decision",
+            layer = "rate_limit",
+            policy = policy.name(),
+            outcome = tracing::field::Empty,
+        );
+        let _entered = span.enter();
         let refusal = match result {
-            Ok(d) if d.is_allowed() => return Ok(Some(d)),
+            Ok(d) if d.is_allowed() => {
+                let burst = policy
+                    .limits()
+                    .get(d.limit_index())
+                    .map_or(0, |l| l.burst());
+                self.metrics
+                    .decided(Outcome::Allowed, near_limit(d.remaining(), burst));
+                span.record("outcome", Outcome::Allowed.as_str());
+                return Ok(Some(d));
+            }
             Ok(d) => RejectionKind::Limited(d),
             Err(err) => {
                 if STORE_WARNINGS.allow() {
                     tracing::warn!(
-                        policy = self.limiter.policy().name(),
+                        policy = policy.name(),
                         store = self.limiter.store().kind(),
                         error = %err,
                         failure_policy = ?self.failure,
@@ -226,7 +246,11 @@ impl Common {
                 }
                 match self.failure {
                     FailurePolicy::Closed => RejectionKind::Unavailable(err),
-                    FailurePolicy::Open => return Ok(None),
+                    FailurePolicy::Open => {
+                        self.metrics.decided(Outcome::FailOpen, false);
+                        span.record("outcome", Outcome::FailOpen.as_str());
+                        return Ok(None);
+                    }
                 }
             }
         };
@@ -237,7 +261,8 @@ impl Common {
     }
 
     /// The rejection to send, or `None` in shadow mode, where the would-be
-    /// rejection is only logged and the request goes through.
+    /// rejection is only logged and the request goes through. Counts the
+    /// outcome.
     pub(crate) fn refuse(&self, kind: RejectionKind) -> Option<RejectionKind> {
         let policy = self.limiter.policy().name();
         if let RejectionKind::MissingKey(_) = kind {
@@ -249,6 +274,15 @@ impl Common {
                 );
             }
         }
+        let outcome = match (&kind, self.shadow) {
+            (RejectionKind::Unavailable(_), true) => Outcome::FailOpen,
+            (_, true) => Outcome::ShadowDenied,
+            (RejectionKind::Limited(_), false) => Outcome::Denied,
+            (RejectionKind::MissingKey(_), false) => Outcome::MissingKey,
+            (RejectionKind::Unavailable(_), false) => Outcome::FailClosed,
+        };
+        self.metrics.decided(outcome, false);
+        tracing::Span::current().record("outcome", outcome.as_str());
         if self.shadow {
             tracing::debug!(policy, reason = ?kind, "shadow-denied");
             return None;

@@ -15,9 +15,9 @@ use super::{DeferCall, GcraCall, LeaseCall, LeaseGrant, Store, StoreFuture, Wind
 use crate::clock::{Clock, SystemClock};
 use crate::decision::Decision;
 use crate::error::{ConfigError, StoreError};
-use crate::metrics::ScriptMetrics;
 use crate::key::Key;
 use crate::limit::{Policy, check_name};
+use crate::metrics::ScriptMetrics;
 
 /// A Lua script run by SHA, with its source kept for the `NOSCRIPT` fallback
 /// and its name for metrics.
@@ -227,7 +227,9 @@ impl RedisStore {
             Ok(Err(err)) => Err(err.into()),
             Err(_) => Err(StoreError::Timeout(self.inner.timeout)),
         };
-        script.metrics.record(started.elapsed(), result.as_ref().err());
+        script
+            .metrics
+            .record(started.elapsed(), result.as_ref().err());
         result
     }
 }

@@ -1,0 +1,280 @@
+//! Metrics recorded for each outcome, read back through a test recorder.
+//!
+//! One recorder is installed for the whole test binary; each test uses its
+//! own policy names, and readings accumulate under a lock (the debugging
+//! recorder's snapshots drain counters), so tests running in parallel do
+//! not disturb each other.
+mod common;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Mutex, OnceLock};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::ConnectInfo;
+use axum::routing::get;
+use common::RedisServer;
+use fleetgate::concurrency::{ConcurrencyLimitLayer, ConcurrencyLimiter, ConcurrencyPolicy};
+use fleetgate::key::HeaderKey;
+use fleetgate::{
+    FailurePolicy, Limit, Limiter, MemoryStore, OnMissingKey, Policy, Rate, RateLimitLayer,
+    RedisStore,
+};
+use http::{Request, StatusCode};
+use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+use tower::ServiceExt;
+
+struct Readings {
+    snapshotter: Snapshotter,
+    counters: HashMap<String, u64>,
+    histograms: HashMap<String, usize>,
+}
+
+fn readings() -> &'static Mutex<Readings> {
+    static READINGS: OnceLock<Mutex<Readings>> = OnceLock::new();
+    READINGS.get_or_init(|| {
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        recorder
+            .install()
+            .expect("the only recorder of this binary");
+        Mutex::new(Readings {
+            snapshotter,
+            counters: HashMap::new(),
+            histograms: HashMap::new(),
+        })
+    })
+}
+
+/// `name{k=v,...}` with labels sorted, as the readings are keyed.
+fn series(name: &str, labels: &[(&str, &str)]) -> String {
+    let mut labels: Vec<String> = labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    labels.sort();
+    format!("{name}{{{}}}", labels.join(","))
+}
+
+fn take() -> std::sync::MutexGuard<'static, Readings> {
+    let mut r = readings().lock().unwrap_or_else(|e| e.into_inner());
+    for (key, _, _, value) in r.snapshotter.snapshot().into_vec() {
+        let key = key.key();
+        let labels: Vec<(&str, &str)> = key.labels().map(|l| (l.key(), l.value())).collect();
+        let id = series(key.name(), &labels);
+        match value {
+            DebugValue::Counter(n) => *r.counters.entry(id).or_default() += n,
+            DebugValue::Histogram(v) => *r.histograms.entry(id).or_default() += v.len(),
+            DebugValue::Gauge(_) => {}
+        }
+    }
+    r
+}
+
+fn decisions(layer: &str, policy: &str, outcome: &str) -> u64 {
+    let id = series(
+        "fleetgate_decisions_total",
+        &[("layer", layer), ("policy", policy), ("outcome", outcome)],
+    );
+    take().counters.get(&id).copied().unwrap_or(0)
+}
+
+fn near_limit(policy: &str) -> u64 {
+    let id = series(
+        "fleetgate_near_limit_total",
+        &[("layer", "rate_limit"), ("policy", policy)],
+    );
+    take().counters.get(&id).copied().unwrap_or(0)
+}
+
+fn router<L>(layer: L) -> Router
+where
+    L: tower::Layer<axum::routing::Route> + Clone + Send + Sync + 'static,
+    L::Service: tower::Service<Request<Body>, Error = std::convert::Infallible>
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+    <L::Service as tower::Service<Request<Body>>>::Response: axum::response::IntoResponse + 'static,
+    <L::Service as tower::Service<Request<Body>>>::Future: Send + 'static,
+{
+    Router::new()
+        .route("/", get(|| async { "ok" }))
+        .route_layer(layer)
+}
+
+async fn status(app: &Router, api_key: Option<&str>) -> StatusCode {
+    let mut builder = Request::get("/");
+    if let Some(key) = api_key {
+        builder = builder.header("x-api-key", key);
+    }
+    let mut req = builder.body(Body::empty()).unwrap();
+    let addr: SocketAddr = "192.0.2.1:4000".parse().unwrap();
+    req.extensions_mut().insert(ConnectInfo(addr));
+    app.clone().oneshot(req).await.unwrap().status()
+}
+
+fn policy(name: &str, burst: u64) -> Policy {
+    Policy::single(
+        name,
+        Limit::builder(Rate::per_hour(burst))
+            .burst(burst)
+            .build()
+            .unwrap(),
+    )
+    .unwrap()
+}
+
+#[tokio::test]
+async fn allowed_denied_and_near_limit_are_counted() {
+    // Handles are resolved on the first decision: install first.
+    readings();
+    let app = router(
+        RateLimitLayer::new(Limiter::new(policy("m-basic", 10), MemoryStore::new()))
+            .key(HeaderKey::new("x-api-key")),
+    );
+    for _ in 0..10 {
+        assert_eq!(status(&app, Some("k")).await, StatusCode::OK);
+    }
+    for _ in 0..3 {
+        assert_eq!(status(&app, Some("k")).await, StatusCode::TOO_MANY_REQUESTS);
+    }
+    assert_eq!(
+        status(&app, None).await,
+        StatusCode::BAD_REQUEST,
+        "no key: refused"
+    );
+    assert_eq!(decisions("rate_limit", "m-basic", "allowed"), 10);
+    assert_eq!(decisions("rate_limit", "m-basic", "denied"), 3);
+    assert_eq!(decisions("rate_limit", "m-basic", "missing_key"), 1);
+    // Remaining 1 and 0 are within a tenth of a burst of 10.
+    assert_eq!(near_limit("m-basic"), 2);
+}
+
+#[tokio::test]
+async fn shadow_denials_are_counted_apart() {
+    // Handles are resolved on the first decision: install first.
+    readings();
+    let app = router(
+        RateLimitLayer::new(Limiter::new(policy("m-shadow", 1), MemoryStore::new()))
+            .key(HeaderKey::new("x-api-key"))
+            .shadow(true),
+    );
+    for _ in 0..4 {
+        assert_eq!(status(&app, Some("k")).await, StatusCode::OK);
+    }
+    assert_eq!(decisions("rate_limit", "m-shadow", "allowed"), 1);
+    assert_eq!(decisions("rate_limit", "m-shadow", "shadow_denied"), 3);
+    assert_eq!(decisions("rate_limit", "m-shadow", "denied"), 0);
+}
+
+#[tokio::test]
+async fn store_failures_count_per_policy_and_per_script() {
+    // Handles are resolved on the first decision: install first.
+    readings();
+    // A port with nothing listening: every call fails.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let store = RedisStore::builder()
+        .prefix("metrics-down")
+        .timeout(Duration::from_millis(100))
+        .connect_lazy(&format!("redis://127.0.0.1:{port}"))
+        .unwrap();
+    let open = router(
+        RateLimitLayer::new(Limiter::new(policy("m-open", 5), store.clone()))
+            .key(HeaderKey::new("x-api-key")),
+    );
+    let closed = router(
+        RateLimitLayer::new(Limiter::new(policy("m-closed", 5), store))
+            .key(HeaderKey::new("x-api-key"))
+            .on_store_error(FailurePolicy::Closed),
+    );
+    for _ in 0..2 {
+        assert_eq!(status(&open, Some("k")).await, StatusCode::OK);
+        assert_eq!(
+            status(&closed, Some("k")).await,
+            StatusCode::SERVICE_UNAVAILABLE
+        );
+    }
+    assert_eq!(decisions("rate_limit", "m-open", "fail_open"), 2);
+    assert_eq!(decisions("rate_limit", "m-closed", "fail_closed"), 2);
+    let r = take();
+    let errors: u64 = r
+        .counters
+        .iter()
+        .filter(|(k, _)| k.starts_with("fleetgate_store_errors_total{") && k.contains("op=gcra"))
+        .map(|(_, n)| *n)
+        .sum();
+    assert!(errors >= 4, "{:?}", r.counters);
+}
+
+#[tokio::test]
+async fn redis_round_trips_are_timed() {
+    // Handles are resolved on the first decision: install first.
+    readings();
+    let server = RedisServer::start();
+    let store = RedisStore::builder()
+        .prefix("metrics-up")
+        .connect(&server.url())
+        .await
+        .unwrap();
+    let app = router(
+        RateLimitLayer::new(Limiter::new(policy("m-redis", 3), store))
+            .key(HeaderKey::new("x-api-key")),
+    );
+    let before = take()
+        .histograms
+        .get(&series(
+            "fleetgate_store_duration_seconds",
+            &[("store", "redis"), ("op", "gcra")],
+        ))
+        .copied()
+        .unwrap_or(0);
+    for _ in 0..5 {
+        status(&app, Some("timed")).await;
+    }
+    let after = take()
+        .histograms
+        .get(&series(
+            "fleetgate_store_duration_seconds",
+            &[("store", "redis"), ("op", "gcra")],
+        ))
+        .copied()
+        .unwrap_or(0);
+    // Three admitted and the first denial reach Redis; the deny cache
+    // answers the fifth. Other tests may add their own round trips.
+    assert!(after - before >= 4, "{before} -> {after}");
+    assert_eq!(decisions("rate_limit", "m-redis", "allowed"), 3);
+    assert_eq!(decisions("rate_limit", "m-redis", "denied"), 2);
+}
+
+#[tokio::test]
+async fn concurrency_outcomes_are_counted() {
+    // Handles are resolved on the first decision: install first.
+    readings();
+    let policy = ConcurrencyPolicy::new("m-conc", 1).unwrap();
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .route_layer(
+            ConcurrencyLimitLayer::new(ConcurrencyLimiter::new(policy, MemoryStore::new()))
+                .key(HeaderKey::new("x-api-key"))
+                .on_missing_key(OnMissingKey::Reject(StatusCode::BAD_REQUEST)),
+        );
+    // Hold one response (and so its lease) while a second request comes.
+    let mut req = Request::get("/")
+        .header("x-api-key", "c")
+        .body(Body::empty())
+        .unwrap();
+    req.extensions_mut()
+        .insert(ConnectInfo("192.0.2.1:1".parse::<SocketAddr>().unwrap()));
+    let held = app.clone().oneshot(req).await.unwrap();
+    assert_eq!(held.status(), StatusCode::OK);
+    assert_eq!(status(&app, Some("c")).await, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(status(&app, None).await, StatusCode::BAD_REQUEST);
+    drop(held);
+    assert_eq!(decisions("concurrency", "m-conc", "allowed"), 1);
+    assert_eq!(decisions("concurrency", "m-conc", "denied"), 1);
+    assert_eq!(decisions("concurrency", "m-conc", "missing_key"), 1);
+}
