@@ -85,6 +85,9 @@ pub enum ConfigError {
     /// A timeout of zero.
     #[error("timeout must be longer than zero")]
     ZeroTimeout,
+    /// A per-route table with neither rules nor a default.
+    #[error("a per-route table needs at least one route or a default policy")]
+    EmptyRoutes,
     /// A route or default refers to a policy that is not defined.
     #[error("no policy named {name:?} is defined")]
     UnknownPolicy {

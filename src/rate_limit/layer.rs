@@ -7,6 +7,8 @@ use bytes::Bytes;
 use http::Response;
 use tower_layer::Layer;
 
+use super::Routes;
+use super::routes::RoutePolicies;
 use super::{Common, FailurePolicy, NoFeedback, OnMissingKey, RateLimit, RejectFn, Shared, mode};
 use crate::error::ConfigError;
 use crate::key::PeerIp;
@@ -42,6 +44,7 @@ pub struct RateLimitLayer<K = PeerIp, C = u64, M = mode::Http, F = NoFeedback> {
     rejection: Option<RejectFn>,
     max_wait: Option<Duration>,
     feedback: F,
+    routes: Option<Arc<RoutePolicies>>,
     _mode: PhantomData<fn() -> M>,
 }
 
@@ -59,13 +62,27 @@ impl RateLimitLayer {
             rejection: None,
             max_wait: None,
             feedback: NoFeedback,
+            routes: None,
             _mode: PhantomData,
         }
+    }
+
+    /// Limits each route of a router by its own policy (see
+    /// [`RoutePolicies`]), keyed by peer IP; every other setting applies to
+    /// all of them. Refused when the table has neither rules nor a default.
+    pub fn per_route(routes: RoutePolicies) -> Result<Self, ConfigError> {
+        let Some(first) = routes.limiters().next().cloned() else {
+            return Err(ConfigError::EmptyRoutes);
+        };
+        let mut layer = RateLimitLayer::new(first);
+        layer.routes = Some(Arc::new(routes));
+        Ok(layer)
     }
 }
 
 impl<K, C, M, Fb> RateLimitLayer<K, C, M, Fb> {
-    /// The limiter.
+    /// The limiter (with [`per_route`](RateLimitLayer::per_route), the
+    /// first of the table).
     pub fn limiter(&self) -> &Limiter {
         &self.limiter
     }
@@ -84,7 +101,14 @@ impl<K, C, M, Fb> RateLimitLayer<K, C, M, Fb> {
     /// A fixed cost per request, refused if no request of that cost could
     /// ever pass the policy.
     pub fn fixed_cost(self, cost: u64) -> Result<RateLimitLayer<K, u64, M, Fb>, ConfigError> {
-        let max = self.limiter.policy().max_cost();
+        let max = match &self.routes {
+            Some(routes) => routes
+                .limiters()
+                .map(|l| l.policy().max_cost())
+                .min()
+                .unwrap_or(0),
+            None => self.limiter.policy().max_cost(),
+        };
         if cost > max {
             return Err(ConfigError::CostAboveBurst { cost, max });
         }
@@ -189,6 +213,7 @@ impl<K, C, M, Fb> RateLimitLayer<K, C, M, Fb> {
             rejection: self.rejection,
             max_wait: self.max_wait,
             feedback,
+            routes: self.routes,
             _mode: PhantomData,
         }
     }
@@ -207,8 +232,25 @@ impl<K: Clone, C: Clone, M, F: Clone> Clone for RateLimitLayer<K, C, M, F> {
             rejection: self.rejection.clone(),
             max_wait: self.max_wait,
             feedback: self.feedback.clone(),
+            routes: self.routes.clone(),
             _mode: PhantomData,
         }
+    }
+}
+
+impl<K, C, M, F> RateLimitLayer<K, C, M, F> {
+    /// The settings every decision of `limiter` shares.
+    fn common(&self, limiter: &Limiter) -> Arc<Common> {
+        Arc::new(Common {
+            limiter: limiter.clone(),
+            headers: PolicyHeaders::new(limiter.policy(), self.headers),
+            on_missing: self.on_missing.clone(),
+            shadow: self.shadow,
+            failure: self.failure,
+            rejection: self.rejection.clone(),
+            max_wait: self.max_wait,
+            metrics: LayerMetrics::new("rate_limit", limiter.policy().name_arc()),
+        })
     }
 }
 
@@ -229,23 +271,22 @@ impl<S, K: Clone, C: Clone, M, F: Clone> Layer<S> for RateLimitLayer<K, C, M, F>
     type Service = RateLimit<S, K, C, M, F>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        let common = Common {
-            limiter: self.limiter.clone(),
-            headers: PolicyHeaders::new(self.limiter.policy(), self.headers),
-            on_missing: self.on_missing.clone(),
-            shadow: self.shadow,
-            failure: self.failure,
-            rejection: self.rejection.clone(),
-            max_wait: self.max_wait,
-            metrics: LayerMetrics::new("rate_limit", self.limiter.policy().name_arc()),
-        };
+        let routes = self.routes.as_ref().map(|table| Routes {
+            rules: table
+                .rules
+                .iter()
+                .map(|rule| rule.with_value(self.common(&rule.value)))
+                .collect(),
+            default: table.default.as_ref().map(|l| self.common(l)),
+        });
         RateLimit::new(
             inner,
             Arc::new(Shared {
                 key: self.key.clone(),
                 cost: self.cost.clone(),
                 feedback: self.feedback.clone(),
-                common: Arc::new(common),
+                common: self.common(&self.limiter),
+                routes,
             }),
         )
     }

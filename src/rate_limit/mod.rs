@@ -88,6 +88,7 @@ mod feedback;
 mod future;
 mod layer;
 mod retry_after;
+mod routes;
 mod service;
 mod upstream;
 
@@ -102,6 +103,7 @@ pub use self::feedback::{NoFeedback, RetryAfter, UpstreamFeedback};
 pub use self::future::ResponseFuture;
 pub use self::layer::RateLimitLayer;
 pub use self::retry_after::parse_retry_after;
+pub use self::routes::RoutePolicies;
 pub use self::service::RateLimit;
 pub use self::upstream::within_window;
 
@@ -355,4 +357,20 @@ pub(crate) struct Shared<K, C, F> {
     pub(crate) cost: C,
     pub(crate) feedback: F,
     pub(crate) common: Arc<Common>,
+    /// With per-route policies: the settings of each route.
+    pub(crate) routes: Option<Routes>,
+}
+
+/// The per-route table, each rule with its own settings.
+pub(crate) struct Routes {
+    pub(crate) rules: Vec<routes::RouteRule<Arc<Common>>>,
+    pub(crate) default: Option<Arc<Common>>,
+}
+
+impl Routes {
+    /// The settings deciding `req`, or `None` when no route or default
+    /// applies (the request is not limited).
+    pub(crate) fn select<B>(&self, req: &http::Request<B>) -> Option<&Arc<Common>> {
+        routes::select(&self.rules, req.method(), routes::route_path(req)).or(self.default.as_ref())
+    }
 }

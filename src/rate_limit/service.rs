@@ -9,7 +9,9 @@ use http_body::Body;
 use tower_service::Service;
 
 use super::future::Start;
-use super::{Cost, NoFeedback, OnMissingKey, ResponseFuture, Shared, UpstreamFeedback, mode};
+use super::{
+    Common, Cost, NoFeedback, OnMissingKey, ResponseFuture, Shared, UpstreamFeedback, mode,
+};
 use crate::BoxError;
 use crate::key::{Key, KeyExtractor};
 use crate::response::{RejectionKind, ResponseBody};
@@ -70,7 +72,18 @@ impl<S, K, C, M, F> RateLimit<S, K, C, M, F> {
         C: Cost<Req>,
         F: UpstreamFeedback<S::Response>,
     {
-        let common = self.shared.common.clone();
+        self.start_with(req, self.shared.common.clone())
+    }
+
+    /// Decides `req` with the settings `common` (the layer's, or its
+    /// route's).
+    fn start_with<Req>(&mut self, req: Req, common: Arc<Common>) -> ResponseFuture<S, Req, M, F>
+    where
+        S: Service<Req> + Clone,
+        K: KeyExtractor<Req>,
+        C: Cost<Req>,
+        F: UpstreamFeedback<S::Response>,
+    {
         let feedback = self.shared.feedback.clone();
         let key = match self.shared.key.extract(&req) {
             Some(key) => key,
@@ -191,7 +204,24 @@ where
     }
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
-        self.start(req)
+        let Some(routes) = &self.shared.routes else {
+            return self.start(req);
+        };
+        match routes.select(&req) {
+            Some(common) => {
+                let common = common.clone();
+                self.start_with(req, common)
+            }
+            // No rule and no default: this route is not limited.
+            None => {
+                let start = Start {
+                    common: self.shared.common.clone(),
+                    feedback: self.shared.feedback.clone(),
+                    key: None,
+                };
+                ResponseFuture::calling(start, self.inner.call(req), None)
+            }
+        }
     }
 }
 
