@@ -10,7 +10,7 @@ use fleetgate::key::HeaderKey;
 use fleetgate::rate_limit::RoutePolicies;
 use fleetgate::spec::{PolicyFile, PolicySpec};
 use fleetgate::{ConfigError, Limiter, MemoryStore, RateLimitLayer};
-use http::{Method, Request, StatusCode};
+use http::{Method, Request};
 use tower::ServiceExt;
 
 fn router() -> Router {
