@@ -15,6 +15,9 @@
 //!   `pong` unlimited, `closed` answers 503 with `Retry-After: 1`. The demo
 //!   starts even while Redis is down and reconnects by itself when it is
 //!   back; failures are logged at `warn`, at most once a second.
+//! - `FLEETGATE_POLICIES`: a TOML policy file (see `examples/policies.toml`)
+//!   whose routes and policies replace the built-in rate limits of
+//!   `/api/ping` and `/api/window`: limits change without a rebuild.
 //!
 //! Routes:
 //! - `GET /` lists the routes and their limits.
@@ -25,6 +28,8 @@
 //!   way many upstream APIs publish their limits: the 26th quick call gets
 //!   a 429 naming the 5 s window.
 //! - `GET /healthz` answers `ok`, never limited.
+//! - `GET /metrics` shows the limiter's metrics in Prometheus' text format
+//!   (`fleetgate_decisions_total` by policy and outcome, store latency, ...).
 //! - `GET /api/slow?ms=N` answers after `N` milliseconds (default 1000, at
 //!   most 60000), at most 2 in flight per API key (`x-api-key`, or the
 //!   client IP without one): a third concurrent call gets 429.
@@ -43,6 +48,8 @@ use axum::http::StatusCode;
 use axum::routing::get;
 use fleetgate::concurrency::{ConcurrencyLimitLayer, ConcurrencyLimiter, ConcurrencyPolicy};
 use fleetgate::key::{HeaderKey, PeerIp};
+use fleetgate::rate_limit::RoutePolicies;
+use fleetgate::spec::PolicyFile;
 use fleetgate::{
     Algorithm, FailurePolicy, Limit, Limiter, MemoryStore, Policy, Rate, RateLimitLayer,
     RedisStore, Store,
@@ -54,6 +61,7 @@ fleetgate demo
 GET /api/ping  pong; per x-api-key (or client IP): burst 5, 1/s
 GET /api/window  window; per x-api-key (or client IP): sliding log, 25/5s and 300/min
 GET /healthz   ok; unlimited
+GET /metrics   Prometheus metrics: decisions by policy and outcome, store latency
 GET /api/slow?ms=N  answers after N ms (default 1000); per x-api-key (or client IP): 2 in flight
 ";
 
@@ -79,6 +87,11 @@ async fn main() -> Result<(), BoxError> {
             return Err(format!("FLEETGATE_FAILURE_POLICY: {other:?}; use open or closed").into());
         }
     };
+
+    // Before any layer decides: handles are resolved on first use.
+    let metrics = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .install_recorder()
+        .map_err(|err| format!("metrics recorder: {err}"))?;
 
     let (store, store_name): (Arc<dyn Store>, String) = match std::env::var("REDIS_URL") {
         Ok(url) if !url.is_empty() => {
@@ -111,23 +124,54 @@ async fn main() -> Result<(), BoxError> {
         .limit(Limit::new(Rate::new(25, Duration::from_secs(5)))?)
         .limit(Limit::new(Rate::per_minute(300))?)
         .build()?;
-    let app = Router::new()
-        .route("/api/ping", get(|| async { "pong\n" }))
-        .route_layer(
-            RateLimitLayer::new(Limiter::new(ping, store.clone()))
-                .key(HeaderKey::new("x-api-key").or(PeerIp))
-                .on_store_error(failure),
-        )
-        .route(
-            "/api/window",
-            get(|| async { "window\n" }).layer(
-                RateLimitLayer::new(Limiter::new(window, store.clone()))
-                    .key(HeaderKey::new("x-api-key").or(PeerIp)),
+    let limited = match std::env::var("FLEETGATE_POLICIES") {
+        // Policies from a file: one layer, each route by its own policy.
+        Ok(path) if !path.is_empty() => {
+            let text = std::fs::read_to_string(&path)
+                .map_err(|err| format!("FLEETGATE_POLICIES {path}: {err}"))?;
+            let file: PolicyFile =
+                toml::from_str(&text).map_err(|err| format!("FLEETGATE_POLICIES {path}: {err}"))?;
+            let routes = RoutePolicies::from_file(&file, store.clone())
+                .map_err(|err| format!("FLEETGATE_POLICIES {path}: {err}"))?;
+            println!("policies from {path}: {}", describe(&file));
+            Router::new()
+                .route("/api/ping", get(|| async { "pong\n" }))
+                .route("/api/window", get(|| async { "window\n" }))
+                .layer(
+                    RateLimitLayer::per_route(routes)?
+                        .key(HeaderKey::new("x-api-key").or(PeerIp))
+                        .on_store_error(failure),
+                )
+        }
+        _ => Router::new()
+            .route("/api/ping", get(|| async { "pong\n" }))
+            .route_layer(
+                RateLimitLayer::new(Limiter::new(ping, store.clone()))
+                    .key(HeaderKey::new("x-api-key").or(PeerIp))
+                    .on_store_error(failure),
+            )
+            .route(
+                "/api/window",
+                get(|| async { "window\n" }).layer(
+                    RateLimitLayer::new(Limiter::new(window, store.clone()))
+                        .key(HeaderKey::new("x-api-key").or(PeerIp)),
+                ),
             ),
-        )
+    };
+    let app = limited
         .merge(slow_routes(store.clone())?)
         .route("/", get(|| async { ROUTES }))
-        .route("/healthz", get(|| async { "ok\n" }));
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route(
+            "/metrics",
+            get(move || {
+                let metrics = metrics.clone();
+                async move {
+                    metrics.run_upkeep();
+                    metrics.render()
+                }
+            }),
+        );
 
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let local = listener.local_addr()?;
@@ -141,6 +185,30 @@ async fn main() -> Result<(), BoxError> {
     })
     .await?;
     Ok(())
+}
+
+/// One line naming each route's policy, for the start-up message.
+fn describe(file: &PolicyFile) -> String {
+    let mut parts: Vec<String> = file
+        .routes
+        .iter()
+        .map(|r| {
+            let spec = file
+                .policies
+                .get(&r.policy)
+                .map_or_else(String::new, |p| p.to_string());
+            format!(
+                "{} {} = {} ({spec})",
+                r.method.as_deref().unwrap_or("*"),
+                r.path,
+                r.policy
+            )
+        })
+        .collect();
+    if let Some(default) = &file.default {
+        parts.push(format!("default = {default}"));
+    }
+    parts.join("; ")
 }
 
 /// `GET /api/slow`: at most 2 in flight per API key (or client IP).

@@ -2,8 +2,9 @@
 # Runs the demo the way README.md tells users to, and checks what it
 # promises: a curl loop on /api/ping sees 429 within a few requests, the
 # 26th quick call to /api/window gets a 429 naming the 5 s window, two
-# instances pointed at one Redis share their counts, and /api/slow lets at
-# most 2 calls per key be in flight at once (fleet-wide with Redis).
+# instances pointed at one Redis share their counts, /api/slow lets at
+# most 2 calls per key be in flight at once (fleet-wide with Redis), /metrics
+# counts the decisions, and FLEETGATE_POLICIES loads limits from a file.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -46,6 +47,27 @@ echo "memory store: $got"
 case "$got" in
   "200 200 200 200 200 429 429 429 ") ;;
   *) echo "FAIL: expected five 200 then 429s" >&2; exit 1 ;;
+esac
+
+# /metrics: the burst above shows as counters, in Prometheus' format.
+metric() { # url, outcome
+  curl -s "$1/metrics" | awk -v o="outcome=\"$2\"" '$1 ~ /^fleetgate_decisions_total/ && index($1, "policy=\"ping\"") && index($1, o) { print $2 }'
+}
+allowed=$(metric "$url" allowed) denied=$(metric "$url" denied)
+echo "metrics: ping allowed=$allowed denied=$denied"
+if [ "$allowed" != 5 ] || [ "$denied" != 3 ]; then
+  echo "FAIL: expected fleetgate_decisions_total allowed=5 denied=3" >&2
+  exit 1
+fi
+
+# Policies from a file (FLEETGATE_POLICIES) replace the built-in limits.
+sed 's/ping = "1\/s burst 5"/ping = "1\/min burst 2"/' examples/policies.toml >"$tmp/policies.toml"
+filed=$(start_demo env FLEETGATE_POLICIES="$tmp/policies.toml")
+got=$(codes "$filed" 4)
+echo "policies from a file (ping = 1/min burst 2): $got"
+case "$got" in
+  "200 200 429 429 ") ;;
+  *) echo "FAIL: expected the file's burst of 2" >&2; exit 1 ;;
 esac
 
 # /api/window: 25 per 5 s (and 300 per minute). The 26th quick call is
