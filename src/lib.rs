@@ -81,8 +81,42 @@
 //!
 //! Every Redis call has a timeout (50 ms by default, [`RedisStoreBuilder::timeout`]).
 //! When the store fails or times out, a layer follows its [`FailurePolicy`]:
-//! `Open` (default) lets the request through, `Closed` answers 503 with
-//! `Retry-After: 1`. Failures are logged at `warn`, at most once a second.
+//!
+//! | the store... | `FailurePolicy::Open` (default) | `FailurePolicy::Closed` |
+//! |---|---|---|
+//! | answers in time | the decision stands | the decision stands |
+//! | times out, refuses the connection, or answers nonsense | the request passes, without rate-limit headers (outcome `fail_open`) | `503 Service Unavailable`, `Retry-After: 1` (outcome `fail_closed`) |
+//! | has denied this key recently ([deny cache](RedisStoreBuilder::deny_cache)) | denied locally, no round trip | denied locally, no round trip |
+//!
+//! Failures are logged at `warn` at most once a second per process and
+//! counted ([`metrics`]). The connection reconnects by itself, and scripts
+//! lost by a Redis restart are sent again.
+//!
+//! # Choosing the algorithm
+//!
+//! One line on the policy ([`PolicyBuilder::algorithm`]):
+//!
+//! | [`Algorithm`] | memory per identity | exact? | choose it for |
+//! |---|---|---|---|
+//! | `Gcra` (default) | one number per limit | exact rate, with a burst | most limits: cheapest, smooth |
+//! | `SlidingLog` | one entry per admitted call in the window | exact count in any window | mirroring an API's published "N per window" exactly, small N |
+//! | `SlidingWindow` | two counters per limit | approximate | large N per window with O(1) memory |
+//! | `FixedWindow` | one counter per limit | per calendar window (up to 2N across a boundary) | the cheapest window, quotas reset on the clock |
+//!
+//! # Operating it
+//!
+//! - Limits as text or files: [`spec`] parses `"25/5s + 300/min"`,
+//!   `"100/s burst 500"` or `"5000/h sliding"` and (feature `serde`) reads
+//!   TOML/YAML/JSON policy files; [`rate_limit::RoutePolicies`] gives each
+//!   route of a router its own policy.
+//! - Metrics (feature `metrics`): decisions by layer, policy and outcome,
+//!   near-limit counts, Redis latency and errors per script; see [`metrics`].
+//! - Tracing: one `debug` span per decision (`fleetgate.decision`, with the
+//!   policy and the outcome); denials at `debug`; store failures at `warn`.
+//! - Headers: [`HeaderStyle`] picks the IETF draft `RateLimit`/`RateLimit-Policy`
+//!   pair (default), `X-RateLimit-*`, both or none; 429 and 503 always
+//!   carry `Retry-After`. What they mean for each algorithm is tabled in
+//!   [`Algorithm`].
 //!
 //! [tower]: https://docs.rs/tower
 //! [axum]: https://docs.rs/axum
