@@ -137,6 +137,7 @@ mod limiter;
 pub mod metrics;
 pub mod rate_limit;
 pub mod response;
+mod share;
 pub mod shed;
 pub mod spec;
 pub mod store;
@@ -155,6 +156,7 @@ pub use crate::limit::{
 pub use crate::limiter::{IntoStore, Limiter};
 pub use crate::rate_limit::{Cost, FailurePolicy, OnMissingKey, RateLimit, RateLimitLayer};
 pub use crate::response::{HeaderStyle, Rejection, RejectionKind};
+pub use crate::share::LocalShare;
 pub use crate::store::{MemoryStore, RedisStore, RedisStoreBuilder, Store, TimeSource};
 
 pub use crate::concurrency::{

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use crate::algorithm::Algorithm;
 use crate::error::ConfigError;
+use crate::share::LocalShare;
 
 /// The longest tolerance (burst × emission interval) a limit may have, in
 /// microseconds: 2^50 µs, about 35 years.
@@ -173,6 +174,35 @@ impl Limit {
             .saturating_mul(u128::from(self.burst))
             .div_ceil(u128::from(self.rate.count));
         Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX))
+    }
+
+    /// This limit cut to `share` of itself, for one instance deciding
+    /// alone: count and burst scaled by [`LocalShare::scale`] (rounded
+    /// down, at least 1), same period and name. The interval is rounded up
+    /// to whole microseconds as for any limit, which can only make the
+    /// scaled rate stricter, so the 1% check is not needed; a burst whose
+    /// refill would exceed [`MAX_TOLERANCE_MICROS`] is cut to fit.
+    pub(crate) fn scaled(&self, share: LocalShare) -> Limit {
+        let count = share.scale(self.rate.count);
+        let emission_us = u64::try_from(
+            self.rate
+                .period
+                .as_nanos()
+                .div_ceil(u128::from(count) * 1000),
+        )
+        .unwrap_or(u64::MAX)
+        // Only an interval beyond ~35 years is held there.
+        .min(MAX_TOLERANCE_MICROS);
+        let burst = share
+            .scale(self.burst)
+            .min(MAX_TOLERANCE_MICROS / emission_us);
+        Limit {
+            rate: Rate::new(count, self.rate.period),
+            burst,
+            name: self.name.clone(),
+            emission_us,
+            tolerance_us: emission_us * burst,
+        }
     }
 
     pub(crate) fn emission_us(&self) -> u64 {
@@ -352,6 +382,34 @@ impl Policy {
     /// The algorithm that decides the policy's limits.
     pub fn algorithm(&self) -> Algorithm {
         self.inner.algorithm
+    }
+
+    /// The policy one instance enforces alone under
+    /// [`FailurePolicy::Local`](crate::FailurePolicy::Local): same name,
+    /// algorithm, limit names and periods, each limit's count and burst
+    /// scaled by `share` (rounded down, at least 1; see
+    /// [`LocalShare::scale`]).
+    ///
+    /// ```
+    /// use fleetgate::{Limit, LocalShare, Policy, Rate};
+    ///
+    /// let api = Policy::single("api", Limit::builder(Rate::per_second(100)).burst(500).build()?)?;
+    /// let local = api.scaled(LocalShare::new(0.25)?);
+    /// assert_eq!(local.limits()[0].rate(), Rate::per_second(25));
+    /// assert_eq!(local.limits()[0].burst(), 125);
+    /// assert_eq!(local.limits()[0].name(), "100/s");
+    /// # Ok::<(), fleetgate::ConfigError>(())
+    /// ```
+    pub fn scaled(&self, share: LocalShare) -> Policy {
+        let limits: Box<[Limit]> = self.limits().iter().map(|l| l.scaled(share)).collect();
+        Policy {
+            inner: Arc::new(PolicyInner {
+                name: self.inner.name.clone(),
+                max_cost: limits.iter().map(|l| l.burst).min().unwrap_or(0),
+                limits,
+                algorithm: self.inner.algorithm,
+            }),
+        }
     }
 }
 
