@@ -480,6 +480,37 @@ mod tests {
     }
 
     #[test]
+    fn scaled_policies_keep_names_algorithm_and_window_quotas() {
+        let share = LocalShare::new(0.3).unwrap();
+        let windows = Policy::builder("w")
+            .algorithm(Algorithm::SlidingLog)
+            .limit(Limit::new(Rate::new(25, Duration::from_secs(5))).unwrap())
+            .limit(Limit::new(Rate::per_minute(300)).unwrap())
+            .build()
+            .unwrap();
+        let local = windows.scaled(share);
+        assert_eq!(local.name(), "w");
+        assert_eq!(local.algorithm(), Algorithm::SlidingLog);
+        let got: Vec<(&str, u64, u64)> = local
+            .limits()
+            .iter()
+            .map(|l| (l.name(), l.rate().count(), l.burst()))
+            .collect();
+        assert_eq!(got, [("25/5s", 7, 7), ("300/min", 90, 90)]);
+        assert_eq!(local.max_cost(), 7);
+        // A window's quota is its count: the scaled policy stays valid.
+        crate::window::check_limits(local.algorithm(), local.limits()).unwrap();
+
+        let gcra = Limit::builder(Rate::per_second(3)).burst(10).build().unwrap();
+        let half = gcra.scaled(LocalShare::new(0.5).unwrap());
+        assert_eq!((half.rate().count(), half.burst()), (1, 5));
+        assert_eq!(half.emission_us(), 1_000_000);
+        assert_eq!(half.tolerance_us(), 5_000_000);
+        // The whole share is the limit itself.
+        assert_eq!(gcra.scaled(LocalShare::new(1.0).unwrap()), gcra);
+    }
+
+    #[test]
     fn display_names() {
         assert_eq!(Rate::new(25, Duration::from_secs(5)).to_string(), "25/5s");
         assert_eq!(Rate::per_minute(300).to_string(), "300/min");
