@@ -501,7 +501,10 @@ mod tests {
         // A window's quota is its count: the scaled policy stays valid.
         crate::window::check_limits(local.algorithm(), local.limits()).unwrap();
 
-        let gcra = Limit::builder(Rate::per_second(3)).burst(10).build().unwrap();
+        let gcra = Limit::builder(Rate::per_second(3))
+            .burst(10)
+            .build()
+            .unwrap();
         let half = gcra.scaled(LocalShare::new(0.5).unwrap());
         assert_eq!((half.rate().count(), half.burst()), (1, 5));
         assert_eq!(half.emission_us(), 1_000_000);

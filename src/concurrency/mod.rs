@@ -38,7 +38,10 @@
 //! lease is held until the response future resolves (there is no body to
 //! follow). Key extraction, missing keys and store failures work as in
 //! [`RateLimitLayer`](crate::RateLimitLayer): the same extractors,
-//! [`OnMissingKey`] and [`FailurePolicy`].
+//! [`OnMissingKey`] and [`FailurePolicy`]. Under
+//! [`FailurePolicy::Local`], a request the store failed on takes a lease
+//! from an in-process limiter capped at that share of the maximum (rounded
+//! down, at least 1), and gives it back there.
 //!
 //! Use `Router::route_layer` to limit only matched routes and
 //! `Router::layer` to limit everything that reaches the router. Every

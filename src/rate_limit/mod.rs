@@ -82,7 +82,10 @@
 //! waits) never reaches the inner service, but its slot stays used: later
 //! slots were already handed out behind it. A Redis failure while
 //! reserving follows the layer's [`FailurePolicy`]; for clients that must
-//! never earn a 429, consider [`FailurePolicy::Closed`].
+//! never earn a 429, consider [`FailurePolicy::Closed`], or
+//! [`FailurePolicy::Local`] with this instance's share of the upstream's
+//! limits: the call then reserves a slot on the local limiter and waits
+//! for it.
 
 mod feedback;
 mod future;
