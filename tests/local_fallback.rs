@@ -10,6 +10,7 @@ use axum::Router;
 use axum::body::Body;
 use axum::routing::get;
 use common::RedisServer;
+use common::redis_server::free_port;
 use fleetgate::concurrency::{ConcurrencyLimitLayer, ConcurrencyLimiter, ConcurrencyPolicy};
 use fleetgate::key::GlobalKey;
 use fleetgate::{
@@ -24,14 +25,6 @@ use tower::{ServiceBuilder, ServiceExt};
 
 /// Long enough that a healthy Redis on a loaded machine always answers.
 const TIMEOUT: Duration = Duration::from_millis(500);
-
-/// A loopback port with nothing listening on it (yet).
-fn closed_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .unwrap()
-}
 
 fn lazy_store(port: u16) -> RedisStore {
     RedisStore::builder()
@@ -126,7 +119,7 @@ async fn waiting_clients_reserve_local_slots_and_typed_errors_name_the_limit() {
     let layer = |max_wait| {
         ServiceBuilder::new()
             .layer(
-                RateLimitLayer::new(Limiter::new(policy.clone(), lazy_store(closed_port())))
+                RateLimitLayer::new(Limiter::new(policy.clone(), lazy_store(free_port())))
                     .key(GlobalKey::new())
                     .typed_errors()
                     .wait_up_to(max_wait)
@@ -211,33 +204,9 @@ fn refused_at(max: u64) -> ConcurrencyLimitError {
     }
 }
 
-/// Leases held in Redis, all keys together.
-async fn redis_leases(server: &RedisServer) -> usize {
-    let mut conn = server
-        .client()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg("*")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    let mut total = 0;
-    for key in keys {
-        let n: usize = redis::cmd("ZCARD")
-            .arg(&key)
-            .query_async(&mut conn)
-            .await
-            .unwrap();
-        total += n;
-    }
-    total
-}
-
 #[tokio::test]
 async fn concurrency_falls_back_to_its_share_releases_locally_then_redis_decides_again() {
-    let port = closed_port();
+    let port = free_port();
     // 4 in flight fleet-wide; 2 per instance while Redis is down.
     let policy = ConcurrencyPolicy::new("local-slots", 4).unwrap();
     let limiter = ConcurrencyLimiter::new(policy, lazy_store(port));
@@ -260,7 +229,7 @@ async fn concurrency_falls_back_to_its_share_releases_locally_then_redis_decides
     loop {
         assert!(Instant::now() < deadline, "Redis never decided again");
         let held = start(&calls).await.expect("one call always fits");
-        let in_redis = redis_leases(&server).await;
+        let in_redis = server.leases_held().await;
         held.finish().await;
         if in_redis == 1 {
             break;
@@ -274,12 +243,12 @@ async fn concurrency_falls_back_to_its_share_releases_locally_then_redis_decides
         held.push(start(&calls).await.expect("a Redis lease"));
     }
     assert_eq!(start(&calls).await.err(), Some(refused_at(4)));
-    assert_eq!(redis_leases(&server).await, 4);
+    assert_eq!(server.leases_held().await, 4);
     for call in held {
         call.finish().await;
     }
     limiter.releases_settled().await;
-    assert_eq!(redis_leases(&server).await, 0);
+    assert_eq!(server.leases_held().await, 0);
 }
 
 #[tokio::test]

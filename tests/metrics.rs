@@ -167,21 +167,23 @@ async fn shadow_denials_are_counted_apart() {
     assert_eq!(decisions("rate_limit", "m-shadow", "denied"), 0);
 }
 
+/// A store on a port with nothing listening: every call fails.
+fn unreachable_store(prefix: &str) -> RedisStore {
+    RedisStore::builder()
+        .prefix(prefix)
+        .timeout(Duration::from_millis(100))
+        .connect_lazy(&format!(
+            "redis://127.0.0.1:{}",
+            common::redis_server::free_port()
+        ))
+        .unwrap()
+}
+
 #[tokio::test]
 async fn store_failures_count_per_policy_and_per_script() {
     // Handles are resolved on the first decision: install first.
     readings();
-    // A port with nothing listening: every call fails.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let store = RedisStore::builder()
-        .prefix("metrics-down")
-        .timeout(Duration::from_millis(100))
-        .connect_lazy(&format!("redis://127.0.0.1:{port}"))
-        .unwrap();
+    let store = unreachable_store("metrics-down");
     let open = router(
         RateLimitLayer::new(Limiter::new(policy("m-open", 5), store.clone()))
             .key(HeaderKey::new("x-api-key")),
@@ -283,17 +285,7 @@ async fn concurrency_outcomes_are_counted() {
 async fn local_fallback_decisions_are_counted_apart() {
     // Handles are resolved on the first decision: install first.
     readings();
-    // A port with nothing listening: every call fails.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let store = RedisStore::builder()
-        .prefix("metrics-local")
-        .timeout(Duration::from_millis(100))
-        .connect_lazy(&format!("redis://127.0.0.1:{port}"))
-        .unwrap();
+    let store = unreachable_store("metrics-local");
     let half = FailurePolicy::local(0.5).unwrap();
     // Burst 4 fleet-wide, 2 locally.
     let enforcing = router(
