@@ -191,32 +191,24 @@ echo "redis killed: local fallback (half of burst 5): $local_codes"
 # Redis back on the same port: 429s return by themselves, within a few
 # seconds, with nothing restarted but Redis.
 start_redis "$port" || { echo "FAIL: could not restart redis on $port" >&2; exit 1; }
-back=""
-for attempt in $(seq 30); do
-  got=$(codes "$a" 6 "back-$attempt")
-  if [ "$got" = "200 200 200 200 200 429 " ]; then back=$attempt; break; fi
-  sleep 0.1
-done
-if [ -z "$back" ]; then echo "FAIL: 429s did not return after Redis came back" >&2; exit 1; fi
-# The first call after a failed reconnect fails too (and starts the next
-# one): like the fail-open demo, give it a few tries.
-for attempt in $(seq 30); do
-  got=$(codes "$closed" 6 "closed-back-$attempt")
-  if [ "$got" = "200 200 200 200 200 429 " ]; then break; fi
-  sleep 0.1
-done
-echo "redis back: fail-open demo enforcing again (attempt $back); fail-closed demo: $got"
-case "$got" in
-  "200 200 200 200 200 429 ") ;;
-  *) echo "FAIL: the fail-closed demo did not recover" >&2; exit 1 ;;
-esac
+# Tries the demo at $1 (30 times, 0.1 s apart, a fresh key each) until it
+# enforces the limit through Redis again: five 200s, then a 429. The first
+# call after a failed reconnect fails too (and starts the next one). Sets
+# back (the attempt that did) and got (its codes).
+enforcing_again() { # url, key prefix
+  for back in $(seq 30); do
+    got=$(codes "$1" 6 "$2-$back")
+    if [ "$got" = "200 200 200 200 200 429 " ]; then return 0; fi
+    sleep 0.1
+  done
+  return 1
+}
+enforcing_again "$a" back || { echo "FAIL: 429s did not return after Redis came back" >&2; exit 1; }
+open_back=$back
+enforcing_again "$closed" closed-back || { echo "FAIL: the fail-closed demo did not recover" >&2; exit 1; }
+echo "redis back: fail-open demo enforcing again (attempt $open_back); fail-closed demo: $got"
 # Five 200s: the fleet's burst from Redis, not the local 2.
-back=""
-for attempt in $(seq 30); do
-  got=$(codes "$local_demo" 6 "local-back-$attempt")
-  if [ "$got" = "200 200 200 200 200 429 " ]; then back=$attempt; break; fi
-  sleep 0.1
-done
-if [ -z "$back" ]; then echo "FAIL: the local-fallback demo did not return to Redis" >&2; exit 1; fi
+enforcing_again "$local_demo" local-back ||
+  { echo "FAIL: the local-fallback demo did not return to Redis" >&2; exit 1; }
 echo "redis back: local-fallback demo decided by Redis again (attempt $back)"
 echo "demo smoke test passed"

@@ -102,6 +102,17 @@ where
         .route_layer(layer)
 }
 
+/// The response to one request, its body not read yet.
+async fn respond(app: &Router, api_key: &str) -> http::Response<Body> {
+    let mut req = Request::get("/")
+        .header("x-api-key", api_key)
+        .body(Body::empty())
+        .unwrap();
+    req.extensions_mut()
+        .insert(ConnectInfo("192.0.2.1:1".parse::<SocketAddr>().unwrap()));
+    app.clone().oneshot(req).await.unwrap()
+}
+
 async fn status(app: &Router, api_key: Option<&str>) -> StatusCode {
     let mut builder = Request::get("/");
     if let Some(key) = api_key {
@@ -265,13 +276,7 @@ async fn concurrency_outcomes_are_counted() {
                 .on_missing_key(OnMissingKey::Reject(StatusCode::BAD_REQUEST)),
         );
     // Hold one response (and so its lease) while a second request comes.
-    let mut req = Request::get("/")
-        .header("x-api-key", "c")
-        .body(Body::empty())
-        .unwrap();
-    req.extensions_mut()
-        .insert(ConnectInfo("192.0.2.1:1".parse::<SocketAddr>().unwrap()));
-    let held = app.clone().oneshot(req).await.unwrap();
+    let held = respond(&app, "c").await;
     assert_eq!(held.status(), StatusCode::OK);
     assert_eq!(status(&app, Some("c")).await, StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(status(&app, None).await, StatusCode::BAD_REQUEST);
@@ -322,13 +327,7 @@ async fn local_fallback_decisions_are_counted_apart() {
     );
 
     // One slot locally: a held response takes it.
-    let mut req = Request::get("/")
-        .header("x-api-key", "c")
-        .body(Body::empty())
-        .unwrap();
-    req.extensions_mut()
-        .insert(ConnectInfo("192.0.2.1:1".parse::<SocketAddr>().unwrap()));
-    let held = slots.clone().oneshot(req).await.unwrap();
+    let held = respond(&slots, "c").await;
     assert_eq!(held.status(), StatusCode::OK);
     assert_eq!(
         status(&slots, Some("c")).await,

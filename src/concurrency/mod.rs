@@ -73,7 +73,9 @@ use crate::error::StoreError;
 use crate::key::Key;
 use crate::lease::{GuardedBody, LeaseGuard, StoreLease};
 use crate::metrics::{LayerMetrics, Outcome};
-use crate::rate_limit::{FailurePolicy, KEY_WARNINGS, OnMissingKey, STORE_WARNINGS};
+use crate::rate_limit::{
+    FailurePolicy, KEY_WARNINGS, OnMissingKey, decided_at_once, log_store_failure,
+};
 use crate::response::ResponseBody;
 
 /// The response body of a [`ConcurrencyLimit`] service: the inner body
@@ -121,26 +123,15 @@ impl Common {
         };
         common.log_failure(err);
         let local = local.clone();
-        // The local store is a memory store: it has decided already.
-        let admission = local.limiter.acquire(key).take_ready().unwrap_or_else(|| {
-            Err(StoreError::UnexpectedReply(
-                "the local limiter did not decide at once".into(),
-            ))
-        });
+        let admission = decided_at_once(local.limiter.acquire(key).take_ready());
         *common = local;
         admission
     }
 
     fn log_failure(&self, err: &StoreError) {
-        if STORE_WARNINGS.allow() {
-            tracing::warn!(
-                policy = self.limiter.policy().name(),
-                store = self.limiter.store().kind(),
-                error = %err,
-                failure_policy = ?self.failure,
-                "concurrency-limit store failed"
-            );
-        }
+        let policy = self.limiter.policy().name();
+        let store = self.limiter.store();
+        log_store_failure("concurrency-limit", policy, store, err, self.failure);
     }
 
     /// What to do with the store's answer: pass (holding the lease, if one

@@ -117,7 +117,7 @@ use crate::limiter::Limiter;
 use crate::metrics::{LayerMetrics, Outcome, near_limit};
 use crate::response::{PolicyHeaders, Rejection, RejectionKind};
 use crate::share::LocalShare;
-use crate::store::StoreFuture;
+use crate::store::{Store, StoreFuture};
 
 /// What a layer does with a request from which no key can be extracted.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -271,26 +271,20 @@ impl Common {
         };
         common.log_failure(err);
         let local = local.clone();
-        // The local store is a memory store: it has decided already.
-        let decided = local.ask(key, cost).take_ready().unwrap_or_else(|| {
-            Err(StoreError::UnexpectedReply(
-                "the local limiter did not decide at once".into(),
-            ))
-        });
+        let decided = decided_at_once(local.ask(key, cost).take_ready());
         *common = local;
         decided
     }
 
     fn log_failure(&self, err: &StoreError) {
-        if STORE_WARNINGS.allow() {
-            tracing::warn!(
-                policy = self.limiter.policy().name(),
-                store = self.limiter.store().kind(),
-                error = %err,
-                failure_policy = ?self.failure,
-                "rate-limit store failed"
-            );
-        }
+        let policy = self.limiter.policy().name();
+        log_store_failure(
+            "rate-limit",
+            policy,
+            self.limiter.store(),
+            err,
+            self.failure,
+        );
     }
 
     /// `outcome` as counted by these settings: a local fallback's
@@ -409,6 +403,35 @@ impl Common {
             None => rejection.default_response(),
         }
     }
+}
+
+/// Logs a store failure at `warn`, at most once a second per process:
+/// `<what> store failed`, with the policy, store, error and failure policy.
+pub(crate) fn log_store_failure(
+    what: &str,
+    policy: &str,
+    store: &Arc<dyn Store>,
+    err: &StoreError,
+    failure: FailurePolicy,
+) {
+    if STORE_WARNINGS.allow() {
+        tracing::warn!(
+            policy,
+            store = store.kind(),
+            error = %err,
+            failure_policy = ?failure,
+            "{what} store failed"
+        );
+    }
+}
+
+/// A local limiter's answer: its memory store decides at once.
+pub(crate) fn decided_at_once<T>(answer: Option<Result<T, StoreError>>) -> Result<T, StoreError> {
+    answer.unwrap_or_else(|| {
+        Err(StoreError::UnexpectedReply(
+            "the local limiter did not decide at once".into(),
+        ))
+    })
 }
 
 /// Lets one log line through per second, so that a failing store cannot
