@@ -7,7 +7,10 @@ use crate::decision::Decision;
 use crate::limit::Policy;
 
 /// Which rate-limit headers responses carry. `Retry-After` is always sent
-/// on 429 and 503, whatever the style.
+/// on 429 and 503, whatever the style, with two exceptions: a call whose
+/// cost is above the burst (no wait would let it pass), and a missing-key
+/// refusal with a status chosen through
+/// [`OnMissingKey::Reject`](crate::OnMissingKey::Reject).
 ///
 /// | style | headers |
 /// |---|---|
