@@ -181,6 +181,12 @@ pub enum ConfigError {
         /// The offending status.
         status: http::StatusCode,
     },
+    /// A [`LocalShare`](crate::LocalShare) outside `0 < share <= 1`.
+    #[error("local share {share} is outside 0 < share <= 1")]
+    InvalidShare {
+        /// The offending share, as given.
+        share: String,
+    },
 }
 
 /// A store could not decide: Redis unreachable, too slow, or answering

@@ -12,6 +12,7 @@ use tower_service::Service;
 use super::{Acquire, Common, ConcurrencyBody, ConcurrencyRejectionKind};
 use crate::BoxError;
 use crate::error::StoreError;
+use crate::key::Key;
 use crate::lease::{GuardedBody, LeaseGuard, StoreLease};
 use crate::rate_limit::mode;
 use crate::response::ResponseBody;
@@ -45,6 +46,8 @@ pin_project! {
             acquire: Acquire,
             inner: Option<S>,
             req: Option<Req>,
+            // Kept only for the local fallback.
+            key: Option<Key>,
         },
         Calling {
             #[pin]
@@ -65,13 +68,20 @@ enum Outcome<R, E> {
 }
 
 impl<S: Service<Req>, Req, M> ResponseFuture<S, Req, M> {
-    pub(crate) fn acquiring(common: Arc<Common>, acquire: Acquire, inner: S, req: Req) -> Self {
+    pub(crate) fn acquiring(
+        common: Arc<Common>,
+        acquire: Acquire,
+        inner: S,
+        req: Req,
+        key: Option<Key>,
+    ) -> Self {
         Self::with_state(
             common,
             State::Acquiring {
                 acquire,
                 inner: Some(inner),
                 req: Some(req),
+                key,
             },
         )
     }
@@ -107,8 +117,10 @@ impl<S: Service<Req>, Req, M> ResponseFuture<S, Req, M> {
                     acquire,
                     inner,
                     req,
+                    key,
                 } => {
                     let result = ready!(Pin::new(acquire).poll(cx));
+                    let result = Common::fall_back(this.common, result, key.as_ref());
                     match (this.common.judge(result), inner.take(), req.take()) {
                         (Err(kind), _, _) => Outcome::Rejected(kind),
                         (Ok(guard), Some(mut inner), Some(req)) => {

@@ -8,7 +8,7 @@ use http::{Request, Response};
 use http_body::Body;
 use tower_service::Service;
 
-use super::{ConcurrencyBody, ResponseFuture, Shared};
+use super::{Common, ConcurrencyBody, ResponseFuture, Shared};
 use crate::BoxError;
 use crate::key::KeyExtractor;
 use crate::rate_limit::{OnMissingKey, mode};
@@ -55,7 +55,7 @@ impl<S, K, M> ConcurrencyLimit<S, K, M> {
         S: Service<Req> + Clone,
         K: KeyExtractor<Req>,
     {
-        let common = self.shared.common.clone();
+        let mut common = self.shared.common.clone();
         let key = match self.shared.key.extract(&req) {
             Some(key) => key,
             None => match &common.on_missing {
@@ -72,6 +72,7 @@ impl<S, K, M> ConcurrencyLimit<S, K, M> {
         let mut acquire = common.limiter.acquire(&key);
         // The memory store has decided already: call the ready service now.
         if let Some(result) = acquire.take_ready() {
+            let result = Common::fall_back(&mut common, result, Some(&key));
             return match common.judge(result) {
                 Ok(guard) => ResponseFuture::calling(common, self.inner.call(req), guard),
                 Err(kind) => ResponseFuture::rejected(common, kind),
@@ -79,7 +80,9 @@ impl<S, K, M> ConcurrencyLimit<S, K, M> {
         }
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
-        ResponseFuture::acquiring(common, acquire, inner, req)
+        // Kept for the local fallback only.
+        let key = common.fallback.is_some().then_some(key);
+        ResponseFuture::acquiring(common, acquire, inner, req, key)
     }
 }
 
