@@ -119,9 +119,10 @@ impl<S: Service<Req>, Req, M> ResponseFuture<S, Req, M> {
                     req,
                     key,
                 } => {
-                    let result = ready!(Pin::new(acquire).poll(cx));
+                    let result = ready!(Pin::new(&mut *acquire).poll(cx));
+                    let latency = acquire.latency();
                     let result = Common::fall_back(this.common, result, key.as_ref());
-                    match (this.common.judge(result), inner.take(), req.take()) {
+                    match (this.common.judge(result, latency), inner.take(), req.take()) {
                         (Err(kind), _, _) => Outcome::Rejected(kind),
                         (Ok(guard), Some(mut inner), Some(req)) => {
                             let fut = inner.call(req);

@@ -3,6 +3,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
+use std::time::Duration;
 
 use super::ConcurrencyPolicy;
 use crate::error::StoreError;
@@ -136,6 +137,12 @@ impl Acquire {
     pub fn take_ready(&mut self) -> Option<Result<Admission, StoreError>> {
         let result = self.grant.take_ready()?;
         Some(self.finish(result))
+    }
+
+    /// How long the store took to answer, once it has (see
+    /// [`StoreFuture::latency`]).
+    pub fn latency(&self) -> Option<Duration> {
+        self.grant.latency()
     }
 
     fn finish(&mut self, result: Result<LeaseGrant, StoreError>) -> Result<Admission, StoreError> {

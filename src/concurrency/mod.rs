@@ -74,7 +74,7 @@ use crate::key::Key;
 use crate::lease::{GuardedBody, LeaseGuard, StoreLease};
 use crate::metrics::{LayerMetrics, Outcome};
 use crate::rate_limit::{
-    FailurePolicy, KEY_WARNINGS, OnMissingKey, decided_at_once, log_store_failure,
+    FailurePolicy, KEY_WARNINGS, OnMissingKey, decided_at_once, decision_span, log_store_failure,
 };
 use crate::response::ResponseBody;
 
@@ -136,16 +136,13 @@ impl Common {
 
     /// What to do with the store's answer: pass (holding the lease, if one
     /// was taken) or refuse.
+    /// `latency` is the store's, when it did I/O.
     pub(crate) fn judge(
         &self,
         result: Result<Admission, StoreError>,
+        latency: Option<Duration>,
     ) -> Result<Option<LeaseGuard<StoreLease>>, ConcurrencyRejectionKind> {
-        let span = tracing::debug_span!(
-            "fleetgate.decision",
-            layer = "concurrency",
-            policy = self.limiter.policy().name(),
-            outcome = tracing::field::Empty,
-        );
+        let span = decision_span("concurrency", self.limiter.policy().name(), latency);
         let _entered = span.enter();
         let (outcome, verdict) = match result {
             Ok(Admission::Acquired(guard)) => {
@@ -189,6 +186,9 @@ impl Common {
     }
 
     pub(crate) fn missing_key(&self, status: StatusCode) -> ConcurrencyRejectionKind {
+        let span = decision_span("concurrency", self.limiter.policy().name(), None);
+        let _entered = span.enter();
+        span.record("outcome", Outcome::MissingKey.as_str());
         if KEY_WARNINGS.allow() {
             tracing::warn!(
                 policy = self.limiter.policy().name(),

@@ -73,7 +73,7 @@ impl<S, K, M> ConcurrencyLimit<S, K, M> {
         // The memory store has decided already: call the ready service now.
         if let Some(result) = acquire.take_ready() {
             let result = Common::fall_back(&mut common, result, Some(&key));
-            return match common.judge(result) {
+            return match common.judge(result, None) {
                 Ok(guard) => ResponseFuture::calling(common, self.inner.call(req), guard),
                 Err(kind) => ResponseFuture::rejected(common, kind),
             };

@@ -191,10 +191,11 @@ where
                     inner,
                     req,
                 } => {
-                    let result = ready!(Pin::new(decision).poll(cx));
+                    let result = ready!(Pin::new(&mut *decision).poll(cx));
+                    let latency = decision.latency();
                     let result =
                         Common::fall_back(this.common, result, this.key.as_ref(), *this.cost);
-                    let (decision, refusal) = match this.common.judge(result) {
+                    let (decision, refusal) = match this.common.judge(result, latency) {
                         Ok(decision) => (decision, None),
                         Err(kind) => (None, Some(kind)),
                     };

@@ -300,18 +300,15 @@ impl Common {
     /// What to do with the store's answer: pass (with the decision whose
     /// headers to send, if any) or refuse. Shadow mode and the failure
     /// policy are applied here.
+    ///
+    /// `latency` is the store's, when it did I/O.
     pub(crate) fn judge(
         &self,
         result: Result<Decision, StoreError>,
+        latency: Option<Duration>,
     ) -> Result<Option<Decision>, RejectionKind> {
         let policy = self.limiter.policy();
-        // One span per decision; free unless a subscriber wants `debug`.
-        let span = tracing::debug_span!(
-            "fleetgate.decision",
-            layer = "rate_limit",
-            policy = policy.name(),
-            outcome = tracing::field::Empty,
-        );
+        let span = decision_span("rate_limit", policy.name(), latency);
         let _entered = span.enter();
         let refusal = match result {
             Ok(d) if d.is_allowed() => {
@@ -343,6 +340,14 @@ impl Common {
             Some(kind) => Err(kind),
             None => Ok(None),
         }
+    }
+
+    /// A request without a key, refused with `status` (or, in shadow mode,
+    /// let through: `None`), in a decision span of its own.
+    pub(crate) fn missing_key(&self, status: http::StatusCode) -> Option<RejectionKind> {
+        let span = decision_span("rate_limit", self.limiter.policy().name(), None);
+        let _entered = span.enter();
+        self.refuse(RejectionKind::MissingKey(status))
     }
 
     /// The rejection to send, or `None` in shadow mode, where the would-be
@@ -403,6 +408,28 @@ impl Common {
             None => rejection.default_response(),
         }
     }
+}
+
+/// The span of one decision, `fleetgate.decision` at `debug`: the layer,
+/// the policy, the outcome (recorded once known) and, for a store that did
+/// I/O, its latency in microseconds. Free unless a subscriber wants `debug`.
+pub(crate) fn decision_span(
+    layer: &'static str,
+    policy: &str,
+    latency: Option<Duration>,
+) -> tracing::Span {
+    let span = tracing::debug_span!(
+        "fleetgate.decision",
+        layer,
+        policy,
+        outcome = tracing::field::Empty,
+        store_latency_us = tracing::field::Empty,
+    );
+    if let Some(latency) = latency.filter(|_| !span.is_disabled()) {
+        let micros = u64::try_from(latency.as_micros()).unwrap_or(u64::MAX);
+        span.record("store_latency_us", micros);
+    }
+    span
 }
 
 /// Logs a store failure at `warn`, at most once a second per process:

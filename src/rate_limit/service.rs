@@ -14,7 +14,7 @@ use super::{
 };
 use crate::BoxError;
 use crate::key::{Key, KeyExtractor};
-use crate::response::{RejectionKind, ResponseBody};
+use crate::response::ResponseBody;
 
 /// The service [`RateLimitLayer`](super::RateLimitLayer) produces.
 ///
@@ -90,12 +90,10 @@ impl<S, K, C, M, F> RateLimit<S, K, C, M, F> {
             None => {
                 let start = Start::new(common.clone(), feedback);
                 return match &common.on_missing {
-                    OnMissingKey::Reject(status) => {
-                        match common.refuse(RejectionKind::MissingKey(*status)) {
-                            Some(kind) => ResponseFuture::rejected(start, kind),
-                            None => ResponseFuture::calling(start, self.inner.call(req), None),
-                        }
-                    }
+                    OnMissingKey::Reject(status) => match common.missing_key(*status) {
+                        Some(kind) => ResponseFuture::rejected(start, kind),
+                        None => ResponseFuture::calling(start, self.inner.call(req), None),
+                    },
                     OnMissingKey::Fallback(key) => {
                         let key = key.clone();
                         self.decide(start, key, req)
@@ -130,7 +128,7 @@ impl<S, K, C, M, F> RateLimit<S, K, C, M, F> {
         // driven to readiness right away, unless there is a slot to wait for.
         if let Some(result) = decision.take_ready() {
             let result = Common::fall_back(&mut start.common, result, start.key.as_ref(), cost);
-            return match start.common.judge(result) {
+            return match start.common.judge(result, None) {
                 Ok(decision) => match start.common.wait_for(decision.as_ref()) {
                     None => ResponseFuture::calling(start, self.inner.call(req), decision),
                     Some(wait) => {

@@ -20,8 +20,8 @@ mod deny_cache;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::task::{Context, Poll};
-use std::time::Duration;
+use std::task::{Context, Poll, ready};
+use std::time::{Duration, Instant};
 
 pub use self::defer::DeferCall;
 pub use self::lease::{LeaseCall, LeaseGrant, LeaseId};
@@ -159,13 +159,16 @@ impl WindowCall<'_> {
 #[must_use = "futures do nothing unless polled"]
 pub struct StoreFuture<T> {
     inner: Inner<T>,
+    /// How long a store doing I/O took, once it has answered.
+    latency: Option<Duration>,
 }
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'static>>;
 
 enum Inner<T> {
     Ready(Option<Result<T, StoreError>>),
-    Pending(BoxFuture<T>),
+    /// The I/O, and when it started.
+    Pending(BoxFuture<T>, Instant),
 }
 
 impl<T> StoreFuture<T> {
@@ -173,6 +176,7 @@ impl<T> StoreFuture<T> {
     pub fn ready(result: Result<T, StoreError>) -> Self {
         StoreFuture {
             inner: Inner::Ready(Some(result)),
+            latency: None,
         }
     }
 
@@ -180,14 +184,22 @@ impl<T> StoreFuture<T> {
     pub fn take_ready(&mut self) -> Option<Result<T, StoreError>> {
         match &mut self.inner {
             Inner::Ready(result) => result.take(),
-            Inner::Pending(_) => None,
+            Inner::Pending(..) => None,
         }
+    }
+
+    /// How long the store took to answer, from the creation of this future
+    /// until it resolved; `None` for an answer that was ready at once (the
+    /// memory store) and before the answer has come.
+    pub fn latency(&self) -> Option<Duration> {
+        self.latency
     }
 
     /// Wraps a future that does I/O.
     pub fn pending(fut: impl Future<Output = Result<T, StoreError>> + Send + 'static) -> Self {
         StoreFuture {
-            inner: Inner::Pending(Box::pin(fut)),
+            inner: Inner::Pending(Box::pin(fut), Instant::now()),
+            latency: None,
         }
     }
 }
@@ -197,7 +209,7 @@ impl<T> fmt::Debug for StoreFuture<T> {
         let state = match self.inner {
             Inner::Ready(Some(_)) => "ready",
             Inner::Ready(None) => "done",
-            Inner::Pending(_) => "pending",
+            Inner::Pending(..) => "pending",
         };
         f.debug_struct("StoreFuture")
             .field("state", &state)
@@ -209,14 +221,19 @@ impl<T: Unpin> Future for StoreFuture<T> {
     type Output = Result<T, StoreError>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        match &mut self.get_mut().inner {
+        let this = self.get_mut();
+        match &mut this.inner {
             Inner::Ready(result) => match result.take() {
                 Some(result) => Poll::Ready(result),
                 None => Poll::Ready(Err(StoreError::UnexpectedReply(
                     "store future polled after completion".into(),
                 ))),
             },
-            Inner::Pending(fut) => fut.as_mut().poll(cx),
+            Inner::Pending(fut, started) => {
+                let result = ready!(fut.as_mut().poll(cx));
+                this.latency = Some(started.elapsed());
+                Poll::Ready(result)
+            }
         }
     }
 }
