@@ -11,6 +11,7 @@ use tower_service::Service;
 use super::{ConcurrencyBody, ResponseFuture, Shared};
 use crate::BoxError;
 use crate::key::KeyExtractor;
+use crate::lease::Admitting;
 use crate::rate_limit::{OnMissingKey, mode};
 
 /// The service [`ConcurrencyLimitLayer`](super::ConcurrencyLimitLayer)
@@ -61,25 +62,17 @@ impl<S, K, M> ConcurrencyLimit<S, K, M> {
             None => match &common.on_missing {
                 OnMissingKey::Reject(status) => {
                     let kind = common.missing_key(*status);
-                    return ResponseFuture::rejected(common, kind);
+                    return ResponseFuture::new(Admitting::rejected(common, kind));
                 }
                 OnMissingKey::Fallback(key) => key.clone(),
                 OnMissingKey::Allow => {
-                    return ResponseFuture::calling(common, self.inner.call(req), None);
+                    let fut = self.inner.call(req);
+                    return ResponseFuture::new(Admitting::calling(common, fut, None));
                 }
             },
         };
-        let mut acquire = common.limiter.acquire(&key);
-        // The memory store has decided already: call the ready service now.
-        if let Some(result) = acquire.take_ready() {
-            return match common.judge(result) {
-                Ok(guard) => ResponseFuture::calling(common, self.inner.call(req), guard),
-                Err(kind) => ResponseFuture::rejected(common, kind),
-            };
-        }
-        let clone = self.inner.clone();
-        let inner = std::mem::replace(&mut self.inner, clone);
-        ResponseFuture::acquiring(common, acquire, inner, req)
+        let acquire = common.limiter.acquire(&key);
+        ResponseFuture::new(Admitting::start(common, acquire, &mut self.inner, req))
     }
 }
 

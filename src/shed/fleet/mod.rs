@@ -1,0 +1,150 @@
+//! The fleet load shedder: one count of requests in flight for the whole
+//! fleet, of which each tier may use only its share, so that the rest stays
+//! free for more important traffic. See [`FleetShedLayer`].
+
+mod future;
+mod layer;
+mod policy;
+mod service;
+mod shedder;
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::Response;
+
+pub use self::future::ResponseFuture;
+pub use self::layer::FleetShedLayer;
+pub use self::policy::{FleetShedPolicy, FleetShedPolicyBuilder};
+pub use self::service::FleetShed;
+pub use self::shedder::FleetShedder;
+
+use super::rejection::{Refusal, ShedAnswer, ShedRejectionKind};
+use super::state::TierSlot;
+use super::tier::Tier;
+use crate::BoxError;
+use crate::concurrency::{Admission, ConcurrencyBody};
+use crate::error::StoreError;
+use crate::lease::{Answer, Gate, GuardedBody, LeaseGuard, StoreLease};
+use crate::metrics::{LayerMetrics, Outcome};
+use crate::rate_limit::{FailurePolicy, STORE_WARNINGS};
+
+/// The response body of a [`FleetShed`] service: the inner body holding
+/// the request's fleet lease and its place in this process's count until
+/// it ends, or a rejection's text.
+pub type FleetShedBody<B> = GuardedBody<ConcurrencyBody<B>, TierSlot>;
+
+/// Settings every clone of a service and every response future shares.
+pub(crate) struct Common {
+    pub(crate) shedder: FleetShedder,
+    pub(crate) answer: ShedAnswer,
+    pub(crate) failure: FailurePolicy,
+    pub(crate) metrics: LayerMetrics,
+}
+
+/// The settings as seen by requests of one tier: one per tier, built with
+/// the layer, so that deciding costs no allocation.
+pub(crate) struct TierGate {
+    pub(crate) common: Arc<Common>,
+    pub(crate) tier: Tier,
+    pub(crate) limit: Option<u64>,
+}
+
+impl TierGate {
+    fn pass(&self, outcome: Outcome, span: &tracing::Span) {
+        self.common.metrics.decided(outcome, false);
+        span.record("outcome", outcome.as_str());
+        let counters = self.common.shedder.counters();
+        counters.admitted(self.tier);
+        counters.set_fraction(self.tier, 0.0);
+    }
+}
+
+impl Answer for TierGate {
+    type Refusal = Refusal;
+
+    fn respond(&self, refusal: Refusal) -> Response<Bytes> {
+        self.common.answer.respond(refusal)
+    }
+
+    fn fail(&self, refusal: Refusal) -> BoxError {
+        self.common.answer.fail(refusal)
+    }
+}
+
+impl Gate for TierGate {
+    fn admit(
+        &self,
+        result: Result<Admission, StoreError>,
+    ) -> Result<Option<LeaseGuard<StoreLease>>, Refusal> {
+        let common = &self.common;
+        let tier_name = common.answer.tiers.name(self.tier);
+        let span = tracing::debug_span!(
+            "fleetgate.decision",
+            layer = "fleet_shed",
+            policy = &*common.answer.policy,
+            tier = tier_name,
+            outcome = tracing::field::Empty,
+        );
+        let _entered = span.enter();
+        match (result, self.limit) {
+            (Ok(Admission::Acquired(guard)), _) => {
+                self.pass(Outcome::Allowed, &span);
+                Ok(Some(guard))
+            }
+            // Unreachable with an unbounded capacity; never shed all the same.
+            (Ok(Admission::Refused(_)), None) => {
+                self.pass(Outcome::Allowed, &span);
+                Ok(None)
+            }
+            (Ok(Admission::Refused(grant)), Some(limit)) => {
+                tracing::debug!(
+                    policy = &*common.answer.policy,
+                    tier = tier_name,
+                    in_flight = grant.in_flight(),
+                    limit,
+                    "shed"
+                );
+                common.metrics.decided(Outcome::Shed, false);
+                span.record("outcome", Outcome::Shed.as_str());
+                let counters = common.shedder.counters();
+                counters.shed(self.tier);
+                counters.set_fraction(self.tier, 1.0);
+                Err(Refusal {
+                    tier: self.tier,
+                    kind: ShedRejectionKind::OverLimit {
+                        in_flight: grant.in_flight(),
+                        limit,
+                    },
+                })
+            }
+            (Err(err), limit) => {
+                if STORE_WARNINGS.allow() {
+                    tracing::warn!(
+                        policy = &*common.answer.policy,
+                        store = common.shedder.store().kind(),
+                        error = %err,
+                        failure_policy = ?common.failure,
+                        "load-shedder store failed"
+                    );
+                }
+                // The most important tier passes whatever the policy: this
+                // shedder never refuses it.
+                if limit.is_some() && matches!(common.failure, FailurePolicy::Closed) {
+                    common.metrics.decided(Outcome::FailClosed, false);
+                    span.record("outcome", Outcome::FailClosed.as_str());
+                    return Err(self.broken(err));
+                }
+                self.pass(Outcome::FailOpen, &span);
+                Ok(None)
+            }
+        }
+    }
+
+    fn broken(&self, err: StoreError) -> Refusal {
+        Refusal {
+            tier: self.tier,
+            kind: ShedRejectionKind::Unavailable(err),
+        }
+    }
+}
