@@ -79,7 +79,11 @@ impl Started {
 
 /// `/held` reports that it started and waits for the gate; `/hang` never
 /// answers; `/panic` panics; `/quick` answers at once.
-fn app(shedder: FleetShedder, gate: watch::Receiver<bool>, entered: mpsc::UnboundedSender<()>) -> Router {
+fn app(
+    shedder: FleetShedder,
+    gate: watch::Receiver<bool>,
+    entered: mpsc::UnboundedSender<()>,
+) -> Router {
     let held = move || {
         let mut gate = gate.clone();
         let entered = entered.clone();
@@ -230,7 +234,10 @@ async fn at_capacity(shedders: Vec<FleetShedder>) {
 
     // Normal (limit 3) gets one more, then is shed too.
     held.push(fleet.hold(2, "normal").await);
-    assert_eq!(fleet.quick(0, "normal").await.0, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(
+        fleet.quick(0, "normal").await.0,
+        StatusCode::SERVICE_UNAVAILABLE
+    );
 
     // Critical is never shed: three more, past the fleet's capacity of 4.
     for i in 0..3 {
@@ -238,7 +245,10 @@ async fn at_capacity(shedders: Vec<FleetShedder>) {
     }
     assert_eq!(fleet.quick(1, "critical").await.0, StatusCode::OK);
     // It counts: high (limit 4) is shed now that 6 are in flight.
-    assert_eq!(fleet.quick(2, "high").await.0, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(
+        fleet.quick(2, "high").await.0,
+        StatusCode::SERVICE_UNAVAILABLE
+    );
     assert_eq!(fleet.in_flight().await, 6);
 
     assert_eq!(fleet.local("low"), (2, 3));
@@ -309,7 +319,10 @@ async fn at_capacity_low_is_shed_and_critical_passes_across_instances_on_redis()
     let mut shedders = Vec::new();
     // Three instances: three stores, three connections.
     for _ in 0..3 {
-        shedders.push(FleetShedder::new(policy("fleet"), redis_store(&server).await));
+        shedders.push(FleetShedder::new(
+            policy("fleet"),
+            redis_store(&server).await,
+        ));
     }
     at_capacity(shedders).await;
     // The fleet's lease set is gone with its last lease.
@@ -391,7 +404,11 @@ async fn no_slot_is_lost_on_the_memory_store() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_slot_is_lost_on_redis() {
     let server = RedisServer::start();
-    nothing_lost(FleetShedder::new(policy("life"), redis_store(&server).await)).await;
+    nothing_lost(FleetShedder::new(
+        policy("life"),
+        redis_store(&server).await,
+    ))
+    .await;
 }
 
 // ---------------------------------------------------------------------------
@@ -428,7 +445,11 @@ async fn a_store_failure_follows_the_policy_and_never_sheds_critical() {
     assert_eq!(refused.status(), StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(refused.headers()["retry-after"], "1");
     assert_eq!(
-        closed.oneshot(request("/", "critical")).await.unwrap().status(),
+        closed
+            .oneshot(request("/", "critical"))
+            .await
+            .unwrap()
+            .status(),
         StatusCode::OK
     );
 }
@@ -462,7 +483,9 @@ async fn routes_classify_and_rejections_are_configurable() {
     // Two unread report bodies hold the low tier's share.
     let mut bodies = Vec::new();
     for _ in 0..2 {
-        let r = app.clone().oneshot(Request::get("/report").body(Body::empty()).unwrap());
+        let r = app
+            .clone()
+            .oneshot(Request::get("/report").body(Body::empty()).unwrap());
         bodies.push(r.await.unwrap());
     }
     let shed = app

@@ -80,9 +80,9 @@ impl<B, E, F, L: Lease> Outcome<Response<B>, E, F, L> {
         A: Answer<Refusal = F>,
     {
         match self {
-            Outcome::Passed(result, guard) => result.map(|r| {
-                r.map(|body| GuardedBody::new(ResponseBody::inner(body), guard))
-            }),
+            Outcome::Passed(result, guard) => {
+                result.map(|r| r.map(|body| GuardedBody::new(ResponseBody::inner(body), guard)))
+            }
             Outcome::Rejected(refusal) => Ok(answer
                 .respond(refusal)
                 .map(|body| GuardedBody::new(ResponseBody::full(body), None))),

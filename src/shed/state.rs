@@ -210,7 +210,9 @@ impl Lease for TierSlot {
 
 impl fmt::Debug for TierSlot {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("TierSlot").field("tier", &self.tier).finish()
+        f.debug_struct("TierSlot")
+            .field("tier", &self.tier)
+            .finish()
     }
 }
 

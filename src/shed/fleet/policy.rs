@@ -154,9 +154,9 @@ impl FleetShedPolicyBuilder {
                 tier: name.clone(),
                 detail,
             };
-            let tier = tiers.get(name).ok_or_else(|| ConfigError::UnknownTier {
-                name: name.clone(),
-            })?;
+            let tier = tiers
+                .get(name)
+                .ok_or_else(|| ConfigError::UnknownTier { name: name.clone() })?;
             if tier == tiers.critical() {
                 return Err(invalid("the most important tier is never shed".into()));
             }
@@ -213,7 +213,9 @@ fn share_of(share: f64, capacity: u64) -> u64 {
 /// to 1 at the most important (whose share is never used).
 fn default_shares(n: usize) -> Vec<f64> {
     let steps = n.saturating_sub(1).max(1) as f64;
-    (0..n).map(|rank| 1.0 - rank as f64 / (2.0 * steps)).collect()
+    (0..n)
+        .map(|rank| 1.0 - rank as f64 / (2.0 * steps))
+        .collect()
 }
 
 #[cfg(test)]

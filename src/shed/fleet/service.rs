@@ -83,10 +83,7 @@ impl<S, C, M> FleetShed<S, C, M> {
         // Counted from here: a request waiting for the store is in flight.
         let slot = common.shedder.counters().enter(gate.tier);
         let acquire = common.shedder.admit(gate.tier);
-        ResponseFuture::new(
-            Admitting::start(gate, acquire, &mut self.inner, req),
-            slot,
-        )
+        ResponseFuture::new(Admitting::start(gate, acquire, &mut self.inner, req), slot)
     }
 }
 

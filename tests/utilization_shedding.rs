@@ -1,0 +1,223 @@
+//! UtilizationShedLayer through a real axum router, on tokio's paused
+//! clock with an evenly spread coin, so that shed fractions are exact:
+//! nothing is shed before the delay, the low tier goes first, critical
+//! never, the dead zone holds, and recovery is as slow as the ramp.
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::routing::get;
+use fleetgate::shed::{HeaderTier, UtilizationConfig, UtilizationShedLayer, UtilizationShedder};
+use http::{HeaderName, Request, StatusCode};
+use http_body_util::BodyExt;
+use tokio::sync::{mpsc, watch};
+use tower::ServiceExt;
+
+const TIERS: [&str; 4] = ["critical", "high", "normal", "low"];
+/// Requests per tier in one measurement: the coin cycles through this many
+/// evenly spread values, so a batch sheds exactly `p × BATCH`.
+const BATCH: u64 = 100;
+
+/// `(k + 0.5) / BATCH` for k = 0, 1, ..., BATCH − 1, then again.
+fn even_coin() -> impl Fn() -> f64 + Send + Sync + 'static {
+    let next = AtomicU64::new(0);
+    move || {
+        (next.fetch_add(1, Ordering::Relaxed) % BATCH) as f64 / BATCH as f64 + 0.5 / BATCH as f64
+    }
+}
+
+fn app(
+    shedder: UtilizationShedder,
+    gate: watch::Receiver<bool>,
+    entered: mpsc::UnboundedSender<()>,
+) -> Router {
+    Router::new()
+        .route("/", get(|| async { "ok" }))
+        .route(
+            "/held",
+            get(move || {
+                let mut gate = gate.clone();
+                let entered = entered.clone();
+                async move {
+                    let _ = entered.send(());
+                    let _ = gate.wait_for(|open| *open).await;
+                    "done"
+                }
+            }),
+        )
+        .layer(
+            UtilizationShedLayer::new(shedder)
+                .classify(HeaderTier::new(HeaderName::from_static("x-priority"))),
+        )
+}
+
+async fn call(app: &Router, path: &str, tier: &str) -> StatusCode {
+    let req = Request::get(path)
+        .header("x-priority", tier)
+        .body(Body::empty())
+        .unwrap();
+    let response = app.clone().oneshot(req).await.unwrap();
+    let status = response.status();
+    let _ = response.into_body().collect().await;
+    status
+}
+
+/// The fraction of each tier shed now, most important first.
+async fn fractions(app: &Router) -> [f64; 4] {
+    let mut out = [0.0; 4];
+    for (i, tier) in TIERS.iter().enumerate() {
+        let mut shed = 0;
+        for _ in 0..BATCH {
+            match call(app, "/", tier).await {
+                StatusCode::OK => {}
+                StatusCode::SERVICE_UNAVAILABLE => shed += 1,
+                other => panic!("unexpected {other}"),
+            }
+        }
+        out[i] = shed as f64 / BATCH as f64;
+    }
+    out
+}
+
+/// Moves the paused clock one second at a time up to `to`, with one
+/// (critical, never shed) request a second so that every second is
+/// sampled; the gauge, if any, reads `u` for each of these seconds.
+async fn run_until(app: &Router, now: &mut u64, to: u64, gauge: Option<(&Mutex<f64>, f64)>) {
+    while *now < to {
+        tokio::time::advance(Duration::from_secs(1)).await;
+        *now += 1;
+        if let Some((gauge, u)) = gauge {
+            *gauge.lock().unwrap() = u;
+        }
+        assert_eq!(call(app, "/", "critical").await, StatusCode::OK);
+    }
+}
+
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() < 1e-9
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_gauge_trace_reproduces_the_ramp_and_the_slow_recovery() {
+    let gauge = Arc::new(Mutex::new(0.0));
+    let read = gauge.clone();
+    let shedder = UtilizationShedder::gauge(move || *read.lock().unwrap())
+        .random(even_coin())
+        .build()
+        .unwrap();
+    let (_open, gate) = watch::channel(false);
+    let (entered, _) = mpsc::unbounded_channel();
+    let app = app(shedder.clone(), gate, entered);
+    let mut t = 0;
+    assert_eq!(call(&app, "/", "critical").await, StatusCode::OK);
+
+    // Saturated from t = 0: nothing is shed for the first 28 s.
+    run_until(&app, &mut t, 27, Some((&gauge, 1.0))).await;
+    assert_eq!(fractions(&app).await, [0.0; 4]);
+    run_until(&app, &mut t, 28, Some((&gauge, 1.0))).await;
+    assert_eq!(fractions(&app).await, [0.0; 4]);
+    // 20 s later the amount is 1/6: half the low tier, nothing else.
+    run_until(&app, &mut t, 48, Some((&gauge, 1.0))).await;
+    assert_eq!(fractions(&app).await, [0.0, 0.0, 0.0, 0.5]);
+    // 60 s in: low gone, normal half.
+    run_until(&app, &mut t, 88, Some((&gauge, 1.0))).await;
+    assert_eq!(fractions(&app).await, [0.0, 0.0, 0.5, 1.0]);
+    let state = shedder.state();
+    assert!(close(state.amount().unwrap(), 0.5), "{state:?}");
+    assert_eq!(state.utilization(), Some(1.0));
+    let p: Vec<f64> = state.tiers().iter().map(|t| t.shed_fraction()).collect();
+    assert!(
+        close(p[2], 0.5) && close(p[3], 1.0) && p[0] == 0.0 && p[1] == 0.0,
+        "{p:?}"
+    );
+    // 120 s in: everything sheddable is shed; critical never.
+    run_until(&app, &mut t, 148, Some((&gauge, 1.0))).await;
+    assert_eq!(fractions(&app).await, [0.0, 1.0, 1.0, 1.0]);
+    run_until(&app, &mut t, 200, Some((&gauge, 1.0))).await;
+    assert_eq!(fractions(&app).await, [0.0, 1.0, 1.0, 1.0]);
+
+    // 0.75 is in the dead zone: a minute there changes nothing.
+    run_until(&app, &mut t, 260, Some((&gauge, 0.75))).await;
+    assert_eq!(fractions(&app).await, [0.0, 1.0, 1.0, 1.0]);
+    // Idle: recovery takes as long as the ramp, most important tier first.
+    run_until(&app, &mut t, 290, Some((&gauge, 0.0))).await;
+    assert_eq!(fractions(&app).await, [0.0, 0.25, 1.0, 1.0]);
+    run_until(&app, &mut t, 320, Some((&gauge, 0.0))).await;
+    assert_eq!(fractions(&app).await, [0.0, 0.0, 0.5, 1.0]);
+    run_until(&app, &mut t, 360, Some((&gauge, 0.0))).await;
+    assert_eq!(fractions(&app).await, [0.0, 0.0, 0.0, 0.5]);
+    run_until(&app, &mut t, 380, Some((&gauge, 0.0))).await;
+    assert_eq!(fractions(&app).await, [0.0; 4]);
+
+    // Per tier, what this process shed and admitted.
+    let state = shedder.state();
+    let low = state.tier("low").unwrap();
+    let critical = state.tier("critical").unwrap();
+    assert_eq!(critical.shed(), 0);
+    // Half a batch at 48 s and 360 s, whole batches from 88 s to 320 s.
+    assert_eq!(low.shed(), 50 + 6 * BATCH + 50);
+    assert_eq!(low.admitted() + low.shed(), 11 * BATCH);
+    assert_eq!(state.in_flight(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn its_own_requests_in_flight_drive_it_with_configured_numbers() {
+    // 4 workers; shed after 2 s of saturation, everything after 4 s more.
+    let config = UtilizationConfig::default()
+        .thresholds(0.5, 0.6)
+        .unwrap()
+        .delay(Duration::from_secs(2))
+        .ramp(Duration::from_secs(4))
+        .unwrap();
+    let shedder = UtilizationShedder::workers(4)
+        .config(config)
+        .random(even_coin())
+        .build()
+        .unwrap();
+    let (open, gate) = watch::channel(false);
+    let (entered_tx, mut entered) = mpsc::unbounded_channel();
+    let app = app(shedder.clone(), gate, entered_tx);
+    let mut t = 0;
+    assert_eq!(call(&app, "/", "critical").await, StatusCode::OK);
+
+    // Four critical requests occupy every worker, until the gate opens.
+    let mut held = Vec::new();
+    for _ in 0..4 {
+        let app = app.clone();
+        held.push(tokio::spawn(async move {
+            call(&app, "/held", "critical").await
+        }));
+        entered.recv().await.unwrap();
+    }
+    assert_eq!(shedder.state().tier("critical").unwrap().in_flight(), 4);
+    run_until(&app, &mut t, 2, None).await;
+    assert_eq!(fractions(&app).await, [0.0; 4]);
+    run_until(&app, &mut t, 3, None).await;
+    // a = 1/4: the low tier is shed 3/4 of the time.
+    assert_eq!(fractions(&app).await, [0.0, 0.0, 0.0, 0.75]);
+    let shed = Request::get("/")
+        .header("x-priority", "low")
+        .body(Body::empty())
+        .unwrap();
+    let response = app.clone().oneshot(shed).await.unwrap();
+    // The coin's next value is 0.005: shed.
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(response.headers()["retry-after"], "5");
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    assert!(String::from_utf8_lossy(&body).contains("low"));
+    run_until(&app, &mut t, 6, None).await;
+    assert_eq!(fractions(&app).await, [0.0, 1.0, 1.0, 1.0]);
+
+    // The workers free up: utilization 0, and the amount falls 1/4 a second.
+    let _ = open.send(true);
+    for task in held {
+        assert_eq!(task.await.unwrap(), StatusCode::OK);
+    }
+    assert_eq!(shedder.state().in_flight(), 0);
+    run_until(&app, &mut t, 8, None).await;
+    assert_eq!(fractions(&app).await, [0.0, 0.0, 0.5, 1.0]);
+    run_until(&app, &mut t, 10, None).await;
+    assert_eq!(fractions(&app).await, [0.0; 4]);
+}
