@@ -247,6 +247,18 @@ mod tests {
     }
 
     #[test]
+    fn a_zero_delay_sheds_at_once_and_still_moves() {
+        let config = UtilizationConfig::default().delay(Duration::ZERO);
+        let mut c = Controller::new(config, SECOND);
+        run(&mut c, 0, 12, 1.0);
+        // No delay: 12 s of saturation shed a tenth; a long gap counts as
+        // one sampling interval.
+        assert!(close(c.amount(), 0.1), "{}", c.amount());
+        c.observe(3600 * S, 1.0);
+        assert!(close(c.amount(), 0.1 + 1.0 / 120.0), "{}", c.amount());
+    }
+
+    #[test]
     fn config_is_checked() {
         let c = UtilizationConfig::default();
         assert!(c.thresholds(0.9, 0.8).is_err());
