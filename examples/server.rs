@@ -18,7 +18,7 @@
 //! - `FLEETGATE_POLICIES`: a TOML policy file (see `examples/policies.toml`)
 //!   whose routes and policies replace the built-in rate limits of
 //!   `/api/ping` and `/api/window`: limits change without a rebuild.
-//! - `FLEETGATE_WORKERS`: the worker capacity of the worker-utilization
+//! - `FLEETGATE_SHED_WORKERS`: the worker capacity of the worker-utilization
 //!   shedder in front of `/api/charge` and `/api/report` (default 64).
 //!
 //! Routes:
@@ -40,7 +40,7 @@
 //!   load shedder of 4 in flight of which reports may use 2: a third
 //!   concurrent report gets 503, a charge is never shed. In front of both,
 //!   a worker-utilization shedder sheds reports first once this process
-//!   has had more than 80% of `FLEETGATE_WORKERS` busy for about 28 s.
+//!   has had more than 80% of `FLEETGATE_SHED_WORKERS` busy for about 28 s.
 //!
 //! Try: `for i in $(seq 8); do curl -s -o /dev/null -w '%{http_code}\n' localhost:3000/api/ping; done`
 //! and `for i in 1 2 3; do curl -s -w ' %{http_code}\n' 'localhost:3000/api/slow?ms=3000' & done; wait`
@@ -173,11 +173,11 @@ async fn main() -> Result<(), BoxError> {
                 ),
             ),
     };
-    let workers = match std::env::var("FLEETGATE_WORKERS") {
+    let workers = match std::env::var("FLEETGATE_SHED_WORKERS") {
         Err(_) => 64,
         Ok(n) => n
             .parse()
-            .map_err(|err| format!("FLEETGATE_WORKERS {n:?}: {err}"))?,
+            .map_err(|err| format!("FLEETGATE_SHED_WORKERS {n:?}: {err}"))?,
     };
     let app = limited
         .merge(slow_routes(store.clone())?)

@@ -221,3 +221,47 @@ async fn its_own_requests_in_flight_drive_it_with_configured_numbers() {
     run_until(&app, &mut t, 10, None).await;
     assert_eq!(fractions(&app).await, [0.0; 4]);
 }
+
+#[tokio::test(start_paused = true)]
+async fn utilization_is_the_busy_share_of_time_not_the_count_at_arrivals() {
+    // 2 workers, no delay, a 10 s ramp: a push of 1/2 moves 0.05 a second.
+    let config = UtilizationConfig::default()
+        .delay(Duration::ZERO)
+        .ramp(Duration::from_secs(10))
+        .unwrap();
+    let shedder = UtilizationShedder::workers(2)
+        .config(config)
+        .random(even_coin())
+        .build()
+        .unwrap();
+    let (open, gate) = watch::channel(false);
+    let (entered_tx, mut entered) = mpsc::unbounded_channel();
+    let app = app(shedder.clone(), gate, entered_tx);
+    assert_eq!(call(&app, "/", "critical").await, StatusCode::OK);
+
+    // Waves: two requests busy for 0.9 s of every second, all done when
+    // the next second's first request samples. The count at that instant
+    // is 0; the busy share is 0.9.
+    for _ in 0..10 {
+        let _ = open.send(false);
+        let mut wave = Vec::new();
+        for _ in 0..2 {
+            let app = app.clone();
+            wave.push(tokio::spawn(async move {
+                call(&app, "/held", "critical").await
+            }));
+            entered.recv().await.unwrap();
+        }
+        tokio::time::advance(Duration::from_millis(900)).await;
+        let _ = open.send(true);
+        for task in wave {
+            assert_eq!(task.await.unwrap(), StatusCode::OK);
+        }
+        tokio::time::advance(Duration::from_millis(100)).await;
+        assert_eq!(call(&app, "/", "critical").await, StatusCode::OK);
+    }
+    let state = shedder.state();
+    assert!(close(state.utilization().unwrap(), 0.9), "{state:?}");
+    assert!(close(state.amount().unwrap(), 0.5), "{state:?}");
+    assert_eq!(fractions(&app).await, [0.0, 0.0, 0.5, 1.0]);
+}

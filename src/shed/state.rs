@@ -4,10 +4,11 @@
 //! published as gauges and counters.
 
 use std::fmt;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::tier::{Tier, Tiers};
+use crate::clock::Clock;
 use crate::lease::{Lease, LeaseGuard};
 use crate::store::StoreFuture;
 
@@ -74,6 +75,7 @@ pub(crate) struct TierCounters {
     tiers: Tiers,
     per_tier: Box<[Counters]>,
     in_flight: AtomicU64,
+    busy: Option<BusyTime>,
     metrics: TierMetrics,
 }
 
@@ -95,6 +97,53 @@ impl TierCounters {
             metrics: TierMetrics::new(layer, policy, tiers),
             tiers: tiers.clone(),
             in_flight: AtomicU64::new(0),
+            busy: None,
+        }
+    }
+
+    /// Also integrates the requests in flight over time on `clock`, for
+    /// [`average_in_flight`](Self::average_in_flight).
+    pub(crate) fn with_busy_time(mut self, clock: Arc<dyn Clock>) -> Self {
+        let since = clock.now_micros();
+        self.busy = Some(BusyTime {
+            clock,
+            state: Mutex::new(Busy {
+                in_flight: 0,
+                since,
+                window_start: since,
+                area: 0.0,
+            }),
+        });
+        self
+    }
+
+    /// The average number of requests in flight since the last call (the
+    /// count now if no time has passed); `None` without busy time.
+    pub(crate) fn average_in_flight(&self) -> Option<f64> {
+        let busy = self.busy.as_ref()?;
+        let now = busy.clock.now_micros();
+        let mut b = busy.lock();
+        b.advance(now);
+        let window = now.saturating_sub(b.window_start);
+        let average = if window == 0 {
+            b.in_flight as f64
+        } else {
+            b.area / window as f64
+        };
+        b.window_start = now;
+        b.area = 0.0;
+        Some(average)
+    }
+
+    fn busy_change(&self, delta: i8) {
+        if let Some(busy) = &self.busy {
+            let now = busy.clock.now_micros();
+            let mut b = busy.lock();
+            b.advance(now);
+            b.in_flight = match delta {
+                1 => b.in_flight.saturating_add(1),
+                _ => b.in_flight.saturating_sub(1),
+            };
         }
     }
 
@@ -113,6 +162,7 @@ impl TierCounters {
             c.in_flight.fetch_add(1, Ordering::Relaxed);
         }
         self.in_flight.fetch_add(1, Ordering::Relaxed);
+        self.busy_change(1);
         self.metrics.in_flight(tier, 1.0);
         LeaseGuard::new(TierSlot {
             counters: self.clone(),
@@ -125,6 +175,7 @@ impl TierCounters {
             c.in_flight.fetch_sub(1, Ordering::Relaxed);
         }
         self.in_flight.fetch_sub(1, Ordering::Relaxed);
+        self.busy_change(-1);
         self.metrics.in_flight(tier, -1.0);
     }
 
@@ -178,6 +229,41 @@ impl fmt::Debug for TierCounters {
         f.debug_struct("TierCounters")
             .field("in_flight", &self.in_flight())
             .finish_non_exhaustive()
+    }
+}
+
+/// Requests in flight integrated over time: utilization is the busy share
+/// of the time between samples, not the count at the instants requests
+/// happen to arrive (which waves of requests arriving together would bias).
+struct BusyTime {
+    clock: Arc<dyn Clock>,
+    state: Mutex<Busy>,
+}
+
+struct Busy {
+    in_flight: u64,
+    /// When `area` was last brought up to date.
+    since: u64,
+    /// When the current averaging window started.
+    window_start: u64,
+    /// Request-microseconds in flight since `window_start`.
+    area: f64,
+}
+
+impl BusyTime {
+    /// A count and three numbers, consistent after every step: a panic
+    /// elsewhere while it was held changes nothing.
+    fn lock(&self) -> MutexGuard<'_, Busy> {
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+impl Busy {
+    fn advance(&mut self, now: u64) {
+        self.area += self.in_flight as f64 * now.saturating_sub(self.since) as f64;
+        self.since = self.since.max(now);
     }
 }
 

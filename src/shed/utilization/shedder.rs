@@ -24,9 +24,10 @@ enum Source {
 /// Sheds requests when this process has been too busy for too long: the
 /// worker-utilization load shedder, local to one process.
 ///
-/// It samples utilization (its own requests in flight over a worker
-/// capacity, or a gauge you supply) at most every `sample_every` (default
-/// 1 s), on the requests that come through, and moves a shed amount as
+/// It samples utilization (its own requests in flight, averaged over the
+/// time since the last sample, over a worker capacity; or a gauge you
+/// supply) at most every `sample_every` (default 1 s), on the requests that
+/// come through, and moves a shed amount as
 /// [`UtilizationConfig`] describes: nothing is shed until utilization has
 /// been bad for about 28 s, then the least important tier is dropped with
 /// rising probability, then the next, about 120 s from shedding nothing to
@@ -71,7 +72,8 @@ struct Inner {
 
 impl UtilizationShedder {
     /// Utilization = this shedder's requests in flight (from admission to
-    /// the end of the response body, every tier) over `workers`.
+    /// the end of the response body, every tier), averaged over the time
+    /// since the last sample, over `workers`.
     pub fn workers(workers: u64) -> UtilizationShedderBuilder {
         UtilizationShedderBuilder::new(Source::Workers(workers))
     }
@@ -129,7 +131,10 @@ impl UtilizationShedder {
             return;
         }
         let utilization = match &inner.source {
-            Source::Workers(workers) => inner.counters.in_flight() as f64 / *workers as f64,
+            Source::Workers(workers) => {
+                let in_flight = inner.counters.average_in_flight();
+                in_flight.unwrap_or(inner.counters.in_flight() as f64) / *workers as f64
+            }
             Source::Gauge(gauge) => gauge(),
         };
         let amount = {
@@ -249,18 +254,19 @@ impl UtilizationShedderBuilder {
         }
         let controller = Controller::new(self.config, self.sample_every);
         let name: Arc<str> = Arc::from(self.name);
+        let clock = self
+            .clock
+            .unwrap_or_else(|| Arc::new(MonotonicClock::new()));
+        let mut counters = TierCounters::new(&self.tiers, "utilization_shed", name.clone());
+        if let Source::Workers(_) = self.source {
+            counters = counters.with_busy_time(clock.clone());
+        }
         Ok(UtilizationShedder {
             inner: Arc::new(Inner {
-                counters: Arc::new(TierCounters::new(
-                    &self.tiers,
-                    "utilization_shed",
-                    name.clone(),
-                )),
+                counters: Arc::new(counters),
                 name,
                 source: self.source,
-                clock: self
-                    .clock
-                    .unwrap_or_else(|| Arc::new(MonotonicClock::new())),
+                clock,
                 random: self.random,
                 sample_every_us: u64::try_from(self.sample_every.as_micros()).unwrap_or(u64::MAX),
                 next_sample_us: AtomicU64::new(0),
