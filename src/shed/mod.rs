@@ -73,6 +73,7 @@
 
 mod error;
 mod fleet;
+mod layer;
 mod random;
 mod rejection;
 mod state;
@@ -84,6 +85,7 @@ pub use self::fleet::{
     FleetShed, FleetShedBody, FleetShedLayer, FleetShedPolicy, FleetShedPolicyBuilder,
     FleetShedder, ResponseFuture as FleetShedFuture,
 };
+pub use self::layer::ShedLayer;
 pub use self::random::{Random, ThreadRandom};
 pub use self::rejection::{ShedRejection, ShedRejectionKind};
 pub use self::state::{ShedState, TierSlot, TierState};
