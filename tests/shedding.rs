@@ -6,7 +6,6 @@
 mod common;
 
 use std::convert::Infallible;
-use std::sync::{Arc, Mutex, Once};
 use std::time::Duration;
 
 use axum::Router;
@@ -14,6 +13,8 @@ use axum::body::Body;
 use axum::extract::Extension;
 use axum::routing::get;
 use common::RedisServer;
+use common::handlers::{Started, gated, quiet_deliberate_panics};
+use common::redis_server::free_port;
 use fleetgate::shed::{
     FleetShedLayer, FleetShedPolicy, FleetShedder, HeaderTier, RouteTiers, ShedError,
     ShedRejectionKind, Tiers,
@@ -21,7 +22,7 @@ use fleetgate::shed::{
 use fleetgate::{FailurePolicy, MemoryStore, RedisStore};
 use http::{HeaderName, Method, Request, StatusCode};
 use http_body_util::BodyExt;
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{mpsc, watch};
 use tower::{ServiceBuilder, ServiceExt, service_fn};
 
 // ---------------------------------------------------------------------------
@@ -59,24 +60,6 @@ fn request(path: &str, tier: &str) -> Request<Body> {
         .unwrap()
 }
 
-/// Tells the test that a handler has started (per request, through an
-/// extension), so that it can cancel the request mid-flight.
-#[derive(Clone, Default)]
-struct Started(Arc<Mutex<Option<oneshot::Sender<()>>>>);
-
-impl Started {
-    fn new() -> (Started, oneshot::Receiver<()>) {
-        let (tx, rx) = oneshot::channel();
-        (Started(Arc::new(Mutex::new(Some(tx)))), rx)
-    }
-
-    fn signal(&self) {
-        if let Some(tx) = self.0.lock().unwrap().take() {
-            let _ = tx.send(());
-        }
-    }
-}
-
 /// `/held` reports that it started and waits for the gate; `/hang` never
 /// answers; `/panic` panics; `/quick` answers at once.
 fn app(
@@ -84,17 +67,8 @@ fn app(
     gate: watch::Receiver<bool>,
     entered: mpsc::UnboundedSender<()>,
 ) -> Router {
-    let held = move || {
-        let mut gate = gate.clone();
-        let entered = entered.clone();
-        async move {
-            let _ = entered.send(());
-            let _ = gate.wait_for(|open| *open).await;
-            "done"
-        }
-    };
     Router::new()
-        .route("/held", get(held))
+        .route("/held", get(gated(gate, entered)))
         .route("/quick", get(|| async { "ok" }))
         .route(
             "/hang",
@@ -114,23 +88,6 @@ fn app(
             }),
         )
         .route_layer(FleetShedLayer::new(shedder).classify(classifier()))
-}
-
-/// Deliberate panics in handlers are expected: keep them out of the output.
-fn quiet_deliberate_panics() {
-    static ONCE: Once = Once::new();
-    ONCE.call_once(|| {
-        let default = std::panic::take_hook();
-        std::panic::set_hook(Box::new(move |info| {
-            let deliberate = info
-                .payload()
-                .downcast_ref::<&str>()
-                .is_some_and(|m| m.contains("deliberate"));
-            if !deliberate {
-                default(info);
-            }
-        }));
-    });
 }
 
 /// Several instances of one service: one shedder and router each (with
@@ -417,11 +374,7 @@ async fn no_slot_is_lost_on_redis() {
 #[tokio::test]
 async fn a_store_failure_follows_the_policy_and_never_sheds_critical() {
     // Redis unreachable: a free port with nothing listening.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     let down = RedisStore::builder()
         .timeout(Duration::from_millis(100))
         .connect_lazy(&format!("redis://127.0.0.1:{port}"))
@@ -480,35 +433,25 @@ async fn routes_classify_and_rejections_are_configurable() {
                     response
                 }),
         );
+    let call = |method: Method, path: &str| {
+        let req = Request::builder().method(method).uri(path);
+        app.clone().oneshot(req.body(Body::empty()).unwrap())
+    };
     // Two unread report bodies hold the low tier's share.
     let mut bodies = Vec::new();
     for _ in 0..2 {
-        let r = app
-            .clone()
-            .oneshot(Request::get("/report").body(Body::empty()).unwrap());
-        bodies.push(r.await.unwrap());
+        bodies.push(call(Method::GET, "/report").await.unwrap());
     }
-    let shed = app
-        .clone()
-        .oneshot(Request::get("/report").body(Body::empty()).unwrap())
-        .await
-        .unwrap();
+    let shed = call(Method::GET, "/report").await.unwrap();
     assert_eq!(shed.status(), StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(shed.headers()["retry-after"], "3");
     let body = shed.into_body().collect().await.unwrap().to_bytes();
     assert_eq!(&body[..], b"low shed at 2/2");
     // Unclassified requests are normal (limit 3): one more fits.
-    let other = app
-        .clone()
-        .oneshot(Request::get("/other").body(Body::empty()).unwrap())
-        .await
-        .unwrap();
+    let other = call(Method::GET, "/other").await.unwrap();
     assert_eq!(other.status(), StatusCode::OK);
     assert_eq!(shedder.state().tier("normal").unwrap().in_flight(), 1);
-    let charge = app
-        .oneshot(Request::post("/charge").body(Body::empty()).unwrap())
-        .await
-        .unwrap();
+    let charge = call(Method::POST, "/charge").await.unwrap();
     assert_eq!(charge.status(), StatusCode::OK);
     assert_eq!(shedder.fleet_in_flight().await.unwrap(), 4);
 }

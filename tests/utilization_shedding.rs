@@ -2,6 +2,8 @@
 //! clock with an evenly spread coin, so that shed fractions are exact:
 //! nothing is shed before the delay, the low tier goes first, critical
 //! never, the dead zone holds, and recovery is as slow as the ramp.
+mod common;
+
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -9,6 +11,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::body::Body;
 use axum::routing::get;
+use common::handlers::gated;
 use fleetgate::shed::{HeaderTier, UtilizationConfig, UtilizationShedLayer, UtilizationShedder};
 use http::{HeaderName, Request, StatusCode};
 use http_body_util::BodyExt;
@@ -35,18 +38,7 @@ fn app(
 ) -> Router {
     Router::new()
         .route("/", get(|| async { "ok" }))
-        .route(
-            "/held",
-            get(move || {
-                let mut gate = gate.clone();
-                let entered = entered.clone();
-                async move {
-                    let _ = entered.send(());
-                    let _ = gate.wait_for(|open| *open).await;
-                    "done"
-                }
-            }),
-        )
+        .route("/held", get(gated(gate, entered)))
         .layer(
             UtilizationShedLayer::new(shedder)
                 .classify(HeaderTier::new(HeaderName::from_static("x-priority"))),

@@ -157,7 +157,8 @@ impl Drop for RedisServer {
     }
 }
 
-fn free_port() -> u16 {
+/// A loopback port nothing listens on (at the time of asking).
+pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
