@@ -7,18 +7,17 @@ mod common;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
-use axum::extract::Extension;
 use axum::routing::get;
 use bytes::Bytes;
 use common::RedisServer;
-use common::handlers::{Started, quiet_deliberate_panics};
+use common::handlers::{self, Started, quiet_deliberate_panics};
 use fleetgate::concurrency::{ConcurrencyLimitError, ConcurrencyLimitLayer, ConcurrencyLimiter};
 use fleetgate::key::{GlobalKey, HeaderKey, Key, key_fn};
 use fleetgate::{
@@ -356,23 +355,8 @@ async fn cap_holds_across_instances_sharing_one_redis() {
 fn lifecycle_app(limiter: ConcurrencyLimiter, dropped: mpsc::UnboundedSender<()>) -> Router {
     Router::new()
         .route("/ok", get(|| async { "ok" }))
-        .route(
-            "/hang",
-            get(|Extension(started): Extension<Started>| async move {
-                started.signal();
-                std::future::pending::<()>().await;
-                "never"
-            }),
-        )
-        .route(
-            "/panic",
-            get(|| async {
-                if true {
-                    panic!("deliberate panic in a handler");
-                }
-                "never"
-            }),
-        )
+        .route("/hang", get(handlers::hang))
+        .route("/panic", get(handlers::panic))
         .route(
             "/stream",
             get(move || {

@@ -10,10 +10,9 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
-use axum::extract::Extension;
 use axum::routing::get;
 use common::RedisServer;
-use common::handlers::{Started, gated, quiet_deliberate_panics};
+use common::handlers::{self, Started, gated, quiet_deliberate_panics};
 use common::redis_server::free_port;
 use fleetgate::shed::{
     FleetShedLayer, FleetShedPolicy, FleetShedder, HeaderTier, RouteTiers, ShedError,
@@ -70,23 +69,8 @@ fn app(
     Router::new()
         .route("/held", get(gated(gate, entered)))
         .route("/quick", get(|| async { "ok" }))
-        .route(
-            "/hang",
-            get(|Extension(started): Extension<Started>| async move {
-                started.signal();
-                std::future::pending::<()>().await;
-                "never"
-            }),
-        )
-        .route(
-            "/panic",
-            get(|| async {
-                if true {
-                    panic!("deliberate panic in a handler");
-                }
-                "never"
-            }),
-        )
+        .route("/hang", get(handlers::hang))
+        .route("/panic", get(handlers::panic))
         .route_layer(FleetShedLayer::new(shedder).classify(classifier()))
 }
 

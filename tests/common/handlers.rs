@@ -1,10 +1,11 @@
 //! Pieces for tests that follow a request through a router: a signal that
-//! the handler started, a handler held at a gate, and quiet deliberate
-//! panics.
+//! the handler started, handlers that wait at a gate, hang or panic, and
+//! quiet deliberate panics.
 
 use std::future::Future;
 use std::sync::{Arc, Mutex, Once};
 
+use axum::extract::Extension;
 use tokio::sync::{mpsc, oneshot, watch};
 
 /// Tells the test that the handler has started (per request, through an
@@ -61,4 +62,20 @@ pub fn quiet_deliberate_panics() {
             }
         }));
     });
+}
+
+/// A handler that signals it started, then never answers: for cancelling
+/// requests mid-flight.
+pub async fn hang(Extension(started): Extension<Started>) -> &'static str {
+    started.signal();
+    std::future::pending::<()>().await;
+    "never"
+}
+
+/// A handler that panics (deliberately; see [`quiet_deliberate_panics`]).
+pub async fn panic() -> &'static str {
+    if true {
+        panic!("deliberate panic in a handler");
+    }
+    "never"
 }
