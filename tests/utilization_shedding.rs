@@ -105,43 +105,39 @@ async fn a_gauge_trace_reproduces_the_ramp_and_the_slow_recovery() {
     let mut t = 0;
     assert_eq!(call(&app, "/", "critical").await, StatusCode::OK);
 
-    // Saturated from t = 0: nothing is shed for the first 28 s.
-    run_until(&app, &mut t, 27, Some((&gauge, 1.0))).await;
-    assert_eq!(fractions(&app).await, [0.0; 4]);
-    run_until(&app, &mut t, 28, Some((&gauge, 1.0))).await;
-    assert_eq!(fractions(&app).await, [0.0; 4]);
-    // 20 s later the amount is 1/6: half the low tier, nothing else.
-    run_until(&app, &mut t, 48, Some((&gauge, 1.0))).await;
-    assert_eq!(fractions(&app).await, [0.0, 0.0, 0.0, 0.5]);
-    // 60 s in: low gone, normal half.
-    run_until(&app, &mut t, 88, Some((&gauge, 1.0))).await;
-    assert_eq!(fractions(&app).await, [0.0, 0.0, 0.5, 1.0]);
-    let state = shedder.state();
-    assert!(close(state.amount().unwrap(), 0.5), "{state:?}");
-    assert_eq!(state.utilization(), Some(1.0));
-    let p: Vec<f64> = state.tiers().iter().map(|t| t.shed_fraction()).collect();
-    assert!(
-        close(p[2], 0.5) && close(p[3], 1.0) && p[0] == 0.0 && p[1] == 0.0,
-        "{p:?}"
-    );
-    // 120 s in: everything sheddable is shed; critical never.
-    run_until(&app, &mut t, 148, Some((&gauge, 1.0))).await;
-    assert_eq!(fractions(&app).await, [0.0, 1.0, 1.0, 1.0]);
-    run_until(&app, &mut t, 200, Some((&gauge, 1.0))).await;
-    assert_eq!(fractions(&app).await, [0.0, 1.0, 1.0, 1.0]);
-
-    // 0.75 is in the dead zone: a minute there changes nothing.
-    run_until(&app, &mut t, 260, Some((&gauge, 0.75))).await;
-    assert_eq!(fractions(&app).await, [0.0, 1.0, 1.0, 1.0]);
-    // Idle: recovery takes as long as the ramp, most important tier first.
-    run_until(&app, &mut t, 290, Some((&gauge, 0.0))).await;
-    assert_eq!(fractions(&app).await, [0.0, 0.25, 1.0, 1.0]);
-    run_until(&app, &mut t, 320, Some((&gauge, 0.0))).await;
-    assert_eq!(fractions(&app).await, [0.0, 0.0, 0.5, 1.0]);
-    run_until(&app, &mut t, 360, Some((&gauge, 0.0))).await;
-    assert_eq!(fractions(&app).await, [0.0, 0.0, 0.0, 0.5]);
-    run_until(&app, &mut t, 380, Some((&gauge, 0.0))).await;
-    assert_eq!(fractions(&app).await, [0.0; 4]);
+    // (until second, utilization up to it, shed fractions then: critical,
+    // high, normal, low)
+    let trace: [(u64, f64, [f64; 4]); 11] = [
+        // Saturated from t = 0: nothing is shed for the first 28 s.
+        (27, 1.0, [0.0; 4]),
+        (28, 1.0, [0.0; 4]),
+        // 20 s later the amount is 1/6: half the low tier, nothing else.
+        (48, 1.0, [0.0, 0.0, 0.0, 0.5]),
+        // 60 s in: low gone, normal half.
+        (88, 1.0, [0.0, 0.0, 0.5, 1.0]),
+        // 120 s in: everything sheddable is shed; critical never.
+        (148, 1.0, [0.0, 1.0, 1.0, 1.0]),
+        (200, 1.0, [0.0, 1.0, 1.0, 1.0]),
+        // 0.75 is in the dead zone: a minute there changes nothing.
+        (260, 0.75, [0.0, 1.0, 1.0, 1.0]),
+        // Idle: recovery takes as long as the ramp, most important first.
+        (290, 0.0, [0.0, 0.25, 1.0, 1.0]),
+        (320, 0.0, [0.0, 0.0, 0.5, 1.0]),
+        (360, 0.0, [0.0, 0.0, 0.0, 0.5]),
+        (380, 0.0, [0.0; 4]),
+    ];
+    for (until, u, expected) in trace {
+        run_until(&app, &mut t, until, Some((&gauge, u))).await;
+        assert_eq!(fractions(&app).await, expected, "at {t} s");
+        // The state says the same: the drop probabilities, the gauge.
+        let state = shedder.state();
+        let p: Vec<f64> = state.tiers().iter().map(|t| t.shed_fraction()).collect();
+        assert!(
+            p.iter().zip(expected).all(|(p, e)| close(*p, e)),
+            "at {t} s: {p:?}"
+        );
+        assert_eq!(state.utilization(), Some(u));
+    }
 
     // Per tier, what this process shed and admitted.
     let state = shedder.state();
