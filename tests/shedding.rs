@@ -476,3 +476,49 @@ async fn typed_errors_for_services_that_are_not_http() {
     assert_eq!(shedder.fleet_in_flight().await.unwrap(), 0);
     assert_eq!(shedder.state().in_flight(), 0);
 }
+
+#[tokio::test]
+async fn one_round_trip_to_admit_one_to_release_none_for_a_shed_request() {
+    use common::stats::{reset_stats, script_calls};
+
+    let server = RedisServer::start();
+    let shedder = FleetShedder::new(policy("trips"), redis_store(&server).await);
+    let fleet = Fleet::new(vec![shedder.clone()]);
+    let mut conn = server
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    // Load the scripts so that no NOSCRIPT fallback muddies the count.
+    assert_eq!(fleet.quick(0, "low").await.0, StatusCode::OK);
+    fleet.settled().await;
+    reset_stats(&mut conn).await;
+
+    for _ in 0..5 {
+        assert_eq!(fleet.quick(0, "critical").await.0, StatusCode::OK);
+        fleet.settled().await;
+    }
+    assert_eq!(script_calls(&mut conn).await, 10);
+    // Two unread reports fill the low share; the third is shed: its one
+    // round trip took nothing, so nothing is released.
+    let held = [
+        fleet
+            .app(0)
+            .oneshot(request("/quick", "low"))
+            .await
+            .unwrap(),
+        fleet
+            .app(0)
+            .oneshot(request("/quick", "low"))
+            .await
+            .unwrap(),
+    ];
+    assert_eq!(
+        fleet.quick(0, "low").await.0,
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+    drop(held);
+    fleet.settled().await;
+    assert_eq!(script_calls(&mut conn).await, 10 + 3 + 2);
+    assert_eq!(shedder.fleet_in_flight().await.unwrap(), 0);
+}

@@ -67,6 +67,12 @@
 //! [`UtilizationShedLayer::typed_errors`] refuse with a [`ShedError`] for
 //! services that are not HTTP.
 //!
+//! Use `Router::route_layer` to shed only matched routes ([`RouteTiers`]
+//! then sees axum's matched path, such as `/users/{id}`), or
+//! `Router::layer` to shed everything that reaches the router (it then
+//! matches the URI path). Every service clone axum makes shares one
+//! shedder: the state is in the store, or behind an `Arc`.
+//!
 //! A store failure in the fleet shedder follows its
 //! [`FailurePolicy`](crate::FailurePolicy) (open by default), except that
 //! the most important tier passes whatever the policy.

@@ -41,7 +41,8 @@ pub enum ShedRejectionKind {
         /// The tier's drop probability, from 0 to 1.
         probability: f64,
     },
-    /// Fleet shedder: the store failed and the layer fails closed.
+    /// Fleet shedder: the store failed and the layer fails closed (or a
+    /// response future was polled after it completed).
     Unavailable(StoreError),
 }
 

@@ -54,6 +54,9 @@ impl FleetShedder {
     /// one: it is never shed, but it counts, so that the tiers below see
     /// the room it takes. A tier of another set is taken for the default
     /// tier. Cancellation-safe as [`ConcurrencyLimiter::acquire`] is.
+    ///
+    /// For use outside tower; [`state`](Self::state) counts only what a
+    /// [`FleetShedLayer`](super::FleetShedLayer) decided.
     pub fn admit(&self, tier: Tier) -> Acquire {
         let tier = self.policy.tiers().clamp(tier);
         let capacity = self.policy.limit(tier).unwrap_or(u64::MAX);
