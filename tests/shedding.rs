@@ -190,6 +190,8 @@ async fn at_capacity(shedders: Vec<FleetShedder>) {
         fleet.quick(2, "high").await.0,
         StatusCode::SERVICE_UNAVAILABLE
     );
+    // (The quick charge's release may still be on its way.)
+    fleet.settled().await;
     assert_eq!(fleet.in_flight().await, 6);
 
     assert_eq!(fleet.local("low"), (2, 3));
