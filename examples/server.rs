@@ -12,7 +12,9 @@
 //! - `RUST_LOG`: log filter (default `info`; `fleetgate=debug` shows denials).
 //! - `FLEETGATE_FAILURE_POLICY`: what `/api/ping` does when Redis is down or
 //!   slow (every call times out after 50 ms): `open` (default) answers
-//!   `pong` unlimited, `closed` answers 503 with `Retry-After: 1`. The demo
+//!   `pong` unlimited, `closed` answers 503 with `Retry-After: 1`, `local`
+//!   limits each instance to half the limit on its own (`local:0.25` to a
+//!   quarter: one of four instances). The demo
 //!   starts even while Redis is down and reconnects by itself when it is
 //!   back; failures are logged at `warn`, at most once a second.
 //! - `FLEETGATE_POLICIES`: a TOML policy file (see `examples/policies.toml`)
@@ -98,9 +100,17 @@ async fn main() -> Result<(), BoxError> {
     let failure = match std::env::var("FLEETGATE_FAILURE_POLICY").as_deref() {
         Err(_) | Ok("" | "open") => FailurePolicy::Open,
         Ok("closed") => FailurePolicy::Closed,
-        Ok(other) => {
-            return Err(format!("FLEETGATE_FAILURE_POLICY: {other:?}; use open or closed").into());
-        }
+        Ok("local") => FailurePolicy::local(0.5)?,
+        Ok(other) => match other.strip_prefix("local:").map(str::parse::<f64>) {
+            Some(Ok(share)) => FailurePolicy::local(share)
+                .map_err(|err| format!("FLEETGATE_FAILURE_POLICY: {err}"))?,
+            _ => {
+                return Err(format!(
+                    "FLEETGATE_FAILURE_POLICY: {other:?}; use open, closed, local or local:<share>"
+                )
+                .into());
+            }
+        },
     };
 
     // Before any layer decides: handles are resolved on first use.
@@ -116,13 +126,16 @@ async fn main() -> Result<(), BoxError> {
                 .prefix("fleetgate-demo")
                 .connect_lazy(&url)
                 .map_err(|err| format!("REDIS_URL {url}: {err}"))?;
-            let policy = match failure {
-                FailurePolicy::Closed => "closed",
-                _ => "open",
+            let when_down = match failure {
+                FailurePolicy::Closed => "fails closed".to_owned(),
+                FailurePolicy::Local(share) => {
+                    format!("falls back to {share} of each limit in this process")
+                }
+                _ => "fails open".to_owned(),
             };
             (
                 Arc::new(store),
-                format!("redis {url}, fails {policy} when Redis is down"),
+                format!("redis {url}, {when_down} when Redis is down"),
             )
         }
         _ => (Arc::new(MemoryStore::new()), "memory".to_owned()),

@@ -14,7 +14,8 @@
 -- never read into the next window, whatever the key's TTL.
 --
 -- Returns {allowed (1/0), deciding window (1-based), remaining, reset_us,
---          retry_after_us (0 when allowed)}.
+--          retry_after_us (0 when allowed)}, then, for several windows,
+--          remaining and reset_us of each window in order.
 
 local now
 if ARGV[1] == '' then
@@ -33,7 +34,9 @@ local function idiv(a, b)
   return q
 end
 
+-- remaining0 and reset0: each window's figures of now, before the call.
 local admits, remaining, reset, starts, used = {}, {}, {}, {}, {}
+local remaining0, reset0 = {}, {}
 for i = 1, n do
   local length = tonumber(ARGV[1 + 2 * i])
   local count = tonumber(ARGV[2 + 2 * i])
@@ -47,13 +50,31 @@ for i = 1, n do
     if tonumber(s) == start then used[i] = tonumber(c) end
   end
   reset[i] = start + length - now
+  reset0[i] = reset[i]
+  remaining0[i] = count - used[i]
+  if remaining0[i] < 0 then remaining0[i] = 0 end
   admits[i] = used[i] + cost <= count
   if admits[i] then
     remaining[i] = count - used[i] - cost
   else
-    remaining[i] = count - used[i]
-    if remaining[i] < 0 then remaining[i] = 0 end
+    remaining[i] = remaining0[i]
   end
+end
+
+-- The reply: the deciding window's figures, then every window's when there
+-- are several.
+local function reply(allowed, i, retry_us)
+  local out = {allowed, i, remaining[i], reset[i], retry_us}
+  if n > 1 then
+    -- A denied call charges nothing: every window's figures of now.
+    local r, t = remaining, reset
+    if allowed == 0 then r, t = remaining0, reset0 end
+    for j = 1, n do
+      out[#out + 1] = r[j]
+      out[#out + 1] = t[j]
+    end
+  end
+  return out
 end
 
 -- Denied: the window with the longest retry. Admitted: the one with the
@@ -72,7 +93,7 @@ for i = 1, n do
   end
 end
 if worst > 0 then
-  return {0, worst, remaining[worst], reset[worst], reset[worst]}
+  return reply(0, worst, reset[worst])
 end
 
 for i = 1, n do
@@ -82,4 +103,4 @@ for i = 1, n do
   local value = string.format('%d:%d', starts[i], used[i] + cost)
   redis.call('SET', KEYS[i], value, 'PX', ttl_ms)
 end
-return {1, tight, remaining[tight], reset[tight], 0}
+return reply(1, tight, 0)

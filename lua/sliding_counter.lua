@@ -17,7 +17,8 @@
 -- the current fixed window. Admitted when est <= count - curr - cost.
 --
 -- Returns {allowed (1/0), deciding window (1-based), remaining, reset_us,
---          retry_after_us (0 when allowed)}.
+--          retry_after_us (0 when allowed)}, then, for several windows,
+--          remaining and reset_us of each window in order.
 
 local now
 if ARGV[1] == '' then
@@ -36,7 +37,9 @@ local function idiv(a, b)
   return q
 end
 
+-- remaining0 and reset0: each window's figures of now, before the call.
 local admits, remaining, reset, retry, starts, currs, prevs = {}, {}, {}, {}, {}, {}, {}
+local remaining0, reset0 = {}, {}
 for i = 1, n do
   local length = tonumber(ARGV[1 + 2 * i])
   local count = tonumber(ARGV[2 + 2 * i])
@@ -59,6 +62,15 @@ for i = 1, n do
   local weight = r / length
   local est = prev * weight
   local room = count - curr - cost
+  remaining0[i] = math.floor(count - curr - est)
+  if remaining0[i] < 0 then remaining0[i] = 0 end
+  if curr > 0 then
+    reset0[i] = finish + length - now
+  elseif prev > 0 then
+    reset0[i] = r
+  else
+    reset0[i] = 0
+  end
   if est <= room then
     admits[i] = true
     remaining[i] = math.floor(room - est)
@@ -81,16 +93,24 @@ for i = 1, n do
     end
     if wait < 1 then wait = 1 end
     retry[i] = wait
-    remaining[i] = math.floor(count - curr - est)
-    if remaining[i] < 0 then remaining[i] = 0 end
-    if curr > 0 then
-      reset[i] = finish + length - now
-    elseif prev > 0 then
-      reset[i] = r
-    else
-      reset[i] = 0
+    remaining[i], reset[i] = remaining0[i], reset0[i]
+  end
+end
+
+-- The reply: the deciding window's figures, then every window's when there
+-- are several.
+local function reply(allowed, i, retry_us)
+  local out = {allowed, i, remaining[i], reset[i], retry_us}
+  if n > 1 then
+    -- A denied call charges nothing: every window's figures of now.
+    local r, t = remaining, reset
+    if allowed == 0 then r, t = remaining0, reset0 end
+    for j = 1, n do
+      out[#out + 1] = r[j]
+      out[#out + 1] = t[j]
     end
   end
+  return out
 end
 
 -- Denied: the window with the longest retry. Admitted: the one with the
@@ -109,7 +129,7 @@ for i = 1, n do
   end
 end
 if worst > 0 then
-  return {0, worst, remaining[worst], reset[worst], retry[worst]}
+  return reply(0, worst, retry[worst])
 end
 
 for i = 1, n do
@@ -120,4 +140,4 @@ for i = 1, n do
   local value = string.format('%d:%d:%d', starts[i], currs[i] + cost, prevs[i])
   redis.call('SET', KEYS[i], value, 'PX', ttl_ms)
 end
-return {1, tight, remaining[tight], reset[tight], 0}
+return reply(1, tight, 0)

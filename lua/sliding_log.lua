@@ -16,7 +16,8 @@
 -- and two calls in one microsecond both count.
 --
 -- Returns {allowed (1/0), deciding window (1-based), remaining, reset_us,
---          retry_after_us (0 when allowed)}.
+--          retry_after_us (0 when allowed)}, then, for several windows,
+--          remaining and reset_us of each window in order.
 
 local now
 if ARGV[1] == '' then
@@ -39,7 +40,8 @@ if last[2] then newest = tonumber(last[2]) end
 local top = newest
 if top < now then top = now end
 
-local admits, remaining, reset, retry = {}, {}, {}, {}
+-- remaining0 and reset0: each window's figures of now, before the call.
+local admits, remaining, reset, retry, remaining0, reset0 = {}, {}, {}, {}, {}, {}
 local longest = 0
 for i = 1, n do
   local length = tonumber(ARGV[1 + 2 * i])
@@ -52,6 +54,12 @@ for i = 1, n do
     admits[i] = true
     remaining[i] = count - used - cost
     retry[i] = 0
+    remaining0[i] = count - used
+    reset0[i] = 0
+    if last[2] then
+      reset0[i] = newest + length - now
+      if reset0[i] < 0 then reset0[i] = 0 end
+    end
   else
     -- The k-th oldest entry in the window must leave before the call fits.
     local k = used + cost - count
@@ -63,7 +71,24 @@ for i = 1, n do
     remaining[i] = count - used
     if remaining[i] < 0 then remaining[i] = 0 end
     retry[i] = tonumber(entry[2]) + length - now
+    remaining0[i], reset0[i] = remaining[i], reset[i]
   end
+end
+
+-- The reply: the deciding window's figures, then every window's when there
+-- are several.
+local function reply(allowed, i, retry_us)
+  local out = {allowed, i, remaining[i], reset[i], retry_us}
+  if n > 1 then
+    -- A denied call charges nothing: every window's figures of now.
+    local r, t = remaining, reset
+    if allowed == 0 then r, t = remaining0, reset0 end
+    for j = 1, n do
+      out[#out + 1] = r[j]
+      out[#out + 1] = t[j]
+    end
+  end
+  return out
 end
 
 -- Denied: the window with the longest retry. Admitted: the one with the
@@ -82,7 +107,7 @@ for i = 1, n do
   end
 end
 if worst > 0 then
-  return {0, worst, remaining[worst], reset[worst], retry[worst]}
+  return reply(0, worst, retry[worst])
 end
 
 redis.call('ZREMRANGEBYSCORE', key, '-inf', fmt(now - longest))
@@ -102,4 +127,4 @@ end
 local ttl_ms = math.ceil((top + longest - now) / 1000)
 if ttl_ms < 1 then ttl_ms = 1 end
 redis.call('PEXPIRE', key, ttl_ms)
-return {1, tight, remaining[tight], reset[tight], 0}
+return reply(1, tight, 0)

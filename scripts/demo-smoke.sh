@@ -6,7 +6,9 @@
 # most 2 calls per key be in flight at once (fleet-wide with Redis), the
 # fleet load shedder answers 503 to reports beyond 2 in flight while a
 # charge still passes (fleet-wide with Redis), /metrics counts the
-# decisions, and FLEETGATE_POLICIES loads limits from a file.
+# decisions, FLEETGATE_POLICIES loads limits from a file, and with Redis
+# killed and restarted each FLEETGATE_FAILURE_POLICY does what it says and
+# Redis decides again once it is back.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -202,10 +204,12 @@ check_shed "two instances, one redis, /api/report + /api/charge" "$a" "$b"
 window_check "$a" smoke-window-redis
 
 # Redis killed: the demo keeps answering within its 50 ms timeout, failing
-# open by default (pong, no rate-limit headers) and 503 when told to fail
-# closed. A demo started while Redis is down starts all the same.
+# open by default (pong, no rate-limit headers), 503 when told to fail
+# closed, and with half the limit (burst 2) of its own when told to fall
+# back locally. A demo started while Redis is down starts all the same.
 { kill -9 "$rpid" && wait "$rpid"; } 2>/dev/null || true
 closed=$(start_demo env REDIS_URL="redis://127.0.0.1:$port" FLEETGATE_FAILURE_POLICY=closed)
+local_demo=$(start_demo env REDIS_URL="redis://127.0.0.1:$port" FLEETGATE_FAILURE_POLICY=local)
 timed() { # url, key: prints "<status> <seconds>"
   curl -s -o /dev/null --max-time 5 -w '%{http_code} %{time_total}' -H "x-api-key: $2" "$1/api/ping"
 }
@@ -223,21 +227,33 @@ for i in 1 2 3 4 5 6 7 8; do
   r=$(timed "$closed" "down-$i"); slow_check "$r" 503; closed_codes+="${r% *} "
 done
 echo "redis killed: fail open: $open_codes; fail closed: $closed_codes"
+local_codes=""
+for expected in 200 200 429 429; do
+  r=$(timed "$local_demo" down-local); slow_check "$r" "$expected"; local_codes+="${r% *} "
+done
+echo "redis killed: local fallback (half of burst 5): $local_codes"
 
 # Redis back on the same port: 429s return by themselves, within a few
 # seconds, with nothing restarted but Redis.
 start_redis "$port" || { echo "FAIL: could not restart redis on $port" >&2; exit 1; }
-back=""
-for attempt in $(seq 30); do
-  got=$(codes "$a" 6 "back-$attempt")
-  if [ "$got" = "200 200 200 200 200 429 " ]; then back=$attempt; break; fi
-  sleep 0.1
-done
-if [ -z "$back" ]; then echo "FAIL: 429s did not return after Redis came back" >&2; exit 1; fi
-got=$(codes "$closed" 6 "closed-back")
-echo "redis back: fail-open demo enforcing again (attempt $back); fail-closed demo: $got"
-case "$got" in
-  "200 200 200 200 200 429 ") ;;
-  *) echo "FAIL: the fail-closed demo did not recover" >&2; exit 1 ;;
-esac
+# Tries the demo at $1 (30 times, 0.1 s apart, a fresh key each) until it
+# enforces the limit through Redis again: five 200s, then a 429. The first
+# call after a failed reconnect fails too (and starts the next one). Sets
+# back (the attempt that did) and got (its codes).
+enforcing_again() { # url, key prefix
+  for back in $(seq 30); do
+    got=$(codes "$1" 6 "$2-$back")
+    if [ "$got" = "200 200 200 200 200 429 " ]; then return 0; fi
+    sleep 0.1
+  done
+  return 1
+}
+enforcing_again "$a" back || { echo "FAIL: 429s did not return after Redis came back" >&2; exit 1; }
+open_back=$back
+enforcing_again "$closed" closed-back || { echo "FAIL: the fail-closed demo did not recover" >&2; exit 1; }
+echo "redis back: fail-open demo enforcing again (attempt $open_back); fail-closed demo: $got"
+# Five 200s: the fleet's burst from Redis, not the local 2.
+enforcing_again "$local_demo" local-back ||
+  { echo "FAIL: the local-fallback demo did not return to Redis" >&2; exit 1; }
+echo "redis back: local-fallback demo decided by Redis again (attempt $back)"
 echo "demo smoke test passed"

@@ -30,6 +30,9 @@ use std::fmt;
 /// | fixed window | `count` minus the cost in the current window | until the current window ends | until the current window ends |
 ///
 /// `RateLimit-Policy` advertises each window as `q=<count>;w=<seconds>`.
+/// A policy of several windows reports every window: `RateLimit` lists them
+/// all, and [`Decision::remaining_of`](crate::Decision::remaining_of) and
+/// [`Decision::reset_of`](crate::Decision::reset_of) give each one's figures.
 /// Windows are aligned to the clock's epoch (Unix time with Redis' clock),
 /// and window lengths are whole microseconds (rounded up).
 ///

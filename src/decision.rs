@@ -1,5 +1,6 @@
 //! The answer to "may this call pass?".
 
+use std::sync::Arc;
 use std::time::Duration;
 
 /// What a limiter decided for one call.
@@ -7,6 +8,10 @@ use std::time::Duration;
 /// A decision names the limit that decided it: when allowed, the limit with
 /// the least room left; when denied, the limit that asks for the longest
 /// wait. Times are relative to the moment the store decided.
+///
+/// The window algorithms also report every other limit of a policy of
+/// several windows ([`remaining_of`](Self::remaining_of),
+/// [`reset_of`](Self::reset_of)); GCRA reports the deciding limit only.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Decision {
     pub(crate) allowed: bool,
@@ -15,6 +20,9 @@ pub struct Decision {
     pub(crate) reset: Duration,
     pub(crate) retry_after: Option<Duration>,
     pub(crate) wait: Duration,
+    /// `(remaining, reset)` of every limit, by position, when the store
+    /// reported them all (window algorithms, policies of several limits).
+    pub(crate) each: Option<Arc<[(u64, Duration)]>>,
 }
 
 impl Decision {
@@ -47,6 +55,30 @@ impl Decision {
         self.retry_after
     }
 
+    /// What [`remaining`](Self::remaining) says, for limit `index` of the
+    /// policy: known for the deciding limit, and for every limit when a
+    /// window algorithm decided a policy of several windows. `None` when
+    /// not reported.
+    ///
+    /// A denied call is charged nowhere, so for a denial each window's
+    /// figure is its room before the call.
+    pub fn remaining_of(&self, index: usize) -> Option<u64> {
+        self.state_of(index).map(|(remaining, _)| remaining)
+    }
+
+    /// What [`reset`](Self::reset) says, for limit `index` of the policy;
+    /// known as for [`remaining_of`](Self::remaining_of).
+    pub fn reset_of(&self, index: usize) -> Option<Duration> {
+        self.state_of(index).map(|(_, reset)| reset)
+    }
+
+    fn state_of(&self, index: usize) -> Option<(u64, Duration)> {
+        match &self.each {
+            Some(each) => each.get(index).copied(),
+            None => (index == self.limit).then_some((self.remaining, self.reset)),
+        }
+    }
+
     /// In reserve mode, how long the caller must wait before using its slot
     /// (zero for an ordinary check).
     pub fn wait(&self) -> Duration {
@@ -63,6 +95,7 @@ impl Decision {
             reset: Duration::ZERO,
             retry_after: None,
             wait: Duration::ZERO,
+            each: None,
         }
     }
 }

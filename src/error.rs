@@ -135,7 +135,7 @@ pub enum ConfigError {
     /// than a more important one, or is set for the most important tier
     /// (which is never shed).
     #[error("share of tier {tier:?}: {detail}")]
-    InvalidShare {
+    TierShare {
         /// The tier.
         tier: String,
         /// What is wrong with it.
@@ -194,6 +194,12 @@ pub enum ConfigError {
     RejectionStatus {
         /// The offending status.
         status: http::StatusCode,
+    },
+    /// A [`LocalShare`](crate::LocalShare) outside `0 < share <= 1`.
+    #[error("local share {share} is outside 0 < share <= 1")]
+    InvalidShare {
+        /// The offending share, as given.
+        share: String,
     },
 }
 

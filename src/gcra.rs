@@ -87,6 +87,7 @@ pub(crate) fn decide(
             reset: Duration::from_micros(tat - now),
             retry_after: Some(Duration::from_micros(retry)),
             wait: Duration::ZERO,
+            each: None,
         };
         return (decision, None);
     }
@@ -105,6 +106,7 @@ pub(crate) fn decide(
         reset: Duration::from_micros(tats[i] - now),
         retry_after: None,
         wait: Duration::from_micros(wait),
+        each: None,
     };
     (decision, Some(idle_at))
 }

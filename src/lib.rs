@@ -87,11 +87,11 @@
 //! Every Redis call has a timeout (50 ms by default, [`RedisStoreBuilder::timeout`]).
 //! When the store fails or times out, a layer follows its [`FailurePolicy`]:
 //!
-//! | the store... | `FailurePolicy::Open` (default) | `FailurePolicy::Closed` |
-//! |---|---|---|
-//! | answers in time | the decision stands | the decision stands |
-//! | times out, refuses the connection, or answers nonsense | the request passes, without rate-limit headers (outcome `fail_open`) | `503 Service Unavailable`, `Retry-After: 1` (outcome `fail_closed`) |
-//! | has denied this key recently ([deny cache](RedisStoreBuilder::deny_cache)) | denied locally, no round trip | denied locally, no round trip |
+//! | the store... | `FailurePolicy::Open` (default) | `FailurePolicy::Closed` | `FailurePolicy::local(share)` |
+//! |---|---|---|---|
+//! | answers in time | the decision stands | the decision stands | the decision stands |
+//! | times out, refuses the connection, or answers nonsense | the request passes, without rate-limit headers (outcome `fail_open`) | `503 Service Unavailable`, `Retry-After: 1` (outcome `fail_closed`) | decided in this process by a [`MemoryStore`] holding `share` of each limit ([`Policy::scaled`]): 200 or 429 with that limit's headers (outcomes `fallback_allowed`, `fallback_denied`) |
+//! | has denied this key recently ([deny cache](RedisStoreBuilder::deny_cache)) | denied locally, no round trip | denied locally, no round trip | denied locally, no round trip |
 //!
 //! Failures are logged at `warn` at most once a second per process and
 //! counted ([`metrics`]). The connection reconnects by itself, and scripts
@@ -142,6 +142,7 @@ mod limiter;
 pub mod metrics;
 pub mod rate_limit;
 pub mod response;
+mod share;
 pub mod shed;
 pub mod spec;
 pub mod store;
@@ -160,6 +161,7 @@ pub use crate::limit::{
 pub use crate::limiter::{IntoStore, Limiter};
 pub use crate::rate_limit::{Cost, FailurePolicy, OnMissingKey, RateLimit, RateLimitLayer};
 pub use crate::response::{HeaderStyle, Rejection, RejectionKind};
+pub use crate::share::LocalShare;
 pub use crate::store::{MemoryStore, RedisStore, RedisStoreBuilder, Store, TimeSource};
 
 pub use crate::concurrency::{

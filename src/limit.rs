@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use crate::algorithm::Algorithm;
 use crate::error::ConfigError;
+use crate::share::LocalShare;
 
 /// The longest tolerance (burst × emission interval) a limit may have, in
 /// microseconds: 2^50 µs, about 35 years.
@@ -173,6 +174,35 @@ impl Limit {
             .saturating_mul(u128::from(self.burst))
             .div_ceil(u128::from(self.rate.count));
         Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX))
+    }
+
+    /// This limit cut to `share` of itself, for one instance deciding
+    /// alone: count and burst scaled by [`LocalShare::scale`] (rounded
+    /// down, at least 1), same period and name. The interval is rounded up
+    /// to whole microseconds as for any limit, which can only make the
+    /// scaled rate stricter, so the 1% check is not needed; a burst whose
+    /// refill would exceed [`MAX_TOLERANCE_MICROS`] is cut to fit.
+    pub(crate) fn scaled(&self, share: LocalShare) -> Limit {
+        let count = share.scale(self.rate.count);
+        let emission_us = u64::try_from(
+            self.rate
+                .period
+                .as_nanos()
+                .div_ceil(u128::from(count) * 1000),
+        )
+        .unwrap_or(u64::MAX)
+        // Only an interval beyond ~35 years is held there.
+        .min(MAX_TOLERANCE_MICROS);
+        let burst = share
+            .scale(self.burst)
+            .min(MAX_TOLERANCE_MICROS / emission_us);
+        Limit {
+            rate: Rate::new(count, self.rate.period),
+            burst,
+            name: self.name.clone(),
+            emission_us,
+            tolerance_us: emission_us * burst,
+        }
     }
 
     pub(crate) fn emission_us(&self) -> u64 {
@@ -353,6 +383,34 @@ impl Policy {
     pub fn algorithm(&self) -> Algorithm {
         self.inner.algorithm
     }
+
+    /// The policy one instance enforces alone under
+    /// [`FailurePolicy::Local`](crate::FailurePolicy::Local): same name,
+    /// algorithm, limit names and periods, each limit's count and burst
+    /// scaled by `share` (rounded down, at least 1; see
+    /// [`LocalShare::scale`]).
+    ///
+    /// ```
+    /// use fleetgate::{Limit, LocalShare, Policy, Rate};
+    ///
+    /// let api = Policy::single("api", Limit::builder(Rate::per_second(100)).burst(500).build()?)?;
+    /// let local = api.scaled(LocalShare::new(0.25)?);
+    /// assert_eq!(local.limits()[0].rate(), Rate::per_second(25));
+    /// assert_eq!(local.limits()[0].burst(), 125);
+    /// assert_eq!(local.limits()[0].name(), "100/s");
+    /// # Ok::<(), fleetgate::ConfigError>(())
+    /// ```
+    pub fn scaled(&self, share: LocalShare) -> Policy {
+        let limits: Box<[Limit]> = self.limits().iter().map(|l| l.scaled(share)).collect();
+        Policy {
+            inner: Arc::new(PolicyInner {
+                name: self.inner.name.clone(),
+                max_cost: limits.iter().map(|l| l.burst).min().unwrap_or(0),
+                limits,
+                algorithm: self.inner.algorithm,
+            }),
+        }
+    }
 }
 
 /// Builds a [`Policy`]; see [`Policy::builder`].
@@ -419,6 +477,40 @@ mod tests {
         let l = Limit::new(Rate::per_second(3)).unwrap();
         assert_eq!(l.emission_us(), 333_334);
         assert_eq!(l.tolerance_us(), 1_000_002);
+    }
+
+    #[test]
+    fn scaled_policies_keep_names_algorithm_and_window_quotas() {
+        let share = LocalShare::new(0.3).unwrap();
+        let windows = Policy::builder("w")
+            .algorithm(Algorithm::SlidingLog)
+            .limit(Limit::new(Rate::new(25, Duration::from_secs(5))).unwrap())
+            .limit(Limit::new(Rate::per_minute(300)).unwrap())
+            .build()
+            .unwrap();
+        let local = windows.scaled(share);
+        assert_eq!(local.name(), "w");
+        assert_eq!(local.algorithm(), Algorithm::SlidingLog);
+        let got: Vec<(&str, u64, u64)> = local
+            .limits()
+            .iter()
+            .map(|l| (l.name(), l.rate().count(), l.burst()))
+            .collect();
+        assert_eq!(got, [("25/5s", 7, 7), ("300/min", 90, 90)]);
+        assert_eq!(local.max_cost(), 7);
+        // A window's quota is its count: the scaled policy stays valid.
+        crate::window::check_limits(local.algorithm(), local.limits()).unwrap();
+
+        let gcra = Limit::builder(Rate::per_second(3))
+            .burst(10)
+            .build()
+            .unwrap();
+        let half = gcra.scaled(LocalShare::new(0.5).unwrap());
+        assert_eq!((half.rate().count(), half.burst()), (1, 5));
+        assert_eq!(half.emission_us(), 1_000_000);
+        assert_eq!(half.tolerance_us(), 5_000_000);
+        // The whole share is the limit itself.
+        assert_eq!(gcra.scaled(LocalShare::new(1.0).unwrap()), gcra);
     }
 
     #[test]

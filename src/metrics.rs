@@ -16,8 +16,8 @@
 //! `utilization_shed`), `tier` a load shedder's tier name, `policy`
 //! the configured policy name, `outcome` one of [`Outcome`]'s names, and
 //! `op` the script (`gcra`, `sliding_log`, `lease_acquire`, ...). A store
-//! failure shows twice: as a store error, and as the `fail_open` or
-//! `fail_closed` outcome of the decision it spoiled.
+//! failure shows twice: as a store error, and as the `fail_open`,
+//! `fail_closed` or `fallback_*` outcome of the decision it spoiled.
 //! Every label comes from configuration, never from a request: the number of
 //! series is bounded by the number of policies, whatever the traffic. Keys
 //! (IP addresses, API keys) are never labels.
@@ -49,11 +49,15 @@ pub enum Outcome {
     FailOpen,
     /// The store failed and the request was refused (fail closed).
     FailClosed,
+    /// The store failed and the local fallback admitted the request.
+    FallbackAllowed,
+    /// The store failed and the local fallback refused the request.
+    FallbackDenied,
 }
 
 #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
 impl Outcome {
-    const ALL: [Outcome; 7] = [
+    const ALL: [Outcome; 9] = [
         Outcome::Allowed,
         Outcome::Denied,
         Outcome::ShadowDenied,
@@ -61,10 +65,13 @@ impl Outcome {
         Outcome::MissingKey,
         Outcome::FailOpen,
         Outcome::FailClosed,
+        Outcome::FallbackAllowed,
+        Outcome::FallbackDenied,
     ];
 
     /// The label value: `allowed`, `denied`, `shadow_denied`, `shed`,
-    /// `missing_key`, `fail_open`, `fail_closed`.
+    /// `missing_key`, `fail_open`, `fail_closed`, `fallback_allowed`,
+    /// `fallback_denied`.
     pub fn as_str(self) -> &'static str {
         match self {
             Outcome::Allowed => "allowed",
@@ -74,6 +81,8 @@ impl Outcome {
             Outcome::MissingKey => "missing_key",
             Outcome::FailOpen => "fail_open",
             Outcome::FailClosed => "fail_closed",
+            Outcome::FallbackAllowed => "fallback_allowed",
+            Outcome::FallbackDenied => "fallback_denied",
         }
     }
 
@@ -254,7 +263,9 @@ mod tests {
                 "shed",
                 "missing_key",
                 "fail_open",
-                "fail_closed"
+                "fail_closed",
+                "fallback_allowed",
+                "fallback_denied"
             ]
         );
         for (i, o) in Outcome::ALL.iter().enumerate() {

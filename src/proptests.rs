@@ -156,6 +156,7 @@ fn decision() -> impl Strategy<Value = Decision> {
             reset: Duration::from_micros(reset),
             retry_after: retry.map(Duration::from_micros),
             wait: Duration::from_micros(wait),
+            each: None,
         })
 }
 
@@ -381,6 +382,7 @@ proptest! {
                     reset: d,
                     retry_after: Some(d),
                     wait: Duration::ZERO,
+                    each: None,
                 }),
                 1 => clock.advance(d / 4),
                 _ => {

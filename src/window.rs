@@ -83,15 +83,20 @@ impl Window {
 
 /// What one window says about a call. When it admits, `remaining` and
 /// `reset` are those after the call; when it denies, those of now.
+/// `before` is (remaining, reset) of now either way: what an admitting
+/// window reports when another window denies the call, which then charges
+/// nothing.
 #[derive(Clone, Copy, Debug)]
 struct Verdict {
     admits: bool,
     remaining: u64,
     reset: u64,
     retry: u64,
+    before: (u64, u64),
 }
 
-/// All windows together: the decision, naming the window that decided.
+/// All windows together: the decision, naming the window that decided and,
+/// for several windows, reporting each.
 fn combine(windows: &[Window], verdicts: &[Verdict]) -> Decision {
     let mut worst: Option<usize> = None;
     let mut tightest = 0;
@@ -122,6 +127,19 @@ fn combine(windows: &[Window], verdicts: &[Verdict]) -> Decision {
         reset: Duration::from_micros(v.reset),
         retry_after: (!v.admits).then(|| Duration::from_micros(v.retry)),
         wait: Duration::ZERO,
+        each: (verdicts.len() > 1).then(|| {
+            verdicts
+                .iter()
+                .map(|v| {
+                    let (remaining, reset) = if worst.is_none() {
+                        (v.remaining, v.reset)
+                    } else {
+                        v.before
+                    };
+                    (remaining, Duration::from_micros(reset))
+                })
+                .collect()
+        }),
     }
 }
 
@@ -157,17 +175,24 @@ pub(crate) fn sliding_log(
                 remaining: w.count - used - cost,
                 reset: newest.unwrap_or(0).max(now) + w.length - now,
                 retry: 0,
+                before: (
+                    w.count - used,
+                    newest.map_or(0, |t| (t + w.length).saturating_sub(now)),
+                ),
             }
         } else {
             // used + cost > count ≥ cost, so 1 ≤ k ≤ used: entry k exists.
             let k = (used + cost - w.count) as usize;
             let leaves = log[first + k - 1] + w.length;
+            let remaining = w.count.saturating_sub(used);
+            // Denied, so the window holds entries: the newest is one.
+            let reset = newest.unwrap_or(now) + w.length - now;
             Verdict {
                 admits: false,
-                remaining: w.count.saturating_sub(used),
-                // Denied, so the window holds entries: the newest is one.
-                reset: newest.unwrap_or(now) + w.length - now,
+                remaining,
+                reset,
                 retry: leaves - now,
+                before: (remaining, reset),
             }
         };
     }
@@ -191,6 +216,7 @@ const EMPTY: Verdict = Verdict {
     remaining: 0,
     reset: 0,
     retry: 0,
+    before: (0, 0),
 };
 
 /// The counts of one window of the counter algorithms: the fixed window
@@ -236,13 +262,16 @@ pub(crate) fn fixed_window(
                 remaining: w.count - used - cost,
                 reset,
                 retry: 0,
+                before: (w.count - used, reset),
             }
         } else {
+            let remaining = w.count.saturating_sub(used);
             Verdict {
                 admits: false,
-                remaining: w.count.saturating_sub(used),
+                remaining,
                 reset,
                 retry: reset,
+                before: (remaining, reset),
             }
         };
     }
@@ -284,12 +313,22 @@ pub(crate) fn sliding_counter(
         let weight = r as f64 / w.length as f64;
         let est = prev as f64 * weight;
         let room = w.count as f64 - curr as f64 - cost as f64;
+        // Remaining and reset of now, before the call.
+        let remaining_now = (w.count as f64 - curr as f64 - est).floor().max(0.0) as u64;
+        let reset_now = if curr > 0 {
+            end + w.length - now
+        } else if prev > 0 {
+            r
+        } else {
+            0
+        };
         *v = if est <= room {
             Verdict {
                 admits: true,
                 remaining: (room - est).floor() as u64,
                 reset: end + w.length - now,
                 retry: 0,
+                before: (remaining_now, reset_now),
             }
         } else {
             let retry = if room >= 0.0 {
@@ -308,18 +347,12 @@ pub(crate) fn sliding_counter(
                     r as f64 + (w.length as f64 - x).ceil()
                 }
             };
-            let reset = if curr > 0 {
-                end + w.length - now
-            } else if prev > 0 {
-                r
-            } else {
-                0
-            };
             Verdict {
                 admits: false,
-                remaining: (w.count as f64 - curr as f64 - est).floor().max(0.0) as u64,
-                reset,
+                remaining: remaining_now,
+                reset: reset_now,
                 retry: (retry as u64).max(1),
+                before: (remaining_now, reset_now),
             }
         };
     }

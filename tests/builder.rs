@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use common::RedisServer;
 use fleetgate::key::{ForwardedIp, IpNet};
 use fleetgate::{
-    ConfigError, Limit, Limiter, MAX_LIMITS_PER_POLICY, MAX_TOLERANCE_MICROS, MemoryStore, Policy,
-    Rate, RateLimitLayer, RedisStore, StoreError,
+    ConfigError, FailurePolicy, Limit, Limiter, LocalShare, MAX_LIMITS_PER_POLICY,
+    MAX_TOLERANCE_MICROS, MemoryStore, Policy, Rate, RateLimitLayer, RedisStore, StoreError,
 };
 
 fn one_per_second() -> Limit {
@@ -303,6 +303,47 @@ fn fixed_cost_above_burst() {
         };
         assert_eq!(err, ConfigError::CostAboveBurst { cost, max: 5 });
         says(&err, &["cost", "burst", &cost.to_string(), "5"]);
+    }
+}
+
+#[test]
+fn local_share_outside_zero_to_one() {
+    for share in [
+        0.0,
+        -0.5,
+        1.01,
+        2.0,
+        f64::NAN,
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+    ] {
+        let err = FailurePolicy::local(share).unwrap_err();
+        assert!(matches!(err, ConfigError::InvalidShare { .. }), "{share}");
+        says(&err, &["share", "0 < share <= 1"]);
+    }
+    let err = LocalShare::one_of(0).unwrap_err();
+    says(&err, &["1/0", "share"]);
+    // The bounds themselves: the smallest positive share and the whole.
+    for share in [f64::MIN_POSITIVE, 1.0] {
+        let policy = FailurePolicy::local(share).unwrap();
+        assert_eq!(
+            policy,
+            FailurePolicy::Local(LocalShare::new(share).unwrap())
+        );
+    }
+    // However small the share, every scaled limit still admits something,
+    // a period of 68 years included.
+    let tiny = LocalShare::new(f64::MIN_POSITIVE).unwrap();
+    for (rate, burst) in [
+        (Rate::new(1_000_000, Duration::from_secs(1000)), 1_000_000),
+        (Rate::new(1 << 20, Duration::from_secs(1 << 31)), 1),
+    ] {
+        let limit = Limit::builder(rate).burst(burst).build().unwrap();
+        let scaled = Policy::single("p", limit).unwrap().scaled(tiny);
+        let limit = &scaled.limits()[0];
+        assert_eq!((limit.rate().count(), limit.burst()), (1, 1), "{rate}");
+        assert!(limit.emission_interval() <= Duration::from_micros(MAX_TOLERANCE_MICROS));
+        assert_eq!(scaled.max_cost(), 1);
     }
 }
 

@@ -147,30 +147,10 @@ impl Held<'_> {
     /// Every lease recorded: the memory store's count, or the members of
     /// every lease set in Redis.
     async fn count(self) -> usize {
-        let server = match self {
-            Held::Memory(store) => return store.lease_count(),
-            Held::Redis(server) => server,
-        };
-        let mut conn = server
-            .client()
-            .get_multiplexed_async_connection()
-            .await
-            .unwrap();
-        let keys: Vec<String> = redis::cmd("KEYS")
-            .arg("*:lease")
-            .query_async(&mut conn)
-            .await
-            .unwrap();
-        let mut total = 0;
-        for key in keys {
-            let n: usize = redis::cmd("ZCARD")
-                .arg(&key)
-                .query_async(&mut conn)
-                .await
-                .unwrap();
-            total += n;
+        match self {
+            Held::Memory(store) => store.lease_count(),
+            Held::Redis(server) => server.leases_held().await,
         }
-        total
     }
 }
 

@@ -264,6 +264,10 @@ async fn dual_window(s: Sut, algorithm: Algorithm) {
         for k in 1..=25u64 {
             let d = s.check(&l, "k", 1).await;
             let long_left = 300 - 25 * round - k;
+            // Both windows are reported, whichever decided.
+            assert_eq!(d.remaining_of(0), Some(25 - k), "{}", s.name);
+            assert_eq!(d.remaining_of(1), Some(long_left), "{}", s.name);
+            assert_eq!(d.remaining_of(2), None);
             if long_left > 25 - k {
                 s.expect(&d, allowed(0, 25 - k, 5 * S));
             } else {
@@ -280,6 +284,8 @@ async fn dual_window(s: Sut, algorithm: Algorithm) {
         // burst could not pass).
         for _ in 0..5 {
             let d = s.check(&l, "k", 1).await;
+            assert_eq!(d.remaining_of(0), Some(0), "{}", s.name);
+            assert_eq!(d.remaining_of(1), Some(300 - 25 * (round + 1)));
             if round < 11 {
                 s.expect(&d, denied(0, 0, 5 * S, 5 * S));
             } else {
@@ -417,6 +423,8 @@ async fn counters_all_or_nothing(s: Sut) {
         for _ in 0..5 {
             let d = s.check(&l, "k", 1).await;
             assert_eq!((d.is_allowed(), d.limit_index()), (false, 0), "{d:?}");
+            // The long window reports its room of now: 1 of 3 left.
+            assert_eq!(d.remaining_of(1), Some(1), "{d:?}");
         }
         // Two windows later the short one is empty (and the sliding one's
         // previous window too); the long one still holds 2 of its 3.
@@ -619,8 +627,8 @@ async fn typed_errors_name_the_window_that_denied() {
 }
 
 /// Headers for a window policy: the quota is the window's count and the
-/// window its length; `RateLimit` reports the deciding window; the 429
-/// names it, with `Retry-After`.
+/// window its length; `RateLimit` reports every window, the `X-RateLimit-*`
+/// headers the deciding one; the 429 names it, with `Retry-After`.
 #[tokio::test]
 async fn http_headers_and_429_for_windows() {
     use axum::Router;
@@ -647,7 +655,8 @@ async fn http_headers_and_429_for_windows() {
         h("ratelimit-policy"),
         "\"25/5s\";q=25;w=5, \"300/min\";q=300;w=60"
     );
-    assert_eq!(h("ratelimit"), "\"25/5s\";r=24;t=5");
+    // Every window, in the policy's order.
+    assert_eq!(h("ratelimit"), "\"25/5s\";r=24;t=5, \"300/min\";r=299;t=60");
     assert_eq!(h("x-ratelimit-limit"), "25");
     assert_eq!(h("x-ratelimit-remaining"), "24");
     assert_eq!(h("x-ratelimit-reset"), "5");
@@ -659,7 +668,10 @@ async fn http_headers_and_429_for_windows() {
     assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
     // The first call leaves the window 3 s from now; the newest, 5 s.
     assert_eq!(res.headers()["retry-after"], "3");
-    assert_eq!(res.headers()["ratelimit"], "\"25/5s\";r=0;t=5");
+    assert_eq!(
+        res.headers()["ratelimit"],
+        "\"25/5s\";r=0;t=5, \"300/min\";r=275;t=60"
+    );
     let body = res.into_body().collect().await.unwrap().to_bytes();
     let body = String::from_utf8_lossy(&body);
     assert!(body.contains("25/5s"), "{body}");

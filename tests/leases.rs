@@ -385,9 +385,9 @@ async fn without_a_runtime_the_lease_expires_after_its_ttl() {
         .query_async(&mut conn)
         .await
         .unwrap();
-    if taken.elapsed() < ttl {
-        assert_eq!(held, 1, "released without a runtime?");
-    }
+    // Expired leases are only trimmed by the next acquire, so the entry is
+    // there however long this took, unless something released it.
+    assert_eq!(held, 1, "released without a runtime?");
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         if let Admission::Acquired(_) = limiter.acquire(&key).await.unwrap() {

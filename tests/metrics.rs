@@ -106,6 +106,17 @@ where
         .route_layer(layer)
 }
 
+/// The response to one request, its body not read yet.
+async fn respond(app: &Router, api_key: &str) -> http::Response<Body> {
+    let mut req = Request::get("/")
+        .header("x-api-key", api_key)
+        .body(Body::empty())
+        .unwrap();
+    req.extensions_mut()
+        .insert(ConnectInfo("192.0.2.1:1".parse::<SocketAddr>().unwrap()));
+    app.clone().oneshot(req).await.unwrap()
+}
+
 async fn status(app: &Router, api_key: Option<&str>) -> StatusCode {
     let mut builder = Request::get("/");
     if let Some(key) = api_key {
@@ -171,21 +182,23 @@ async fn shadow_denials_are_counted_apart() {
     assert_eq!(decisions("rate_limit", "m-shadow", "denied"), 0);
 }
 
+/// A store on a port with nothing listening: every call fails.
+fn unreachable_store(prefix: &str) -> RedisStore {
+    RedisStore::builder()
+        .prefix(prefix)
+        .timeout(Duration::from_millis(100))
+        .connect_lazy(&format!(
+            "redis://127.0.0.1:{}",
+            common::redis_server::free_port()
+        ))
+        .unwrap()
+}
+
 #[tokio::test]
 async fn store_failures_count_per_policy_and_per_script() {
     // Handles are resolved on the first decision: install first.
     readings();
-    // A port with nothing listening: every call fails.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let store = RedisStore::builder()
-        .prefix("metrics-down")
-        .timeout(Duration::from_millis(100))
-        .connect_lazy(&format!("redis://127.0.0.1:{port}"))
-        .unwrap();
+    let store = unreachable_store("metrics-down");
     let open = router(
         RateLimitLayer::new(Limiter::new(policy("m-open", 5), store.clone()))
             .key(HeaderKey::new("x-api-key")),
@@ -331,13 +344,7 @@ async fn concurrency_outcomes_are_counted() {
                 .on_missing_key(OnMissingKey::Reject(StatusCode::BAD_REQUEST)),
         );
     // Hold one response (and so its lease) while a second request comes.
-    let mut req = Request::get("/")
-        .header("x-api-key", "c")
-        .body(Body::empty())
-        .unwrap();
-    req.extensions_mut()
-        .insert(ConnectInfo("192.0.2.1:1".parse::<SocketAddr>().unwrap()));
-    let held = app.clone().oneshot(req).await.unwrap();
+    let held = respond(&app, "c").await;
     assert_eq!(held.status(), StatusCode::OK);
     assert_eq!(status(&app, Some("c")).await, StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(status(&app, None).await, StatusCode::BAD_REQUEST);
@@ -345,4 +352,63 @@ async fn concurrency_outcomes_are_counted() {
     assert_eq!(decisions("concurrency", "m-conc", "allowed"), 1);
     assert_eq!(decisions("concurrency", "m-conc", "denied"), 1);
     assert_eq!(decisions("concurrency", "m-conc", "missing_key"), 1);
+}
+
+#[tokio::test]
+async fn local_fallback_decisions_are_counted_apart() {
+    // Handles are resolved on the first decision: install first.
+    readings();
+    let store = unreachable_store("metrics-local");
+    let half = FailurePolicy::local(0.5).unwrap();
+    // Burst 4 fleet-wide, 2 locally.
+    let enforcing = router(
+        RateLimitLayer::new(Limiter::new(policy("m-local", 4), store.clone()))
+            .key(HeaderKey::new("x-api-key"))
+            .on_store_error(half),
+    );
+    let shadow = router(
+        RateLimitLayer::new(Limiter::new(policy("m-local-shadow", 4), store.clone()))
+            .key(HeaderKey::new("x-api-key"))
+            .on_store_error(half)
+            .shadow(true),
+    );
+    let conc = ConcurrencyPolicy::new("m-local-conc", 2).unwrap();
+    let slots = router(
+        ConcurrencyLimitLayer::new(ConcurrencyLimiter::new(conc, store))
+            .key(HeaderKey::new("x-api-key"))
+            .on_store_error(half),
+    );
+    for expected in [200, 200, 429, 429] {
+        assert_eq!(status(&enforcing, Some("k")).await, expected);
+        assert_eq!(status(&shadow, Some("k")).await, StatusCode::OK);
+    }
+    assert_eq!(decisions("rate_limit", "m-local", "fallback_allowed"), 2);
+    assert_eq!(decisions("rate_limit", "m-local", "fallback_denied"), 2);
+    assert_eq!(decisions("rate_limit", "m-local", "fail_open"), 0);
+    assert_eq!(
+        decisions("rate_limit", "m-local-shadow", "fallback_allowed"),
+        2
+    );
+    assert_eq!(
+        decisions("rate_limit", "m-local-shadow", "shadow_denied"),
+        2
+    );
+
+    // One slot locally: a held response takes it.
+    let held = respond(&slots, "c").await;
+    assert_eq!(held.status(), StatusCode::OK);
+    assert_eq!(
+        status(&slots, Some("c")).await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    drop(held);
+    assert_eq!(status(&slots, Some("c")).await, StatusCode::OK);
+    assert_eq!(
+        decisions("concurrency", "m-local-conc", "fallback_allowed"),
+        2
+    );
+    assert_eq!(
+        decisions("concurrency", "m-local-conc", "fallback_denied"),
+        1
+    );
 }

@@ -268,18 +268,7 @@ async fn at_capacity_low_is_shed_and_critical_passes_across_instances_on_redis()
         ));
     }
     at_capacity(shedders).await;
-    // The fleet's lease set is gone with its last lease.
-    let mut conn = server
-        .client()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg("*")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    assert!(keys.iter().all(|k| !k.ends_with(":lease")), "{keys:?}");
+    assert_eq!(server.leases_held().await, 0);
 }
 
 // ---------------------------------------------------------------------------
@@ -365,11 +354,12 @@ async fn a_store_failure_follows_the_policy_and_never_sheds_critical() {
         .timeout(Duration::from_millis(100))
         .connect_lazy(&format!("redis://127.0.0.1:{port}"))
         .unwrap();
+    let shedder = FleetShedder::new(policy("down"), down.clone());
     let app = |failure: FailurePolicy| {
         Router::new()
             .route("/", get(|| async { "ok" }))
             .route_layer(
-                FleetShedLayer::new(FleetShedder::new(policy("down"), down.clone()))
+                FleetShedLayer::new(shedder.clone())
                     .classify(classifier())
                     .on_store_error(failure),
             )
@@ -391,6 +381,21 @@ async fn a_store_failure_follows_the_policy_and_never_sheds_critical() {
             .status(),
         StatusCode::OK
     );
+
+    // Local: this instance sheds on its own with half of everything: the
+    // low tier may have 1 in flight, critical still passes.
+    let local = app(FailurePolicy::local(0.5).unwrap());
+    let held = local.clone().oneshot(request("/", "low")).await.unwrap();
+    assert_eq!(held.status(), StatusCode::OK);
+    let shed = local.clone().oneshot(request("/", "low")).await.unwrap();
+    assert_eq!(shed.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(shed.headers()["retry-after"], "1");
+    let critical = local.clone().oneshot(request("/", "critical")).await;
+    assert_eq!(critical.unwrap().status(), StatusCode::OK);
+    assert_eq!(shedder.state().tier("low").unwrap().in_flight(), 1);
+    drop(held);
+    let again = local.oneshot(request("/", "low")).await.unwrap();
+    assert_eq!(again.status(), StatusCode::OK);
 }
 
 #[tokio::test]

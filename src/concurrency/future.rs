@@ -2,6 +2,7 @@ use std::fmt;
 use std::future::Future;
 use std::marker::PhantomData;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
@@ -12,6 +13,7 @@ use tower_service::Service;
 use super::{Admission, Common, ConcurrencyBody, ConcurrencyRejectionKind};
 use crate::BoxError;
 use crate::error::StoreError;
+use crate::key::Key;
 use crate::lease::{Admitting, Answer, Gate, LeaseGuard, StoreLease};
 use crate::rate_limit::mode;
 
@@ -93,5 +95,13 @@ impl Gate for Common {
 
     fn broken(&self, err: StoreError) -> ConcurrencyRejectionKind {
         ConcurrencyRejectionKind::Unavailable(err)
+    }
+
+    fn fall_back(
+        common: &mut Arc<Common>,
+        result: Result<Admission, StoreError>,
+        key: Option<&Key>,
+    ) -> Result<Admission, StoreError> {
+        Common::fall_back(common, result, key)
     }
 }

@@ -12,6 +12,7 @@ use crate::error::ConfigError;
 use crate::key::PeerIp;
 use crate::metrics::LayerMetrics;
 use crate::rate_limit::{FailurePolicy, OnMissingKey, mode};
+use crate::store::MemoryStore;
 
 /// Caps the requests in flight per identity with a [`ConcurrencyLimiter`].
 ///
@@ -25,6 +26,9 @@ pub struct ConcurrencyLimitLayer<K = PeerIp, M = mode::Http> {
     key: K,
     on_missing: OnMissingKey,
     failure: FailurePolicy,
+    /// Under [`FailurePolicy::Local`]: the local limiter, shared by every
+    /// clone of the layer and every service it makes.
+    local: Option<ConcurrencyLimiter>,
     status: StatusCode,
     retry_after: Duration,
     rejection: Option<RejectFn>,
@@ -39,6 +43,7 @@ impl ConcurrencyLimitLayer {
             key: PeerIp,
             on_missing: OnMissingKey::default(),
             failure: FailurePolicy::default(),
+            local: None,
             status: StatusCode::TOO_MANY_REQUESTS,
             retry_after: Duration::from_secs(1),
             rejection: None,
@@ -66,8 +71,20 @@ impl<K, M> ConcurrencyLimitLayer<K, M> {
 
     /// What to do when the store fails (default: let requests through,
     /// holding no lease).
+    ///
+    /// With [`FailurePolicy::Local`], a request the store failed on takes a
+    /// lease from an in-memory limiter capped at the given share of the
+    /// maximum in flight ([`ConcurrencyPolicy::scaled`](super::ConcurrencyPolicy::scaled));
+    /// that lease is given back to the local limiter, never to the store.
     pub fn on_store_error(mut self, policy: FailurePolicy) -> Self {
         self.failure = policy;
+        self.local = match policy {
+            FailurePolicy::Local(share) => Some(ConcurrencyLimiter::new(
+                self.limiter.policy().scaled(share),
+                MemoryStore::new(),
+            )),
+            _ => None,
+        };
         self
     }
 
@@ -114,6 +131,7 @@ impl<K, M> ConcurrencyLimitLayer<K, M> {
             key: f(self.key),
             on_missing: self.on_missing,
             failure: self.failure,
+            local: self.local,
             status: self.status,
             retry_after: self.retry_after,
             rejection: self.rejection,
@@ -129,6 +147,7 @@ impl<K: Clone, M> Clone for ConcurrencyLimitLayer<K, M> {
             key: self.key.clone(),
             on_missing: self.on_missing.clone(),
             failure: self.failure,
+            local: self.local.clone(),
             status: self.status,
             retry_after: self.retry_after,
             rejection: self.rejection.clone(),
@@ -149,24 +168,51 @@ impl<K, M> fmt::Debug for ConcurrencyLimitLayer<K, M> {
     }
 }
 
+impl<K, M> ConcurrencyLimitLayer<K, M> {
+    /// The settings deciding with `limiter`: the layer's own, with their
+    /// `fallback` if any, or (`local`) those of a local fallback.
+    fn settings(
+        &self,
+        limiter: ConcurrencyLimiter,
+        metrics: LayerMetrics,
+        fallback: Option<Arc<Common>>,
+        local: bool,
+    ) -> Arc<Common> {
+        Arc::new(Common {
+            limiter,
+            on_missing: self.on_missing.clone(),
+            // The local limiter's memory store cannot fail; should it
+            // ever, the request passes.
+            failure: if local {
+                FailurePolicy::Open
+            } else {
+                self.failure
+            },
+            status: self.status,
+            retry_after: self.retry_after,
+            rejection: self.rejection.clone(),
+            metrics,
+            fallback,
+            local,
+        })
+    }
+}
+
 impl<S, K: Clone, M> Layer<S> for ConcurrencyLimitLayer<K, M> {
     type Service = ConcurrencyLimit<S, K, M>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        let common = Common {
-            limiter: self.limiter.clone(),
-            on_missing: self.on_missing.clone(),
-            failure: self.failure,
-            status: self.status,
-            retry_after: self.retry_after,
-            rejection: self.rejection.clone(),
-            metrics: LayerMetrics::new("concurrency", self.limiter.policy().name_arc()),
-        };
+        let metrics = LayerMetrics::new("concurrency", self.limiter.policy().name_arc());
+        let fallback = self
+            .local
+            .as_ref()
+            .map(|local| self.settings(local.clone(), metrics.clone(), None, true));
+        let common = self.settings(self.limiter.clone(), metrics, fallback, false);
         ConcurrencyLimit::new(
             inner,
             Arc::new(Shared {
                 key: self.key.clone(),
-                common: Arc::new(common),
+                common,
             }),
         )
     }

@@ -38,7 +38,10 @@
 //! lease is held until the response future resolves (there is no body to
 //! follow). Key extraction, missing keys and store failures work as in
 //! [`RateLimitLayer`](crate::RateLimitLayer): the same extractors,
-//! [`OnMissingKey`] and [`FailurePolicy`].
+//! [`OnMissingKey`] and [`FailurePolicy`]. Under
+//! [`FailurePolicy::Local`], a request the store failed on takes a lease
+//! from an in-process limiter capped at that share of the maximum (rounded
+//! down, at least 1), and gives it back there.
 //!
 //! Use `Router::route_layer` to limit only matched routes and
 //! `Router::layer` to limit everything that reaches the router. Every
@@ -67,9 +70,12 @@ pub use self::rejection::{ConcurrencyRejection, ConcurrencyRejectionKind};
 pub use self::service::ConcurrencyLimit;
 
 use crate::error::StoreError;
+use crate::key::Key;
 use crate::lease::{GuardedBody, LeaseGuard, StoreLease};
 use crate::metrics::{LayerMetrics, Outcome};
-use crate::rate_limit::{FailurePolicy, KEY_WARNINGS, OnMissingKey, STORE_WARNINGS};
+use crate::rate_limit::{
+    FailurePolicy, KEY_WARNINGS, OnMissingKey, decided_at_once, log_store_failure,
+};
 use crate::response::ResponseBody;
 
 /// The response body of a [`ConcurrencyLimit`] service: the inner body
@@ -87,6 +93,12 @@ pub(crate) struct Common {
     pub(crate) retry_after: Duration,
     pub(crate) rejection: Option<RejectFn>,
     pub(crate) metrics: LayerMetrics,
+    /// With [`FailurePolicy::Local`]: the settings of the local limiter
+    /// that decides the requests the store failed on.
+    pub(crate) fallback: Option<Arc<Common>>,
+    /// Whether these are a local fallback's settings: outcomes are counted
+    /// as `fallback_*`.
+    pub(crate) local: bool,
 }
 
 /// What a service's clones share: the key extractor and the settings.
@@ -96,6 +108,32 @@ pub(crate) struct Shared<K> {
 }
 
 impl Common {
+    /// Under [`FailurePolicy::Local`], takes a local lease for a request
+    /// the store failed on (released to the local store when the request
+    /// ends); the local settings then answer the request: `common` is
+    /// replaced by them. Any other result is passed on. `key` is kept by
+    /// the caller whenever a fallback is configured.
+    pub(crate) fn fall_back(
+        common: &mut Arc<Common>,
+        result: Result<Admission, StoreError>,
+        key: Option<&Key>,
+    ) -> Result<Admission, StoreError> {
+        let (Err(err), Some(local), Some(key)) = (&result, &common.fallback, key) else {
+            return result;
+        };
+        common.log_failure(err);
+        let local = local.clone();
+        let admission = decided_at_once(local.limiter.acquire(key).take_ready());
+        *common = local;
+        admission
+    }
+
+    fn log_failure(&self, err: &StoreError) {
+        let policy = self.limiter.policy().name();
+        let store = self.limiter.store();
+        log_store_failure("concurrency-limit", policy, store, err, self.failure);
+    }
+
     /// What to do with the store's answer: pass (holding the lease, if one
     /// was taken) or refuse.
     pub(crate) fn judge(
@@ -111,8 +149,13 @@ impl Common {
         let _entered = span.enter();
         let (outcome, verdict) = match result {
             Ok(Admission::Acquired(guard)) => {
-                self.metrics.decided(Outcome::Allowed, false);
-                span.record("outcome", Outcome::Allowed.as_str());
+                let outcome = if self.local {
+                    Outcome::FallbackAllowed
+                } else {
+                    Outcome::Allowed
+                };
+                self.metrics.decided(outcome, false);
+                span.record("outcome", outcome.as_str());
                 return Ok(Some(guard));
             }
             Ok(Admission::Refused(grant)) => {
@@ -121,27 +164,22 @@ impl Common {
                     in_flight = grant.in_flight(),
                     "too many in flight"
                 );
-                (
-                    Outcome::Denied,
-                    Err(ConcurrencyRejectionKind::InFlight(grant)),
-                )
+                let outcome = if self.local {
+                    Outcome::FallbackDenied
+                } else {
+                    Outcome::Denied
+                };
+                (outcome, Err(ConcurrencyRejectionKind::InFlight(grant)))
             }
             Err(err) => {
-                if STORE_WARNINGS.allow() {
-                    tracing::warn!(
-                        policy = self.limiter.policy().name(),
-                        store = self.limiter.store().kind(),
-                        error = %err,
-                        failure_policy = ?self.failure,
-                        "concurrency-limit store failed"
-                    );
-                }
+                self.log_failure(&err);
                 match self.failure {
                     FailurePolicy::Closed => (
                         Outcome::FailClosed,
                         Err(ConcurrencyRejectionKind::Unavailable(err)),
                     ),
-                    FailurePolicy::Open => (Outcome::FailOpen, Ok(None)),
+                    // `Local` reaches here only if its own store failed.
+                    FailurePolicy::Open | FailurePolicy::Local(_) => (Outcome::FailOpen, Ok(None)),
                 }
             }
         };

@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use crate::error::ConfigError;
 use crate::limit::check_name;
+use crate::share::LocalShare;
 
 /// The longest lease TTL a [`ConcurrencyPolicy`] accepts: one day. A lease
 /// whose holder crashed keeps its slot this long at most.
@@ -83,6 +84,27 @@ impl ConcurrencyPolicy {
     /// How often a held lease is renewed; `None` when renewal is off.
     pub fn renew_every(&self) -> Option<Duration> {
         self.renew_every
+    }
+
+    /// The policy one instance enforces alone under
+    /// [`FailurePolicy::Local`](crate::FailurePolicy::Local): the maximum
+    /// in flight scaled by `share` (rounded down, at least 1; see
+    /// [`LocalShare::scale`]), everything else the same.
+    ///
+    /// ```
+    /// use fleetgate::LocalShare;
+    /// use fleetgate::concurrency::ConcurrencyPolicy;
+    ///
+    /// let reports = ConcurrencyPolicy::new("reports", 10)?;
+    /// assert_eq!(reports.scaled(LocalShare::new(0.25)?).max_in_flight(), 2);
+    /// assert_eq!(reports.scaled(LocalShare::one_of(20)?).max_in_flight(), 1);
+    /// # Ok::<(), fleetgate::ConfigError>(())
+    /// ```
+    pub fn scaled(&self, share: LocalShare) -> ConcurrencyPolicy {
+        ConcurrencyPolicy {
+            max_in_flight: share.scale(self.max_in_flight),
+            ..self.clone()
+        }
     }
 }
 

@@ -72,7 +72,9 @@ impl<S, K, M> ConcurrencyLimit<S, K, M> {
             },
         };
         let acquire = common.limiter.acquire(&key);
-        ResponseFuture::new(Admitting::start(common, acquire, &mut self.inner, req))
+        // Kept for the local fallback only.
+        let key = common.fallback.is_some().then_some(key);
+        ResponseFuture::new(Admitting::start(common, acquire, &mut self.inner, req, key))
     }
 }
 

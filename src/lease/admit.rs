@@ -17,6 +17,7 @@ use super::{GuardedBody, Lease, LeaseGuard, StoreLease};
 use crate::BoxError;
 use crate::concurrency::{Acquire, Admission, ConcurrencyBody};
 use crate::error::StoreError;
+use crate::key::Key;
 use crate::response::ResponseBody;
 
 /// How a layer answers the requests it refuses.
@@ -43,6 +44,18 @@ pub(crate) trait Gate: Answer {
     /// The refusal for a failure outside the store's decision (the future
     /// polled after completion): answered, never panicked on.
     fn broken(&self, err: StoreError) -> Self::Refusal;
+
+    /// Before [`admit`](Self::admit): a store failure may be decided by a
+    /// local fallback instead ([`FailurePolicy::Local`](crate::FailurePolicy::Local)),
+    /// whose settings then answer the request (`gate` is replaced by
+    /// them). `key` is the request's identity, when the gate needs one.
+    fn fall_back(
+        gate: &mut Arc<Self>,
+        result: Result<Admission, StoreError>,
+        key: Option<&Key>,
+    ) -> Result<Admission, StoreError>
+    where
+        Self: Sized;
 }
 
 /// How a request ended, before the mode turns it into a response or error:
@@ -116,6 +129,8 @@ pin_project! {
             acquire: Acquire,
             inner: Option<S>,
             req: Option<Req>,
+            // For the local fallback only.
+            key: Option<Key>,
         },
         Calling {
             #[pin]
@@ -133,12 +148,20 @@ impl<S: Service<Req>, Req, G: Gate> Admitting<S, Req, G> {
     /// Starts a request on `inner` (ready) once `acquire` has an answer.
     /// When the store has decided already (the memory store), the ready
     /// service is called at once; when it does I/O, the ready service moves
-    /// into the future and a clone takes its place.
-    pub(crate) fn start(gate: Arc<G>, mut acquire: Acquire, inner: &mut S, req: Req) -> Self
+    /// into the future and a clone takes its place. `key` is kept for the
+    /// gate's local fallback, if it needs one.
+    pub(crate) fn start(
+        mut gate: Arc<G>,
+        mut acquire: Acquire,
+        inner: &mut S,
+        req: Req,
+        key: Option<Key>,
+    ) -> Self
     where
         S: Clone,
     {
         if let Some(result) = acquire.take_ready() {
+            let result = G::fall_back(&mut gate, result, key.as_ref());
             return match gate.admit(result) {
                 Ok(guard) => Self::calling(gate, inner.call(req), guard),
                 Err(refusal) => Self::rejected(gate, refusal),
@@ -152,6 +175,7 @@ impl<S: Service<Req>, Req, G: Gate> Admitting<S, Req, G> {
                 acquire,
                 inner: Some(inner),
                 req: Some(req),
+                key,
             },
         )
     }
@@ -195,8 +219,10 @@ impl<S: Service<Req>, Req, G: Gate> Admitting<S, Req, G> {
                     acquire,
                     inner,
                     req,
+                    key,
                 } => {
                     let result = ready!(Pin::new(acquire).poll(cx));
+                    let result = G::fall_back(this.gate, result, key.as_ref());
                     match (this.gate.admit(result), inner.take(), req.take()) {
                         (Err(refusal), _, _) => Outcome::Rejected(refusal),
                         (Ok(guard), Some(mut inner), Some(req)) => {

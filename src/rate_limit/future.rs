@@ -32,8 +32,10 @@ pin_project! {
         state: State<S, Req>,
         common: Arc<Common>,
         feedback: F,
-        // The request's key, kept only when the feedback may need it.
+        // The request's key, kept only when the feedback or the local
+        // fallback may need it.
         key: Option<Key>,
+        cost: u64,
         _mode: PhantomData<fn() -> M>,
     }
 }
@@ -92,6 +94,18 @@ pub(crate) struct Start<F> {
     pub(crate) common: Arc<Common>,
     pub(crate) feedback: F,
     pub(crate) key: Option<Key>,
+    pub(crate) cost: u64,
+}
+
+impl<F> Start<F> {
+    pub(crate) fn new(common: Arc<Common>, feedback: F) -> Self {
+        Start {
+            common,
+            feedback,
+            key: None,
+            cost: 0,
+        }
+    }
 }
 
 impl<S: Service<Req>, Req, M, F> ResponseFuture<S, Req, M, F> {
@@ -135,6 +149,7 @@ impl<S: Service<Req>, Req, M, F> ResponseFuture<S, Req, M, F> {
             common: start.common,
             feedback: start.feedback,
             key: start.key,
+            cost: start.cost,
             _mode: PhantomData,
         }
     }
@@ -177,6 +192,8 @@ where
                     req,
                 } => {
                     let result = ready!(Pin::new(decision).poll(cx));
+                    let result =
+                        Common::fall_back(this.common, result, this.key.as_ref(), *this.cost);
                     let (decision, refusal) = match this.common.judge(result) {
                         Ok(decision) => (decision, None),
                         Err(kind) => (None, Some(kind)),

@@ -15,6 +15,7 @@ use crate::key::PeerIp;
 use crate::limiter::Limiter;
 use crate::metrics::LayerMetrics;
 use crate::response::{HeaderStyle, PolicyHeaders, Rejection};
+use crate::store::MemoryStore;
 
 /// Applies a [`Limiter`] to every request of the wrapped service.
 ///
@@ -41,6 +42,9 @@ pub struct RateLimitLayer<K = PeerIp, C = u64, M = mode::Http, F = NoFeedback> {
     headers: HeaderStyle,
     shadow: bool,
     failure: FailurePolicy,
+    /// Under [`FailurePolicy::Local`]: the local limiters' state, shared
+    /// by every clone and route of the layer.
+    local: Option<MemoryStore>,
     rejection: Option<RejectFn>,
     max_wait: Option<Duration>,
     feedback: F,
@@ -59,6 +63,7 @@ impl RateLimitLayer {
             headers: HeaderStyle::default(),
             shadow: false,
             failure: FailurePolicy::default(),
+            local: None,
             rejection: None,
             max_wait: None,
             feedback: NoFeedback,
@@ -137,8 +142,22 @@ impl<K, C, M, Fb> RateLimitLayer<K, C, M, Fb> {
     }
 
     /// What to do when the store fails (default: let requests through).
+    ///
+    /// With [`FailurePolicy::Local`], a call the store failed on is decided
+    /// by an in-memory limiter holding the given share of each limit
+    /// ([`Policy::scaled`](crate::Policy::scaled)), with the layer's other
+    /// settings: the same key, cost and headers style; in waiting mode it
+    /// reserves a local slot and sleeps until it; in shadow mode its
+    /// denials are only counted. A denial held in a Redis store's deny
+    /// cache is still answered from there: only calls that reached the
+    /// store and failed are decided locally. Upstream feedback on such a
+    /// call pauses the key in the local limiter.
     pub fn on_store_error(mut self, policy: FailurePolicy) -> Self {
         self.failure = policy;
+        self.local = match policy {
+            FailurePolicy::Local(_) => Some(MemoryStore::new()),
+            _ => None,
+        };
         self
     }
 
@@ -210,6 +229,7 @@ impl<K, C, M, Fb> RateLimitLayer<K, C, M, Fb> {
             headers: self.headers,
             shadow: self.shadow,
             failure: self.failure,
+            local: self.local,
             rejection: self.rejection,
             max_wait: self.max_wait,
             feedback,
@@ -229,6 +249,7 @@ impl<K: Clone, C: Clone, M, F: Clone> Clone for RateLimitLayer<K, C, M, F> {
             headers: self.headers,
             shadow: self.shadow,
             failure: self.failure,
+            local: self.local.clone(),
             rejection: self.rejection.clone(),
             max_wait: self.max_wait,
             feedback: self.feedback.clone(),
@@ -241,15 +262,43 @@ impl<K: Clone, C: Clone, M, F: Clone> Clone for RateLimitLayer<K, C, M, F> {
 impl<K, C, M, F> RateLimitLayer<K, C, M, F> {
     /// The settings every decision of `limiter` shares.
     fn common(&self, limiter: &Limiter) -> Arc<Common> {
+        let metrics = LayerMetrics::new("rate_limit", limiter.policy().name_arc());
+        let fallback = match (self.failure, &self.local) {
+            (FailurePolicy::Local(share), Some(store)) => {
+                let local = Limiter::new(limiter.policy().scaled(share), store.clone());
+                Some(self.settings(local, metrics.clone(), None, true))
+            }
+            _ => None,
+        };
+        self.settings(limiter.clone(), metrics, fallback, false)
+    }
+
+    /// The settings deciding with `limiter`: the layer's own, with their
+    /// `fallback` if any, or (`local`) those of a local fallback.
+    fn settings(
+        &self,
+        limiter: Limiter,
+        metrics: LayerMetrics,
+        fallback: Option<Arc<Common>>,
+        local: bool,
+    ) -> Arc<Common> {
         Arc::new(Common {
-            limiter: limiter.clone(),
             headers: PolicyHeaders::new(limiter.policy(), self.headers),
+            limiter,
             on_missing: self.on_missing.clone(),
             shadow: self.shadow,
-            failure: self.failure,
+            // The local limiter's memory store cannot fail; should it
+            // ever, the request passes.
+            failure: if local {
+                FailurePolicy::Open
+            } else {
+                self.failure
+            },
             rejection: self.rejection.clone(),
             max_wait: self.max_wait,
-            metrics: LayerMetrics::new("rate_limit", limiter.policy().name_arc()),
+            metrics,
+            fallback,
+            local,
         })
     }
 }

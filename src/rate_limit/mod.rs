@@ -82,7 +82,10 @@
 //! waits) never reaches the inner service, but its slot stays used: later
 //! slots were already handed out behind it. A Redis failure while
 //! reserving follows the layer's [`FailurePolicy`]; for clients that must
-//! never earn a 429, consider [`FailurePolicy::Closed`].
+//! never earn a 429, consider [`FailurePolicy::Closed`], or
+//! [`FailurePolicy::Local`] with this instance's share of the upstream's
+//! limits: the call then reserves a slot on the local limiter and waits
+//! for it.
 
 mod feedback;
 mod future;
@@ -108,11 +111,13 @@ pub use self::service::RateLimit;
 pub use self::upstream::within_window;
 
 use crate::decision::Decision;
-use crate::error::StoreError;
+use crate::error::{ConfigError, StoreError};
 use crate::key::Key;
 use crate::limiter::Limiter;
 use crate::metrics::{LayerMetrics, Outcome, near_limit};
 use crate::response::{PolicyHeaders, Rejection, RejectionKind};
+use crate::share::LocalShare;
+use crate::store::{Store, StoreFuture};
 
 /// What a layer does with a request from which no key can be extracted.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -146,6 +151,33 @@ pub enum FailurePolicy {
     /// Refuse it: `503 Service Unavailable` with `Retry-After: 1`, or
     /// [`RateLimitError::Unavailable`](crate::RateLimitError::Unavailable).
     Closed,
+    /// Decide it in this process, on an in-memory limiter holding this
+    /// share of each limit ([`Policy::scaled`](crate::Policy::scaled); for
+    /// concurrency, [`ConcurrencyPolicy::scaled`](crate::ConcurrencyPolicy::scaled)).
+    /// Only calls the store failed on go there; the local decision is
+    /// answered like any other (rate-limit headers from the scaled policy,
+    /// 429 when it denies) and counted as `fallback_allowed` or
+    /// `fallback_denied`. Its state is kept per layer (the layer's clones
+    /// and routes share it) in a [`MemoryStore`](crate::MemoryStore), so it
+    /// stays bounded. Build it with [`FailurePolicy::local`].
+    Local(LocalShare),
+}
+
+impl FailurePolicy {
+    /// [`FailurePolicy::Local`] with `share` of each limit; refused unless
+    /// `0 < share <= 1`.
+    ///
+    /// ```
+    /// use fleetgate::FailurePolicy;
+    ///
+    /// // Four instances: each enforces a quarter of the limit while Redis is down.
+    /// let policy = FailurePolicy::local(0.25)?;
+    /// assert!(FailurePolicy::local(0.0).is_err());
+    /// # Ok::<(), fleetgate::ConfigError>(())
+    /// ```
+    pub fn local(share: f64) -> Result<Self, ConfigError> {
+        LocalShare::new(share).map(FailurePolicy::Local)
+    }
 }
 
 /// How much of the limit a request uses. A plain `u64` is a fixed cost; a
@@ -198,6 +230,12 @@ pub(crate) struct Common {
     /// Waiting mode: reserve a slot up to this far ahead and sleep until it.
     pub(crate) max_wait: Option<Duration>,
     pub(crate) metrics: LayerMetrics,
+    /// With [`FailurePolicy::Local`]: the settings of the local limiter
+    /// that decides the calls the store failed on.
+    pub(crate) fallback: Option<Arc<Common>>,
+    /// Whether these are a local fallback's settings: outcomes are counted
+    /// as `fallback_*`.
+    pub(crate) local: bool,
 }
 
 /// Store failures are logged at most once a second per process.
@@ -208,6 +246,57 @@ pub(crate) static KEY_WARNINGS: LogGate = LogGate::new();
 pub(crate) static FEEDBACK_WARNINGS: LogGate = LogGate::new();
 
 impl Common {
+    /// Asks the store to decide `cost` for `key`: a check, or in waiting
+    /// mode a reservation.
+    pub(crate) fn ask(&self, key: &Key, cost: u64) -> StoreFuture<Decision> {
+        match self.max_wait {
+            Some(max_wait) => self.limiter.reserve(key, cost, max_wait),
+            None => self.limiter.check(key, cost),
+        }
+    }
+
+    /// Under [`FailurePolicy::Local`], decides a call the store failed on
+    /// with the local limiter, whose settings then answer the request
+    /// (headers, rejection, outcome): `common` is replaced by them. Any
+    /// other result is passed on. `key` is kept by the caller whenever a
+    /// fallback is configured.
+    pub(crate) fn fall_back(
+        common: &mut Arc<Common>,
+        result: Result<Decision, StoreError>,
+        key: Option<&Key>,
+        cost: u64,
+    ) -> Result<Decision, StoreError> {
+        let (Err(err), Some(local), Some(key)) = (&result, &common.fallback, key) else {
+            return result;
+        };
+        common.log_failure(err);
+        let local = local.clone();
+        let decided = decided_at_once(local.ask(key, cost).take_ready());
+        *common = local;
+        decided
+    }
+
+    fn log_failure(&self, err: &StoreError) {
+        let policy = self.limiter.policy().name();
+        log_store_failure(
+            "rate-limit",
+            policy,
+            self.limiter.store(),
+            err,
+            self.failure,
+        );
+    }
+
+    /// `outcome` as counted by these settings: a local fallback's
+    /// decisions are `fallback_allowed` and `fallback_denied`.
+    fn counted(&self, outcome: Outcome) -> Outcome {
+        match (self.local, outcome) {
+            (true, Outcome::Allowed) => Outcome::FallbackAllowed,
+            (true, Outcome::Denied) => Outcome::FallbackDenied,
+            (_, outcome) => outcome,
+        }
+    }
+
     /// What to do with the store's answer: pass (with the decision whose
     /// headers to send, if any) or refuse. Shadow mode and the failure
     /// policy are applied here.
@@ -230,25 +319,19 @@ impl Common {
                     .limits()
                     .get(d.limit_index())
                     .map_or(0, |l| l.burst());
+                let outcome = self.counted(Outcome::Allowed);
                 self.metrics
-                    .decided(Outcome::Allowed, near_limit(d.remaining(), burst));
-                span.record("outcome", Outcome::Allowed.as_str());
+                    .decided(outcome, near_limit(d.remaining(), burst));
+                span.record("outcome", outcome.as_str());
                 return Ok(Some(d));
             }
             Ok(d) => RejectionKind::Limited(d),
             Err(err) => {
-                if STORE_WARNINGS.allow() {
-                    tracing::warn!(
-                        policy = policy.name(),
-                        store = self.limiter.store().kind(),
-                        error = %err,
-                        failure_policy = ?self.failure,
-                        "rate-limit store failed"
-                    );
-                }
+                self.log_failure(&err);
                 match self.failure {
                     FailurePolicy::Closed => RejectionKind::Unavailable(err),
-                    FailurePolicy::Open => {
+                    // `Local` reaches here only if its own store failed.
+                    FailurePolicy::Open | FailurePolicy::Local(_) => {
                         self.metrics.decided(Outcome::FailOpen, false);
                         span.record("outcome", Outcome::FailOpen.as_str());
                         return Ok(None);
@@ -279,7 +362,7 @@ impl Common {
         let outcome = match (&kind, self.shadow) {
             (RejectionKind::Unavailable(_), true) => Outcome::FailOpen,
             (_, true) => Outcome::ShadowDenied,
-            (RejectionKind::Limited(_), false) => Outcome::Denied,
+            (RejectionKind::Limited(_), false) => self.counted(Outcome::Denied),
             (RejectionKind::MissingKey(_), false) => Outcome::MissingKey,
             (RejectionKind::Unavailable(_), false) => Outcome::FailClosed,
         };
@@ -320,6 +403,35 @@ impl Common {
             None => rejection.default_response(),
         }
     }
+}
+
+/// Logs a store failure at `warn`, at most once a second per process:
+/// `<what> store failed`, with the policy, store, error and failure policy.
+pub(crate) fn log_store_failure(
+    what: &str,
+    policy: &str,
+    store: &Arc<dyn Store>,
+    err: &StoreError,
+    failure: FailurePolicy,
+) {
+    if STORE_WARNINGS.allow() {
+        tracing::warn!(
+            policy,
+            store = store.kind(),
+            error = %err,
+            failure_policy = ?failure,
+            "{what} store failed"
+        );
+    }
+}
+
+/// A local limiter's answer: its memory store decides at once.
+pub(crate) fn decided_at_once<T>(answer: Option<Result<T, StoreError>>) -> Result<T, StoreError> {
+    answer.unwrap_or_else(|| {
+        Err(StoreError::UnexpectedReply(
+            "the local limiter did not decide at once".into(),
+        ))
+    })
 }
 
 /// Lets one log line through per second, so that a failing store cannot

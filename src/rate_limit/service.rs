@@ -88,11 +88,7 @@ impl<S, K, C, M, F> RateLimit<S, K, C, M, F> {
         let key = match self.shared.key.extract(&req) {
             Some(key) => key,
             None => {
-                let start = Start {
-                    common: common.clone(),
-                    feedback,
-                    key: None,
-                };
+                let start = Start::new(common.clone(), feedback);
                 return match &common.on_missing {
                     OnMissingKey::Reject(status) => {
                         match common.refuse(RejectionKind::MissingKey(*status)) {
@@ -110,12 +106,7 @@ impl<S, K, C, M, F> RateLimit<S, K, C, M, F> {
                 };
             }
         };
-        let start = Start {
-            common,
-            feedback,
-            key: None,
-        };
-        self.decide(start, key, req)
+        self.decide(Start::new(common, feedback), key, req)
     }
 
     fn decide<Req>(
@@ -130,17 +121,15 @@ impl<S, K, C, M, F> RateLimit<S, K, C, M, F> {
         F: UpstreamFeedback<S::Response>,
     {
         let cost = self.shared.cost.cost(&req);
-        let limiter = &start.common.limiter;
-        let mut decision = match start.common.max_wait {
-            Some(max_wait) => limiter.reserve(&key, cost, max_wait),
-            None => limiter.check(&key, cost),
-        };
-        if start.feedback.is_enabled() {
+        let mut decision = start.common.ask(&key, cost);
+        start.cost = cost;
+        if start.feedback.is_enabled() || start.common.fallback.is_some() {
             start.key = Some(key);
         }
         // The memory store has decided already: call the service that was
         // driven to readiness right away, unless there is a slot to wait for.
         if let Some(result) = decision.take_ready() {
+            let result = Common::fall_back(&mut start.common, result, start.key.as_ref(), cost);
             return match start.common.judge(result) {
                 Ok(decision) => match start.common.wait_for(decision.as_ref()) {
                     None => ResponseFuture::calling(start, self.inner.call(req), decision),
@@ -214,11 +203,7 @@ where
             }
             // No rule and no default: this route is not limited.
             None => {
-                let start = Start {
-                    common: self.shared.common.clone(),
-                    feedback: self.shared.feedback.clone(),
-                    key: None,
-                };
+                let start = Start::new(self.shared.common.clone(), self.shared.feedback.clone());
                 ResponseFuture::calling(start, self.inner.call(req), None)
             }
         }

@@ -7,7 +7,10 @@ use crate::decision::Decision;
 use crate::limit::Policy;
 
 /// Which rate-limit headers responses carry. `Retry-After` is always sent
-/// on 429 and 503, whatever the style.
+/// on 429 and 503, whatever the style, with two exceptions: a call whose
+/// cost is above the burst (no wait would let it pass), and a missing-key
+/// refusal with a status chosen through
+/// [`OnMissingKey::Reject`](crate::OnMissingKey::Reject).
 ///
 /// | style | headers |
 /// |---|---|
@@ -20,7 +23,8 @@ use crate::limit::Policy;
 /// burst takes to refill: `100/s burst 500` is advertised as
 /// `RateLimit-Policy: "100/s";q=500;w=5`. `RateLimit` reports the limit
 /// that decided: `r` the calls of cost 1 left, `t` the seconds (rounded
-/// up) until it is full again. `X-RateLimit-Reset` is that same number of
+/// up) until it is full again. For a window algorithm over several windows
+/// it reports every window, in the policy's order. `X-RateLimit-Reset` is that same number of
 /// seconds, not a timestamp.
 ///
 /// For the window algorithms a limit's quota is the window's count and its
@@ -114,12 +118,31 @@ impl PolicyHeaders {
             if let Some(value) = &self.policy_value {
                 append_member(headers, &RATELIMIT_POLICY, value.clone());
             }
-            let text = format!(
-                "\"{}\";r={};t={}",
-                limit.name(),
-                decision.remaining(),
-                reset
-            );
+            let text = match decision.each.as_deref() {
+                // Every window of a policy of several, in policy order.
+                Some(each) => {
+                    let mut text = String::new();
+                    for (limit, (remaining, reset)) in self.policy.limits().iter().zip(each) {
+                        if !text.is_empty() {
+                            text.push_str(", ");
+                        }
+                        let _ = write!(
+                            text,
+                            "\"{}\";r={};t={}",
+                            limit.name(),
+                            remaining,
+                            retry_after_secs(*reset)
+                        );
+                    }
+                    text
+                }
+                None => format!(
+                    "\"{}\";r={};t={}",
+                    limit.name(),
+                    decision.remaining(),
+                    reset
+                ),
+            };
             if let Ok(value) = HeaderValue::from_str(&text) {
                 append_member(headers, &RATELIMIT, value);
             }

@@ -21,6 +21,9 @@ pub struct ShedLayer<D, C = Unclassified, M = mode::Http> {
     pub(crate) classify: C,
     /// Used by the fleet shedder only: the other has no store to fail.
     pub(crate) failure: FailurePolicy,
+    /// Under [`FailurePolicy::Local`]: the local shedder, shared by every
+    /// clone of the layer and every service it makes.
+    pub(crate) local: Option<D>,
     pub(crate) retry_after: Duration,
     pub(crate) rejection: Option<ShedRejectFn>,
     _mode: PhantomData<fn() -> M>,
@@ -32,6 +35,7 @@ impl<D> ShedLayer<D> {
             shedder,
             classify: Unclassified,
             failure: FailurePolicy::default(),
+            local: None,
             retry_after,
             rejection: None,
             _mode: PhantomData,
@@ -84,6 +88,7 @@ impl<D, C, M> ShedLayer<D, C, M> {
             shedder: self.shedder,
             classify: f(self.classify),
             failure: self.failure,
+            local: self.local,
             retry_after: self.retry_after,
             rejection: self.rejection,
             _mode: PhantomData,
@@ -107,6 +112,7 @@ impl<D: Clone, C: Clone, M> Clone for ShedLayer<D, C, M> {
             shedder: self.shedder.clone(),
             classify: self.classify.clone(),
             failure: self.failure,
+            local: self.local.clone(),
             retry_after: self.retry_after,
             rejection: self.rejection.clone(),
             _mode: PhantomData,

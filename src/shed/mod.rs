@@ -74,8 +74,10 @@
 //! shedder: the state is in the store, or behind an `Arc`.
 //!
 //! A store failure in the fleet shedder follows its
-//! [`FailurePolicy`](crate::FailurePolicy) (open by default), except that
-//! the most important tier passes whatever the policy.
+//! [`FailurePolicy`](crate::FailurePolicy) (open by default; `Local` sheds
+//! on an in-memory shedder with a share of the capacity and of each
+//! tier's limit), except that the most important tier passes whatever the
+//! policy.
 
 mod error;
 mod fleet;

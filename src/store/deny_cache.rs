@@ -164,6 +164,7 @@ impl DenyCache {
             reset: Duration::from_micros(reset),
             retry_after: Some(Duration::from_micros(entry.until - now)),
             wait: Duration::ZERO,
+            each: None,
         };
         drop(shard);
         self.hits.fetch_add(1, Ordering::Relaxed);
@@ -319,6 +320,7 @@ mod tests {
             reset: Duration::from_micros(reset),
             retry_after: Some(Duration::from_micros(retry)),
             wait: Duration::ZERO,
+            each: None,
         }
     }
 

@@ -249,25 +249,44 @@ pub(crate) fn hash_tag(identity: &str) -> std::borrow::Cow<'_, str> {
 }
 
 pub(crate) fn decode_gcra(reply: &Value, limits: usize) -> Result<Decision, StoreError> {
+    decode_decision(reply, limits, false)
+}
+
+/// Decodes `{allowed, limit (1-based), remaining, reset_us, delay_us}`,
+/// followed, when `each` is set and there are several limits, by
+/// `remaining_i, reset_us_i` for every limit in order.
+pub(crate) fn decode_decision(
+    reply: &Value,
+    limits: usize,
+    each: bool,
+) -> Result<Decision, StoreError> {
     let unexpected = || StoreError::UnexpectedReply(format!("{reply:?}"));
     let Value::Array(items) = reply else {
         return Err(unexpected());
     };
-    let mut ints = [0u64; 5];
-    if items.len() != ints.len() {
+    let int = |item: &Value| match item {
+        Value::Int(n) if *n >= 0 => Ok(*n as u64),
+        _ => Err(unexpected()),
+    };
+    let extra = if each && limits > 1 { 2 * limits } else { 0 };
+    if items.len() != 5 + extra {
         return Err(unexpected());
     }
-    for (slot, item) in ints.iter_mut().zip(items) {
-        match item {
-            Value::Int(n) if *n >= 0 => *slot = *n as u64,
-            _ => return Err(unexpected()),
-        }
-    }
-    let [allowed, limit, remaining, reset, delay] = ints;
+    let [allowed, limit, remaining, reset, delay] = [0, 1, 2, 3, 4].map(|i| int(&items[i]));
+    let (allowed, limit, remaining, reset, delay) = (allowed?, limit?, remaining?, reset?, delay?);
     let limit = usize::try_from(limit).map_err(|_| unexpected())?;
     if !(1..=limits).contains(&limit) || allowed > 1 {
         return Err(unexpected());
     }
+    let each = if extra > 0 {
+        let pairs = items[5..]
+            .chunks_exact(2)
+            .map(|pair| Ok((int(&pair[0])?, Duration::from_micros(int(&pair[1])?))))
+            .collect::<Result<Arc<[_]>, StoreError>>()?;
+        Some(pairs)
+    } else {
+        None
+    };
     let allowed = allowed == 1;
     Ok(Decision {
         allowed,
@@ -280,6 +299,7 @@ pub(crate) fn decode_gcra(reply: &Value, limits: usize) -> Result<Decision, Stor
         } else {
             Duration::ZERO
         },
+        each,
     })
 }
 

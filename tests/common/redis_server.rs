@@ -140,6 +140,31 @@ impl RedisServer {
         redis::Client::open(self.url()).expect("valid url")
     }
 
+    /// Concurrency leases held in the server: the members of every lease
+    /// set.
+    pub async fn leases_held(&self) -> usize {
+        let mut conn = self
+            .client()
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connect to the test's redis-server");
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg("*:lease")
+            .query_async(&mut conn)
+            .await
+            .expect("KEYS");
+        let mut total = 0;
+        for key in keys {
+            let n: usize = redis::cmd("ZCARD")
+                .arg(&key)
+                .query_async(&mut conn)
+                .await
+                .expect("ZCARD");
+            total += n;
+        }
+        total
+    }
+
     /// Stops the server now.
     pub fn stop(mut self) {
         self.kill();
@@ -157,7 +182,7 @@ impl Drop for RedisServer {
     }
 }
 
-/// A loopback port nothing listens on (at the time of asking).
+/// A loopback port with nothing listening on it (yet).
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())

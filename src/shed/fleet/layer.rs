@@ -31,8 +31,18 @@ impl<C, M> FleetShedLayer<C, M> {
     /// What to do when the store fails (default: let requests through).
     /// Failing closed refuses every tier but the most important, which
     /// this layer never refuses.
+    ///
+    /// With [`FailurePolicy::Local`], a request the store failed on is
+    /// decided by an in-memory shedder of this process holding the given
+    /// share of the capacity and of every tier's limit
+    /// ([`FleetShedPolicy::scaled`](super::FleetShedPolicy::scaled)); its
+    /// lease is given back there, never to the store.
     pub fn on_store_error(mut self, policy: FailurePolicy) -> Self {
         self.failure = policy;
+        self.local = match policy {
+            FailurePolicy::Local(share) => Some(self.shedder.local(share)),
+            _ => None,
+        };
         self
     }
 }
@@ -44,17 +54,38 @@ impl<S, C: Clone, M> Layer<S> for FleetShedLayer<C, M> {
         let policy = self.shedder.policy();
         let name: Arc<str> = Arc::from(policy.name());
         let tiers = policy.tiers();
-        let common = Arc::new(Common {
-            shedder: self.shedder.clone(),
-            answer: self.answer(name.clone(), tiers),
-            failure: self.failure,
-            metrics: LayerMetrics::new("fleet_shed", name),
-        });
+        let metrics = LayerMetrics::new("fleet_shed", name.clone());
+        let common = |shedder: &FleetShedder, local: bool| {
+            Arc::new(Common {
+                shedder: shedder.clone(),
+                answer: self.answer(name.clone(), tiers),
+                // The local shedder's memory store cannot fail; should it
+                // ever, the request passes.
+                failure: if local {
+                    FailurePolicy::Open
+                } else {
+                    self.failure
+                },
+                metrics: metrics.clone(),
+                local,
+            })
+        };
+        let local = self.local.as_ref().map(|local| common(local, true));
+        let common = common(&self.shedder, false);
         let gate = |tier| {
+            let fallback = local.as_ref().map(|local| {
+                Arc::new(TierGate {
+                    common: local.clone(),
+                    tier,
+                    limit: local.shedder.policy().limit(tier),
+                    fallback: None,
+                })
+            });
             Arc::new(TierGate {
                 common: common.clone(),
                 tier,
                 limit: policy.limit(tier),
+                fallback,
             })
         };
         let gates = tiers.iter().map(gate).collect();

@@ -25,9 +25,10 @@ use super::tier::Tier;
 use crate::BoxError;
 use crate::concurrency::{Admission, ConcurrencyBody};
 use crate::error::StoreError;
+use crate::key::Key;
 use crate::lease::{Answer, Gate, GuardedBody, LeaseGuard, StoreLease};
 use crate::metrics::{LayerMetrics, Outcome};
-use crate::rate_limit::{FailurePolicy, STORE_WARNINGS};
+use crate::rate_limit::{FailurePolicy, decided_at_once, log_store_failure};
 
 /// The response body of a [`FleetShed`] service: the inner body holding
 /// the request's fleet lease and its place in this process's count until
@@ -40,6 +41,9 @@ pub(crate) struct Common {
     pub(crate) answer: ShedAnswer,
     pub(crate) failure: FailurePolicy,
     pub(crate) metrics: LayerMetrics,
+    /// Whether these are a local fallback's settings: outcomes are counted
+    /// as `fallback_*`.
+    pub(crate) local: bool,
 }
 
 /// The settings as seen by requests of one tier: one per tier, built with
@@ -48,9 +52,24 @@ pub(crate) struct TierGate {
     pub(crate) common: Arc<Common>,
     pub(crate) tier: Tier,
     pub(crate) limit: Option<u64>,
+    /// Under [`FailurePolicy::Local`]: the local shedder's gate for the
+    /// same tier, deciding the requests the store failed on.
+    pub(crate) fallback: Option<Arc<TierGate>>,
 }
 
 impl TierGate {
+    fn log_failure(&self, err: &StoreError) {
+        let common = &self.common;
+        let store = common.shedder.store();
+        log_store_failure(
+            "load-shedder",
+            &common.answer.policy,
+            store,
+            err,
+            common.failure,
+        );
+    }
+
     fn pass(&self, outcome: Outcome, span: &tracing::Span) {
         self.common.metrics.decided(outcome, false);
         span.record("outcome", outcome.as_str());
@@ -89,7 +108,12 @@ impl Gate for TierGate {
         let _entered = span.enter();
         match (result, self.limit) {
             (Ok(Admission::Acquired(guard)), _) => {
-                self.pass(Outcome::Allowed, &span);
+                let outcome = if common.local {
+                    Outcome::FallbackAllowed
+                } else {
+                    Outcome::Allowed
+                };
+                self.pass(outcome, &span);
                 Ok(Some(guard))
             }
             // Unreachable with an unbounded capacity; never shed all the same.
@@ -105,8 +129,13 @@ impl Gate for TierGate {
                     limit,
                     "shed"
                 );
-                common.metrics.decided(Outcome::Shed, false);
-                span.record("outcome", Outcome::Shed.as_str());
+                let outcome = if common.local {
+                    Outcome::FallbackDenied
+                } else {
+                    Outcome::Shed
+                };
+                common.metrics.decided(outcome, false);
+                span.record("outcome", outcome.as_str());
                 let counters = common.shedder.counters();
                 counters.shed(self.tier);
                 counters.set_fraction(self.tier, 1.0);
@@ -119,17 +148,10 @@ impl Gate for TierGate {
                 })
             }
             (Err(err), limit) => {
-                if STORE_WARNINGS.allow() {
-                    tracing::warn!(
-                        policy = &*common.answer.policy,
-                        store = common.shedder.store().kind(),
-                        error = %err,
-                        failure_policy = ?common.failure,
-                        "load-shedder store failed"
-                    );
-                }
+                self.log_failure(&err);
                 // The most important tier passes whatever the policy: this
-                // shedder never refuses it.
+                // shedder never refuses it. `Local` reaches here only if
+                // its own store failed.
                 if limit.is_some() && matches!(common.failure, FailurePolicy::Closed) {
                     common.metrics.decided(Outcome::FailClosed, false);
                     span.record("outcome", Outcome::FailClosed.as_str());
@@ -146,5 +168,20 @@ impl Gate for TierGate {
             tier: self.tier,
             kind: ShedRejectionKind::Unavailable(err),
         }
+    }
+
+    fn fall_back(
+        gate: &mut Arc<TierGate>,
+        result: Result<Admission, StoreError>,
+        _key: Option<&Key>,
+    ) -> Result<Admission, StoreError> {
+        let (Err(err), Some(local)) = (&result, &gate.fallback) else {
+            return result;
+        };
+        gate.log_failure(err);
+        let local = local.clone();
+        let admission = decided_at_once(local.common.shedder.admit(local.tier).take_ready());
+        *gate = local;
+        admission
     }
 }

@@ -4,12 +4,14 @@ use std::time::Duration;
 
 use crate::concurrency::{ConcurrencyPolicy, ConcurrencyPolicyBuilder};
 use crate::error::ConfigError;
+use crate::share::LocalShare;
 use crate::shed::tier::{Tier, Tiers};
 
 /// How much of the fleet's capacity each tier may use: at most `capacity`
 /// requests in flight across the fleet, of which a request of a tier is
 /// admitted only while fewer than `floor(share × capacity)` are in flight
-/// (all tiers counted). The most important tier is never shed: its requests
+/// (all tiers counted; the share taken as an exact fraction, as
+/// [`LocalShare`] does). The most important tier is never shed: its requests
 /// are admitted whatever the count, and counted like the others.
 ///
 /// Default shares, for `n` tiers: the least important may use half of the
@@ -86,6 +88,21 @@ impl FleetShedPolicy {
     pub fn lease(&self) -> &ConcurrencyPolicy {
         &self.lease
     }
+
+    /// The same policy with the capacity and every tier's limit scaled by
+    /// `share` (rounded down, at least 1): what one instance enforces on
+    /// its own under [`FailurePolicy::Local`](crate::FailurePolicy::Local).
+    pub fn scaled(&self, share: LocalShare) -> FleetShedPolicy {
+        FleetShedPolicy {
+            lease: self.lease.scaled(share),
+            tiers: self.tiers.clone(),
+            limits: self
+                .limits
+                .iter()
+                .map(|limit| limit.map(|l| share.scale(l)))
+                .collect(),
+        }
+    }
 }
 
 impl fmt::Display for FleetShedPolicy {
@@ -148,43 +165,46 @@ impl FleetShedPolicyBuilder {
     pub fn build(self) -> Result<FleetShedPolicy, ConfigError> {
         let lease = self.lease.build()?;
         let tiers = self.tiers;
-        let mut shares = default_shares(tiers.len());
+        let invalid = |tier: &str, detail: String| ConfigError::TierShare {
+            tier: tier.to_owned(),
+            detail,
+        };
+        let mut shares = default_shares(tiers.len())?;
         for (name, share) in &self.shares {
-            let invalid = |detail: String| ConfigError::InvalidShare {
-                tier: name.clone(),
-                detail,
-            };
             let tier = tiers
                 .get(name)
                 .ok_or_else(|| ConfigError::UnknownTier { name: name.clone() })?;
             if tier == tiers.critical() {
-                return Err(invalid("the most important tier is never shed".into()));
+                return Err(invalid(
+                    name,
+                    "the most important tier is never shed".into(),
+                ));
             }
-            if !(*share > 0.0 && *share <= 1.0) {
-                return Err(invalid(format!("{share} is not in (0, 1]")));
-            }
+            let share = LocalShare::new(*share)
+                .map_err(|_| invalid(name, format!("{share} is not in (0, 1]")))?;
             if let Some(slot) = shares.get_mut(tier.rank()) {
-                *slot = *share;
+                *slot = share;
             }
         }
         let capacity = lease.max_in_flight();
         let mut limits: Vec<Option<u64>> = vec![None];
         let mut above = capacity;
         for (tier, share) in tiers.iter().zip(&shares).skip(1) {
-            let limit = share_of(*share, capacity);
-            let invalid = |detail: String| ConfigError::InvalidShare {
-                tier: tiers.name(tier).to_owned(),
-                detail,
-            };
+            let name = tiers.name(tier);
+            let limit = share.floor_of(capacity);
             if limit == 0 {
-                return Err(invalid(format!(
-                    "{share} of {capacity} leaves the tier no capacity"
-                )));
+                return Err(invalid(
+                    name,
+                    format!("{share} of {capacity} leaves the tier no capacity"),
+                ));
             }
             if limit > above {
-                return Err(invalid(format!(
-                    "{share} of {capacity} is {limit}, more than the {above} of a more important tier"
-                )));
+                return Err(invalid(
+                    name,
+                    format!(
+                        "{share} of {capacity} is {limit}, more than the {above} of a more important tier"
+                    ),
+                ));
             }
             above = limit;
             limits.push(Some(limit));
@@ -197,24 +217,12 @@ impl FleetShedPolicyBuilder {
     }
 }
 
-/// `floor(share × capacity)`, where a product that misses a whole number
-/// only by rounding (0.29 × 100 = 28.999…) counts as that number.
-fn share_of(share: f64, capacity: u64) -> u64 {
-    let exact = share * capacity as f64;
-    let nearest = exact.round();
-    if (exact - nearest).abs() <= exact * 1e-12 {
-        nearest as u64
-    } else {
-        exact.floor() as u64
-    }
-}
-
 /// The least important of `n` tiers gets half, and the shares rise evenly
 /// to 1 at the most important (whose share is never used).
-fn default_shares(n: usize) -> Vec<f64> {
-    let steps = n.saturating_sub(1).max(1) as f64;
-    (0..n)
-        .map(|rank| 1.0 - rank as f64 / (2.0 * steps))
+fn default_shares(n: usize) -> Result<Vec<LocalShare>, ConfigError> {
+    let steps = n.saturating_sub(1).max(1) as u64;
+    (0..n as u64)
+        .map(|rank| LocalShare::new(1.0 - rank as f64 / (2 * steps) as f64))
         .collect()
 }
 
@@ -242,14 +250,14 @@ mod tests {
             assert!(
                 matches!(
                     b().share("low", share).build(),
-                    Err(ConfigError::InvalidShare { .. })
+                    Err(ConfigError::TierShare { .. })
                 ),
                 "{share}"
             );
         }
         assert!(matches!(
             b().share("critical", 0.5).build(),
-            Err(ConfigError::InvalidShare { .. })
+            Err(ConfigError::TierShare { .. })
         ));
         assert!(matches!(
             b().share("bulk", 0.5).build(),
@@ -258,7 +266,7 @@ mod tests {
         // low above normal: priorities inverted.
         assert!(matches!(
             b().share("normal", 0.3).share("low", 0.6).build(),
-            Err(ConfigError::InvalidShare { .. })
+            Err(ConfigError::TierShare { .. })
         ));
         // Default shares of a capacity of 1 leave the lower tiers nothing.
         assert!(FleetShedPolicy::new("fleet", 1).is_err());
@@ -277,11 +285,14 @@ mod tests {
     }
 
     #[test]
-    fn shares_are_not_lost_to_rounding() {
-        assert_eq!(share_of(0.29, 100), 29);
-        assert_eq!(share_of(0.1, 30), 3);
-        assert_eq!(share_of(0.5, 5), 2);
-        assert_eq!(share_of(1.0, u64::MAX), u64::MAX);
-        assert_eq!(share_of(1.0 - 2.0 / 6.0, 12), 8);
+    fn shares_are_exact_fractions_and_scale_for_a_local_fallback() {
+        let b = || FleetShedPolicy::builder("fleet", 100);
+        let p = b().share("low", 0.29).build().unwrap();
+        assert_eq!(p.limit(p.tiers().get("low").unwrap()), Some(29));
+        let p = FleetShedPolicy::new("fleet", 12).unwrap();
+        let local = p.scaled(LocalShare::one_of(4).unwrap());
+        assert_eq!(local.capacity(), 3);
+        let limits: Vec<_> = local.tiers().iter().map(|t| local.limit(t)).collect();
+        assert_eq!(limits, [None, Some(2), Some(2), Some(1)]);
     }
 }

@@ -83,7 +83,9 @@ impl<S, C, M> FleetShed<S, C, M> {
         // Counted from here: a request waiting for the store is in flight.
         let slot = common.shedder.counters().enter(gate.tier);
         let acquire = common.shedder.admit(gate.tier);
-        ResponseFuture::new(Admitting::start(gate, acquire, &mut self.inner, req), slot)
+        // The fallback needs no key: the tier's gate knows its local one.
+        let admitting = Admitting::start(gate, acquire, &mut self.inner, req, None);
+        ResponseFuture::new(admitting, slot)
     }
 }
 

@@ -6,9 +6,10 @@ use crate::concurrency::{Acquire, Admission, ConcurrencyLimiter};
 use crate::error::StoreError;
 use crate::key::Key;
 use crate::limiter::IntoStore;
+use crate::share::LocalShare;
 use crate::shed::state::{ShedState, TierCounters};
 use crate::shed::tier::Tier;
-use crate::store::Store;
+use crate::store::{MemoryStore, Store};
 
 /// A [`FleetShedPolicy`] bound to a [`Store`]: one lease set for the whole
 /// fleet, from which each request takes a lease up to its tier's limit. One
@@ -101,6 +102,19 @@ impl FleetShedder {
 
     pub(crate) fn counters(&self) -> &Arc<TierCounters> {
         &self.counters
+    }
+
+    /// The local fallback under [`FailurePolicy::Local`](crate::FailurePolicy::Local):
+    /// `share` of the policy in this process's memory, counted in this
+    /// shedder's state.
+    pub(crate) fn local(&self, share: LocalShare) -> FleetShedder {
+        let policy = self.policy.scaled(share);
+        FleetShedder {
+            counters: self.counters.clone(),
+            limiter: ConcurrencyLimiter::new(policy.lease().clone(), MemoryStore::new()),
+            key: self.key.clone(),
+            policy,
+        }
     }
 }
 

@@ -1,7 +1,7 @@
 //! The Redis store's window algorithms: one script per algorithm, one
 //! round trip per decision, every key of one identity under one hash tag.
 
-use super::{LuaScript, RedisStore, TimeSource, decode_gcra};
+use super::{LuaScript, RedisStore, TimeSource, decode_decision};
 use crate::algorithm::Algorithm;
 use crate::decision::Decision;
 use crate::key::Key;
@@ -85,8 +85,9 @@ impl RedisStore {
             let reply = store
                 .eval(store.inner.windows.script(algorithm), &keys, &args)
                 .await?;
-            // Same reply shape as GCRA's, with 0 where GCRA puts the wait.
-            decode_gcra(&reply, count)
+            // GCRA's reply shape, with 0 where GCRA puts the wait, then
+            // every window's remaining and reset.
+            decode_decision(&reply, count, true)
         })
     }
 }
@@ -117,7 +118,7 @@ mod tests {
                 Value::Int(0),
             ]),
         ] {
-            assert!(decode_gcra(&reply, 2).is_err(), "{reply:?}");
+            assert!(decode_decision(&reply, 2, true).is_err(), "{reply:?}");
         }
     }
 }
