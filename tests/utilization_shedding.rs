@@ -45,6 +45,28 @@ fn app(
         )
 }
 
+/// A shedder of `workers` with `config` and the even coin, its router, the
+/// gate of `/held` and the signals of its handlers starting.
+fn on_workers(
+    workers: u64,
+    config: UtilizationConfig,
+) -> (
+    UtilizationShedder,
+    Router,
+    watch::Sender<bool>,
+    mpsc::UnboundedReceiver<()>,
+) {
+    let shedder = UtilizationShedder::workers(workers)
+        .config(config)
+        .random(even_coin())
+        .build()
+        .unwrap();
+    let (open, gate) = watch::channel(false);
+    let (entered_tx, entered) = mpsc::unbounded_channel();
+    let app = app(shedder.clone(), gate, entered_tx);
+    (shedder, app, open, entered)
+}
+
 async fn call(app: &Router, path: &str, tier: &str) -> StatusCode {
     let req = Request::get(path)
         .header("x-priority", tier)
@@ -159,14 +181,7 @@ async fn its_own_requests_in_flight_drive_it_with_configured_numbers() {
         .delay(Duration::from_secs(2))
         .ramp(Duration::from_secs(4))
         .unwrap();
-    let shedder = UtilizationShedder::workers(4)
-        .config(config)
-        .random(even_coin())
-        .build()
-        .unwrap();
-    let (open, gate) = watch::channel(false);
-    let (entered_tx, mut entered) = mpsc::unbounded_channel();
-    let app = app(shedder.clone(), gate, entered_tx);
+    let (shedder, app, open, mut entered) = on_workers(4, config);
     let mut t = 0;
     assert_eq!(call(&app, "/", "critical").await, StatusCode::OK);
 
@@ -217,14 +232,7 @@ async fn utilization_is_the_busy_share_of_time_not_the_count_at_arrivals() {
         .delay(Duration::ZERO)
         .ramp(Duration::from_secs(10))
         .unwrap();
-    let shedder = UtilizationShedder::workers(2)
-        .config(config)
-        .random(even_coin())
-        .build()
-        .unwrap();
-    let (open, gate) = watch::channel(false);
-    let (entered_tx, mut entered) = mpsc::unbounded_channel();
-    let app = app(shedder.clone(), gate, entered_tx);
+    let (shedder, app, open, mut entered) = on_workers(2, config);
     assert_eq!(call(&app, "/", "critical").await, StatusCode::OK);
 
     // Waves: two requests busy for 0.9 s of every second, all done when
