@@ -20,6 +20,8 @@
 //! - `FLEETGATE_POLICIES`: a TOML policy file (see `examples/policies.toml`)
 //!   whose routes and policies replace the built-in rate limits of
 //!   `/api/ping` and `/api/window`: limits change without a rebuild.
+//! - `FLEETGATE_SHED_WORKERS`: the worker capacity of the worker-utilization
+//!   shedder in front of `/api/charge` and `/api/report` (default 64).
 //!
 //! Routes:
 //! - `GET /` lists the routes and their limits.
@@ -35,9 +37,16 @@
 //! - `GET /api/slow?ms=N` answers after `N` milliseconds (default 1000, at
 //!   most 60000), at most 2 in flight per API key (`x-api-key`, or the
 //!   client IP without one): a third concurrent call gets 429.
+//! - `POST /api/charge?ms=N` (critical) and `GET /api/report?ms=N` (low
+//!   priority) answer after `N` milliseconds (default 1000), behind a fleet
+//!   load shedder of 4 in flight of which reports may use 2: a third
+//!   concurrent report gets 503, a charge is never shed. In front of both,
+//!   a worker-utilization shedder sheds reports first once this process
+//!   has had more than 80% of `FLEETGATE_SHED_WORKERS` busy for about 28 s.
 //!
 //! Try: `for i in $(seq 8); do curl -s -o /dev/null -w '%{http_code}\n' localhost:3000/api/ping; done`
 //! and `for i in 1 2 3; do curl -s -w ' %{http_code}\n' 'localhost:3000/api/slow?ms=3000' & done; wait`
+//! and `for i in 1 2 3 4; do curl -s -w ' %{http_code}\n' 'localhost:3000/api/report?ms=3000' & done; curl -s -w ' %{http_code}\n' -X POST localhost:3000/api/charge; wait`
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -46,11 +55,15 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::extract::Query;
-use axum::http::StatusCode;
-use axum::routing::get;
+use axum::http::{Method, StatusCode};
+use axum::routing::{get, post};
 use fleetgate::concurrency::{ConcurrencyLimitLayer, ConcurrencyLimiter, ConcurrencyPolicy};
 use fleetgate::key::{HeaderKey, PeerIp};
 use fleetgate::rate_limit::RoutePolicies;
+use fleetgate::shed::{
+    FleetShedLayer, FleetShedPolicy, FleetShedder, RouteTiers, Tiers, UtilizationShedLayer,
+    UtilizationShedder,
+};
 use fleetgate::spec::PolicyFile;
 use fleetgate::{
     Algorithm, FailurePolicy, Limit, Limiter, MemoryStore, Policy, Rate, RateLimitLayer,
@@ -65,6 +78,8 @@ GET /api/window  window; per x-api-key (or client IP): sliding log, 25/5s and 30
 GET /healthz   ok; unlimited
 GET /metrics   Prometheus metrics: decisions by policy and outcome, store latency
 GET /api/slow?ms=N  answers after N ms (default 1000); per x-api-key (or client IP): 2 in flight
+POST /api/charge?ms=N  answers after N ms (default 1000); critical: never shed
+GET /api/report?ms=N  answers after N ms (default 1000); low priority: 503 beyond 2 of the fleet's 4 in flight
 ";
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -171,8 +186,15 @@ async fn main() -> Result<(), BoxError> {
                 ),
             ),
     };
+    let workers = match std::env::var("FLEETGATE_SHED_WORKERS") {
+        Err(_) => 64,
+        Ok(n) => n
+            .parse()
+            .map_err(|err| format!("FLEETGATE_SHED_WORKERS {n:?}: {err}"))?,
+    };
     let app = limited
         .merge(slow_routes(store.clone())?)
+        .merge(shed_routes(store.clone(), workers)?)
         .route("/", get(|| async { ROUTES }))
         .route("/healthz", get(|| async { "ok\n" }))
         .route(
@@ -232,20 +254,56 @@ fn slow_routes(store: Arc<dyn Store>) -> Result<Router, BoxError> {
     Ok(Router::new()
         .route(
             "/api/slow",
-            get(|Query(q): Query<HashMap<String, String>>| async move {
-                let ms = match q.get("ms").map(|ms| ms.parse::<u64>()) {
-                    None => 1000,
-                    Some(Ok(ms)) => ms.min(60_000),
-                    Some(Err(_)) => {
-                        return (StatusCode::BAD_REQUEST, "ms must be a number\n".to_owned());
-                    }
-                };
-                tokio::time::sleep(Duration::from_millis(ms)).await;
-                (StatusCode::OK, format!("slept {ms} ms\n"))
-            }),
+            get(|q: Query<HashMap<String, String>>| answer_after(q, "slept")),
         )
         .route_layer(
             ConcurrencyLimitLayer::new(ConcurrencyLimiter::new(slow, store))
                 .key(HeaderKey::new("x-api-key").or(PeerIp)),
         ))
+}
+
+/// `POST /api/charge` (critical) and `GET /api/report` (low priority)
+/// behind a fleet load shedder of 4 in flight, of which reports may use
+/// half, and a worker-utilization shedder for this process.
+fn shed_routes(store: Arc<dyn Store>, workers: u64) -> Result<Router, BoxError> {
+    let tiers = Tiers::default();
+    let routes = RouteTiers::new(&tiers)
+        .route(Some(Method::POST), "/api/charge", "critical")?
+        .route(Some(Method::GET), "/api/report", "low")?;
+    let fleet = FleetShedPolicy::builder("fleet", 4)
+        .share("low", 0.5)
+        .build()?;
+    let local = UtilizationShedder::workers(workers)
+        .name("workers")
+        .build()?;
+    Ok(Router::new()
+        .route(
+            "/api/charge",
+            post(|q: Query<HashMap<String, String>>| answer_after(q, "charged after")),
+        )
+        .route(
+            "/api/report",
+            get(|q: Query<HashMap<String, String>>| answer_after(q, "report after")),
+        )
+        // The last layer added runs first: the local shedder decides
+        // before the fleet's count is asked.
+        .route_layer(FleetShedLayer::new(FleetShedder::new(fleet, store)).classify(routes.clone()))
+        .route_layer(UtilizationShedLayer::new(local).classify(routes)))
+}
+
+/// Answers `"{what} N ms"` after `ms` milliseconds from the query string
+/// (default 1000, at most 60000).
+async fn answer_after(
+    Query(q): Query<HashMap<String, String>>,
+    what: &str,
+) -> (StatusCode, String) {
+    let ms = match q.get("ms").map(|ms| ms.parse::<u64>()) {
+        None => 1000,
+        Some(Ok(ms)) => ms.min(60_000),
+        Some(Err(_)) => {
+            return (StatusCode::BAD_REQUEST, "ms must be a number\n".to_owned());
+        }
+    };
+    tokio::time::sleep(Duration::from_millis(ms)).await;
+    (StatusCode::OK, format!("{what} {ms} ms\n"))
 }

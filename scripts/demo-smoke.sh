@@ -3,10 +3,12 @@
 # promises: a curl loop on /api/ping sees 429 within a few requests, the
 # 26th quick call to /api/window gets a 429 naming the 5 s window, two
 # instances pointed at one Redis share their counts, /api/slow lets at
-# most 2 calls per key be in flight at once (fleet-wide with Redis), /metrics
-# counts the decisions, FLEETGATE_POLICIES loads limits from a file, and
-# with Redis killed and restarted each FLEETGATE_FAILURE_POLICY does what it
-# says and Redis decides again once it is back.
+# most 2 calls per key be in flight at once (fleet-wide with Redis), the
+# fleet load shedder answers 503 to reports beyond 2 in flight while a
+# charge still passes (fleet-wide with Redis), /metrics counts the
+# decisions, FLEETGATE_POLICIES loads limits from a file, and with Redis
+# killed and restarted each FLEETGATE_FAILURE_POLICY does what it says and
+# Redis decides again once it is back.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -120,6 +122,48 @@ check_slow() { # label, url of 1st call, url of 2nd, url of 3rd
 }
 check_slow "memory store /api/slow" "$url" "$url" "$url"
 
+# Reports this instance has in flight, from /metrics (the fleet shedder's
+# per-tier gauge); waits until there are $2, so that the probes below run
+# while the held reports certainly hold their slots.
+wait_reports() { # url, count
+  local now=""
+  for _ in $(seq 100); do
+    now=$(curl -s "$1/metrics" | awk '$1 ~ /^fleetgate_shed_in_flight/ && index($1, "layer=\"fleet_shed\"") && index($1, "tier=\"low\"") { print $2 }')
+    if [ "${now:-0}" = "$2" ]; then return 0; fi
+    sleep 0.05
+  done
+  echo "FAIL: $1 never had $2 reports in flight (last: ${now:-none})" >&2
+  exit 1
+}
+
+# Two reports held (2.5 s, on $2 and $3) fill the low tier's share of the
+# fleet's 4; three more at once (on $3) get 503 with Retry-After, while a
+# concurrent charge (critical) gets 200.
+check_shed() { # label, url of 1st held report, url of 2nd and of the probes
+  curl -s -o /dev/null -w '%{http_code}' "$2/api/report?ms=2500" >"$tmp/rep1" &
+  local p1=$!
+  wait_reports "$2" 1
+  curl -s -o /dev/null -w '%{http_code}' "$3/api/report?ms=2500" >"$tmp/rep2" &
+  local p2=$!
+  if [ "$2" = "$3" ]; then wait_reports "$3" 2; else wait_reports "$3" 1; fi
+  local probes=()
+  for i in 1 2 3; do
+    curl -s -o /dev/null -w '%{http_code} %header{retry-after}' "$3/api/report?ms=0" >"$tmp/probe$i" &
+    probes+=($!)
+  done
+  curl -s -o /dev/null -w '%{http_code}' -X POST "$3/api/charge?ms=0" >"$tmp/charge" &
+  local pc=$!
+  wait "${probes[@]}" "$pc" "$p1" "$p2"
+  local got
+  got="held=$(cat "$tmp/rep1") $(cat "$tmp/rep2") probes=$(cat "$tmp/probe1"),$(cat "$tmp/probe2"),$(cat "$tmp/probe3") charge=$(cat "$tmp/charge")"
+  echo "$1: $got"
+  case "$got" in
+    "held=200 200 probes=503 1,503 1,503 1 charge=200") ;;
+    *) echo "FAIL: expected 2 reports held, 3 more shed with Retry-After: 1, the charge passing" >&2; exit 1 ;;
+  esac
+}
+check_shed "memory store /api/report + /api/charge" "$url" "$url"
+
 redis_bin="${REDIS_SERVER:-redis-server}"
 # Starts redis-server on $1 and waits until it accepts connections; sets
 # rpid. Fails if it does not come up.
@@ -156,6 +200,7 @@ case "$got" in
   *) echo "FAIL: two instances did not share one limit" >&2; exit 1 ;;
 esac
 check_slow "two instances, one redis, /api/slow" "$a" "$b" "$a"
+check_shed "two instances, one redis, /api/report + /api/charge" "$a" "$b"
 window_check "$a" smoke-window-redis
 
 # Redis killed: the demo keeps answering within its 50 ms timeout, failing

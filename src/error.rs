@@ -130,6 +130,20 @@ pub enum ConfigError {
         /// The values given.
         detail: String,
     },
+    /// A tier's share of the fleet capacity that is not a number in
+    /// `(0, 1]`, leaves the tier no capacity at all, lets a tier use more
+    /// than a more important one, or is set for the most important tier
+    /// (which is never shed).
+    #[error("share of tier {tier:?}: {detail}")]
+    TierShare {
+        /// The tier.
+        tier: String,
+        /// What is wrong with it.
+        detail: String,
+    },
+    /// A worker capacity of zero: utilization would be undefined.
+    #[error("a worker-utilization shedder needs at least one worker")]
+    ZeroWorkers,
     /// Something that starts background tasks was built outside a tokio
     /// runtime.
     #[error("{what} must be called within a tokio runtime")]

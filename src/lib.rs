@@ -13,6 +13,11 @@
 //! - [`ConcurrencyLimitLayer`] caps the requests in flight per identity
 //!   across the fleet with leases held until the response body ends
 //!   ([`concurrency`]); [`lease`] holds the reusable release-on-drop pieces.
+//! - Under overload, [`shed`] drops the least important traffic first:
+//!   [`FleetShedLayer`] gives each priority tier a share of the fleet's
+//!   capacity and answers 503 beyond it, never to critical traffic;
+//!   [`UtilizationShedLayer`] sheds, slowly, when this process has been
+//!   busy for a while.
 //!
 //! # An axum server
 //!
@@ -162,6 +167,10 @@ pub use crate::store::{MemoryStore, RedisStore, RedisStoreBuilder, Store, TimeSo
 pub use crate::concurrency::{
     ConcurrencyLimit, ConcurrencyLimitError, ConcurrencyLimitLayer, ConcurrencyLimiter,
     ConcurrencyPolicy,
+};
+
+pub use crate::shed::{
+    FleetShedLayer, FleetShedPolicy, FleetShedder, UtilizationShedLayer, UtilizationShedder,
 };
 
 /// The error type of services in typed-error mode.

@@ -6,10 +6,14 @@
 //! |---|---|---|---|
 //! | `fleetgate_decisions_total` | counter | `layer`, `policy`, `outcome` | one per request a layer decided |
 //! | `fleetgate_near_limit_total` | counter | `layer`, `policy` | rate limits: admitted with at most a tenth of the deciding limit's burst left |
+//! | `fleetgate_shed_in_flight` | gauge | `layer`, `policy`, `tier` | load shedders: this process's requests of the tier in flight |
+//! | `fleetgate_shed_fraction` | gauge | `layer`, `policy`, `tier` | load shedders: how much of the tier is shed now (0 to 1) |
+//! | `fleetgate_shed_total` | counter | `layer`, `policy`, `tier` | load shedders: requests of the tier shed |
 //! | `fleetgate_store_duration_seconds` | histogram | `store`, `op` | one Redis round trip, timeouts and errors included |
 //! | `fleetgate_store_errors_total` | counter | `store`, `op`, `error` | Redis calls that failed: `timeout`, `redis`, `reply` |
 //!
-//! `layer` is the kind of layer (`rate_limit`, `concurrency`, ...), `policy`
+//! `layer` is the kind of layer (`rate_limit`, `concurrency`, `fleet_shed`,
+//! `utilization_shed`), `tier` a load shedder's tier name, `policy`
 //! the configured policy name, `outcome` one of [`Outcome`]'s names, and
 //! `op` the script (`gcra`, `sliding_log`, `lease_acquire`, ...). A store
 //! failure shows twice: as a store error, and as the `fail_open`,

@@ -80,9 +80,15 @@ impl LocalShare {
 
     /// `n` scaled by the share: rounded down to a whole number, at least 1.
     pub fn scale(self, n: u64) -> u64 {
+        self.floor_of(n).max(1)
+    }
+
+    /// `n` scaled by the share, rounded down: 0 when the share of `n` is
+    /// less than one.
+    pub(crate) fn floor_of(self, n: u64) -> u64 {
         let scaled = u128::from(n) * u128::from(self.numer) / u128::from(self.denom);
         // At most `n`: the share is at most 1.
-        u64::try_from(scaled).unwrap_or(n).max(1)
+        u64::try_from(scaled).unwrap_or(n)
     }
 }
 

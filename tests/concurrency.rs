@@ -7,17 +7,17 @@ mod common;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, Once};
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
-use axum::extract::Extension;
 use axum::routing::get;
 use bytes::Bytes;
 use common::RedisServer;
+use common::handlers::{self, Started, quiet_deliberate_panics};
 use fleetgate::concurrency::{ConcurrencyLimitError, ConcurrencyLimitLayer, ConcurrencyLimiter};
 use fleetgate::key::{GlobalKey, HeaderKey, Key, key_fn};
 use fleetgate::{
@@ -52,24 +52,6 @@ impl InFlight {
 
     fn max(&self) -> usize {
         self.max.load(Ordering::SeqCst)
-    }
-}
-
-/// Tells the test that the handler has started (per request, through an
-/// extension), so the test can cancel it mid-flight at the right moment.
-#[derive(Clone, Default)]
-struct Started(Arc<Mutex<Option<oneshot::Sender<()>>>>);
-
-impl Started {
-    fn new() -> (Started, oneshot::Receiver<()>) {
-        let (tx, rx) = oneshot::channel();
-        (Started(Arc::new(Mutex::new(Some(tx)))), rx)
-    }
-
-    fn signal(&self) {
-        if let Some(tx) = self.0.lock().unwrap().take() {
-            let _ = tx.send(());
-        }
     }
 }
 
@@ -177,23 +159,6 @@ fn request(path: &str, api_key: &str) -> Request<Body> {
         .header("x-api-key", api_key)
         .body(Body::empty())
         .unwrap()
-}
-
-/// Deliberate panics in handlers are expected: keep them out of the output.
-fn quiet_deliberate_panics() {
-    static ONCE: Once = Once::new();
-    ONCE.call_once(|| {
-        let default = std::panic::take_hook();
-        std::panic::set_hook(Box::new(move |info| {
-            let deliberate = info
-                .payload()
-                .downcast_ref::<&str>()
-                .is_some_and(|m| m.contains("deliberate"));
-            if !deliberate {
-                default(info);
-            }
-        }));
-    });
 }
 
 // ---------------------------------------------------------------------------
@@ -370,23 +335,8 @@ async fn cap_holds_across_instances_sharing_one_redis() {
 fn lifecycle_app(limiter: ConcurrencyLimiter, dropped: mpsc::UnboundedSender<()>) -> Router {
     Router::new()
         .route("/ok", get(|| async { "ok" }))
-        .route(
-            "/hang",
-            get(|Extension(started): Extension<Started>| async move {
-                started.signal();
-                std::future::pending::<()>().await;
-                "never"
-            }),
-        )
-        .route(
-            "/panic",
-            get(|| async {
-                if true {
-                    panic!("deliberate panic in a handler");
-                }
-                "never"
-            }),
-        )
+        .route("/hang", get(handlers::hang))
+        .route("/panic", get(handlers::panic))
         .route(
             "/stream",
             get(move || {

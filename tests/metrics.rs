@@ -30,6 +30,7 @@ struct Readings {
     snapshotter: Snapshotter,
     counters: HashMap<String, u64>,
     histograms: HashMap<String, usize>,
+    gauges: HashMap<String, f64>,
 }
 
 fn readings() -> &'static Mutex<Readings> {
@@ -44,6 +45,7 @@ fn readings() -> &'static Mutex<Readings> {
             snapshotter,
             counters: HashMap::new(),
             histograms: HashMap::new(),
+            gauges: HashMap::new(),
         })
     })
 }
@@ -64,7 +66,9 @@ fn take() -> std::sync::MutexGuard<'static, Readings> {
         match value {
             DebugValue::Counter(n) => *r.counters.entry(id).or_default() += n,
             DebugValue::Histogram(v) => *r.histograms.entry(id).or_default() += v.len(),
-            DebugValue::Gauge(_) => {}
+            // Snapshots drain gauges too: increments add up again here; a
+            // gauge that is set reads right if set once between readings.
+            DebugValue::Gauge(v) => *r.gauges.entry(id).or_default() += v.into_inner(),
         }
     }
     r
@@ -261,6 +265,70 @@ async fn redis_round_trips_are_timed() {
     assert!(after - before >= 4, "{before} -> {after}");
     assert_eq!(decisions("rate_limit", "m-redis", "allowed"), 3);
     assert_eq!(decisions("rate_limit", "m-redis", "denied"), 2);
+}
+
+#[tokio::test]
+async fn shed_outcomes_and_tier_state_are_published() {
+    use fleetgate::shed::{FleetShedLayer, FleetShedPolicy, FleetShedder, HeaderTier};
+    use http::HeaderName;
+
+    readings();
+    let policy = FleetShedPolicy::builder("m-shed", 2)
+        .share("low", 0.5)
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .route_layer(
+            FleetShedLayer::new(FleetShedder::new(policy, MemoryStore::new()))
+                .classify(HeaderTier::new(HeaderName::from_static("x-priority"))),
+        );
+    let call = |tier: &str| {
+        let req = Request::get("/")
+            .header("x-priority", tier)
+            .body(Body::empty())
+            .unwrap();
+        app.clone().oneshot(req)
+    };
+    // One low response held (unread): the next low one is shed.
+    let held = call("low").await.unwrap();
+    assert_eq!(
+        call("low").await.unwrap().status(),
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+    assert_eq!(call("critical").await.unwrap().status(), StatusCode::OK);
+    let tier = |name: &str, tier: &str| {
+        series(
+            name,
+            &[
+                ("layer", "fleet_shed"),
+                ("policy", "m-shed"),
+                ("tier", tier),
+            ],
+        )
+    };
+    {
+        let r = take();
+        assert_eq!(
+            r.gauges.get(&tier("fleetgate_shed_in_flight", "low")),
+            Some(&1.0)
+        );
+        assert_eq!(
+            r.gauges.get(&tier("fleetgate_shed_fraction", "low")),
+            Some(&1.0)
+        );
+        assert_eq!(
+            r.counters.get(&tier("fleetgate_shed_total", "low")),
+            Some(&1)
+        );
+    }
+    drop(held);
+    assert_eq!(
+        take().gauges.get(&tier("fleetgate_shed_in_flight", "low")),
+        Some(&0.0)
+    );
+    assert_eq!(decisions("fleet_shed", "m-shed", "allowed"), 2);
+    assert_eq!(decisions("fleet_shed", "m-shed", "shed"), 1);
 }
 
 #[tokio::test]

@@ -67,6 +67,13 @@ impl ConcurrencyLimiter {
     /// request was sent, the lease that may have been recorded is released
     /// again rather than held until its TTL.
     pub fn acquire(&self, key: &Key) -> Acquire {
+        self.acquire_up_to(key, self.policy.max_in_flight())
+    }
+
+    /// [`acquire`](Self::acquire) with a capacity other than the policy's:
+    /// the fleet load shedder admits each tier up to its own share of one
+    /// lease set.
+    pub(crate) fn acquire_up_to(&self, key: &Key, capacity: u64) -> Acquire {
         let lease = StoreLease::new(
             self.store.clone(),
             self.policy.name_arc(),
@@ -74,9 +81,7 @@ impl ConcurrencyLimiter {
             self.policy.lease_ttl(),
             self.pending.clone(),
         );
-        let mut grant = self
-            .store
-            .lease_acquire(lease.call(self.policy.max_in_flight()));
+        let mut grant = self.store.lease_acquire(lease.call(capacity));
         // A store that decided at once has recorded the lease already.
         let sent = match grant.take_ready() {
             Some(result) => {

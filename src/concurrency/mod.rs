@@ -142,7 +142,7 @@ impl Common {
         result: Result<Admission, StoreError>,
         latency: Option<Duration>,
     ) -> Result<Option<LeaseGuard<StoreLease>>, ConcurrencyRejectionKind> {
-        let span = decision_span("concurrency", self.limiter.policy().name(), latency);
+        let span = decision_span("concurrency", self.limiter.policy().name(), None, latency);
         let _entered = span.enter();
         let (outcome, verdict) = match result {
             Ok(Admission::Acquired(guard)) => {
@@ -186,7 +186,7 @@ impl Common {
     }
 
     pub(crate) fn missing_key(&self, status: StatusCode) -> ConcurrencyRejectionKind {
-        let span = decision_span("concurrency", self.limiter.policy().name(), None);
+        let span = decision_span("concurrency", self.limiter.policy().name(), None, None);
         let _entered = span.enter();
         span.record("outcome", Outcome::MissingKey.as_str());
         if KEY_WARNINGS.allow() {

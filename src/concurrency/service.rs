@@ -8,9 +8,10 @@ use http::{Request, Response};
 use http_body::Body;
 use tower_service::Service;
 
-use super::{Common, ConcurrencyBody, ResponseFuture, Shared};
+use super::{ConcurrencyBody, ResponseFuture, Shared};
 use crate::BoxError;
 use crate::key::KeyExtractor;
+use crate::lease::Admitting;
 use crate::rate_limit::{OnMissingKey, mode};
 
 /// The service [`ConcurrencyLimitLayer`](super::ConcurrencyLimitLayer)
@@ -55,34 +56,25 @@ impl<S, K, M> ConcurrencyLimit<S, K, M> {
         S: Service<Req> + Clone,
         K: KeyExtractor<Req>,
     {
-        let mut common = self.shared.common.clone();
+        let common = self.shared.common.clone();
         let key = match self.shared.key.extract(&req) {
             Some(key) => key,
             None => match &common.on_missing {
                 OnMissingKey::Reject(status) => {
                     let kind = common.missing_key(*status);
-                    return ResponseFuture::rejected(common, kind);
+                    return ResponseFuture::new(Admitting::rejected(common, kind));
                 }
                 OnMissingKey::Fallback(key) => key.clone(),
                 OnMissingKey::Allow => {
-                    return ResponseFuture::calling(common, self.inner.call(req), None);
+                    let fut = self.inner.call(req);
+                    return ResponseFuture::new(Admitting::calling(common, fut, None));
                 }
             },
         };
-        let mut acquire = common.limiter.acquire(&key);
-        // The memory store has decided already: call the ready service now.
-        if let Some(result) = acquire.take_ready() {
-            let result = Common::fall_back(&mut common, result, Some(&key));
-            return match common.judge(result, None) {
-                Ok(guard) => ResponseFuture::calling(common, self.inner.call(req), guard),
-                Err(kind) => ResponseFuture::rejected(common, kind),
-            };
-        }
-        let clone = self.inner.clone();
-        let inner = std::mem::replace(&mut self.inner, clone);
+        let acquire = common.limiter.acquire(&key);
         // Kept for the local fallback only.
         let key = common.fallback.is_some().then_some(key);
-        ResponseFuture::acquiring(common, acquire, inner, req, key)
+        ResponseFuture::new(Admitting::start(common, acquire, &mut self.inner, req, key))
     }
 }
 

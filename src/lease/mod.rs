@@ -39,6 +39,7 @@
 //! # Ok(()) }
 //! ```
 
+mod admit;
 mod body;
 mod guard;
 mod renewer;
@@ -49,6 +50,7 @@ pub use self::guard::LeaseGuard;
 pub use self::renewer::Renewer;
 pub use self::store::StoreLease;
 
+pub(crate) use self::admit::{Admitting, Answer, Gate, Outcome};
 pub(crate) use self::store::Pending;
 
 use crate::store::StoreFuture;

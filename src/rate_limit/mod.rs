@@ -308,7 +308,7 @@ impl Common {
         latency: Option<Duration>,
     ) -> Result<Option<Decision>, RejectionKind> {
         let policy = self.limiter.policy();
-        let span = decision_span("rate_limit", policy.name(), latency);
+        let span = decision_span("rate_limit", policy.name(), None, latency);
         let _entered = span.enter();
         let refusal = match result {
             Ok(d) if d.is_allowed() => {
@@ -345,7 +345,7 @@ impl Common {
     /// A request without a key, refused with `status` (or, in shadow mode,
     /// let through: `None`), in a decision span of its own.
     pub(crate) fn missing_key(&self, status: http::StatusCode) -> Option<RejectionKind> {
-        let span = decision_span("rate_limit", self.limiter.policy().name(), None);
+        let span = decision_span("rate_limit", self.limiter.policy().name(), None, None);
         let _entered = span.enter();
         self.refuse(RejectionKind::MissingKey(status))
     }
@@ -411,21 +411,30 @@ impl Common {
 }
 
 /// The span of one decision, `fleetgate.decision` at `debug`: the layer,
-/// the policy, the outcome (recorded once known) and, for a store that did
-/// I/O, its latency in microseconds. Free unless a subscriber wants `debug`.
+/// the policy, the tier (shedding layers), the outcome (recorded once
+/// known) and, for a store that did I/O, its latency in microseconds. Free
+/// unless a subscriber wants `debug`.
 pub(crate) fn decision_span(
     layer: &'static str,
     policy: &str,
+    tier: Option<&str>,
     latency: Option<Duration>,
 ) -> tracing::Span {
     let span = tracing::debug_span!(
         "fleetgate.decision",
         layer,
         policy,
+        tier = tracing::field::Empty,
         outcome = tracing::field::Empty,
         store_latency_us = tracing::field::Empty,
     );
-    if let Some(latency) = latency.filter(|_| !span.is_disabled()) {
+    if span.is_disabled() {
+        return span;
+    }
+    if let Some(tier) = tier {
+        span.record("tier", tier);
+    }
+    if let Some(latency) = latency {
         let micros = u64::try_from(latency.as_micros()).unwrap_or(u64::MAX);
         span.record("store_latency_us", micros);
     }

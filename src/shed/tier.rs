@@ -158,6 +158,17 @@ where
     }
 }
 
+/// Classifies nothing: every request falls into the default tier. The
+/// layers' classifier until one is given.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Unclassified;
+
+impl<Req> Classify<Req> for Unclassified {
+    fn classify(&self, _req: &Req, _tiers: &Tiers) -> Option<Tier> {
+        None
+    }
+}
+
 /// Classifies by a header that a trusted gateway sets to a tier name, such
 /// as `x-priority: critical`. Unknown or unreadable values fall to the
 /// default tier. Only use it behind a gateway that overwrites the header:

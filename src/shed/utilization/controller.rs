@@ -12,16 +12,14 @@
 //! At full speed `a` moves by 1 per `ramp` (120 s). It rests at
 //! `−delay/ramp` rather than 0, so that nothing is shed until utilization
 //! has been bad for `delay` (28 s at full speed), and it recovers as slowly
-//! as it rose. Time between observations counts for at most `delay`, so a
-//! long silence cannot jump the amount.
+//! as it rose. Time between observations counts for at most `delay` (or the
+//! sampling interval, if longer), so a long silence cannot jump the amount.
 //!
 //! The positive part of `a` sweeps the tiers that may be shed, least
 //! important first: with `k` of them, the one at position `i` from the
 //! bottom is dropped with probability `clamp(a·k − i, 0, 1)`. The most
 //! important tier is never dropped.
 
-use std::fmt;
-use std::sync::Arc;
 use std::time::Duration;
 
 use crate::error::ConfigError;
@@ -104,24 +102,34 @@ impl UtilizationConfig {
 #[derive(Clone, Debug)]
 pub(crate) struct Controller {
     config: UtilizationConfig,
+    /// The longest gap between observations that counts in full.
+    max_gap: Duration,
     amount: f64,
     last_us: Option<u64>,
 }
 
 impl Controller {
-    pub(crate) fn new(config: UtilizationConfig) -> Self {
+    /// A controller observed about every `sample_every`: a longer gap is a
+    /// silence, and counts as `delay` at most (as `sample_every` when the
+    /// delay is shorter, so that a zero delay still moves).
+    pub(crate) fn new(config: UtilizationConfig, sample_every: Duration) -> Self {
         Controller {
             amount: config.resting(),
+            max_gap: config.delay.max(sample_every),
             config,
             last_us: None,
         }
+    }
+
+    pub(crate) fn config(&self) -> &UtilizationConfig {
+        &self.config
     }
 
     /// Moves the amount for the time since the last observation, at the
     /// speed `utilization` asks for.
     pub(crate) fn observe(&mut self, now_us: u64, utilization: f64) {
         let elapsed = match self.last_us {
-            Some(last) => Duration::from_micros(now_us.saturating_sub(last)).min(self.config.delay),
+            Some(last) => Duration::from_micros(now_us.saturating_sub(last)).min(self.max_gap),
             None => Duration::ZERO,
         };
         self.last_us = Some(now_us);
@@ -147,57 +155,12 @@ pub(crate) fn drop_probability(amount: f64, tier: Tier, tiers: &Tiers) -> f64 {
     (amount * sheddable as f64 - from_bottom).clamp(0.0, 1.0)
 }
 
-/// A source of uniform numbers in `[0, 1)` for the shedders' coin flips;
-/// injectable so tests are deterministic.
-pub trait Random: Send + Sync + 'static {
-    /// The next number, in `[0, 1)`.
-    fn next_f64(&self) -> f64;
-}
-
-impl<F: Fn() -> f64 + Send + Sync + 'static> Random for F {
-    fn next_f64(&self) -> f64 {
-        self()
-    }
-}
-
-/// A small, fast generator (xorshift) seeded per thread: plenty for coin
-/// flips, not for secrets.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct ThreadRandom;
-
-impl Random for ThreadRandom {
-    fn next_f64(&self) -> f64 {
-        use std::cell::Cell;
-        use std::hash::{BuildHasher, RandomState};
-        thread_local! {
-            static STATE: Cell<u64> = Cell::new(RandomState::new().hash_one(0u64) | 1);
-        }
-        STATE.with(|s| {
-            let mut x = s.get();
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            s.set(x);
-            // 53 random bits into [0, 1).
-            (x >> 11) as f64 / (1u64 << 53) as f64
-        })
-    }
-}
-
-/// A shared [`Random`].
-pub(crate) type SharedRandom = Arc<dyn Random>;
-
-impl fmt::Debug for dyn Random {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("Random")
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     const S: u64 = 1_000_000;
+    const SECOND: Duration = Duration::from_secs(1);
 
     /// Feeds one observation a second from `from` to `to` (seconds) at
     /// utilization `u`.
@@ -221,7 +184,7 @@ mod tests {
     #[test]
     fn saturation_ramps_after_the_delay_lowest_tier_first() {
         let tiers = Tiers::default(); // critical, high, normal, low
-        let mut c = Controller::new(UtilizationConfig::default());
+        let mut c = Controller::new(UtilizationConfig::default(), SECOND);
         run(&mut c, 0, 28, 1.0);
         // 28 s of full saturation: only now at the edge of shedding.
         assert!(close(c.amount(), 0.0), "{}", c.amount());
@@ -245,7 +208,7 @@ mod tests {
     #[test]
     fn the_dead_zone_holds_and_recovery_is_as_slow() {
         let tiers = Tiers::default();
-        let mut c = Controller::new(UtilizationConfig::default());
+        let mut c = Controller::new(UtilizationConfig::default(), SECOND);
         run(&mut c, 0, 28 + 120, 1.0);
         assert!(close(c.amount(), 1.0));
         // 0.75 is in the dead zone: nothing moves.
@@ -263,24 +226,36 @@ mod tests {
 
     #[test]
     fn partial_overload_moves_proportionally_and_gaps_are_capped() {
-        let mut c = Controller::new(UtilizationConfig::default());
+        let mut c = Controller::new(UtilizationConfig::default(), SECOND);
         // u = 0.9 pushes at half speed: the delay doubles to 56 s.
         run(&mut c, 0, 55, 0.9);
         assert!(c.amount() < 0.0);
         run(&mut c, 56, 57, 0.9);
         assert!(c.amount() > 0.0);
         // A silence of an hour counts as 28 s at most.
-        let mut c = Controller::new(UtilizationConfig::default());
+        let mut c = Controller::new(UtilizationConfig::default(), SECOND);
         c.observe(0, 1.0);
         c.observe(3600 * S, 1.0);
         assert!(close(c.amount(), 0.0));
         // Odd gauges are clamped, NaN counts as idle.
-        let mut c = Controller::new(UtilizationConfig::default());
+        let mut c = Controller::new(UtilizationConfig::default(), SECOND);
         c.observe(0, f64::NAN);
         c.observe(10 * S, f64::INFINITY);
         assert!(close(c.amount(), -28.0 / 120.0 + 10.0 / 120.0));
         c.observe(20 * S, f64::NAN);
         assert!(close(c.amount(), -28.0 / 120.0));
+    }
+
+    #[test]
+    fn a_zero_delay_sheds_at_once_and_still_moves() {
+        let config = UtilizationConfig::default().delay(Duration::ZERO);
+        let mut c = Controller::new(config, SECOND);
+        run(&mut c, 0, 12, 1.0);
+        // No delay: 12 s of saturation shed a tenth; a long gap counts as
+        // one sampling interval.
+        assert!(close(c.amount(), 0.1), "{}", c.amount());
+        c.observe(3600 * S, 1.0);
+        assert!(close(c.amount(), 0.1 + 1.0 / 120.0), "{}", c.amount());
     }
 
     #[test]
@@ -292,18 +267,5 @@ mod tests {
         assert!(c.thresholds(f64::NAN, 0.8).is_err());
         assert!(c.thresholds(0.6, 0.6).is_ok());
         assert!(c.ramp(Duration::ZERO).is_err());
-    }
-
-    #[test]
-    fn thread_random_is_in_range() {
-        let r = ThreadRandom;
-        let mut sum = 0.0;
-        for _ in 0..10_000 {
-            let x = r.next_f64();
-            assert!((0.0..1.0).contains(&x));
-            sum += x;
-        }
-        let mean = sum / 10_000.0;
-        assert!((0.45..0.55).contains(&mean), "{mean}");
     }
 }

@@ -1,0 +1,189 @@
+//! The fleet load shedder: one count of requests in flight for the whole
+//! fleet, of which each tier may use only its share, so that the rest stays
+//! free for more important traffic. See [`FleetShedLayer`].
+
+mod future;
+mod layer;
+mod policy;
+mod service;
+mod shedder;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::Response;
+
+pub use self::future::ResponseFuture;
+pub use self::layer::FleetShedLayer;
+pub use self::policy::{FleetShedPolicy, FleetShedPolicyBuilder};
+pub use self::service::FleetShed;
+pub use self::shedder::FleetShedder;
+
+use super::rejection::{Refusal, ShedAnswer, ShedRejectionKind};
+use super::state::TierSlot;
+use super::tier::Tier;
+use crate::BoxError;
+use crate::concurrency::{Admission, ConcurrencyBody};
+use crate::error::StoreError;
+use crate::key::Key;
+use crate::lease::{Answer, Gate, GuardedBody, LeaseGuard, StoreLease};
+use crate::metrics::{LayerMetrics, Outcome};
+use crate::rate_limit::decision_span;
+use crate::rate_limit::{FailurePolicy, decided_at_once, log_store_failure};
+
+/// The response body of a [`FleetShed`] service: the inner body holding
+/// the request's fleet lease and its place in this process's count until
+/// it ends, or a rejection's text.
+pub type FleetShedBody<B> = GuardedBody<ConcurrencyBody<B>, TierSlot>;
+
+/// Settings every clone of a service and every response future shares.
+pub(crate) struct Common {
+    pub(crate) shedder: FleetShedder,
+    pub(crate) answer: ShedAnswer,
+    pub(crate) failure: FailurePolicy,
+    pub(crate) metrics: LayerMetrics,
+    /// Whether these are a local fallback's settings: outcomes are counted
+    /// as `fallback_*`.
+    pub(crate) local: bool,
+}
+
+/// The settings as seen by requests of one tier: one per tier, built with
+/// the layer, so that deciding costs no allocation.
+pub(crate) struct TierGate {
+    pub(crate) common: Arc<Common>,
+    pub(crate) tier: Tier,
+    pub(crate) limit: Option<u64>,
+    /// Under [`FailurePolicy::Local`]: the local shedder's gate for the
+    /// same tier, deciding the requests the store failed on.
+    pub(crate) fallback: Option<Arc<TierGate>>,
+}
+
+impl TierGate {
+    fn log_failure(&self, err: &StoreError) {
+        let common = &self.common;
+        let store = common.shedder.store();
+        log_store_failure(
+            "load-shedder",
+            &common.answer.policy,
+            store,
+            err,
+            common.failure,
+        );
+    }
+
+    fn pass(&self, outcome: Outcome, span: &tracing::Span) {
+        self.common.metrics.decided(outcome, false);
+        span.record("outcome", outcome.as_str());
+        let counters = self.common.shedder.counters();
+        counters.admitted(self.tier);
+        counters.set_fraction(self.tier, 0.0);
+    }
+}
+
+impl Answer for TierGate {
+    type Refusal = Refusal;
+
+    fn respond(&self, refusal: Refusal) -> Response<Bytes> {
+        self.common.answer.respond(refusal)
+    }
+
+    fn fail(&self, refusal: Refusal) -> BoxError {
+        self.common.answer.fail(refusal)
+    }
+}
+
+impl Gate for TierGate {
+    fn admit(
+        &self,
+        result: Result<Admission, StoreError>,
+        latency: Option<Duration>,
+    ) -> Result<Option<LeaseGuard<StoreLease>>, Refusal> {
+        let common = &self.common;
+        let tier_name = common.answer.tiers.name(self.tier);
+        let span = decision_span(
+            "fleet_shed",
+            &common.answer.policy,
+            Some(tier_name),
+            latency,
+        );
+        let _entered = span.enter();
+        match (result, self.limit) {
+            (Ok(Admission::Acquired(guard)), _) => {
+                let outcome = if common.local {
+                    Outcome::FallbackAllowed
+                } else {
+                    Outcome::Allowed
+                };
+                self.pass(outcome, &span);
+                Ok(Some(guard))
+            }
+            // Unreachable with an unbounded capacity; never shed all the same.
+            (Ok(Admission::Refused(_)), None) => {
+                self.pass(Outcome::Allowed, &span);
+                Ok(None)
+            }
+            (Ok(Admission::Refused(grant)), Some(limit)) => {
+                tracing::debug!(
+                    policy = &*common.answer.policy,
+                    tier = tier_name,
+                    in_flight = grant.in_flight(),
+                    limit,
+                    "shed"
+                );
+                let outcome = if common.local {
+                    Outcome::FallbackDenied
+                } else {
+                    Outcome::Shed
+                };
+                common.metrics.decided(outcome, false);
+                span.record("outcome", outcome.as_str());
+                let counters = common.shedder.counters();
+                counters.shed(self.tier);
+                counters.set_fraction(self.tier, 1.0);
+                Err(Refusal {
+                    tier: self.tier,
+                    kind: ShedRejectionKind::OverLimit {
+                        in_flight: grant.in_flight(),
+                        limit,
+                    },
+                })
+            }
+            (Err(err), limit) => {
+                self.log_failure(&err);
+                // The most important tier passes whatever the policy: this
+                // shedder never refuses it. `Local` reaches here only if
+                // its own store failed.
+                if limit.is_some() && matches!(common.failure, FailurePolicy::Closed) {
+                    common.metrics.decided(Outcome::FailClosed, false);
+                    span.record("outcome", Outcome::FailClosed.as_str());
+                    return Err(self.broken(err));
+                }
+                self.pass(Outcome::FailOpen, &span);
+                Ok(None)
+            }
+        }
+    }
+
+    fn broken(&self, err: StoreError) -> Refusal {
+        Refusal {
+            tier: self.tier,
+            kind: ShedRejectionKind::Unavailable(err),
+        }
+    }
+
+    fn fall_back(
+        gate: &mut Arc<TierGate>,
+        result: Result<Admission, StoreError>,
+        _key: Option<&Key>,
+    ) -> Result<Admission, StoreError> {
+        let (Err(err), Some(local)) = (&result, &gate.fallback) else {
+            return result;
+        };
+        gate.log_failure(err);
+        let local = local.clone();
+        let admission = decided_at_once(local.common.shedder.admit(local.tier).take_ready());
+        *gate = local;
+        admission
+    }
+}

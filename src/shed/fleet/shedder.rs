@@ -1,0 +1,128 @@
+use std::fmt;
+use std::sync::Arc;
+
+use super::FleetShedPolicy;
+use crate::concurrency::{Acquire, Admission, ConcurrencyLimiter};
+use crate::error::StoreError;
+use crate::key::Key;
+use crate::limiter::IntoStore;
+use crate::share::LocalShare;
+use crate::shed::state::{ShedState, TierCounters};
+use crate::shed::tier::Tier;
+use crate::store::{MemoryStore, Store};
+
+/// A [`FleetShedPolicy`] bound to a [`Store`]: one lease set for the whole
+/// fleet, from which each request takes a lease up to its tier's limit. One
+/// store round trip to admit, one to release, through the same leases as
+/// the [`ConcurrencyLimiter`] (released when the guard drops, renewed while
+/// held). Clones share everything.
+#[derive(Clone)]
+pub struct FleetShedder {
+    policy: FleetShedPolicy,
+    limiter: ConcurrencyLimiter,
+    key: Key,
+    counters: Arc<TierCounters>,
+}
+
+impl FleetShedder {
+    /// Binds `policy` to `store`: a [`RedisStore`](crate::RedisStore) for a
+    /// fleet, a [`MemoryStore`](crate::MemoryStore) for one instance.
+    pub fn new(policy: FleetShedPolicy, store: impl IntoStore) -> Self {
+        FleetShedder {
+            counters: Arc::new(TierCounters::new(
+                policy.tiers(),
+                "fleet_shed",
+                Arc::from(policy.name()),
+            )),
+            limiter: ConcurrencyLimiter::new(policy.lease().clone(), store),
+            key: Key::new("fleet"),
+            policy,
+        }
+    }
+
+    /// The policy.
+    pub fn policy(&self) -> &FleetShedPolicy {
+        &self.policy
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Arc<dyn Store> {
+        self.limiter.store()
+    }
+
+    /// Takes a lease for a request of `tier` if the fleet has fewer requests
+    /// in flight than the tier's limit. The most important tier always gets
+    /// one: it is never shed, but it counts, so that the tiers below see
+    /// the room it takes. A tier of another set is taken for the default
+    /// tier. Cancellation-safe as [`ConcurrencyLimiter::acquire`] is.
+    ///
+    /// For use outside tower; [`state`](Self::state) counts only what a
+    /// [`FleetShedLayer`](super::FleetShedLayer) decided.
+    pub fn admit(&self, tier: Tier) -> Acquire {
+        let tier = self.policy.tiers().clamp(tier);
+        let capacity = self.policy.limit(tier).unwrap_or(u64::MAX);
+        self.limiter.acquire_up_to(&self.key, capacity)
+    }
+
+    /// How many requests the whole fleet has in flight, asked of the store
+    /// (one round trip, recording nothing).
+    pub async fn fleet_in_flight(&self) -> Result<u64, StoreError> {
+        // An acquire with no capacity is always refused, and says how many
+        // leases are held.
+        match self.limiter.acquire_up_to(&self.key, 0).await? {
+            Admission::Refused(grant) => Ok(grant.in_flight()),
+            Admission::Acquired(_) => Err(StoreError::UnexpectedReply(
+                "a lease was granted with no capacity".into(),
+            )),
+        }
+    }
+
+    /// What this process has seen, per tier: in flight, admitted, shed, and
+    /// whether the tier's last request was shed.
+    pub fn state(&self) -> ShedState {
+        ShedState {
+            tiers: self.counters.snapshot(|tier| self.policy.limit(tier)),
+            in_flight: self.counters.in_flight(),
+            utilization: None,
+            amount: None,
+        }
+    }
+
+    /// How many releases handed to spawned tasks have not reached the store
+    /// yet.
+    pub fn pending_releases(&self) -> usize {
+        self.limiter.pending_releases()
+    }
+
+    /// Resolves once every release handed to a spawned task has reached the
+    /// store (or failed): call it on shutdown.
+    pub async fn releases_settled(&self) {
+        self.limiter.releases_settled().await;
+    }
+
+    pub(crate) fn counters(&self) -> &Arc<TierCounters> {
+        &self.counters
+    }
+
+    /// The local fallback under [`FailurePolicy::Local`](crate::FailurePolicy::Local):
+    /// `share` of the policy in this process's memory, counted in this
+    /// shedder's state.
+    pub(crate) fn local(&self, share: LocalShare) -> FleetShedder {
+        let policy = self.policy.scaled(share);
+        FleetShedder {
+            counters: self.counters.clone(),
+            limiter: ConcurrencyLimiter::new(policy.lease().clone(), MemoryStore::new()),
+            key: self.key.clone(),
+            policy,
+        }
+    }
+}
+
+impl fmt::Debug for FleetShedder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FleetShedder")
+            .field("policy", &self.policy)
+            .field("store", self.limiter.store())
+            .finish()
+    }
+}

@@ -1,0 +1,298 @@
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use super::controller::{Controller, UtilizationConfig, drop_probability};
+use crate::clock::{Clock, MonotonicClock};
+use crate::error::ConfigError;
+use crate::lease::LeaseGuard;
+use crate::limit::check_name;
+use crate::shed::random::{Random, SharedRandom, ThreadRandom};
+use crate::shed::state::{ShedState, TierCounters, TierSlot};
+use crate::shed::tier::{Tier, Tiers};
+
+/// Where utilization comes from.
+#[derive(Clone)]
+enum Source {
+    /// This shedder's own in-flight requests over this many workers.
+    Workers(u64),
+    /// A gauge the user reads.
+    Gauge(Arc<dyn Fn() -> f64 + Send + Sync>),
+}
+
+/// Sheds requests when this process has been too busy for too long: the
+/// worker-utilization load shedder, local to one process.
+///
+/// It samples utilization (its own requests in flight, averaged over the
+/// time since the last sample, over a worker capacity; or a gauge you
+/// supply) at most every `sample_every` (default 1 s), on the requests that
+/// come through, and moves a shed amount as
+/// [`UtilizationConfig`] describes: nothing is shed until utilization has
+/// been bad for about 28 s, then the least important tier is dropped with
+/// rising probability, then the next, about 120 s from shedding nothing to
+/// shedding everything but the most important tier, and it recovers just
+/// as slowly. Clones share everything.
+///
+/// ```
+/// use std::time::Duration;
+/// use fleetgate::shed::{Tiers, UtilizationConfig, UtilizationShedder};
+///
+/// # fn main() -> Result<(), fleetgate::ConfigError> {
+/// // 64 workers; shed sooner than the defaults.
+/// let shedder = UtilizationShedder::workers(64)
+///     .config(UtilizationConfig::default().delay(Duration::from_secs(10)))
+///     .build()?;
+/// let low = Tiers::default().get("low").unwrap();
+/// // Idle: nothing is shed, and the guard counts the request in flight.
+/// let guard = shedder.admit(low).expect("not shed while idle");
+/// assert_eq!(shedder.state().in_flight(), 1);
+/// drop(guard);
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct UtilizationShedder {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    name: Arc<str>,
+    source: Source,
+    clock: Arc<dyn Clock>,
+    random: SharedRandom,
+    sample_every_us: u64,
+    /// When the next sample is due; claimed by one request at a time.
+    next_sample_us: AtomicU64,
+    controller: Mutex<Controller>,
+    /// The shed amount and the utilization last sampled, as `f64` bits.
+    amount: AtomicU64,
+    utilization: AtomicU64,
+    counters: Arc<TierCounters>,
+}
+
+impl UtilizationShedder {
+    /// Utilization = this shedder's requests in flight (from admission to
+    /// the end of the response body, every tier), averaged over the time
+    /// since the last sample, over `workers`.
+    pub fn workers(workers: u64) -> UtilizationShedderBuilder {
+        UtilizationShedderBuilder::new(Source::Workers(workers))
+    }
+
+    /// Utilization read from `gauge` (0 = idle, 1 = saturated; clamped,
+    /// NaN counts as idle): CPU load, busy worker threads, a queue's
+    /// fill, whatever measures this process's distress.
+    pub fn gauge<F>(gauge: F) -> UtilizationShedderBuilder
+    where
+        F: Fn() -> f64 + Send + Sync + 'static,
+    {
+        UtilizationShedderBuilder::new(Source::Gauge(Arc::new(gauge)))
+    }
+
+    /// The name the shedder's metrics carry.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// The tiers.
+    pub fn tiers(&self) -> &Tiers {
+        self.inner.counters.tiers()
+    }
+
+    /// Decides a request of `tier` (a tier of another set counts as the
+    /// default tier): samples utilization if a sample is due, then drops
+    /// the request with its tier's current probability. Admitted, it
+    /// returns a guard that counts the request in flight until dropped;
+    /// shed, the probability its tier is dropped with.
+    pub fn admit(&self, tier: Tier) -> Result<LeaseGuard<TierSlot>, f64> {
+        let inner = &self.inner;
+        let tier = self.tiers().clamp(tier);
+        self.sample(inner.clock.now_micros());
+        let amount = f64::from_bits(inner.amount.load(Ordering::Relaxed));
+        let p = drop_probability(amount, tier, self.tiers());
+        if p > 0.0 && inner.random.next_f64() < p {
+            inner.counters.shed(tier);
+            return Err(p);
+        }
+        inner.counters.admitted(tier);
+        Ok(inner.counters.enter(tier))
+    }
+
+    /// Samples utilization now if a sample is due, and moves the amount.
+    fn sample(&self, now: u64) {
+        let inner = &self.inner;
+        let due = inner.next_sample_us.load(Ordering::Relaxed);
+        let next = now.saturating_add(inner.sample_every_us);
+        if now < due
+            || inner
+                .next_sample_us
+                .compare_exchange(due, next, Ordering::AcqRel, Ordering::Relaxed)
+                .is_err()
+        {
+            return;
+        }
+        let utilization = match &inner.source {
+            Source::Workers(workers) => {
+                let in_flight = inner.counters.average_in_flight();
+                in_flight.unwrap_or(inner.counters.in_flight() as f64) / *workers as f64
+            }
+            Source::Gauge(gauge) => gauge(),
+        };
+        let amount = {
+            let mut controller = lock(&inner.controller);
+            controller.observe(now, utilization);
+            controller.amount()
+        };
+        inner.amount.store(amount.to_bits(), Ordering::Relaxed);
+        inner
+            .utilization
+            .store(utilization.to_bits(), Ordering::Relaxed);
+        let tiers = self.tiers();
+        for tier in tiers.iter() {
+            inner
+                .counters
+                .set_fraction(tier, drop_probability(amount, tier, tiers));
+        }
+    }
+
+    /// Per tier: in flight, admitted, shed, and the current drop
+    /// probability; with the utilization last sampled and the shed amount.
+    pub fn state(&self) -> ShedState {
+        let inner = &self.inner;
+        ShedState {
+            tiers: inner.counters.snapshot(|_| None),
+            in_flight: inner.counters.in_flight(),
+            utilization: Some(f64::from_bits(inner.utilization.load(Ordering::Relaxed))),
+            amount: Some(f64::from_bits(inner.amount.load(Ordering::Relaxed))),
+        }
+    }
+}
+
+impl fmt::Debug for UtilizationShedder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let source = match self.inner.source {
+            Source::Workers(n) => format!("{n} workers"),
+            Source::Gauge(_) => "gauge".to_owned(),
+        };
+        f.debug_struct("UtilizationShedder")
+            .field("name", &self.inner.name)
+            .field("source", &source)
+            .field("config", lock(&self.inner.controller).config())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Builds a [`UtilizationShedder`]; see [`UtilizationShedder::workers`]
+/// and [`UtilizationShedder::gauge`].
+#[must_use]
+pub struct UtilizationShedderBuilder {
+    name: String,
+    source: Source,
+    config: UtilizationConfig,
+    tiers: Tiers,
+    clock: Option<Arc<dyn Clock>>,
+    random: SharedRandom,
+    sample_every: Duration,
+}
+
+impl UtilizationShedderBuilder {
+    fn new(source: Source) -> Self {
+        UtilizationShedderBuilder {
+            name: "utilization".to_owned(),
+            source,
+            config: UtilizationConfig::default(),
+            tiers: Tiers::default(),
+            clock: None,
+            random: Arc::new(ThreadRandom),
+            sample_every: Duration::from_secs(1),
+        }
+    }
+
+    /// The name its metrics carry (default `utilization`).
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = name.into();
+        self
+    }
+
+    /// The thresholds, delay and ramp (default: 0.7, 0.8, 28 s, 120 s).
+    pub fn config(mut self, config: UtilizationConfig) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// The tiers (default: `critical`, `high`, `normal`, `low`).
+    pub fn tiers(mut self, tiers: Tiers) -> Self {
+        self.tiers = tiers;
+        self
+    }
+
+    /// How often utilization is sampled at most (default 1 s; zero samples
+    /// on every request).
+    pub fn sample_every(mut self, every: Duration) -> Self {
+        self.sample_every = every;
+        self
+    }
+
+    /// The clock (default: tokio's monotonic clock, which
+    /// `tokio::time::pause` stops and `advance` moves).
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Some(Arc::new(clock));
+        self
+    }
+
+    /// The coin (default: [`ThreadRandom`]); a fixed sequence makes tests
+    /// deterministic.
+    pub fn random(mut self, random: impl Random) -> Self {
+        self.random = Arc::new(random);
+        self
+    }
+
+    /// Checks the settings and builds the shedder.
+    pub fn build(self) -> Result<UtilizationShedder, ConfigError> {
+        check_name(&self.name)?;
+        if let Source::Workers(0) = self.source {
+            return Err(ConfigError::ZeroWorkers);
+        }
+        let controller = Controller::new(self.config, self.sample_every);
+        let name: Arc<str> = Arc::from(self.name);
+        let clock = self
+            .clock
+            .unwrap_or_else(|| Arc::new(MonotonicClock::new()));
+        let mut counters = TierCounters::new(&self.tiers, "utilization_shed", name.clone());
+        if let Source::Workers(_) = self.source {
+            counters = counters.with_busy_time(clock.clone());
+        }
+        Ok(UtilizationShedder {
+            inner: Arc::new(Inner {
+                counters: Arc::new(counters),
+                name,
+                source: self.source,
+                clock,
+                random: self.random,
+                sample_every_us: u64::try_from(self.sample_every.as_micros()).unwrap_or(u64::MAX),
+                next_sample_us: AtomicU64::new(0),
+                amount: AtomicU64::new(controller.amount().to_bits()),
+                utilization: AtomicU64::new(0.0f64.to_bits()),
+                controller: Mutex::new(controller),
+            }),
+        })
+    }
+}
+
+impl fmt::Debug for UtilizationShedderBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("UtilizationShedderBuilder")
+            .field("name", &self.name)
+            .field("config", &self.config)
+            .field("tiers", &self.tiers)
+            .field("sample_every", &self.sample_every)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The controller is a number and a time, consistent after every step: a
+/// panic elsewhere while it was held changes nothing.
+fn lock(controller: &Mutex<Controller>) -> MutexGuard<'_, Controller> {
+    controller
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}

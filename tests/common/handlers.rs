@@ -1,0 +1,81 @@
+//! Pieces for tests that follow a request through a router: a signal that
+//! the handler started, handlers that wait at a gate, hang or panic, and
+//! quiet deliberate panics.
+
+use std::future::Future;
+use std::sync::{Arc, Mutex, Once};
+
+use axum::extract::Extension;
+use tokio::sync::{mpsc, oneshot, watch};
+
+/// Tells the test that the handler has started (per request, through an
+/// extension), so the test can cancel it mid-flight at the right moment.
+#[derive(Clone, Default)]
+pub struct Started(Arc<Mutex<Option<oneshot::Sender<()>>>>);
+
+impl Started {
+    pub fn new() -> (Started, oneshot::Receiver<()>) {
+        let (tx, rx) = oneshot::channel();
+        (Started(Arc::new(Mutex::new(Some(tx)))), rx)
+    }
+
+    pub fn signal(&self) {
+        if let Some(tx) = self.0.lock().unwrap().take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
+/// A handler that reports on `entered` that it runs, then waits until the
+/// gate opens, and answers `done`.
+pub fn gated(
+    gate: watch::Receiver<bool>,
+    entered: mpsc::UnboundedSender<()>,
+) -> impl Fn() -> std::pin::Pin<Box<dyn Future<Output = &'static str> + Send>>
++ Clone
++ Send
++ Sync
++ 'static {
+    move || {
+        let mut gate = gate.clone();
+        let entered = entered.clone();
+        Box::pin(async move {
+            let _ = entered.send(());
+            let _ = gate.wait_for(|open| *open).await;
+            "done"
+        })
+    }
+}
+
+/// Deliberate panics in handlers are expected: keep them out of the output.
+pub fn quiet_deliberate_panics() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        let default = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            let deliberate = info
+                .payload()
+                .downcast_ref::<&str>()
+                .is_some_and(|m| m.contains("deliberate"));
+            if !deliberate {
+                default(info);
+            }
+        }));
+    });
+}
+
+/// A handler that signals it started, then never answers: for cancelling
+/// requests mid-flight.
+pub async fn hang(Extension(started): Extension<Started>) -> &'static str {
+    started.signal();
+    std::future::pending::<()>().await;
+    "never"
+}
+
+/// A handler that panics (deliberately; see [`quiet_deliberate_panics`]).
+pub async fn panic() -> &'static str {
+    if true {
+        panic!("deliberate panic in a handler");
+    }
+    "never"
+}
