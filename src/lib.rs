@@ -117,7 +117,8 @@
 //! - Metrics (feature `metrics`): decisions by layer, policy and outcome,
 //!   near-limit counts, Redis latency and errors per script; see [`metrics`].
 //! - Tracing: one `debug` span per decision (`fleetgate.decision`, with the
-//!   policy and the outcome); denials at `debug`; store failures at `warn`.
+//!   layer, policy, outcome, tier when shedding, and `store_latency_us` for
+//!   Redis); denials at `debug`; store failures at `warn`.
 //! - Headers: [`HeaderStyle`] picks the IETF draft `RateLimit`/`RateLimit-Policy`
 //!   pair (default), `X-RateLimit-*`, both or none; 429 and 503 always
 //!   carry `Retry-After`. What they mean for each algorithm is tabled in

@@ -211,3 +211,26 @@ async fn concurrency_decisions_on_redis_carry_store_latency() {
     assert_eq!(field(&spans[0], "outcome"), Some("allowed"));
     assert!(field(&spans[0], "store_latency_us").is_some(), "{spans:?}");
 }
+
+#[tokio::test]
+async fn shed_decisions_name_their_tier() {
+    use fleetgate::shed::{FleetShedLayer, FleetShedPolicy, FleetShedder, HeaderTier};
+
+    let (spans, _guard) = Spans::install();
+    let server = RedisServer::start();
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let fleet = FleetShedPolicy::builder("fleet", 4).build().unwrap();
+    let svc = FleetShedLayer::new(FleetShedder::new(fleet, store))
+        .classify(HeaderTier::new(http::HeaderName::from_static("x-tier")))
+        .layer(ok_service());
+    let mut req = get(None);
+    req.headers_mut().insert("x-tier", "low".parse().unwrap());
+    assert_eq!(svc.oneshot(req).await.unwrap().status(), StatusCode::OK);
+    let spans = spans.taken();
+    assert_eq!(spans.len(), 1, "{spans:?}");
+    let span = &spans[0];
+    assert_eq!(field(span, "layer"), Some("fleet_shed"));
+    assert_eq!(field(span, "tier"), Some("low"));
+    assert_eq!(field(span, "outcome"), Some("allowed"));
+    assert!(field(span, "store_latency_us").is_some(), "{span:?}");
+}
