@@ -98,16 +98,33 @@ slow() { # url, api key, ms
   curl -s -o /dev/null -w '%{http_code}' -H "x-api-key: $2" "$1/api/slow?ms=$3"
 }
 
+# /api/slow calls an instance has admitted so far, from /metrics.
+slow_admitted() { # url
+  curl -s "$1/metrics" | awk '$1 ~ /^fleetgate_decisions_total/ && index($1, "layer=\"concurrency\"") && index($1, "policy=\"slow\"") && index($1, "outcome=\"allowed\"") { n += $2 } END { print n + 0 }'
+}
+wait_admitted() { # url, count
+  for _ in $(seq 200); do
+    if [ "$(slow_admitted "$1")" -ge "$2" ]; then return 0; fi
+    sleep 0.02
+  done
+  echo "FAIL: $1 never admitted /api/slow call number $2" >&2
+  exit 1
+}
+
 # Two slow calls of one key in flight (on $1 and $2); a third of that key
 # (on $3) is refused, another key's call passes.
 check_slow() { # label, url of 1st call, url of 2nd, url of 3rd
   local key="slow-$RANDOM"
+  local before
+  before=$(slow_admitted "$2")
   slow "$2" "$key" 4000 >"$tmp/slow1" &
   local p1=$!
+  # Each call is admitted (and holds its slot 4 s) before the next starts.
+  wait_admitted "$2" $((before + 1))
+  before=$(slow_admitted "$3")
   slow "$3" "$key" 4000 >"$tmp/slow2" &
   local p2=$!
-  # Give both calls time to be admitted (they then hold their slots 4 s).
-  sleep 1
+  wait_admitted "$3" $((before + 1))
   local third other
   third=$(slow "$4" "$key" 0)
   other=$(slow "$4" "other-$key" 0)
