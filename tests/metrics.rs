@@ -218,13 +218,91 @@ async fn store_failures_count_per_policy_and_per_script() {
     assert_eq!(decisions("rate_limit", "m-open", "fail_open"), 2);
     assert_eq!(decisions("rate_limit", "m-closed", "fail_closed"), 2);
     let r = take();
+    let errors = |op: &str| -> u64 {
+        r.counters
+            .iter()
+            .filter(|(k, _)| {
+                k.starts_with("fleetgate_store_errors_total{") && k.contains(&format!("op={op},"))
+            })
+            .map(|(_, n)| *n)
+            .sum()
+    };
+    assert!(errors("gcra") >= 4, "{:?}", r.counters);
+}
+
+#[tokio::test]
+async fn concurrency_store_failures_follow_and_count_the_policy() {
+    // Handles are resolved on the first decision: install first.
+    readings();
+    let store = unreachable_store("metrics-conc-down");
+    let layer = |name: &str, failure: FailurePolicy| {
+        ConcurrencyLimitLayer::new(ConcurrencyLimiter::new(
+            ConcurrencyPolicy::new(name, 1).unwrap(),
+            store.clone(),
+        ))
+        .key(HeaderKey::new("x-api-key"))
+        .on_store_error(failure)
+    };
+    let open = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .route_layer(layer("m-conc-open", FailurePolicy::Open));
+    let closed = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .route_layer(layer("m-conc-closed", FailurePolicy::Closed));
+    for _ in 0..2 {
+        assert_eq!(status(&open, Some("k")).await, StatusCode::OK);
+        assert_eq!(
+            status(&closed, Some("k")).await,
+            StatusCode::SERVICE_UNAVAILABLE
+        );
+    }
+    assert_eq!(decisions("concurrency", "m-conc-open", "fail_open"), 2);
+    assert_eq!(decisions("concurrency", "m-conc-closed", "fail_closed"), 2);
+    let r = take();
     let errors: u64 = r
         .counters
         .iter()
-        .filter(|(k, _)| k.starts_with("fleetgate_store_errors_total{") && k.contains("op=gcra"))
+        .filter(|(k, _)| {
+            k.starts_with("fleetgate_store_errors_total{") && k.contains("op=lease_acquire,")
+        })
         .map(|(_, n)| *n)
         .sum();
     assert!(errors >= 4, "{:?}", r.counters);
+}
+
+#[tokio::test]
+async fn lease_round_trips_are_timed() {
+    // Handles are resolved on the first decision: install first.
+    readings();
+    let server = RedisServer::start();
+    let store = RedisStore::builder()
+        .prefix("metrics-lease")
+        .connect(&server.url())
+        .await
+        .unwrap();
+    let limiter = ConcurrencyLimiter::new(ConcurrencyPolicy::new("m-lease", 2).unwrap(), store);
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .route_layer(ConcurrencyLimitLayer::new(limiter.clone()).key(HeaderKey::new("x-api-key")));
+    let timed = |op: &str| {
+        take()
+            .histograms
+            .get(&series(
+                "fleetgate_store_duration_seconds",
+                &[("store", "redis"), ("op", op)],
+            ))
+            .copied()
+            .unwrap_or(0)
+    };
+    let (acquired, released) = (timed("lease_acquire"), timed("lease_release"));
+    for _ in 0..3 {
+        assert_eq!(status(&app, Some("timed")).await, StatusCode::OK);
+    }
+    limiter.releases_settled().await;
+    // Other tests may add their own round trips.
+    assert!(timed("lease_acquire") - acquired >= 3);
+    assert!(timed("lease_release") - released >= 3);
+    assert_eq!(decisions("concurrency", "m-lease", "allowed"), 3);
 }
 
 #[tokio::test]
