@@ -809,16 +809,7 @@ async fn missing_keys_and_store_failures_follow_the_layer_settings() {
         StatusCode::OK
     );
 
-    // Redis unreachable: a free port with nothing listening.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let down = RedisStore::builder()
-        .timeout(Duration::from_millis(100))
-        .connect_lazy(&format!("redis://127.0.0.1:{port}"))
-        .unwrap();
+    let down = common::unreachable_store(Duration::from_millis(100));
     let down = || ConcurrencyLimiter::new(policy("down", 1), down.clone());
     let open = app(ConcurrencyLimitLayer::new(down()).key(HeaderKey::new("x-api-key")));
     assert_eq!(

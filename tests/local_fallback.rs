@@ -105,7 +105,9 @@ async fn rate_limit_falls_back_to_its_share_while_redis_is_down_then_redis_decid
             other => assert_eq!(other, limited, "only the local limiter meanwhile"),
         }
     }
-    assert_eq!(redis_admitted, 8);
+    // A call that timed out after Redis ran it was charged there but
+    // answered locally: Redis may admit fewer than 8, never more.
+    assert!((1..=8).contains(&redis_admitted), "{redis_admitted}");
 }
 
 #[tokio::test]
@@ -119,11 +121,14 @@ async fn waiting_clients_reserve_local_slots_and_typed_errors_name_the_limit() {
     let layer = |max_wait| {
         ServiceBuilder::new()
             .layer(
-                RateLimitLayer::new(Limiter::new(policy.clone(), lazy_store(free_port())))
-                    .key(GlobalKey::new())
-                    .typed_errors()
-                    .wait_up_to(max_wait)
-                    .on_store_error(FailurePolicy::local(0.5).unwrap()),
+                RateLimitLayer::new(Limiter::new(
+                    policy.clone(),
+                    common::unreachable_store(TIMEOUT),
+                ))
+                .key(GlobalKey::new())
+                .typed_errors()
+                .wait_up_to(max_wait)
+                .on_store_error(FailurePolicy::local(0.5).unwrap()),
             )
             .service_fn(|()| async { Ok::<_, BoxError>(Instant::now()) })
     };

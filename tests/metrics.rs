@@ -183,22 +183,15 @@ async fn shadow_denials_are_counted_apart() {
 }
 
 /// A store on a port with nothing listening: every call fails.
-fn unreachable_store(prefix: &str) -> RedisStore {
-    RedisStore::builder()
-        .prefix(prefix)
-        .timeout(Duration::from_millis(100))
-        .connect_lazy(&format!(
-            "redis://127.0.0.1:{}",
-            common::redis_server::free_port()
-        ))
-        .unwrap()
+fn unreachable_store() -> RedisStore {
+    common::unreachable_store(Duration::from_millis(100))
 }
 
 #[tokio::test]
 async fn store_failures_count_per_policy_and_per_script() {
     // Handles are resolved on the first decision: install first.
     readings();
-    let store = unreachable_store("metrics-down");
+    let store = unreachable_store();
     let open = router(
         RateLimitLayer::new(Limiter::new(policy("m-open", 5), store.clone()))
             .key(HeaderKey::new("x-api-key")),
@@ -234,7 +227,7 @@ async fn store_failures_count_per_policy_and_per_script() {
 async fn concurrency_store_failures_follow_and_count_the_policy() {
     // Handles are resolved on the first decision: install first.
     readings();
-    let store = unreachable_store("metrics-conc-down");
+    let store = unreachable_store();
     let layer = |name: &str, failure: FailurePolicy| {
         ConcurrencyLimitLayer::new(ConcurrencyLimiter::new(
             ConcurrencyPolicy::new(name, 1).unwrap(),
@@ -436,7 +429,7 @@ async fn concurrency_outcomes_are_counted() {
 async fn local_fallback_decisions_are_counted_apart() {
     // Handles are resolved on the first decision: install first.
     readings();
-    let store = unreachable_store("metrics-local");
+    let store = unreachable_store();
     let half = FailurePolicy::local(0.5).unwrap();
     // Burst 4 fleet-wide, 2 locally.
     let enforcing = router(

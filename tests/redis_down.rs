@@ -59,11 +59,7 @@ async fn hung_redis_times_out_then_recovers() {
 #[tokio::test]
 async fn lazy_store_starts_without_redis_and_enforces_once_it_appears() {
     // A free port with nothing listening yet.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = common::redis_server::free_port();
     let store = RedisStore::builder()
         .timeout(Duration::from_millis(200))
         .connect_lazy(&format!("redis://127.0.0.1:{port}"))

@@ -13,7 +13,6 @@ use axum::body::Body;
 use axum::routing::get;
 use common::RedisServer;
 use common::handlers::{self, Started, gated, quiet_deliberate_panics};
-use common::redis_server::free_port;
 use fleetgate::shed::{
     FleetShedLayer, FleetShedPolicy, FleetShedder, HeaderTier, RouteTiers, ShedError,
     ShedRejectionKind, Tiers,
@@ -348,12 +347,7 @@ async fn no_slot_is_lost_on_redis() {
 
 #[tokio::test]
 async fn a_store_failure_follows_the_policy_and_never_sheds_critical() {
-    // Redis unreachable: a free port with nothing listening.
-    let port = free_port();
-    let down = RedisStore::builder()
-        .timeout(Duration::from_millis(100))
-        .connect_lazy(&format!("redis://127.0.0.1:{port}"))
-        .unwrap();
+    let down = common::unreachable_store(Duration::from_millis(100));
     let shedder = FleetShedder::new(policy("down"), down.clone());
     let app = |failure: FailurePolicy| {
         Router::new()

@@ -7,3 +7,15 @@ pub mod redis_server;
 pub use redis_server::RedisServer;
 pub mod redis_cluster;
 pub mod stats;
+
+use std::time::Duration;
+
+/// A store whose Redis is never there: port 1 of loopback, where nothing
+/// listens. (A free port is no good: another test of the binary may start
+/// its server there.) Calls fail at once, or within `timeout`.
+pub fn unreachable_store(timeout: Duration) -> fleetgate::RedisStore {
+    fleetgate::RedisStore::builder()
+        .timeout(timeout)
+        .connect_lazy("redis://127.0.0.1:1")
+        .expect("a lazy store inside a runtime")
+}
