@@ -36,7 +36,10 @@ impl<C, M> FleetShedLayer<C, M> {
     /// decided by an in-memory shedder of this process holding the given
     /// share of the capacity and of every tier's limit
     /// ([`FleetShedPolicy::scaled`](super::FleetShedPolicy::scaled)); its
-    /// lease is given back there, never to the store.
+    /// lease is given back there, never to the store. Its decisions count
+    /// as `fallback_allowed` and `fallback_denied` in metrics (not
+    /// `allowed` and `shed`: the fleet did not decide them), and what it
+    /// sheds counts as shed in the tier's state.
     pub fn on_store_error(mut self, policy: FailurePolicy) -> Self {
         let local = match policy {
             FailurePolicy::Local(share) => Some(self.shedder.local(share)),
