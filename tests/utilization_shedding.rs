@@ -20,6 +20,7 @@ use fleetgate::shed::{
 use http::{HeaderName, Request, StatusCode};
 use http_body_util::BodyExt;
 use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
 use tower::ServiceExt;
 
 const TIERS: [&str; 4] = ["critical", "high", "normal", "low"];
@@ -80,6 +81,32 @@ async fn call(app: &Router, path: &str, tier: &str) -> StatusCode {
     let status = response.status();
     let _ = response.into_body().collect().await;
     status
+}
+
+/// Starts `n` critical `/held` requests and waits until each handler runs:
+/// they keep `n` workers busy until [`release`].
+async fn hold(
+    app: &Router,
+    entered: &mut mpsc::UnboundedReceiver<()>,
+    n: usize,
+) -> Vec<JoinHandle<StatusCode>> {
+    let mut held = Vec::new();
+    for _ in 0..n {
+        let app = app.clone();
+        held.push(tokio::spawn(async move {
+            call(&app, "/held", "critical").await
+        }));
+        entered.recv().await.unwrap();
+    }
+    held
+}
+
+/// Opens the gate and waits for the held requests to end.
+async fn release(open: &watch::Sender<bool>, held: Vec<JoinHandle<StatusCode>>) {
+    let _ = open.send(true);
+    for task in held {
+        assert_eq!(task.await.unwrap(), StatusCode::OK);
+    }
 }
 
 /// The fraction of each tier shed now, most important first.
@@ -190,14 +217,7 @@ async fn its_own_requests_in_flight_drive_it_with_configured_numbers() {
     assert_eq!(call(&app, "/", "critical").await, StatusCode::OK);
 
     // Four critical requests occupy every worker, until the gate opens.
-    let mut held = Vec::new();
-    for _ in 0..4 {
-        let app = app.clone();
-        held.push(tokio::spawn(async move {
-            call(&app, "/held", "critical").await
-        }));
-        entered.recv().await.unwrap();
-    }
+    let held = hold(&app, &mut entered, 4).await;
     assert_eq!(shedder.state().tier("critical").unwrap().in_flight(), 4);
     run_until(&app, &mut t, 2, None).await;
     assert_eq!(fractions(&app).await, [0.0; 4]);
@@ -218,10 +238,7 @@ async fn its_own_requests_in_flight_drive_it_with_configured_numbers() {
     assert_eq!(fractions(&app).await, [0.0, 1.0, 1.0, 1.0]);
 
     // The workers free up: utilization 0, and the amount falls 1/4 a second.
-    let _ = open.send(true);
-    for task in held {
-        assert_eq!(task.await.unwrap(), StatusCode::OK);
-    }
+    release(&open, held).await;
     assert_eq!(shedder.state().in_flight(), 0);
     run_until(&app, &mut t, 8, None).await;
     assert_eq!(fractions(&app).await, [0.0, 0.0, 0.5, 1.0]);
@@ -244,19 +261,9 @@ async fn utilization_is_the_busy_share_of_time_not_the_count_at_arrivals() {
     // is 0; the busy share is 0.9.
     for _ in 0..10 {
         let _ = open.send(false);
-        let mut wave = Vec::new();
-        for _ in 0..2 {
-            let app = app.clone();
-            wave.push(tokio::spawn(async move {
-                call(&app, "/held", "critical").await
-            }));
-            entered.recv().await.unwrap();
-        }
+        let wave = hold(&app, &mut entered, 2).await;
         tokio::time::advance(Duration::from_millis(900)).await;
-        let _ = open.send(true);
-        for task in wave {
-            assert_eq!(task.await.unwrap(), StatusCode::OK);
-        }
+        release(&open, wave).await;
         tokio::time::advance(Duration::from_millis(100)).await;
         assert_eq!(call(&app, "/", "critical").await, StatusCode::OK);
     }
@@ -272,20 +279,10 @@ async fn a_quiet_spell_counts_in_full_for_recovery() {
     let (shedder, app, open, mut entered) = on_workers(4, UtilizationConfig::default());
     let mut t = 0;
     assert_eq!(call(&app, "/", "critical").await, StatusCode::OK);
-    let mut held = Vec::new();
-    for _ in 0..4 {
-        let app = app.clone();
-        held.push(tokio::spawn(async move {
-            call(&app, "/held", "critical").await
-        }));
-        entered.recv().await.unwrap();
-    }
+    let held = hold(&app, &mut entered, 4).await;
     run_until(&app, &mut t, 160, None).await;
     assert_eq!(fractions(&app).await, [0.0, 1.0, 1.0, 1.0]);
-    let _ = open.send(true);
-    for task in held {
-        assert_eq!(task.await.unwrap(), StatusCode::OK);
-    }
+    release(&open, held).await;
 
     // Nobody comes for a minute: idle, the amount falls 1/120 a second, so
     // the first requests back find half of it gone (not 28 s worth).
@@ -313,17 +310,12 @@ async fn no_delay_sampled_on_every_request_sheds_all_the_same() {
     let (open, gate) = watch::channel(false);
     let (entered_tx, mut entered) = mpsc::unbounded_channel();
     let app = app(shedder, gate, entered_tx);
-    let held = {
-        let app = app.clone();
-        tokio::spawn(async move { call(&app, "/held", "critical").await })
-    };
-    entered.recv().await.unwrap();
+    let held = hold(&app, &mut entered, 1).await;
     let mut t = 0;
     run_until(&app, &mut t, 5, None).await;
     // Five saturated seconds: half of everything sheddable.
     assert_eq!(fractions(&app).await, [0.0, 0.0, 0.5, 1.0]);
-    let _ = open.send(true);
-    assert_eq!(held.await.unwrap(), StatusCode::OK);
+    release(&open, held).await;
 }
 
 /// A shedder on a gauge stuck at 1, its clock moved by hand, fully

@@ -83,7 +83,11 @@ impl UtilizationShedder {
 
     /// Utilization read from `gauge` (0 = idle, 1 = saturated; clamped,
     /// NaN counts as idle): CPU load, busy worker threads, a queue's
-    /// fill, whatever measures this process's distress.
+    /// fill, whatever measures this process's distress. It is read once a
+    /// sample, by the request that takes it, under the shedder's lock: keep
+    /// it quick. A reading is taken for an instant, so after a silence it
+    /// moves the amount up by at most `max(delay, sample_every, 1 s)` worth
+    /// (see [`UtilizationConfig`]).
     pub fn gauge<F>(gauge: F) -> UtilizationShedderBuilder
     where
         F: Fn() -> f64 + Send + Sync + 'static,
