@@ -153,14 +153,17 @@ wait_reports() { # url, count
   exit 1
 }
 
-# Two reports held (2.5 s, on $2 and $3) fill the low tier's share of the
-# fleet's 4; three more at once (on $3) get 503 with Retry-After, while a
-# concurrent charge (critical) gets 200.
+# Two reports held (on $2 and $3) fill the low tier's share of the fleet's
+# 4; three more at once (on $3) get 503 with Retry-After, while a
+# concurrent charge (critical) gets 200. The probes start once both are
+# seen in flight, and must land within the hold: 5 s leaves a loaded
+# machine room.
+hold_ms=5000
 check_shed() { # label, url of 1st held report, url of 2nd and of the probes
-  curl -s -o /dev/null -w '%{http_code}' "$2/api/report?ms=2500" >"$tmp/rep1" &
+  curl -s -o /dev/null -w '%{http_code}' "$2/api/report?ms=$hold_ms" >"$tmp/rep1" &
   local p1=$!
   wait_reports "$2" 1
-  curl -s -o /dev/null -w '%{http_code}' "$3/api/report?ms=2500" >"$tmp/rep2" &
+  curl -s -o /dev/null -w '%{http_code}' "$3/api/report?ms=$hold_ms" >"$tmp/rep2" &
   local p2=$!
   if [ "$2" = "$3" ]; then wait_reports "$3" 2; else wait_reports "$3" 1; fi
   local probes=()

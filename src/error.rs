@@ -144,6 +144,10 @@ pub enum ConfigError {
     /// A worker capacity of zero: utilization would be undefined.
     #[error("a worker-utilization shedder needs at least one worker")]
     ZeroWorkers,
+    /// A worker-utilization ramp of zero: shedding would jump from nothing
+    /// to everything at once.
+    #[error("the worker-utilization ramp must be longer than zero")]
+    ZeroRamp,
     /// Something that starts background tasks was built outside a tokio
     /// runtime.
     #[error("{what} must be called within a tokio runtime")]

@@ -7,8 +7,8 @@
 //! | `fleetgate_decisions_total` | counter | `layer`, `policy`, `outcome` | one per request a layer decided |
 //! | `fleetgate_near_limit_total` | counter | `layer`, `policy` | rate limits: admitted with at most a tenth of the deciding limit's burst left |
 //! | `fleetgate_shed_in_flight` | gauge | `layer`, `policy`, `tier` | load shedders: this process's requests of the tier in flight |
-//! | `fleetgate_shed_fraction` | gauge | `layer`, `policy`, `tier` | load shedders: how much of the tier is shed now (0 to 1) |
-//! | `fleetgate_shed_total` | counter | `layer`, `policy`, `tier` | load shedders: requests of the tier shed |
+//! | `fleetgate_shed_fraction` | gauge | `layer`, `policy`, `tier` | load shedders: how much of the tier is shed now, 0 to 1: `utilization_shed`, the drop probability; `fleet_shed`, the share of this process's recent requests of the tier shed (each weighing `e^(−age/10 s)`; it holds while none come) |
+//! | `fleetgate_shed_total` | counter | `layer`, `policy`, `tier` | load shedders: requests of the tier shed (by the fleet shedder's local fallback too) |
 //! | `fleetgate_store_duration_seconds` | histogram | `store`, `op` | one Redis round trip, timeouts and errors included |
 //! | `fleetgate_store_errors_total` | counter | `store`, `op`, `error` | Redis calls that failed: `timeout`, `redis`, `reply` |
 //!
@@ -41,7 +41,8 @@ pub enum Outcome {
     Denied,
     /// Over the limit in shadow mode: admitted, only counted.
     ShadowDenied,
-    /// Dropped by a load shedder.
+    /// Dropped by a load shedder (the fleet shedder's local fallback
+    /// counts [`FallbackDenied`](Self::FallbackDenied) instead).
     Shed,
     /// No key could be extracted, and the request was refused.
     MissingKey,

@@ -384,9 +384,13 @@ async fn shed_outcomes_and_tier_state_are_published() {
             r.gauges.get(&tier("fleetgate_shed_in_flight", "low")),
             Some(&1.0)
         );
+        // One low request admitted, one shed, moments apart: half of the
+        // tier's recent requests were shed; critical never is.
+        let low = r.gauges.get(&tier("fleetgate_shed_fraction", "low"));
+        assert!(low.is_some_and(|f| (f - 0.5).abs() < 0.01), "{low:?}");
         assert_eq!(
-            r.gauges.get(&tier("fleetgate_shed_fraction", "low")),
-            Some(&1.0)
+            r.gauges.get(&tier("fleetgate_shed_fraction", "critical")),
+            Some(&0.0)
         );
         assert_eq!(
             r.counters.get(&tier("fleetgate_shed_total", "low")),
@@ -482,4 +486,44 @@ async fn local_fallback_decisions_are_counted_apart() {
         decisions("concurrency", "m-local-conc", "fallback_denied"),
         1
     );
+
+    // The fleet shedder's fallback: 2 of 4 for low fleet-wide, 1 locally.
+    // Its sheds are `fallback_denied` decisions, and count as shed for
+    // the tier.
+    let shed = fleetgate::shed::FleetShedPolicy::builder("m-local-shed", 4)
+        .share("low", 0.5)
+        .build()
+        .unwrap();
+    let shedder = fleetgate::shed::FleetShedder::new(shed, unreachable_store());
+    let reports = router(
+        fleetgate::shed::FleetShedLayer::new(shedder.clone())
+            .classify(|_: &Request<Body>, tiers: &fleetgate::shed::Tiers| tiers.get("low"))
+            .on_store_error(half),
+    );
+    let held = respond(&reports, "r").await;
+    assert_eq!(held.status(), StatusCode::OK);
+    assert_eq!(
+        status(&reports, Some("r")).await,
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+    drop(held);
+    assert_eq!(
+        decisions("fleet_shed", "m-local-shed", "fallback_allowed"),
+        1
+    );
+    assert_eq!(
+        decisions("fleet_shed", "m-local-shed", "fallback_denied"),
+        1
+    );
+    assert_eq!(decisions("fleet_shed", "m-local-shed", "shed"), 0);
+    let low = series(
+        "fleetgate_shed_total",
+        &[
+            ("layer", "fleet_shed"),
+            ("policy", "m-local-shed"),
+            ("tier", "low"),
+        ],
+    );
+    assert_eq!(take().counters.get(&low), Some(&1));
+    assert_eq!(shedder.state().tier("low").unwrap().shed(), 1);
 }

@@ -2,7 +2,8 @@
 //! private Redis shared by several instances (each its own store and
 //! connection): at capacity the low tier gets 503 while critical requests
 //! still pass, shed requests hold no slot, no slot is lost however a
-//! request ends, and store failures follow the layer's policy.
+//! request ends, store failures follow the layer's policy, and the state
+//! tells how much of each tier was shed recently.
 mod common;
 
 use std::convert::Infallible;
@@ -522,4 +523,72 @@ async fn one_round_trip_to_admit_one_to_release_none_for_a_shed_request() {
     fleet.settled().await;
     assert_eq!(script_calls(&mut conn).await, 10 + 3 + 2);
     assert_eq!(shedder.fleet_in_flight().await.unwrap(), 0);
+}
+
+// ---------------------------------------------------------------------------
+// State: the shed fraction, the lease set's identity.
+
+#[tokio::test(start_paused = true)]
+async fn the_shed_fraction_is_the_share_of_recent_requests_shed() {
+    let shedder = FleetShedder::new(policy("fraction"), MemoryStore::new());
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .route_layer(FleetShedLayer::new(shedder.clone()).classify(classifier()));
+    let call = |tier: &str| app.clone().oneshot(request("/", tier));
+    let fraction = |tier: &str| shedder.state().tier(tier).unwrap().shed_fraction();
+
+    // Two low responses held (unread) fill the tier's 2; two more are shed.
+    let mut held = vec![call("low").await.unwrap(), call("low").await.unwrap()];
+    for _ in 0..2 {
+        let status = call("low").await.unwrap().status();
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    }
+    assert_eq!(fraction("low"), 0.5);
+    // One given back, one more admitted: 2 of 5 shed, not "the last one
+    // passed".
+    held.pop();
+    shedder.releases_settled().await;
+    held.push(call("low").await.unwrap());
+    assert_eq!(fraction("low"), 0.4);
+    assert_eq!(call("critical").await.unwrap().status(), StatusCode::OK);
+    assert_eq!(fraction("critical"), 0.0);
+
+    // Ten seconds later the old decisions weigh 1/e each: one more shed
+    // request moves the fraction to (2/e + 1) / (5/e + 1).
+    tokio::time::advance(Duration::from_secs(10)).await;
+    assert_eq!(fraction("low"), 0.4, "it holds while no request comes");
+    let status = call("low").await.unwrap().status();
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    let e = std::f64::consts::E;
+    let expected = (2.0 / e + 1.0) / (5.0 / e + 1.0);
+    assert!(
+        (fraction("low") - expected).abs() < 1e-9,
+        "{}",
+        fraction("low")
+    );
+    drop(held);
+    shedder.releases_settled().await;
+}
+
+#[tokio::test]
+async fn a_concurrency_limit_of_the_same_name_has_its_own_lease_set() {
+    use fleetgate::Key;
+    use fleetgate::concurrency::{Admission, ConcurrencyLimiter, ConcurrencyPolicy};
+
+    let store = MemoryStore::new();
+    let shedder = FleetShedder::new(policy("same"), store.clone());
+    let low = shedder.policy().tiers().get("low").unwrap();
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        match shedder.admit(low).await.unwrap() {
+            Admission::Acquired(guard) => held.push(guard),
+            Admission::Refused(grant) => panic!("refused at {}", grant.in_flight()),
+        }
+    }
+    // One slot per key, on the same store, for a key named like the
+    // shedder's old identity: the shedder's two leases are not its.
+    let limiter = ConcurrencyLimiter::new(ConcurrencyPolicy::new("same", 1).unwrap(), store);
+    let admission = limiter.acquire(&Key::new("fleet")).await.unwrap();
+    assert!(matches!(admission, Admission::Acquired(_)));
+    assert_eq!(shedder.fleet_in_flight().await.unwrap(), 2);
 }

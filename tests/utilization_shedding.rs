@@ -1,7 +1,8 @@
 //! UtilizationShedLayer through a real axum router, on tokio's paused
 //! clock with an evenly spread coin, so that shed fractions are exact:
 //! nothing is shed before the delay, the low tier goes first, critical
-//! never, the dead zone holds, and recovery is as slow as the ramp.
+//! never, the dead zone holds, recovery is as slow as the ramp and no
+//! slower after a quiet spell, and odd coins and tiers change nothing.
 mod common;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -12,10 +13,14 @@ use axum::Router;
 use axum::body::Body;
 use axum::routing::get;
 use common::handlers::gated;
-use fleetgate::shed::{HeaderTier, UtilizationConfig, UtilizationShedLayer, UtilizationShedder};
+use fleetgate::clock::ManualClock;
+use fleetgate::shed::{
+    HeaderTier, Tiers, UtilizationConfig, UtilizationShedLayer, UtilizationShedder,
+};
 use http::{HeaderName, Request, StatusCode};
 use http_body_util::BodyExt;
 use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
 use tower::ServiceExt;
 
 const TIERS: [&str; 4] = ["critical", "high", "normal", "low"];
@@ -76,6 +81,32 @@ async fn call(app: &Router, path: &str, tier: &str) -> StatusCode {
     let status = response.status();
     let _ = response.into_body().collect().await;
     status
+}
+
+/// Starts `n` critical `/held` requests and waits until each handler runs:
+/// they keep `n` workers busy until [`release`].
+async fn hold(
+    app: &Router,
+    entered: &mut mpsc::UnboundedReceiver<()>,
+    n: usize,
+) -> Vec<JoinHandle<StatusCode>> {
+    let mut held = Vec::new();
+    for _ in 0..n {
+        let app = app.clone();
+        held.push(tokio::spawn(async move {
+            call(&app, "/held", "critical").await
+        }));
+        entered.recv().await.unwrap();
+    }
+    held
+}
+
+/// Opens the gate and waits for the held requests to end.
+async fn release(open: &watch::Sender<bool>, held: Vec<JoinHandle<StatusCode>>) {
+    let _ = open.send(true);
+    for task in held {
+        assert_eq!(task.await.unwrap(), StatusCode::OK);
+    }
 }
 
 /// The fraction of each tier shed now, most important first.
@@ -186,14 +217,7 @@ async fn its_own_requests_in_flight_drive_it_with_configured_numbers() {
     assert_eq!(call(&app, "/", "critical").await, StatusCode::OK);
 
     // Four critical requests occupy every worker, until the gate opens.
-    let mut held = Vec::new();
-    for _ in 0..4 {
-        let app = app.clone();
-        held.push(tokio::spawn(async move {
-            call(&app, "/held", "critical").await
-        }));
-        entered.recv().await.unwrap();
-    }
+    let held = hold(&app, &mut entered, 4).await;
     assert_eq!(shedder.state().tier("critical").unwrap().in_flight(), 4);
     run_until(&app, &mut t, 2, None).await;
     assert_eq!(fractions(&app).await, [0.0; 4]);
@@ -214,10 +238,7 @@ async fn its_own_requests_in_flight_drive_it_with_configured_numbers() {
     assert_eq!(fractions(&app).await, [0.0, 1.0, 1.0, 1.0]);
 
     // The workers free up: utilization 0, and the amount falls 1/4 a second.
-    let _ = open.send(true);
-    for task in held {
-        assert_eq!(task.await.unwrap(), StatusCode::OK);
-    }
+    release(&open, held).await;
     assert_eq!(shedder.state().in_flight(), 0);
     run_until(&app, &mut t, 8, None).await;
     assert_eq!(fractions(&app).await, [0.0, 0.0, 0.5, 1.0]);
@@ -240,19 +261,9 @@ async fn utilization_is_the_busy_share_of_time_not_the_count_at_arrivals() {
     // is 0; the busy share is 0.9.
     for _ in 0..10 {
         let _ = open.send(false);
-        let mut wave = Vec::new();
-        for _ in 0..2 {
-            let app = app.clone();
-            wave.push(tokio::spawn(async move {
-                call(&app, "/held", "critical").await
-            }));
-            entered.recv().await.unwrap();
-        }
+        let wave = hold(&app, &mut entered, 2).await;
         tokio::time::advance(Duration::from_millis(900)).await;
-        let _ = open.send(true);
-        for task in wave {
-            assert_eq!(task.await.unwrap(), StatusCode::OK);
-        }
+        release(&open, wave).await;
         tokio::time::advance(Duration::from_millis(100)).await;
         assert_eq!(call(&app, "/", "critical").await, StatusCode::OK);
     }
@@ -260,4 +271,102 @@ async fn utilization_is_the_busy_share_of_time_not_the_count_at_arrivals() {
     assert!(close(state.utilization().unwrap(), 0.9), "{state:?}");
     assert!(close(state.amount().unwrap(), 0.5), "{state:?}");
     assert_eq!(fractions(&app).await, [0.0, 0.0, 0.5, 1.0]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_quiet_spell_counts_in_full_for_recovery() {
+    // Default numbers: 28 s delay, 120 s ramp; 4 workers, all held busy.
+    let (shedder, app, open, mut entered) = on_workers(4, UtilizationConfig::default());
+    let mut t = 0;
+    assert_eq!(call(&app, "/", "critical").await, StatusCode::OK);
+    let held = hold(&app, &mut entered, 4).await;
+    run_until(&app, &mut t, 160, None).await;
+    assert_eq!(fractions(&app).await, [0.0, 1.0, 1.0, 1.0]);
+    release(&open, held).await;
+
+    // Nobody comes for a minute: idle, the amount falls 1/120 a second, so
+    // the first requests back find half of it gone (not 28 s worth).
+    tokio::time::advance(Duration::from_secs(60)).await;
+    assert_eq!(fractions(&app).await, [0.0, 0.0, 0.5, 1.0]);
+    // After an hour more nothing is shed.
+    tokio::time::advance(Duration::from_secs(3600)).await;
+    assert_eq!(fractions(&app).await, [0.0; 4]);
+    assert!(shedder.state().amount().unwrap() < 0.0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn no_delay_sampled_on_every_request_sheds_all_the_same() {
+    // One worker, no delay, sampled on every request, a 10 s ramp.
+    let config = UtilizationConfig::default()
+        .delay(Duration::ZERO)
+        .ramp(Duration::from_secs(10))
+        .unwrap();
+    let shedder = UtilizationShedder::workers(1)
+        .config(config)
+        .sample_every(Duration::ZERO)
+        .random(even_coin())
+        .build()
+        .unwrap();
+    let (open, gate) = watch::channel(false);
+    let (entered_tx, mut entered) = mpsc::unbounded_channel();
+    let app = app(shedder, gate, entered_tx);
+    let held = hold(&app, &mut entered, 1).await;
+    let mut t = 0;
+    run_until(&app, &mut t, 5, None).await;
+    // Five saturated seconds: half of everything sheddable.
+    assert_eq!(fractions(&app).await, [0.0, 0.0, 0.5, 1.0]);
+    release(&open, held).await;
+}
+
+/// A shedder on a gauge stuck at 1, its clock moved by hand, fully
+/// shedding after two seconds: no delay, a one-second ramp.
+fn saturated(coin: impl Fn() -> f64 + Send + Sync + 'static) -> UtilizationShedder {
+    let clock = ManualClock::new(Duration::from_secs(1));
+    let config = UtilizationConfig::default()
+        .delay(Duration::ZERO)
+        .ramp(Duration::from_secs(1))
+        .unwrap();
+    let shedder = UtilizationShedder::gauge(|| 1.0)
+        .config(config)
+        .clock(clock.clone())
+        .random(coin)
+        .build()
+        .unwrap();
+    let critical = shedder.tiers().critical();
+    drop(shedder.admit(critical).expect("critical is never shed"));
+    clock.advance(Duration::from_secs(2));
+    drop(shedder.admit(critical).expect("critical is never shed"));
+    assert_eq!(shedder.state().amount(), Some(1.0));
+    shedder
+}
+
+#[test]
+fn a_coin_out_of_range_never_admits_at_full_shedding() {
+    for coin in [1.0, 1.5, f64::NAN, f64::INFINITY] {
+        let shedder = saturated(move || coin);
+        let low = shedder.tiers().get("low").unwrap();
+        assert_eq!(shedder.admit(low).map(drop), Err(1.0), "coin {coin}");
+    }
+}
+
+#[tokio::test]
+async fn a_tier_of_another_set_is_answered_as_the_default_tier() {
+    let shedder = saturated(|| 0.5);
+    let other = Tiers::new(["a", "b", "c", "d", "e", "f"]).unwrap();
+    let stray = other.get("f").unwrap();
+    let app = Router::new().route("/", get(|| async { "ok" })).layer(
+        UtilizationShedLayer::new(shedder.clone())
+            .classify(move |_: &Request<Body>, _: &Tiers| Some(stray)),
+    );
+    let response = app
+        .oneshot(Request::get("/").body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(
+        String::from_utf8_lossy(&body),
+        "overloaded: normal traffic is being shed; retry in 5 s\n"
+    );
+    assert_eq!(shedder.state().tier("normal").unwrap().shed(), 1);
 }

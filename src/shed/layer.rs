@@ -8,7 +8,34 @@ use http::Response;
 
 use super::rejection::{ShedAnswer, ShedRejectFn, ShedRejection};
 use super::tier::{Tiers, Unclassified};
+use super::{FleetShedder, UtilizationShedder};
 use crate::rate_limit::{FailurePolicy, mode};
+
+/// The shedders a [`ShedLayer`] wraps:
+/// [`FleetShedder`](super::FleetShedder) and
+/// [`UtilizationShedder`](super::UtilizationShedder). Sealed.
+pub trait Shedder: Clone + fmt::Debug + sealed::Sealed {
+    /// The layer settings of this shedder alone: for the fleet shedder,
+    /// what to do when its store fails and, under
+    /// [`FailurePolicy::Local`], the local shedder (shared by every clone of
+    /// the layer and every service it makes); nothing for the
+    /// worker-utilization shedder, which has no store.
+    type OnStoreError: Clone + fmt::Debug + Default + Send + Sync + 'static;
+}
+
+impl Shedder for FleetShedder {
+    type OnStoreError = (FailurePolicy, Option<FleetShedder>);
+}
+
+impl Shedder for UtilizationShedder {
+    type OnStoreError = ();
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for super::FleetShedder {}
+    impl Sealed for super::UtilizationShedder {}
+}
 
 /// A load-shedding layer: [`FleetShedLayer`](super::FleetShedLayer) when
 /// `D` is a [`FleetShedder`](super::FleetShedder),
@@ -16,26 +43,21 @@ use crate::rate_limit::{FailurePolicy, mode};
 /// [`UtilizationShedder`](super::UtilizationShedder). The settings both
 /// share are here.
 #[must_use]
-pub struct ShedLayer<D, C = Unclassified, M = mode::Http> {
+pub struct ShedLayer<D: Shedder, C = Unclassified, M = mode::Http> {
     pub(crate) shedder: D,
     pub(crate) classify: C,
-    /// Used by the fleet shedder only: the other has no store to fail.
-    pub(crate) failure: FailurePolicy,
-    /// Under [`FailurePolicy::Local`]: the local shedder, shared by every
-    /// clone of the layer and every service it makes.
-    pub(crate) local: Option<D>,
+    pub(crate) on_store_error: D::OnStoreError,
     pub(crate) retry_after: Duration,
     pub(crate) rejection: Option<ShedRejectFn>,
     _mode: PhantomData<fn() -> M>,
 }
 
-impl<D> ShedLayer<D> {
+impl<D: Shedder> ShedLayer<D> {
     pub(crate) fn with_defaults(shedder: D, retry_after: Duration) -> Self {
         ShedLayer {
             shedder,
             classify: Unclassified,
-            failure: FailurePolicy::default(),
-            local: None,
+            on_store_error: D::OnStoreError::default(),
             retry_after,
             rejection: None,
             _mode: PhantomData,
@@ -43,7 +65,7 @@ impl<D> ShedLayer<D> {
     }
 }
 
-impl<D, C, M> ShedLayer<D, C, M> {
+impl<D: Shedder, C, M> ShedLayer<D, C, M> {
     /// The shedder.
     pub fn shedder(&self) -> &D {
         &self.shedder
@@ -87,8 +109,7 @@ impl<D, C, M> ShedLayer<D, C, M> {
         ShedLayer {
             shedder: self.shedder,
             classify: f(self.classify),
-            failure: self.failure,
-            local: self.local,
+            on_store_error: self.on_store_error,
             retry_after: self.retry_after,
             rejection: self.rejection,
             _mode: PhantomData,
@@ -106,13 +127,12 @@ impl<D, C, M> ShedLayer<D, C, M> {
     }
 }
 
-impl<D: Clone, C: Clone, M> Clone for ShedLayer<D, C, M> {
+impl<D: Shedder, C: Clone, M> Clone for ShedLayer<D, C, M> {
     fn clone(&self) -> Self {
         ShedLayer {
             shedder: self.shedder.clone(),
             classify: self.classify.clone(),
-            failure: self.failure,
-            local: self.local.clone(),
+            on_store_error: self.on_store_error.clone(),
             retry_after: self.retry_after,
             rejection: self.rejection.clone(),
             _mode: PhantomData,
@@ -120,11 +140,11 @@ impl<D: Clone, C: Clone, M> Clone for ShedLayer<D, C, M> {
     }
 }
 
-impl<D: fmt::Debug, C, M> fmt::Debug for ShedLayer<D, C, M> {
+impl<D: Shedder, C, M> fmt::Debug for ShedLayer<D, C, M> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ShedLayer")
             .field("shedder", &self.shedder)
-            .field("failure", &self.failure)
+            .field("on_store_error", &self.on_store_error)
             .field("retry_after", &self.retry_after)
             .finish_non_exhaustive()
     }

@@ -20,10 +20,13 @@
 //!   the instance crashes.
 //! - [`UtilizationShedLayer`]: local to the process. It watches
 //!   utilization (its own requests in flight over a worker capacity, or a
-//!   gauge you supply) and, once it has been bad for about 28 s, drops the
-//!   least important tier with rising probability, then the next, taking
-//!   about 120 s to shed everything sheddable, and as long to recover
-//!   ([`UtilizationConfig`]). Its clock and coin are injectable.
+//!   gauge you supply); above 0.8 it drops the least important tier with
+//!   rising probability, then the next, at a speed proportional to how far
+//!   above: fully saturated, after 28 s, then 120 s from shedding nothing
+//!   to shedding everything sheddable; at 0.9 twice as long (56 s, 240 s),
+//!   at 0.85 four times (112 s, 480 s). Below 0.7 it recovers as
+//!   proportionally: idle, in 120 s ([`UtilizationConfig`]). Its clock and
+//!   coin are injectable.
 //!
 //! ```
 //! use std::time::Duration;
@@ -59,11 +62,15 @@
 //!
 //! Both shedders expose their state per tier ([`FleetShedder::state`],
 //! [`UtilizationShedder::state`]: in flight here, admitted and shed so far,
-//! how much of the tier is being shed now) and, with the `metrics`
-//! feature, publish it as `fleetgate_shed_in_flight`,
-//! `fleetgate_shed_fraction` and `fleetgate_shed_total` by layer, policy
-//! and tier; their decisions count in `fleetgate_decisions_total` with the
-//! outcome `shed`. [`FleetShedLayer::typed_errors`] and
+//! how much of the tier is being shed now: the drop probability, or for
+//! the fleet shedder the share of the tier's recent requests it shed, see
+//! [`TierState::shed_fraction`]) and, with the `metrics` feature, publish
+//! it as `fleetgate_shed_in_flight`, `fleetgate_shed_fraction` and
+//! `fleetgate_shed_total` by layer, policy and tier; their decisions count
+//! in `fleetgate_decisions_total` with the outcome `shed` (or, for requests
+//! the fleet shedder's local fallback decided while the store was down,
+//! `fallback_denied`; its sheds count in `fleetgate_shed_total` all the
+//! same). [`FleetShedLayer::typed_errors`] and
 //! [`UtilizationShedLayer::typed_errors`] refuse with a [`ShedError`] for
 //! services that are not HTTP.
 //!
@@ -93,7 +100,7 @@ pub use self::fleet::{
     FleetShed, FleetShedBody, FleetShedLayer, FleetShedPolicy, FleetShedPolicyBuilder,
     FleetShedder, ResponseFuture as FleetShedFuture,
 };
-pub use self::layer::ShedLayer;
+pub use self::layer::{ShedLayer, Shedder};
 pub use self::random::{Random, ThreadRandom};
 pub use self::rejection::{ShedRejection, ShedRejectionKind};
 pub use self::state::{ShedState, TierSlot, TierState};

@@ -6,11 +6,16 @@
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use super::tier::{Tier, Tiers};
 use crate::clock::Clock;
 use crate::lease::{Lease, LeaseGuard};
 use crate::store::StoreFuture;
+
+/// The fleet shedder's shed fraction weighs each decision by
+/// `e^(−age/RECENT)`: about the last ten seconds count.
+const RECENT: Duration = Duration::from_secs(10);
 
 /// One tier as a shedder sees it; see
 /// [`FleetShedder::state`](super::FleetShedder::state) and
@@ -54,9 +59,15 @@ impl TierState {
         self.shed
     }
 
-    /// How much of the tier is being shed now, from 0 to 1: the
-    /// worker-utilization shedder's drop probability; for the fleet
-    /// shedder, 1 when the tier's last request was shed, else 0.
+    /// How much of the tier is being shed now, from 0 to 1.
+    ///
+    /// - Worker-utilization shedder: the probability its requests are
+    ///   dropped with, as of the last sample.
+    /// - Fleet shedder: the share of the tier's requests that this process
+    ///   shed recently: shed ÷ decided, each decision weighing
+    ///   `e^(−age / 10 s)`, so that the last ten seconds or so count. It
+    ///   moves only when requests of the tier are decided, and holds its
+    ///   value while none come. 0 before the first.
     pub fn shed_fraction(&self) -> f64 {
         self.shed_fraction
     }
@@ -75,7 +86,8 @@ pub(crate) struct TierCounters {
     tiers: Tiers,
     per_tier: Box<[Counters]>,
     in_flight: AtomicU64,
-    busy: Option<BusyTime>,
+    clock: Arc<dyn Clock>,
+    busy: Option<Mutex<Busy>>,
     metrics: TierMetrics,
 }
 
@@ -84,61 +96,90 @@ struct Counters {
     in_flight: AtomicU64,
     admitted: AtomicU64,
     shed: AtomicU64,
-    /// The shed fraction, as `f64` bits.
-    fraction: AtomicU64,
+    /// Set, and published, under its lock: the gauge ends at the value
+    /// computed last.
+    fraction: Mutex<Fraction>,
+}
+
+/// A tier's shed fraction, and for the fleet shedder what it comes from.
+#[derive(Default)]
+struct Fraction {
+    value: f64,
+    /// Decisions, and those that shed, each weighing `e^(−age/RECENT)` as
+    /// of `at_us`.
+    decided: f64,
+    shed: f64,
+    at_us: u64,
+}
+
+impl Fraction {
+    /// Ages the weights to `now_us` (never backwards), then counts one
+    /// decision.
+    fn decide(&mut self, now_us: u64, shed: bool) {
+        let age = now_us.saturating_sub(self.at_us) as f64;
+        let keep = (-age / RECENT.as_micros() as f64).exp();
+        self.at_us = self.at_us.max(now_us);
+        self.decided = self.decided * keep + 1.0;
+        self.shed = self.shed * keep + if shed { 1.0 } else { 0.0 };
+        self.value = self.shed / self.decided;
+    }
 }
 
 impl TierCounters {
     /// Counters for every tier of `tiers`, labelled `layer` and `policy` in
-    /// metrics.
-    pub(crate) fn new(tiers: &Tiers, layer: &'static str, policy: Arc<str>) -> Self {
+    /// metrics, timed by `clock`.
+    pub(crate) fn new(
+        tiers: &Tiers,
+        layer: &'static str,
+        policy: Arc<str>,
+        clock: Arc<dyn Clock>,
+    ) -> Self {
         TierCounters {
             per_tier: tiers.iter().map(|_| Counters::default()).collect(),
             metrics: TierMetrics::new(layer, policy, tiers),
             tiers: tiers.clone(),
             in_flight: AtomicU64::new(0),
+            clock,
             busy: None,
         }
     }
 
-    /// Also integrates the requests in flight over time on `clock`, for
+    /// Also integrates the requests in flight over time, for
     /// [`average_in_flight`](Self::average_in_flight).
-    pub(crate) fn with_busy_time(mut self, clock: Arc<dyn Clock>) -> Self {
-        let since = clock.now_micros();
-        self.busy = Some(BusyTime {
-            clock,
-            state: Mutex::new(Busy {
-                in_flight: 0,
-                since,
-                window_start: since,
-                area: 0.0,
-            }),
-        });
+    pub(crate) fn with_busy_time(mut self) -> Self {
+        let since = self.clock.now_micros();
+        self.busy = Some(Mutex::new(Busy {
+            in_flight: 0,
+            since,
+            window_start: since,
+            area: 0.0,
+        }));
         self
     }
 
-    /// The average number of requests in flight since the last call (the
-    /// count now if no time has passed); `None` without busy time.
-    pub(crate) fn average_in_flight(&self) -> Option<f64> {
-        let busy = self.busy.as_ref()?;
-        let now = busy.clock.now_micros();
-        let mut b = busy.lock();
-        b.advance(now);
-        let window = now.saturating_sub(b.window_start);
+    /// The average number of requests in flight from the last call to
+    /// `now_us`: the count now if no time has passed, or without busy time.
+    pub(crate) fn average_in_flight(&self, now_us: u64) -> f64 {
+        let Some(busy) = &self.busy else {
+            return self.in_flight() as f64;
+        };
+        let mut b = lock(busy);
+        b.advance(now_us);
+        let window = b.since.saturating_sub(b.window_start);
         let average = if window == 0 {
             b.in_flight as f64
         } else {
             b.area / window as f64
         };
-        b.window_start = now;
+        b.window_start = b.since;
         b.area = 0.0;
-        Some(average)
+        average
     }
 
     fn busy_change(&self, delta: i8) {
         if let Some(busy) = &self.busy {
-            let now = busy.clock.now_micros();
-            let mut b = busy.lock();
+            let now = self.clock.now_micros();
+            let mut b = lock(busy);
             b.advance(now);
             b.in_flight = match delta {
                 1 => b.in_flight.saturating_add(1),
@@ -197,12 +238,29 @@ impl TierCounters {
         self.metrics.shed(tier);
     }
 
+    /// Worker-utilization shedder: the tier's drop probability.
     pub(crate) fn set_fraction(&self, tier: Tier, fraction: f64) {
         if let Some(c) = self.get(tier) {
-            let old = c.fraction.swap(fraction.to_bits(), Ordering::Relaxed);
-            if old != fraction.to_bits() {
+            let mut f = lock(&c.fraction);
+            if f.value != fraction {
+                f.value = fraction;
                 self.metrics.fraction(tier, fraction);
             }
+        }
+    }
+
+    /// Fleet shedder: counts a request of `tier` admitted or shed, and
+    /// moves the tier's shed fraction (see [`TierState::shed_fraction`]).
+    pub(crate) fn decided(&self, tier: Tier, shed: bool) {
+        if shed {
+            self.shed(tier);
+        } else {
+            self.admitted(tier);
+        }
+        if let Some(c) = self.get(tier) {
+            let mut f = lock(&c.fraction);
+            f.decide(self.clock.now_micros(), shed);
+            self.metrics.fraction(tier, f.value);
         }
     }
 
@@ -217,7 +275,7 @@ impl TierCounters {
                 in_flight: c.in_flight.load(Ordering::Relaxed),
                 admitted: c.admitted.load(Ordering::Relaxed),
                 shed: c.shed.load(Ordering::Relaxed),
-                shed_fraction: f64::from_bits(c.fraction.load(Ordering::Relaxed)),
+                shed_fraction: lock(&c.fraction).value,
                 limit: limit(tier),
             })
             .collect()
@@ -232,14 +290,17 @@ impl fmt::Debug for TierCounters {
     }
 }
 
+/// The shedders' state is numbers consistent after every step: a panic
+/// elsewhere while a lock was held changes nothing.
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 /// Requests in flight integrated over time: utilization is the busy share
 /// of the time between samples, not the count at the instants requests
 /// happen to arrive (which waves of requests arriving together would bias).
-struct BusyTime {
-    clock: Arc<dyn Clock>,
-    state: Mutex<Busy>,
-}
-
 struct Busy {
     in_flight: u64,
     /// When `area` was last brought up to date.
@@ -248,16 +309,6 @@ struct Busy {
     window_start: u64,
     /// Request-microseconds in flight since `window_start`.
     area: f64,
-}
-
-impl BusyTime {
-    /// A count and three numbers, consistent after every step: a panic
-    /// elsewhere while it was held changes nothing.
-    fn lock(&self) -> MutexGuard<'_, Busy> {
-        self.state
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
 }
 
 impl Busy {

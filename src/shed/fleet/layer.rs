@@ -36,13 +36,16 @@ impl<C, M> FleetShedLayer<C, M> {
     /// decided by an in-memory shedder of this process holding the given
     /// share of the capacity and of every tier's limit
     /// ([`FleetShedPolicy::scaled`](super::FleetShedPolicy::scaled)); its
-    /// lease is given back there, never to the store.
+    /// lease is given back there, never to the store. Its decisions count
+    /// as `fallback_allowed` and `fallback_denied` in metrics (not
+    /// `allowed` and `shed`: the fleet did not decide them), and what it
+    /// sheds counts as shed in the tier's state.
     pub fn on_store_error(mut self, policy: FailurePolicy) -> Self {
-        self.failure = policy;
-        self.local = match policy {
+        let local = match policy {
             FailurePolicy::Local(share) => Some(self.shedder.local(share)),
             _ => None,
         };
+        self.on_store_error = (policy, local);
         self
     }
 }
@@ -64,13 +67,17 @@ impl<S, C: Clone, M> Layer<S> for FleetShedLayer<C, M> {
                 failure: if local {
                     FailurePolicy::Open
                 } else {
-                    self.failure
+                    self.on_store_error.0
                 },
                 metrics: metrics.clone(),
                 local,
             })
         };
-        let local = self.local.as_ref().map(|local| common(local, true));
+        let local = self
+            .on_store_error
+            .1
+            .as_ref()
+            .map(|local| common(local, true));
         let common = common(&self.shedder, false);
         let gate = |tier| {
             let fallback = local.as_ref().map(|local| {

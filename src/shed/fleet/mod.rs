@@ -72,12 +72,19 @@ impl TierGate {
         );
     }
 
+    /// `allowed`, or `fallback_allowed` for the local fallback's gates.
+    fn allowed(&self) -> Outcome {
+        if self.common.local {
+            Outcome::FallbackAllowed
+        } else {
+            Outcome::Allowed
+        }
+    }
+
     fn pass(&self, outcome: Outcome, span: &tracing::Span) {
         self.common.metrics.decided(outcome, false);
         span.record("outcome", outcome.as_str());
-        let counters = self.common.shedder.counters();
-        counters.admitted(self.tier);
-        counters.set_fraction(self.tier, 0.0);
+        self.common.shedder.counters().decided(self.tier, false);
     }
 }
 
@@ -110,17 +117,12 @@ impl Gate for TierGate {
         let _entered = span.enter();
         match (result, self.limit) {
             (Ok(Admission::Acquired(guard)), _) => {
-                let outcome = if common.local {
-                    Outcome::FallbackAllowed
-                } else {
-                    Outcome::Allowed
-                };
-                self.pass(outcome, &span);
+                self.pass(self.allowed(), &span);
                 Ok(Some(guard))
             }
             // Unreachable with an unbounded capacity; never shed all the same.
             (Ok(Admission::Refused(_)), None) => {
-                self.pass(Outcome::Allowed, &span);
+                self.pass(self.allowed(), &span);
                 Ok(None)
             }
             (Ok(Admission::Refused(grant)), Some(limit)) => {
@@ -138,9 +140,7 @@ impl Gate for TierGate {
                 };
                 common.metrics.decided(outcome, false);
                 span.record("outcome", outcome.as_str());
-                let counters = common.shedder.counters();
-                counters.shed(self.tier);
-                counters.set_fraction(self.tier, 1.0);
+                common.shedder.counters().decided(self.tier, true);
                 Err(Refusal {
                     tier: self.tier,
                     kind: ShedRejectionKind::OverLimit {

@@ -137,6 +137,13 @@ impl FleetShedPolicyBuilder {
     /// The share of the capacity that requests of the tier `name` may use,
     /// in `(0, 1]`. A less important tier may not get a larger limit than
     /// a more important one; the most important tier takes no share.
+    ///
+    /// Tiers given no share keep their default unless that would put them
+    /// out of order with a share given: they are raised to the largest
+    /// share given to a less important tier, and lowered to the smallest
+    /// given to a more important one. So `.share("low", 0.9)` alone also
+    /// lets `normal` use 0.9 (its default is 2/3), and `.share("high",
+    /// 0.4)` alone holds `normal` and `low` to 0.4 at most.
     pub fn share(mut self, name: &str, share: f64) -> Self {
         self.shares.push((name.to_owned(), share));
         self
@@ -169,7 +176,7 @@ impl FleetShedPolicyBuilder {
             tier: tier.to_owned(),
             detail,
         };
-        let mut shares = default_shares(tiers.len())?;
+        let mut given: Vec<Option<LocalShare>> = vec![None; tiers.len()];
         for (name, share) in &self.shares {
             let tier = tiers
                 .get(name)
@@ -182,10 +189,11 @@ impl FleetShedPolicyBuilder {
             }
             let share = LocalShare::new(*share)
                 .map_err(|_| invalid(name, format!("{share} is not in (0, 1]")))?;
-            if let Some(slot) = shares.get_mut(tier.rank()) {
-                *slot = share;
+            if let Some(slot) = given.get_mut(tier.rank()) {
+                *slot = Some(share);
             }
         }
+        let shares = fill_shares(&given)?;
         let capacity = lease.max_in_flight();
         let mut limits: Vec<Option<u64>> = vec![None];
         let mut above = capacity;
@@ -215,6 +223,41 @@ impl FleetShedPolicyBuilder {
             limits: limits.into(),
         })
     }
+}
+
+/// The shares given, and for the tiers without one their default, moved
+/// as little as keeps the order: up to the largest share given to a less
+/// important tier, down to the smallest given to a more important one.
+fn fill_shares(given: &[Option<LocalShare>]) -> Result<Vec<LocalShare>, ConfigError> {
+    let defaults = default_shares(given.len())?;
+    let pick = |shares: &[Option<LocalShare>], more: bool| {
+        shares.iter().flatten().copied().reduce(
+            |a, b| {
+                if (b.get() > a.get()) == more { b } else { a }
+            },
+        )
+    };
+    Ok(given
+        .iter()
+        .zip(defaults)
+        .enumerate()
+        .map(|(rank, (share, default))| {
+            share.unwrap_or_else(|| {
+                let mut share = default;
+                if let Some(below) = pick(&given[rank + 1..], true) {
+                    if below.get() > share.get() {
+                        share = below;
+                    }
+                }
+                if let Some(above) = pick(&given[..rank], false) {
+                    if above.get() < share.get() {
+                        share = above;
+                    }
+                }
+                share
+            })
+        })
+        .collect())
 }
 
 /// The least important of `n` tiers gets half, and the shares rise evenly
@@ -282,6 +325,28 @@ mod tests {
             .build()
             .unwrap();
         assert_eq!(all.limit(all.tiers().get("low").unwrap()), Some(10));
+    }
+
+    #[test]
+    fn defaults_make_room_for_the_shares_given() {
+        let limits = |p: FleetShedPolicy| -> Vec<Option<u64>> {
+            p.tiers().iter().map(|t| p.limit(t)).collect()
+        };
+        let b = || FleetShedPolicy::builder("fleet", 12);
+        // Defaults: none, 10, 8, 6. A large share for low raises normal
+        // (default 2/3) to it, and leaves high (5/6) alone.
+        let p = b().share("low", 0.75).build().unwrap();
+        assert_eq!(limits(p), [None, Some(10), Some(9), Some(9)]);
+        let p = b().share("low", 0.9).build().unwrap();
+        assert_eq!(limits(p), [None, Some(10), Some(10), Some(10)]);
+        // A small share for high lowers the tiers below it.
+        let p = b().share("high", 0.25).build().unwrap();
+        assert_eq!(limits(p), [None, Some(3), Some(3), Some(3)]);
+        // Between two given shares, a default is held inside them.
+        let p = b().share("high", 0.5).share("low", 0.25).build().unwrap();
+        assert_eq!(limits(p), [None, Some(6), Some(6), Some(3)]);
+        // Shares given out of order are still refused.
+        assert!(b().share("high", 0.25).share("low", 0.5).build().is_err());
     }
 
     #[test]

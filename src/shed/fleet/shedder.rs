@@ -2,6 +2,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use super::FleetShedPolicy;
+use crate::clock::MonotonicClock;
 use crate::concurrency::{Acquire, Admission, ConcurrencyLimiter};
 use crate::error::StoreError;
 use crate::key::Key;
@@ -11,11 +12,20 @@ use crate::shed::state::{ShedState, TierCounters};
 use crate::shed::tier::Tier;
 use crate::store::{MemoryStore, Store};
 
+/// The identity of the fleet's lease set: the built-in key extractors'
+/// keys all start otherwise (`ip:`, `h:`, `hv:`, `host:`, `global`).
+const FLEET_KEY: &str = "shed:fleet";
+
 /// A [`FleetShedPolicy`] bound to a [`Store`]: one lease set for the whole
 /// fleet, from which each request takes a lease up to its tier's limit. One
 /// store round trip to admit, one to release, through the same leases as
 /// the [`ConcurrencyLimiter`] (released when the guard drops, renewed while
 /// held). Clones share everything.
+///
+/// The lease set is kept under the policy's name and the identity
+/// `shed:fleet` (in Redis, `fleetgate:<policy>:{shed:fleet}:lease`), which
+/// none of the built-in key extractors produces: a concurrency limit named
+/// like the policy does not share it.
 #[derive(Clone)]
 pub struct FleetShedder {
     policy: FleetShedPolicy,
@@ -33,9 +43,10 @@ impl FleetShedder {
                 policy.tiers(),
                 "fleet_shed",
                 Arc::from(policy.name()),
+                Arc::new(MonotonicClock::new()),
             )),
             limiter: ConcurrencyLimiter::new(policy.lease().clone(), store),
-            key: Key::new("fleet"),
+            key: Key::new(FLEET_KEY),
             policy,
         }
     }
@@ -67,8 +78,11 @@ impl FleetShedder {
     /// How many requests the whole fleet has in flight, asked of the store
     /// (one round trip, recording nothing).
     pub async fn fleet_in_flight(&self) -> Result<u64, StoreError> {
-        // An acquire with no capacity is always refused, and says how many
-        // leases are held.
+        // The stores have no counting operation: an acquire with no
+        // capacity is always refused, records nothing and says how many
+        // leases are held. Its lease id is drawn but never stored; only if
+        // the store fails is a (harmless) release of it sent, as for any
+        // acquire that may have reached the store.
         match self.limiter.acquire_up_to(&self.key, 0).await? {
             Admission::Refused(grant) => Ok(grant.in_flight()),
             Admission::Acquired(_) => Err(StoreError::UnexpectedReply(
@@ -78,7 +92,8 @@ impl FleetShedder {
     }
 
     /// What this process has seen, per tier: in flight, admitted, shed, and
-    /// whether the tier's last request was shed.
+    /// the share of its recent requests shed
+    /// ([`TierState::shed_fraction`](crate::shed::TierState::shed_fraction)).
     pub fn state(&self) -> ShedState {
         ShedState {
             tiers: self.counters.snapshot(|tier| self.policy.limit(tier)),

@@ -2,18 +2,26 @@
 //! process has been, moving slowly on purpose.
 //!
 //! Utilization `u` (0 = idle, 1 = every worker busy) pushes a shed amount
-//! `a` up or down:
+//! `a` up or down, at a speed proportional to how far `u` is past a
+//! threshold:
 //!
-//! - `u < good` (0.7): `a` falls at a speed proportional to `1 − u/good`;
+//! - `u ≥ bad` (0.8): `a` rises at `(u − bad)/(1 − bad)` of full speed;
 //! - `good ≤ u < bad` (0.7–0.8): a dead zone, `a` stays;
-//! - `u ≥ bad` (0.8): `a` rises at a speed proportional to
-//!   `(u − bad)/(1 − bad)`.
+//! - `u < good` (0.7): `a` falls at `1 − u/good` of full speed.
 //!
 //! At full speed `a` moves by 1 per `ramp` (120 s). It rests at
 //! `−delay/ramp` rather than 0, so that nothing is shed until utilization
-//! has been bad for `delay` (28 s at full speed), and it recovers as slowly
-//! as it rose. Time between observations counts for at most `delay` (or the
-//! sampling interval, if longer), so a long silence cannot jump the amount.
+//! has been bad for a while: `delay` (28 s) at full saturation, longer below
+//! it (at 0.9, half speed: 56 s, then 240 s to shed everything; at 0.85, a
+//! quarter: 112 s and 480 s). Recovery is as proportional: idle, `a` falls
+//! from everything shed to nothing in `ramp`, then back to rest in `delay`.
+//!
+//! Time between observations counts in full, with one exception: a reading
+//! taken at an instant (a gauge) says nothing about a silence before it, so
+//! upward a gap counts for at most `max(delay, sample_every, 1 s)`, and one
+//! bad reading after a quiet hour cannot jump to full shedding. Downward,
+//! and for the shedder's own in-flight count (averaged over the whole gap),
+//! every second counts: an idle hour is an hour of recovery.
 //!
 //! The positive part of `a` sweeps the tiers that may be shed, least
 //! important first: with `k` of them, the one at position `i` from the
@@ -60,18 +68,21 @@ impl UtilizationConfig {
         Ok(self)
     }
 
-    /// How long utilization must be fully bad before anything is shed
-    /// (default 28 s).
+    /// How long utilization must be fully bad (1) before anything is shed
+    /// (default 28 s); less bad, it takes proportionally longer: at
+    /// utilization `u` past `bad`, `delay × (1 − bad)/(u − bad)`.
     pub fn delay(mut self, delay: Duration) -> Self {
         self.delay = delay;
         self
     }
 
-    /// How long, at full speed, from shedding nothing to shedding everything
-    /// that may be shed, and back (default 120 s). Must be longer than zero.
+    /// How long, at full speed (utilization 1 rising, 0 falling), from
+    /// shedding nothing to shedding everything that may be shed, and back
+    /// (default 120 s); proportionally longer at lower speeds, as for
+    /// [`delay`](Self::delay). Must be longer than zero.
     pub fn ramp(mut self, ramp: Duration) -> Result<Self, ConfigError> {
         if ramp.is_zero() {
-            return Err(ConfigError::ZeroTimeout);
+            return Err(ConfigError::ZeroRamp);
         }
         self.ramp = ramp;
         Ok(self)
@@ -102,20 +113,26 @@ impl UtilizationConfig {
 #[derive(Clone, Debug)]
 pub(crate) struct Controller {
     config: UtilizationConfig,
-    /// The longest gap between observations that counts in full.
-    max_gap: Duration,
+    /// For readings taken at an instant: the longest gap between
+    /// observations that counts in full while the amount rises.
+    rise_cap: Option<Duration>,
     amount: f64,
     last_us: Option<u64>,
 }
 
+/// The shortest cap on a rising gap, so that a zero delay sampled on every
+/// request still moves.
+const MIN_RISE_CAP: Duration = Duration::from_secs(1);
+
 impl Controller {
-    /// A controller observed about every `sample_every`: a longer gap is a
-    /// silence, and counts as `delay` at most (as `sample_every` when the
-    /// delay is shorter, so that a zero delay still moves).
-    pub(crate) fn new(config: UtilizationConfig, sample_every: Duration) -> Self {
+    /// A controller observed about every `sample_every`. `instant` says
+    /// whether each observation is a reading at an instant (a gauge), whose
+    /// rising gaps are capped, rather than an average over the time since
+    /// the previous one.
+    pub(crate) fn new(config: UtilizationConfig, sample_every: Duration, instant: bool) -> Self {
         Controller {
             amount: config.resting(),
-            max_gap: config.delay.max(sample_every),
+            rise_cap: instant.then(|| config.delay.max(sample_every).max(MIN_RISE_CAP)),
             config,
             last_us: None,
         }
@@ -126,14 +143,20 @@ impl Controller {
     }
 
     /// Moves the amount for the time since the last observation, at the
-    /// speed `utilization` asks for.
+    /// speed `utilization` asks for. A time before the last observation's
+    /// counts as no time at all: time never runs backwards.
     pub(crate) fn observe(&mut self, now_us: u64, utilization: f64) {
-        let elapsed = match self.last_us {
-            Some(last) => Duration::from_micros(now_us.saturating_sub(last)).min(self.max_gap),
-            None => Duration::ZERO,
+        let Some(last) = self.last_us.filter(|last| *last < now_us) else {
+            self.last_us = self.last_us.max(Some(now_us));
+            return;
         };
         self.last_us = Some(now_us);
-        let speed = self.config.push(utilization) / self.config.ramp.as_secs_f64();
+        let push = self.config.push(utilization);
+        let mut elapsed = Duration::from_micros(now_us - last);
+        if let Some(cap) = self.rise_cap.filter(|_| push > 0.0) {
+            elapsed = elapsed.min(cap);
+        }
+        let speed = push / self.config.ramp.as_secs_f64();
         self.amount =
             (self.amount + speed * elapsed.as_secs_f64()).clamp(self.config.resting(), 1.0);
     }
@@ -184,7 +207,7 @@ mod tests {
     #[test]
     fn saturation_ramps_after_the_delay_lowest_tier_first() {
         let tiers = Tiers::default(); // critical, high, normal, low
-        let mut c = Controller::new(UtilizationConfig::default(), SECOND);
+        let mut c = Controller::new(UtilizationConfig::default(), SECOND, true);
         run(&mut c, 0, 28, 1.0);
         // 28 s of full saturation: only now at the edge of shedding.
         assert!(close(c.amount(), 0.0), "{}", c.amount());
@@ -208,7 +231,7 @@ mod tests {
     #[test]
     fn the_dead_zone_holds_and_recovery_is_as_slow() {
         let tiers = Tiers::default();
-        let mut c = Controller::new(UtilizationConfig::default(), SECOND);
+        let mut c = Controller::new(UtilizationConfig::default(), SECOND, true);
         run(&mut c, 0, 28 + 120, 1.0);
         assert!(close(c.amount(), 1.0));
         // 0.75 is in the dead zone: nothing moves.
@@ -226,19 +249,19 @@ mod tests {
 
     #[test]
     fn partial_overload_moves_proportionally_and_gaps_are_capped() {
-        let mut c = Controller::new(UtilizationConfig::default(), SECOND);
+        let mut c = Controller::new(UtilizationConfig::default(), SECOND, true);
         // u = 0.9 pushes at half speed: the delay doubles to 56 s.
         run(&mut c, 0, 55, 0.9);
         assert!(c.amount() < 0.0);
         run(&mut c, 56, 57, 0.9);
         assert!(c.amount() > 0.0);
-        // A silence of an hour counts as 28 s at most.
-        let mut c = Controller::new(UtilizationConfig::default(), SECOND);
+        // A gauge silent for an hour counts as 28 s at most, rising.
+        let mut c = Controller::new(UtilizationConfig::default(), SECOND, true);
         c.observe(0, 1.0);
         c.observe(3600 * S, 1.0);
         assert!(close(c.amount(), 0.0));
         // Odd gauges are clamped, NaN counts as idle.
-        let mut c = Controller::new(UtilizationConfig::default(), SECOND);
+        let mut c = Controller::new(UtilizationConfig::default(), SECOND, true);
         c.observe(0, f64::NAN);
         c.observe(10 * S, f64::INFINITY);
         assert!(close(c.amount(), -28.0 / 120.0 + 10.0 / 120.0));
@@ -249,12 +272,66 @@ mod tests {
     #[test]
     fn a_zero_delay_sheds_at_once_and_still_moves() {
         let config = UtilizationConfig::default().delay(Duration::ZERO);
-        let mut c = Controller::new(config, SECOND);
+        let mut c = Controller::new(config, SECOND, true);
         run(&mut c, 0, 12, 1.0);
         // No delay: 12 s of saturation shed a tenth; a long gap counts as
         // one sampling interval.
         assert!(close(c.amount(), 0.1), "{}", c.amount());
         c.observe(3600 * S, 1.0);
+        assert!(close(c.amount(), 0.1 + 1.0 / 120.0), "{}", c.amount());
+    }
+
+    #[test]
+    fn a_zero_delay_sampled_on_every_request_still_sheds() {
+        let config = UtilizationConfig::default().delay(Duration::ZERO);
+        for instant in [true, false] {
+            let mut c = Controller::new(config, Duration::ZERO, instant);
+            run(&mut c, 0, 12, 1.0);
+            assert!(close(c.amount(), 0.1), "{instant}: {}", c.amount());
+        }
+    }
+
+    #[test]
+    fn an_idle_hour_is_an_hour_of_recovery() {
+        for instant in [true, false] {
+            let mut c = Controller::new(UtilizationConfig::default(), SECOND, instant);
+            run(&mut c, 0, 28 + 120, 1.0);
+            assert!(close(c.amount(), 1.0));
+            // Nobody came for an hour; the first request back finds the
+            // process idle: the whole hour counts, and it rests again.
+            c.observe(3748 * S, 0.0);
+            assert!(
+                close(c.amount(), -28.0 / 120.0),
+                "{instant}: {}",
+                c.amount()
+            );
+            // Sixty seconds idle take half the shedding away, no more.
+            run(&mut c, 3749, 3749 + 148, 1.0);
+            c.observe((3749 + 148 + 60) * S, 0.0);
+            assert!(close(c.amount(), 0.5), "{instant}: {}", c.amount());
+        }
+    }
+
+    #[test]
+    fn an_average_over_a_long_gap_counts_in_full() {
+        // The shedder's own in-flight count is averaged over the gap: a
+        // minute of saturation between two samples is a minute.
+        let mut c = Controller::new(UtilizationConfig::default(), SECOND, false);
+        c.observe(0, 1.0);
+        c.observe(60 * S, 1.0);
+        assert!(close(c.amount(), 32.0 / 120.0), "{}", c.amount());
+    }
+
+    #[test]
+    fn time_never_runs_backwards() {
+        let mut c = Controller::new(UtilizationConfig::default(), SECOND, true);
+        run(&mut c, 0, 40, 1.0);
+        assert!(close(c.amount(), 0.1));
+        // A late observation from before the last one moves nothing, and
+        // the next counts from the latest time seen, not from the late one.
+        c.observe(35 * S, 1.0);
+        assert!(close(c.amount(), 0.1));
+        c.observe(41 * S, 1.0);
         assert!(close(c.amount(), 0.1 + 1.0 / 120.0), "{}", c.amount());
     }
 
@@ -266,6 +343,6 @@ mod tests {
         assert!(c.thresholds(0.5, 1.0).is_err());
         assert!(c.thresholds(f64::NAN, 0.8).is_err());
         assert!(c.thresholds(0.6, 0.6).is_ok());
-        assert!(c.ramp(Duration::ZERO).is_err());
+        assert_eq!(c.ramp(Duration::ZERO), Err(ConfigError::ZeroRamp));
     }
 }

@@ -59,11 +59,14 @@ impl<S, C, M> UtilizationShed<S, C, M> {
     {
         let common = self.shared.common.clone();
         let tiers = &common.answer.tiers;
-        let tier = self
-            .shared
-            .classify
-            .classify(&req, tiers)
-            .unwrap_or_else(|| tiers.unclassified());
+        // A tier of another set (a closure's mistake) counts as the default
+        // tier, here already, so that spans and answers name it.
+        let tier = tiers.clamp(
+            self.shared
+                .classify
+                .classify(&req, tiers)
+                .unwrap_or_else(|| tiers.unclassified()),
+        );
         match common.decide(tier) {
             Ok(slot) => {
                 let fut = self.inner.call(req);

@@ -1,6 +1,6 @@
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::controller::{Controller, UtilizationConfig, drop_probability};
@@ -9,7 +9,7 @@ use crate::error::ConfigError;
 use crate::lease::LeaseGuard;
 use crate::limit::check_name;
 use crate::shed::random::{Random, SharedRandom, ThreadRandom};
-use crate::shed::state::{ShedState, TierCounters, TierSlot};
+use crate::shed::state::{ShedState, TierCounters, TierSlot, lock};
 use crate::shed::tier::{Tier, Tiers};
 
 /// Where utilization comes from.
@@ -27,12 +27,15 @@ enum Source {
 /// It samples utilization (its own requests in flight, averaged over the
 /// time since the last sample, over a worker capacity; or a gauge you
 /// supply) at most every `sample_every` (default 1 s), on the requests that
-/// come through, and moves a shed amount as
-/// [`UtilizationConfig`] describes: nothing is shed until utilization has
-/// been bad for about 28 s, then the least important tier is dropped with
-/// rising probability, then the next, about 120 s from shedding nothing to
-/// shedding everything but the most important tier, and it recovers just
-/// as slowly. Clones share everything.
+/// come through, and moves a shed amount as [`UtilizationConfig`]
+/// describes. Past 0.8 the amount rises at a speed proportional to how far
+/// past: fully saturated, nothing is shed for 28 s, then the least
+/// important tier is dropped with rising probability, then the next, 120 s
+/// from shedding nothing to shedding everything but the most important
+/// tier; at 0.9 each takes twice as long (56 s, 240 s), at 0.85 four times
+/// (112 s, 480 s). Below 0.7 it recovers at a speed proportional to how far
+/// below: idle, 120 s from everything shed to nothing. Clones share
+/// everything.
 ///
 /// ```
 /// use std::time::Duration;
@@ -80,7 +83,11 @@ impl UtilizationShedder {
 
     /// Utilization read from `gauge` (0 = idle, 1 = saturated; clamped,
     /// NaN counts as idle): CPU load, busy worker threads, a queue's
-    /// fill, whatever measures this process's distress.
+    /// fill, whatever measures this process's distress. It is read once a
+    /// sample, by the request that takes it, under the shedder's lock: keep
+    /// it quick. A reading is taken for an instant, so after a silence it
+    /// moves the amount up by at most `max(delay, sample_every, 1 s)` worth
+    /// (see [`UtilizationConfig`]).
     pub fn gauge<F>(gauge: F) -> UtilizationShedderBuilder
     where
         F: Fn() -> f64 + Send + Sync + 'static,
@@ -100,16 +107,18 @@ impl UtilizationShedder {
 
     /// Decides a request of `tier` (a tier of another set counts as the
     /// default tier): samples utilization if a sample is due, then drops
-    /// the request with its tier's current probability. Admitted, it
-    /// returns a guard that counts the request in flight until dropped;
-    /// shed, the probability its tier is dropped with.
+    /// the request with its tier's current probability (always at 1, never
+    /// at 0, whatever the coin says). Admitted, it returns a guard that
+    /// counts the request in flight until dropped; shed, the probability
+    /// its tier is dropped with.
     pub fn admit(&self, tier: Tier) -> Result<LeaseGuard<TierSlot>, f64> {
         let inner = &self.inner;
         let tier = self.tiers().clamp(tier);
         self.sample(inner.clock.now_micros());
         let amount = f64::from_bits(inner.amount.load(Ordering::Relaxed));
         let p = drop_probability(amount, tier, self.tiers());
-        if p > 0.0 && inner.random.next_f64() < p {
+        // A coin outside [0, 1), or NaN, cannot admit at full shedding.
+        if p >= 1.0 || (p > 0.0 && inner.random.next_f64() < p) {
             inner.counters.shed(tier);
             return Err(p);
         }
@@ -117,7 +126,8 @@ impl UtilizationShedder {
         Ok(inner.counters.enter(tier))
     }
 
-    /// Samples utilization now if a sample is due, and moves the amount.
+    /// Samples utilization and moves the amount, if a sample is due at
+    /// `now`: one request per interval claims it.
     fn sample(&self, now: u64) {
         let inner = &self.inner;
         let due = inner.next_sample_us.load(Ordering::Relaxed);
@@ -130,18 +140,17 @@ impl UtilizationShedder {
         {
             return;
         }
+        // Everything under the lock, the clock read included: samples reach
+        // the controller in the order of their times, and what is
+        // published is the latest sample's.
+        let mut controller = lock(&inner.controller);
+        let now = inner.clock.now_micros();
         let utilization = match &inner.source {
-            Source::Workers(workers) => {
-                let in_flight = inner.counters.average_in_flight();
-                in_flight.unwrap_or(inner.counters.in_flight() as f64) / *workers as f64
-            }
+            Source::Workers(workers) => inner.counters.average_in_flight(now) / *workers as f64,
             Source::Gauge(gauge) => gauge(),
         };
-        let amount = {
-            let mut controller = lock(&inner.controller);
-            controller.observe(now, utilization);
-            controller.amount()
-        };
+        controller.observe(now, utilization);
+        let amount = controller.amount();
         inner.amount.store(amount.to_bits(), Ordering::Relaxed);
         inner
             .utilization
@@ -226,7 +235,8 @@ impl UtilizationShedderBuilder {
     }
 
     /// How often utilization is sampled at most (default 1 s; zero samples
-    /// on every request).
+    /// on every request). Samples are taken by requests: with none coming,
+    /// the next one counts the time since the last sample.
     pub fn sample_every(mut self, every: Duration) -> Self {
         self.sample_every = every;
         self
@@ -252,14 +262,16 @@ impl UtilizationShedderBuilder {
         if let Source::Workers(0) = self.source {
             return Err(ConfigError::ZeroWorkers);
         }
-        let controller = Controller::new(self.config, self.sample_every);
+        let instant = matches!(self.source, Source::Gauge(_));
+        let controller = Controller::new(self.config, self.sample_every, instant);
         let name: Arc<str> = Arc::from(self.name);
         let clock = self
             .clock
             .unwrap_or_else(|| Arc::new(MonotonicClock::new()));
-        let mut counters = TierCounters::new(&self.tiers, "utilization_shed", name.clone());
+        let mut counters =
+            TierCounters::new(&self.tiers, "utilization_shed", name.clone(), clock.clone());
         if let Source::Workers(_) = self.source {
-            counters = counters.with_busy_time(clock.clone());
+            counters = counters.with_busy_time();
         }
         Ok(UtilizationShedder {
             inner: Arc::new(Inner {
@@ -287,12 +299,4 @@ impl fmt::Debug for UtilizationShedderBuilder {
             .field("sample_every", &self.sample_every)
             .finish_non_exhaustive()
     }
-}
-
-/// The controller is a number and a time, consistent after every step: a
-/// panic elsewhere while it was held changes nothing.
-fn lock(controller: &Mutex<Controller>) -> MutexGuard<'_, Controller> {
-    controller
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
