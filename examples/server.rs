@@ -42,7 +42,8 @@
 //!   load shedder of 4 in flight of which reports may use 2: a third
 //!   concurrent report gets 503, a charge is never shed. In front of both,
 //!   a worker-utilization shedder sheds reports first once this process
-//!   has had more than 80% of `FLEETGATE_SHED_WORKERS` busy for about 28 s.
+//!   has had more than 80% of `FLEETGATE_SHED_WORKERS` busy for a while
+//!   (28 s with all of them busy; longer the closer it is to 80%).
 //!
 //! Try: `for i in $(seq 8); do curl -s -o /dev/null -w '%{http_code}\n' localhost:3000/api/ping; done`
 //! and `for i in 1 2 3; do curl -s -w ' %{http_code}\n' 'localhost:3000/api/slow?ms=3000' & done; wait`
