@@ -181,7 +181,10 @@ fn cases(group: &mut BenchmarkGroup<'_, WallTime>, label: &str, keys: &[Key]) {
         }
     }
     for (threads, run) in [
-        ("1_thread", one_thread as fn(&dyn Decide, &[Key], u64) -> Duration),
+        (
+            "1_thread",
+            one_thread as fn(&dyn Decide, &[Key], u64) -> Duration,
+        ),
         ("2_threads", two_threads),
     ] {
         for (load, pair) in [("admit", &admit), ("deny", &deny)] {
@@ -210,12 +213,21 @@ fn distinct_keys(c: &mut Criterion) {
     group.finish();
 }
 
-/// For reading the figures above: what reading the store's clock
-/// (`MonotonicClock`, i.e. `tokio::time::Instant::now`) costs on its own.
+/// For reading the figures above: what reading each limiter's clock costs
+/// on its own: the store's `MonotonicClock` (`tokio::time::Instant::now`,
+/// which follows `tokio::time::pause`), the OS clock under it, and
+/// governor's default (quanta, the CPU's time-stamp counter).
 fn reference(c: &mut Criterion) {
-    c.bench_function("reference/tokio_instant_now", |b| {
-        b.iter(tokio::time::Instant::now);
+    use governor::clock::Clock as _;
+    let store_clock = fleetgate::clock::MonotonicClock::new();
+    let quanta = governor::clock::QuantaClock::default();
+    let mut group = c.benchmark_group("reference");
+    group.bench_function("monotonic_clock_now_micros", |b| {
+        b.iter(|| fleetgate::clock::Clock::now_micros(&store_clock));
     });
+    group.bench_function("std_instant_now", |b| b.iter(std::time::Instant::now));
+    group.bench_function("governor_quanta_clock_now", |b| b.iter(|| quanta.now()));
+    group.finish();
 }
 
 fn main() {
@@ -255,7 +267,8 @@ fn estimate(dir: &Path, group: &str, function: &str, since: SystemTime) -> Optio
     if !fresh {
         return None;
     }
-    let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).ok()?).ok()?;
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).ok()?).ok()?;
     ["slope", "mean"]
         .iter()
         .find_map(|k| json.get(k)?.get("point_estimate")?.as_f64())
