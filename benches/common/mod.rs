@@ -113,6 +113,15 @@ pub async fn command_stats(
     Ok(command_calls(&info))
 }
 
+/// Empties the server.
+pub async fn flush_all(admin: &mut MultiplexedConnection) -> Result<(), BoxError> {
+    redis::cmd("FLUSHALL")
+        .arg("SYNC")
+        .query_async::<()>(admin)
+        .await?;
+    Ok(())
+}
+
 /// The server's version, from `INFO server`.
 pub async fn redis_version(admin: &mut MultiplexedConnection) -> Result<String, BoxError> {
     let info: String = redis::cmd("INFO").arg("server").query_async(admin).await?;
