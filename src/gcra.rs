@@ -59,7 +59,7 @@ impl AsParams for Limit {
 /// limit `i` (0 when absent) and is overwritten with the new TAT when the
 /// call is admitted. Returns the decision and, when admitted, the time at
 /// which the state becomes idle again (the largest new TAT).
-#[inline]
+#[inline(always)]
 pub(crate) fn decide<P: AsParams>(
     params: &[P],
     tats: &mut [u64],

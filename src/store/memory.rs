@@ -110,6 +110,7 @@ impl MemoryStore {
     /// `key` (zeros when there is none) at the current time, and stores the
     /// state when `f` says so. `f` may run more than once, so it must only
     /// compute.
+    #[inline(always)]
     fn with_tats<R>(
         &self,
         policy: &Policy,

@@ -118,10 +118,10 @@ impl Hasher for Prehashed {
 /// case) keeps its TAT in an atomic, updated with compare-and-swap, so that
 /// calls on one hot key from several threads never wait for each other and
 /// a denial writes nothing; several limits, decided all-or-nothing, share
-/// a small mutex.
+/// a small mutex, boxed so that the map's buckets stay small.
 pub(super) enum Tats {
     One(AtomicU64),
-    Many(Mutex<Box<[u64]>>),
+    Many(Box<Mutex<Box<[u64]>>>),
 }
 
 impl Tats {
@@ -129,7 +129,7 @@ impl Tats {
     pub(super) fn new(tats: &[u64]) -> Self {
         match tats {
             [one] => Tats::One(AtomicU64::new(*one)),
-            _ => Tats::Many(Mutex::new(tats.into())),
+            _ => Tats::Many(Box::new(Mutex::new(tats.into()))),
         }
     }
 
@@ -146,6 +146,7 @@ impl Tats {
     /// when it returns `true` as its second value. `f` may run more than
     /// once (when another thread changed the state in between), so it must
     /// only compute.
+    #[inline(always)]
     pub(super) fn update<P, R>(
         &self,
         params: &[P],
@@ -196,7 +197,7 @@ impl Tats {
                 tats[..old.len()].copy_from_slice(old);
             }
         }
-        *self = Tats::Many(Mutex::new(tats.into_boxed_slice()));
+        *self = Tats::Many(Box::new(Mutex::new(tats.into_boxed_slice())));
     }
 
     /// When every limit has refilled: from then on the state means nothing.
