@@ -1,6 +1,8 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
+use bytes::Bytes;
+use http::header::Entry;
 use http::{HeaderMap, HeaderName, HeaderValue};
 
 use crate::decision::Decision;
@@ -120,7 +122,8 @@ impl PolicyHeaders {
                 decision.remaining(),
                 reset
             );
-            if let Ok(value) = HeaderValue::from_str(&text) {
+            // Handed over as `Bytes`: the value keeps the text, uncopied.
+            if let Ok(value) = HeaderValue::from_maybe_shared(Bytes::from(text)) {
                 append_member(headers, &RATELIMIT, value);
             }
         }
@@ -140,12 +143,18 @@ impl PolicyHeaders {
 
 /// Adds `value` as one more member of a structured-field list header.
 fn append_member(headers: &mut HeaderMap, name: &HeaderName, value: HeaderValue) {
-    let joined = headers.get(name).and_then(|existing| {
-        let mut bytes = Vec::with_capacity(existing.len() + 2 + value.len());
-        bytes.extend_from_slice(existing.as_bytes());
-        bytes.extend_from_slice(b", ");
-        bytes.extend_from_slice(value.as_bytes());
-        HeaderValue::from_bytes(&bytes).ok()
-    });
-    headers.insert(name.clone(), joined.unwrap_or(value));
+    match headers.entry(name) {
+        Entry::Vacant(entry) => {
+            entry.insert(value);
+        }
+        Entry::Occupied(mut entry) => {
+            let existing = entry.get();
+            let mut bytes = Vec::with_capacity(existing.len() + 2 + value.len());
+            bytes.extend_from_slice(existing.as_bytes());
+            bytes.extend_from_slice(b", ");
+            bytes.extend_from_slice(value.as_bytes());
+            let joined = HeaderValue::from_maybe_shared(Bytes::from(bytes));
+            entry.insert(joined.unwrap_or(value));
+        }
+    }
 }
