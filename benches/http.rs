@@ -28,7 +28,9 @@
 //! from those rows, in this run. `FLEETGATE_BENCH_SECS` sets the measured
 //! time per round (default 2; wrk rounds it up to whole seconds),
 //! `FLEETGATE_BENCH_WARMUP` the warm-up (default 1), `FLEETGATE_BENCH_CONNS`
-//! the connections (default 64). Without `--bench` (as
+//! the connections (default 64); `FLEETGATE_BENCH_ONLY=<text>` runs only
+//! the cases whose name contains the text (for profiling one). Without
+//! `--bench` (as
 //! `cargo test --all-targets` runs it) each case runs once for a moment.
 
 #[path = "../tests/common/redis_server.rs"]
@@ -184,9 +186,14 @@ fn main() -> Result<(), BoxError> {
     let mut admin = admin_rt.block_on(server.client().get_multiplexed_async_connection())?;
     let version = admin_rt.block_on(common::redis_version(&mut admin))?;
 
-    let mut rounds: Vec<Vec<Round>> = vec![Vec::new(); CASES.len()];
+    let only = std::env::var("FLEETGATE_BENCH_ONLY").unwrap_or_default();
+    let cases: Vec<(Variant, Load)> = CASES
+        .into_iter()
+        .filter(|(v, l)| format!("{} {}", v.name(), l.name()).contains(&only))
+        .collect();
+    let mut rounds: Vec<Vec<Round>> = vec![Vec::new(); cases.len()];
     for round in 0..plan.rounds {
-        for (i, (variant, load)) in CASES.into_iter().enumerate() {
+        for (i, &(variant, load)) in cases.iter().enumerate() {
             let measured = run_case(&server, &admin_rt, &mut admin, &plan, variant, load, i)?;
             eprintln!(
                 "round {}: {:<32} {:<8} {:>9.0} req/s  p50 {:>6.0} µs  p99 {:>6.0} µs  non-2xx {}  scripts {}",
@@ -202,7 +209,7 @@ fn main() -> Result<(), BoxError> {
             rounds[i].push(measured);
         }
     }
-    let rows: Vec<Row> = CASES
+    let rows: Vec<Row> = cases
         .into_iter()
         .zip(rounds)
         .map(|((variant, load), mut rounds)| {

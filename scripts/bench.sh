@@ -69,6 +69,15 @@ echo "scripts/bench.sh: building" >&2
 cargo bench --no-run $(bench_args) 2>"$out/build.log" ||
   { cat "$out/build.log" >&2; exit 1; }
 
+wrk_version() {
+  if command -v wrk >/dev/null 2>&1; then
+    # wrk prints its version with its usage and exits 1.
+    wrk --version 2>&1 | head -1 | cut -d' ' -f1-2 || true
+  else
+    echo "not installed"
+  fi
+}
+
 crate_version() {
   awk -v name="$1" '$0 == "name = \"" name "\"" { getline; gsub(/version = |"/, ""); print; exit }' Cargo.lock
 }
@@ -110,7 +119,7 @@ missed="$(grep -c '| MISS |$' <<<"$targets" || true)"
   echo "| OS | $(uname -sr) |"
   echo "| Rust | $(rustc --version) |"
   echo "| Redis | $("$redis_bin" --version | cut -d' ' -f1-3,5) |"
-  echo "| wrk | $(command -v wrk >/dev/null 2>&1 && (wrk --version 2>&1 | head -1 | cut -d' ' -f1-2) || echo 'not installed') |"
+  echo "| wrk | $(wrk_version) |"
   echo "| Crates | $(for c in axum tower_governor governor redis tokio hyper criterion; do printf '%s %s, ' "$c" "$(crate_version "$c")"; done | sed 's/, $//') |"
   echo "| Code | $(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet HEAD 2>/dev/null || echo ' with uncommitted changes') |"
   echo

@@ -14,7 +14,7 @@ use crate::decision::Decision;
 use crate::gcra;
 use crate::key::Key;
 use crate::limit::{Limit, MAX_LIMITS_PER_POLICY, Policy};
-use slot::{Probe, SlotKey, SlotMap, Tats};
+use slot::{Probe, SlotKey, SlotMap, Step, Tats};
 
 /// A shard sweeps expired state once it holds this many entries, and after
 /// that whenever it has doubled since the last sweep.
@@ -99,24 +99,18 @@ impl MemoryStore {
     }
 
     fn decide(&self, call: &GcraCall<'_>) -> Decision {
-        let max_wait = call.max_wait_us();
-        self.with_tats(call.policy, call.key, |limits, tats, now| {
-            let (decision, idle_at) = gcra::decide(limits, tats, now, call.cost, max_wait);
-            (decision, idle_at.is_some())
-        })
+        let check = Check {
+            cost: call.cost,
+            max_wait: call.max_wait_us(),
+        };
+        self.with_tats(call.policy, call.key, &check)
     }
 
-    /// Runs `f` on the policy's limits and the GCRA state of `policy` for
-    /// `key` (zeros when there is none) at the current time, and stores the
-    /// state when `f` says so. `f` may run more than once, so it must only
-    /// compute.
+    /// Runs `step` on the GCRA state of `policy` for `key` (zeros when
+    /// there is none) at the current time, and stores the state when the
+    /// step says so.
     #[inline(always)]
-    fn with_tats<R>(
-        &self,
-        policy: &Policy,
-        key: &Key,
-        mut f: impl FnMut(&[Limit], &mut [u64], u64) -> (R, bool),
-    ) -> R {
+    fn with_tats<S: Step>(&self, policy: &Policy, key: &Key, step: &S) -> S::Output {
         let limits = policy.limits();
         let probe = Probe {
             hash: self.inner.hasher.hash_one(key.as_str()),
@@ -131,10 +125,31 @@ impl MemoryStore {
                 // limiters sharing a name) first needs its state grown.
                 if tats.len() >= limits.len() {
                     let now = self.inner.clock.now_micros();
-                    return tats.update(limits, |limits, tats| f(limits, tats, now));
+                    return tats.update(limits, now, step);
                 }
             }
         }
+        self.insert_tats(shard, policy, key, probe.hash, step)
+    }
+
+    /// [`with_tats`](Self::with_tats) for a key the shard does not hold yet
+    /// (or holds with fewer limits): under the shard's write lock. Kept out
+    /// of line, so that the common path stays small.
+    #[inline(never)]
+    fn insert_tats<S: Step>(
+        &self,
+        shard: &RwLock<Shard>,
+        policy: &Policy,
+        key: &Key,
+        hash: u64,
+        step: &S,
+    ) -> S::Output {
+        let limits = policy.limits();
+        let probe = Probe {
+            hash,
+            key: key.as_str(),
+            policy: policy.name(),
+        };
         let mut shard = write(shard);
         let now = self.inner.clock.now_micros();
         if let Some(tats) = shard.map.get_mut(&probe as &dyn slot::Lookup) {
@@ -144,19 +159,35 @@ impl MemoryStore {
             // Extra positions (a policy with fewer limits) keep their state
             // untouched, like Redis keys the script does not name.
             tats.grow(limits.len());
-            return tats.update(limits, |limits, tats| f(limits, tats, now));
+            return tats.update(limits, now, step);
         }
         let mut tats = [0u64; MAX_LIMITS_PER_POLICY];
         let tats = &mut tats[..limits.len()];
-        let (result, store) = f(limits, tats, now);
+        let (result, store) = step.run(limits, tats, now);
         if store {
             shard.insert(
-                SlotKey::new(probe.hash, key.clone(), policy.name_arc()),
+                SlotKey::new(hash, key.clone(), policy.name_arc()),
                 Tats::new(tats),
                 now,
             );
         }
         result
+    }
+}
+
+/// A GCRA check (or reservation): stores the TATs when admitted.
+struct Check {
+    cost: u64,
+    max_wait: u64,
+}
+
+impl Step for Check {
+    type Output = Decision;
+
+    #[inline(always)]
+    fn run(&self, limits: &[Limit], tats: &mut [u64], now: u64) -> (Decision, bool) {
+        let (decision, idle_at) = gcra::decide(limits, tats, now, self.cost, self.max_wait);
+        (decision, idle_at.is_some())
     }
 }
 
@@ -181,7 +212,7 @@ impl Shard {
 /// spares a division and leaves the lower bits, which pick the bucket
 /// inside the shard's map, independent of the shard.
 fn shard_index(hash: u64, shards: usize) -> usize {
-    ((hash >> 32) * shards as u64 >> 32) as usize
+    (((hash >> 32) * shards as u64) >> 32) as usize
 }
 
 /// A poisoned shard only means another thread panicked while holding it;

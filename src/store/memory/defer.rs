@@ -2,14 +2,30 @@
 //! exactly as `lua/gcra_defer.lua` does it in Redis.
 
 use super::MemoryStore;
+use super::slot::Step;
 use crate::gcra;
+use crate::limit::Limit;
 use crate::store::DeferCall;
 
 impl MemoryStore {
     pub(super) fn defer(&self, call: &DeferCall<'_>) {
-        let pause = call.pause_us();
-        self.with_tats(call.policy, call.key, |params, tats, now| {
-            ((), gcra::defer(params, tats, now, pause) > now)
-        });
+        let defer = Defer {
+            pause: call.pause_us(),
+        };
+        self.with_tats(call.policy, call.key, &defer);
+    }
+}
+
+/// Holds every limit back until `pause` from now; stored when it moved
+/// anything past now.
+struct Defer {
+    pause: u64,
+}
+
+impl Step for Defer {
+    type Output = ();
+
+    fn run(&self, limits: &[Limit], tats: &mut [u64], now: u64) -> ((), bool) {
+        ((), gcra::defer(limits, tats, now, self.pause) > now)
     }
 }

@@ -10,6 +10,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::key::Key;
+use crate::limit::Limit;
 
 /// The map of one shard.
 pub(super) type SlotMap = std::collections::HashMap<SlotKey, Tats, BuildHasherDefault<Prehashed>>;
@@ -114,6 +115,16 @@ impl Hasher for Prehashed {
     }
 }
 
+/// A computation on one key's TATs: GCRA's decision, or upstream
+/// feedback's deferral. Pure, for it may run more than once; a trait
+/// rather than a closure so that it is inlined on the hot path.
+pub(super) trait Step {
+    type Output;
+
+    /// The result and whether to store the TATs as `run` left them.
+    fn run(&self, limits: &[Limit], tats: &mut [u64], now: u64) -> (Self::Output, bool);
+}
+
 /// One policy's TATs for one identity. A one-limit policy (the common
 /// case) keeps its TAT in an atomic, updated with compare-and-swap, so that
 /// calls on one hot key from several threads never wait for each other and
@@ -141,26 +152,21 @@ impl Tats {
         }
     }
 
-    /// Runs `f` on the limits' parameters and their TATs (the first
-    /// `params.len()`, no more than [`Tats::len`]) and stores what it wrote
-    /// when it returns `true` as its second value. `f` may run more than
-    /// once (when another thread changed the state in between), so it must
-    /// only compute.
+    /// Runs `step` on the limits and their TATs (the first `limits.len()`,
+    /// no more than [`Tats::len`]) and stores what it wrote when it says
+    /// so. A step may run more than once (when another thread changed the
+    /// state in between).
     #[inline(always)]
-    pub(super) fn update<P, R>(
-        &self,
-        params: &[P],
-        mut f: impl FnMut(&[P], &mut [u64]) -> (R, bool),
-    ) -> R {
+    pub(super) fn update<S: Step>(&self, limits: &[Limit], now: u64, step: &S) -> S::Output {
         match self {
             Tats::One(tat) => {
                 // One limit, known as such here, so that the algorithm's
                 // loops unroll.
-                let one = params.get(..1).unwrap_or(params);
+                let one = limits.get(..1).unwrap_or(limits);
                 let mut current = tat.load(Ordering::Acquire);
                 loop {
                     let mut next = [current];
-                    let (result, write) = f(one, &mut next);
+                    let (result, write) = step.run(one, &mut next, now);
                     if !write || next[0] == current {
                         return result;
                     }
@@ -175,11 +181,7 @@ impl Tats {
                     }
                 }
             }
-            Tats::Many(tats) => {
-                let mut tats = lock(tats);
-                let end = params.len().min(tats.len());
-                f(&params[..end], &mut tats[..end]).0
-            }
+            Tats::Many(tats) => update_many(tats, limits, now, step),
         }
     }
 
@@ -213,6 +215,20 @@ impl Tats {
                 .unwrap_or(0),
         }
     }
+}
+
+/// [`Tats::update`] for several limits, under their mutex. Kept out of
+/// line, so that the one-limit path stays small.
+#[inline(never)]
+fn update_many<S: Step>(
+    tats: &Mutex<Box<[u64]>>,
+    limits: &[Limit],
+    now: u64,
+    step: &S,
+) -> S::Output {
+    let mut tats = lock(tats);
+    let end = limits.len().min(tats.len());
+    step.run(&limits[..end], &mut tats[..end], now).0
 }
 
 /// A poisoned lock only means another thread panicked while holding it;
