@@ -45,7 +45,12 @@ struct Inner {
     leases: lease::Leases,
 }
 
+/// Aligned to two cache lines (what adjacent-line prefetching pairs), so
+/// that neighbouring shards' locks never share a line, and a shard's own
+/// lock word (written by every reader) sits apart from its map's header
+/// (only read).
 #[derive(Default)]
+#[repr(align(128))]
 struct Shard {
     map: SlotMap,
     sweep_at: usize,
