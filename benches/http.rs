@@ -28,8 +28,9 @@
 //! from those rows, in this run. `FLEETGATE_BENCH_SECS` sets the measured
 //! time per round (default 2; wrk rounds it up to whole seconds),
 //! `FLEETGATE_BENCH_WARMUP` the warm-up (default 1), `FLEETGATE_BENCH_CONNS`
-//! the connections (default 64); `FLEETGATE_BENCH_ONLY=<text>` runs only
-//! the cases whose name contains the text (for profiling one). Without
+//! the connections (default 64); `FLEETGATE_BENCH_ONLY=<text>,<text>` runs
+//! only the cases whose name contains one of the texts (for profiling).
+//! Without
 //! `--bench` (as
 //! `cargo test --all-targets` runs it) each case runs once for a moment.
 
@@ -189,7 +190,10 @@ fn main() -> Result<(), BoxError> {
     let only = std::env::var("FLEETGATE_BENCH_ONLY").unwrap_or_default();
     let cases: Vec<(Variant, Load)> = CASES
         .into_iter()
-        .filter(|(v, l)| format!("{} {}", v.name(), l.name()).contains(&only))
+        .filter(|(v, l)| {
+            let name = format!("{} {}", v.name(), l.name());
+            only.split(',').any(|part| name.contains(part))
+        })
         .collect();
     let mut rounds: Vec<Vec<Round>> = vec![Vec::new(); cases.len()];
     for round in 0..plan.rounds {
