@@ -43,7 +43,7 @@ use std::time::{Duration, Instant};
 use fleetgate::{Algorithm, Key, Limit, Limiter, MemoryStore, Policy, Rate, RedisStore};
 use redis::aio::{ConnectionManager, MultiplexedConnection};
 
-use crate::common::{BoxError, TARGET_HEADER, micros, percentile, target_row};
+use crate::common::{BoxError, micros, percentile, target_row};
 use crate::redis_server::RedisServer;
 
 const KEYS: usize = 10_000;
@@ -427,7 +427,7 @@ fn print_tables(rows: &[Row], plan: &Plan, version: &str) {
             calls.join(", ")
         );
     }
-    println!("\nTargets (ratios from this run):\n\n{TARGET_HEADER}");
+    println!("{}", common::targets_heading());
     for algorithm in ALGORITHMS {
         let trips: Vec<f64> = rows
             .iter()

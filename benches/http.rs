@@ -59,7 +59,7 @@ use redis::aio::{ConnectionManager, MultiplexedConnection};
 use tower_governor::GovernorLayer;
 use tower_governor::governor::GovernorConfigBuilder;
 
-use crate::common::{BoxError, TARGET_HEADER, micros, percentile, pin, target_row};
+use crate::common::{BoxError, micros, percentile, pin, target_row};
 use crate::redis_server::RedisServer;
 
 const GCRA_LUA: &str = include_str!("../lua/gcra.lua");
@@ -628,7 +628,7 @@ fn print_table(rows: &[Row], plan: &Plan, redis_version: &str) {
         target_row(name, "p99 ≤ the other's", &measured, pass)
     };
     let (a, r) = (Load::Admitted, Load::Rejected);
-    println!("\nTargets (ratios from this run):\n\n{TARGET_HEADER}");
+    println!("{}", common::targets_heading());
     for load in [a, r] {
         println!(
             "{}",

@@ -34,7 +34,7 @@ use fleetgate::{Key, Limit, Limiter, MemoryStore, Policy, Rate};
 use governor::clock::{Clock as _, QuantaClock, QuantaInstant, Reference as _};
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 
-use crate::common::{TARGET_HEADER, target_row};
+use crate::common::target_row;
 
 /// How many distinct keys the round-robin cases cycle through.
 const KEYS: usize = 10_000;
@@ -350,7 +350,7 @@ fn print_ratios(dir: &Path, since: SystemTime) {
         }
     }
     if !targets.is_empty() {
-        println!("\nTargets (ratios from this run):\n\n{TARGET_HEADER}");
+        println!("{}", common::targets_heading());
         for row in targets {
             println!("{row}");
         }

@@ -137,5 +137,12 @@ pub fn target_row(name: &str, required: &str, measured: &str, pass: bool) -> Str
     )
 }
 
-/// The header of a table of [`target_row`]s.
-pub const TARGET_HEADER: &str = "| target | required | measured | result |\n|---|---|---:|---|";
+/// The heading and header of a table of [`target_row`]s.
+pub fn targets_heading() -> String {
+    let what = if measuring() {
+        "Targets (ratios from this run)"
+    } else {
+        "Targets (a smoke run without `--bench`: these figures measure nothing)"
+    };
+    format!("\n{what}:\n\n| target | required | measured | result |\n|---|---|---:|---|")
+}
