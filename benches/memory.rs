@@ -349,6 +349,28 @@ fn print_ratios(dir: &Path, since: SystemTime) {
             }
         }
     }
+    let clocks: Vec<String> = [
+        (
+            "monotonic_clock_now_micros",
+            "the store's default clock (tokio's)",
+        ),
+        ("std_instant_now", "`std::time::Instant::now`"),
+        ("governor_quanta_clock_now", "governor's clock (quanta)"),
+    ]
+    .iter()
+    .filter_map(|(id, what)| {
+        Some(format!(
+            "| {what} | {:.1} |",
+            estimate(dir, "reference", id, since)?
+        ))
+    })
+    .collect();
+    if !clocks.is_empty() {
+        println!("\n| reading the clock | ns |\n|---|---:|");
+        for row in clocks {
+            println!("{row}");
+        }
+    }
     if !targets.is_empty() {
         println!("{}", common::targets_heading());
         for row in targets {
