@@ -20,7 +20,10 @@
 //!
 //! Each case starts a fresh server, checks with one request that it
 //! answers as the case says (200 or 429), warms up, then measures; Redis'
-//! own counters (`INFO commandstats`) give the scripts each request cost.
+//! own counters (`INFO commandstats`) give the scripts each request cost,
+//! and the server thread's CPU time over the round (Linux `/proc`, 10 ms
+//! ticks) divided by its requests what a request cost the server, whichever
+//! CPU was the bottleneck.
 //! The list of cases runs `FLEETGATE_BENCH_ROUNDS` times (default 3), one
 //! case after the other, so that a burst of load from elsewhere hits one
 //! round of every case rather than all rounds of one; each case's row is
@@ -132,6 +135,42 @@ struct Round {
     non_ok: u64,
     /// `EVALSHA` + `EVAL` Redis ran during the measured phase.
     scripts: u64,
+    /// CPU time of the server's thread during the measured phase, if the
+    /// platform tells (Linux: `/proc`).
+    server_cpu: Option<Duration>,
+}
+
+impl Round {
+    /// What one request cost the server's thread, whichever CPU was the
+    /// bottleneck.
+    fn server_cpu_per_request(&self) -> Option<Duration> {
+        let requests = u32::try_from(self.requests.max(1)).unwrap_or(u32::MAX);
+        self.server_cpu.map(|cpu| cpu / requests)
+    }
+}
+
+/// The server thread's name, to find it in `/proc/self/task`.
+const SERVER_THREAD: &str = "bench-server";
+
+/// CPU time (user + system) the server thread has used so far: fields 14
+/// and 15 of `/proc/self/task/<tid>/stat`, in the kernel's USER_HZ ticks
+/// (100 per second on Linux). `None` where there is no such file.
+fn server_cpu_time() -> Option<Duration> {
+    for task in std::fs::read_dir("/proc/self/task").ok()? {
+        let dir = task.ok()?.path();
+        let comm = std::fs::read_to_string(dir.join("comm")).ok()?;
+        if comm.trim() != SERVER_THREAD {
+            continue;
+        }
+        let stat = std::fs::read_to_string(dir.join("stat")).ok()?;
+        // The fields after the parenthesised name, from field 3 on.
+        let rest = &stat[stat.rfind(')')? + 1..];
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        let ticks: u64 =
+            fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+        return Some(Duration::from_millis(ticks * 10));
+    }
+    None
 }
 
 struct Row {
@@ -139,6 +178,8 @@ struct Row {
     load: Load,
     median: Round,
     rounds: Vec<f64>,
+    /// The median over the rounds of the server's CPU time per request.
+    server_cpu: Option<Duration>,
 }
 
 const CASES: [(Variant, Load); 9] = [
@@ -200,7 +241,7 @@ fn main() -> Result<(), BoxError> {
         for (i, &(variant, load)) in cases.iter().enumerate() {
             let measured = run_case(&server, &admin_rt, &mut admin, &plan, variant, load, i)?;
             eprintln!(
-                "round {}: {:<32} {:<8} {:>9.0} req/s  p50 {:>6.0} µs  p99 {:>6.0} µs  non-2xx {}  scripts {}",
+                "round {}: {:<32} {:<8} {:>9.0} req/s  p50 {:>6.0} µs  p99 {:>6.0} µs  non-2xx {}  scripts {}  server CPU {:?} / request",
                 round + 1,
                 variant.name(),
                 load.name(),
@@ -209,6 +250,7 @@ fn main() -> Result<(), BoxError> {
                 micros(measured.p99),
                 measured.non_ok,
                 measured.scripts,
+                measured.server_cpu_per_request(),
             );
             rounds[i].push(measured);
         }
@@ -217,12 +259,18 @@ fn main() -> Result<(), BoxError> {
         .into_iter()
         .zip(rounds)
         .map(|((variant, load), mut rounds)| {
+            let mut cpu: Vec<Duration> = rounds
+                .iter()
+                .filter_map(Round::server_cpu_per_request)
+                .collect();
+            cpu.sort_unstable();
             rounds.sort_by(|a, b| a.per_sec.total_cmp(&b.per_sec));
             Row {
                 variant,
                 load,
                 median: rounds[rounds.len() / 2].clone(),
                 rounds: rounds.iter().map(|r| r.per_sec).collect(),
+                server_cpu: cpu.get(cpu.len() / 2).copied(),
             }
         })
         .collect();
@@ -245,34 +293,36 @@ fn run_case(
     let url = redis.url();
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<(), String>>();
-    let server = std::thread::spawn(move || -> Result<(), String> {
-        pin(0);
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(|e| e.to_string())?;
-        rt.block_on(async move {
-            let app = match app(variant, load, &url, index).await {
-                Ok(app) => app,
-                Err(e) => {
-                    let _ = ready_tx.send(Err(e.to_string()));
-                    return Ok(());
-                }
-            };
-            let listener =
-                tokio::net::TcpListener::from_std(listener).map_err(|e| e.to_string())?;
-            let _ = ready_tx.send(Ok(()));
-            axum::serve(
-                listener,
-                app.into_make_service_with_connect_info::<SocketAddr>(),
-            )
-            .with_graceful_shutdown(async {
-                let _ = stop_rx.await;
+    let server = std::thread::Builder::new()
+        .name(SERVER_THREAD.into())
+        .spawn(move || -> Result<(), String> {
+            pin(0);
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| e.to_string())?;
+            rt.block_on(async move {
+                let app = match app(variant, load, &url, index).await {
+                    Ok(app) => app,
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e.to_string()));
+                        return Ok(());
+                    }
+                };
+                let listener =
+                    tokio::net::TcpListener::from_std(listener).map_err(|e| e.to_string())?;
+                let _ = ready_tx.send(Ok(()));
+                axum::serve(
+                    listener,
+                    app.into_make_service_with_connect_info::<SocketAddr>(),
+                )
+                .with_graceful_shutdown(async {
+                    let _ = stop_rx.await;
+                })
+                .await
+                .map_err(|e| e.to_string())
             })
-            .await
-            .map_err(|e| e.to_string())
-        })
-    });
+        })?;
     ready_rx.recv()??;
 
     let result = measure_case(admin_rt, admin, plan, addr, load);
@@ -296,7 +346,12 @@ fn measure_case(
         return Err(format!("expected {} after the warm-up, got {status}", load.status()).into());
     }
     admin_rt.block_on(common::reset_stats(admin))?;
+    let cpu_before = server_cpu_time();
     let mut round = generate(plan, addr, plan.measure)?;
+    round.server_cpu = match (cpu_before, server_cpu_time()) {
+        (Some(before), Some(after)) => Some(after.saturating_sub(before)),
+        _ => None,
+    };
     round.scripts = common::scripts(&admin_rt.block_on(common::command_stats(admin))?);
     Ok(round)
 }
@@ -484,6 +539,7 @@ fn wrk(addr: SocketAddr, connections: usize, duration: Duration) -> Result<Round
             .unwrap_or(0)
             + errors,
         scripts: 0,
+        server_cpu: None,
     })
 }
 
@@ -531,6 +587,7 @@ async fn rust_loader(
         p99: percentile(&latencies, 0.99),
         non_ok,
         scripts: 0,
+        server_cpu: None,
     })
 }
 
@@ -578,20 +635,22 @@ fn print_table(rows: &[Row], plan: &Plan, redis_version: &str) {
         plan.rounds,
     );
     println!(
-        "| case | load | req/s | x bare | p50 µs | p99 µs | requests | non-2xx | Redis scripts / request | req/s of each round |"
+        "| case | load | req/s | x bare | p50 µs | p99 µs | server CPU µs / request | requests | non-2xx | Redis scripts / request | req/s of each round |"
     );
-    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---|");
+    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|");
     for r in rows {
         let m = &r.median;
         let rounds: Vec<String> = r.rounds.iter().map(|x| format!("{x:.0}")).collect();
         println!(
-            "| {} | {} | {:.0} | {:.2} | {:.0} | {:.0} | {} | {} | {:.3} | {} |",
+            "| {} | {} | {:.0} | {:.2} | {:.0} | {:.0} | {} | {} | {} | {:.3} | {} |",
             r.variant.name(),
             r.load.name(),
             m.per_sec,
             if bare > 0.0 { m.per_sec / bare } else { 0.0 },
             micros(m.p50),
             micros(m.p99),
+            r.server_cpu
+                .map_or("-".to_owned(), |cpu| format!("{:.1}", micros(cpu))),
             m.requests,
             m.non_ok,
             m.scripts as f64 / m.requests.max(1) as f64,
@@ -707,6 +766,23 @@ fn print_table(rows: &[Row], plan: &Plan, redis_version: &str) {
                 "| {}: rejected / admitted | {:.2} |",
                 v.name(),
                 rej.median.per_sec / adm.median.per_sec
+            );
+        }
+    }
+    for (v, base) in [
+        (Variant::Redis, Variant::Evalsha),
+        (Variant::Memory, Variant::Bare),
+    ] {
+        if let (Some(ours), Some(base_row)) = (find(v, a), find(base, a))
+            && let (Some(x), Some(y)) = (ours.server_cpu, base_row.server_cpu)
+        {
+            println!(
+                "| server CPU per admitted request, {} / {} | {:.2} ({:.1} vs {:.1} µs) |",
+                v.name(),
+                base.name(),
+                x.as_secs_f64() / y.as_secs_f64().max(1e-9),
+                micros(x),
+                micros(y)
             );
         }
     }
