@@ -74,6 +74,8 @@ pub(crate) struct PolicyHeaders {
     style: HeaderStyle,
     policy: Policy,
     policy_value: Option<HeaderValue>,
+    /// `"<name>";r=` of each limit: the start of its `RateLimit` value.
+    ratelimit_prefixes: Box<[Box<[u8]>]>,
 }
 
 impl PolicyHeaders {
@@ -95,6 +97,11 @@ impl PolicyHeaders {
             style,
             policy: policy.clone(),
             policy_value: HeaderValue::from_str(&text).ok(),
+            ratelimit_prefixes: policy
+                .limits()
+                .iter()
+                .map(|limit| format!("\"{}\";r=", limit.name()).into_bytes().into())
+                .collect(),
         }
     }
 
@@ -116,13 +123,19 @@ impl PolicyHeaders {
             if let Some(value) = &self.policy_value {
                 append_member(headers, &RATELIMIT_POLICY, value.clone());
             }
-            let text = format!(
-                "\"{}\";r={};t={}",
-                limit.name(),
-                decision.remaining(),
-                reset
-            );
-            // Handed over as `Bytes`: the value keeps the text, uncopied.
+            // `"<name>";r=<remaining>;t=<reset>`, the numbers written
+            // straight in (this runs on every response), and handed over
+            // as `Bytes`, uncopied.
+            let prefix = self
+                .ratelimit_prefixes
+                .get(decision.limit_index())
+                .map_or(&[][..], |p| &p[..]);
+            let mut digits = itoa::Buffer::new();
+            let mut text = Vec::with_capacity(prefix.len() + 26);
+            text.extend_from_slice(prefix);
+            text.extend_from_slice(digits.format(decision.remaining()).as_bytes());
+            text.extend_from_slice(b";t=");
+            text.extend_from_slice(digits.format(reset).as_bytes());
             if let Ok(value) = HeaderValue::from_maybe_shared(Bytes::from(text)) {
                 append_member(headers, &RATELIMIT, value);
             }
