@@ -32,10 +32,12 @@
 
 #[path = "../tests/common/redis_server.rs"]
 mod redis_server;
+#[path = "../tests/common/stats.rs"]
+mod stats;
 
 mod common;
 
-use std::collections::BTreeMap;
+use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -115,7 +117,7 @@ struct Row {
     errors: u64,
     elapsed: Duration,
     latencies: Vec<Duration>,
-    commands: BTreeMap<String, u64>,
+    commands: HashMap<String, u64>,
 }
 
 impl Row {
@@ -267,11 +269,11 @@ where
     E: std::fmt::Display + Send + 'static,
 {
     phase(concurrency, every, plan.warm_up, op.clone()).await?;
-    common::reset_stats(admin).await?;
+    stats::reset_stats(admin).await;
     let start = Instant::now();
     let tasks = phase(concurrency, every, plan.measure, op).await?;
     let elapsed = start.elapsed();
-    let commands = common::command_stats(admin).await?;
+    let commands = stats::command_calls(admin).await;
     let mut row = Row {
         subject,
         concurrency,
@@ -390,7 +392,7 @@ fn print_tables(rows: &[Row], plan: &Plan, version: &str) {
     for row in rows {
         let (store, algorithm) = row.subject.label();
         let decisions = row.decisions.max(1) as f64;
-        let trips = common::scripts(&row.commands);
+        let trips = stats::scripts_in(&row.commands);
         let total: u64 = row.commands.values().sum();
         let floor = floor(row.concurrency);
         println!(
@@ -416,11 +418,12 @@ fn print_tables(rows: &[Row], plan: &Plan, version: &str) {
         if store == "memory" {
             continue;
         }
-        let calls: Vec<String> = row
+        let mut calls: Vec<String> = row
             .commands
             .iter()
             .map(|(name, calls)| format!("{name}={calls}"))
             .collect();
+        calls.sort();
         println!(
             "- {store} {algorithm} @ 64: {} decisions; {}",
             row.decisions,
@@ -432,7 +435,7 @@ fn print_tables(rows: &[Row], plan: &Plan, version: &str) {
         let trips: Vec<f64> = rows
             .iter()
             .filter(|r| r.subject == Subject::Store("redis", algorithm))
-            .map(|r| common::scripts(&r.commands) as f64 / r.decisions.max(1) as f64)
+            .map(|r| stats::scripts_in(&r.commands) as f64 / r.decisions.max(1) as f64)
             .collect();
         let exact = !trips.is_empty() && trips.iter().all(|t| *t == 1.0);
         let shown: Vec<String> = trips.iter().map(|t| format!("{t:.3}")).collect();

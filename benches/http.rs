@@ -39,6 +39,8 @@
 
 #[path = "../tests/common/redis_server.rs"]
 mod redis_server;
+#[path = "../tests/common/stats.rs"]
+mod stats;
 
 mod common;
 
@@ -345,14 +347,14 @@ fn measure_case(
     if status != load.status() {
         return Err(format!("expected {} after the warm-up, got {status}", load.status()).into());
     }
-    admin_rt.block_on(common::reset_stats(admin))?;
+    admin_rt.block_on(stats::reset_stats(admin));
     let cpu_before = server_cpu_time();
     let mut round = generate(plan, addr, plan.measure)?;
     round.server_cpu = match (cpu_before, server_cpu_time()) {
         (Some(before), Some(after)) => Some(after.saturating_sub(before)),
         _ => None,
     };
-    round.scripts = common::scripts(&admin_rt.block_on(common::command_stats(admin))?);
+    round.scripts = admin_rt.block_on(stats::script_calls(admin));
     Ok(round)
 }
 
@@ -659,104 +661,77 @@ fn print_table(rows: &[Row], plan: &Plan, redis_version: &str) {
     }
 
     // Ratios are compared as printed, to two decimals.
-    let at_least = |a: Option<&Row>, b: Option<&Row>, min: f64, name: &str| {
-        let (measured, pass) = match (a, b) {
+    let at_least = |ours: (Variant, Load), base: (Variant, Load), min: f64, name: String| {
+        let (measured, pass) = match (find(ours.0, ours.1), find(base.0, base.1)) {
             (Some(a), Some(b)) if b.median.per_sec > 0.0 => {
                 let ratio = a.median.per_sec / b.median.per_sec;
-                (
-                    format!("{ratio:.2}"),
-                    (ratio * 100.0).round() / 100.0 >= min,
-                )
+                let pass = (ratio * 100.0).round() / 100.0 >= min;
+                (format!("{ratio:.2}"), pass)
             }
             _ => ("n/a".to_owned(), false),
         };
-        target_row(name, &format!("≥ {min:.2}x req/s"), &measured, pass)
+        target_row(&name, &format!("≥ {min:.2}x req/s"), &measured, pass)
     };
-    let p99_no_worse = |a: Option<&Row>, b: Option<&Row>, name: &str| {
-        let (measured, pass) = match (a, b) {
-            (Some(a), Some(b)) => (
-                format!(
-                    "{:.0} vs {:.0} µs",
-                    micros(a.median.p99),
-                    micros(b.median.p99)
-                ),
-                a.median.p99 <= b.median.p99,
-            ),
+    let p99_no_worse = |ours: (Variant, Load), base: (Variant, Load), name: String| {
+        let (measured, pass) = match (find(ours.0, ours.1), find(base.0, base.1)) {
+            (Some(a), Some(b)) => {
+                let (x, y) = (a.median.p99, b.median.p99);
+                (format!("{:.0} vs {:.0} µs", micros(x), micros(y)), x <= y)
+            }
             _ => ("n/a".to_owned(), false),
         };
-        target_row(name, "p99 ≤ the other's", &measured, pass)
+        target_row(&name, "p99 ≤ the other's", &measured, pass)
     };
     let (a, r) = (Load::Admitted, Load::Rejected);
+    let (redis, evalsha, memory) = (Variant::Redis, Variant::Evalsha, Variant::Memory);
+    let mut targets = Vec::new();
+    for load in [a, r] {
+        let load_name = load.name();
+        targets.push(at_least(
+            (redis, load),
+            (evalsha, load),
+            1.0,
+            format!("HTTP: Redis RateLimitLayer / EVALSHA middleware, {load_name}"),
+        ));
+        targets.push(p99_no_worse(
+            (redis, load),
+            (evalsha, load),
+            format!("HTTP: Redis RateLimitLayer p99 vs EVALSHA middleware, {load_name}"),
+        ));
+    }
+    targets.push(at_least(
+        (memory, a),
+        (Variant::Bare, a),
+        0.95,
+        "HTTP: memory RateLimitLayer / bare axum, admitted".into(),
+    ));
+    for load in [a, r] {
+        let name = format!(
+            "HTTP: memory RateLimitLayer / tower_governor, {}",
+            load.name()
+        );
+        targets.push(at_least(
+            (memory, load),
+            (Variant::Governor, load),
+            1.0,
+            name,
+        ));
+    }
+    for v in [memory, redis] {
+        let name = format!("HTTP: {}, rejected / admitted", v.name());
+        targets.push(at_least((v, r), (v, a), 0.9, name));
+    }
+    if let Some(row) = find(redis, r) {
+        targets.push(target_row(
+            "HTTP: Redis RateLimitLayer, rejected: Redis calls (deny cache)",
+            "0 scripts",
+            &format!("{} in {} requests", row.median.scripts, row.median.requests),
+            row.median.scripts == 0,
+        ));
+    }
     println!("{}", common::targets_heading());
-    for load in [a, r] {
-        println!(
-            "{}",
-            at_least(
-                find(Variant::Redis, load),
-                find(Variant::Evalsha, load),
-                1.0,
-                &format!(
-                    "HTTP: Redis RateLimitLayer / EVALSHA middleware, {}",
-                    load.name()
-                ),
-            )
-        );
-        println!(
-            "{}",
-            p99_no_worse(
-                find(Variant::Redis, load),
-                find(Variant::Evalsha, load),
-                &format!(
-                    "HTTP: Redis RateLimitLayer p99 vs EVALSHA middleware, {}",
-                    load.name()
-                ),
-            )
-        );
-    }
-    println!(
-        "{}",
-        at_least(
-            find(Variant::Memory, a),
-            find(Variant::Bare, a),
-            0.95,
-            "HTTP: memory RateLimitLayer / bare axum, admitted",
-        )
-    );
-    for load in [a, r] {
-        println!(
-            "{}",
-            at_least(
-                find(Variant::Memory, load),
-                find(Variant::Governor, load),
-                1.0,
-                &format!(
-                    "HTTP: memory RateLimitLayer / tower_governor, {}",
-                    load.name()
-                ),
-            )
-        );
-    }
-    for v in [Variant::Memory, Variant::Redis] {
-        println!(
-            "{}",
-            at_least(
-                find(v, r),
-                find(v, a),
-                0.9,
-                &format!("HTTP: {}, rejected / admitted", v.name()),
-            )
-        );
-    }
-    if let Some(row) = find(Variant::Redis, r) {
-        println!(
-            "{}",
-            target_row(
-                "HTTP: Redis RateLimitLayer, rejected: Redis calls (deny cache)",
-                "0 scripts",
-                &format!("{} in {} requests", row.median.scripts, row.median.requests),
-                row.median.scripts == 0,
-            )
-        );
+    for row in targets {
+        println!("{row}");
     }
     println!("\nFor comparison (not targets):\n");
     println!("| ratio | measured |\n|---|---:|");

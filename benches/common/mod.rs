@@ -3,7 +3,6 @@
 //! the target rows every bench prints.
 #![allow(dead_code)]
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
@@ -69,48 +68,6 @@ pub fn info_field<'a>(info: &'a str, field: &str) -> Option<&'a str> {
     info.lines()
         .find_map(|line| line.strip_prefix(field)?.strip_prefix(':'))
         .map(str::trim)
-}
-
-/// `cmdstat_evalsha:calls=123,usec=...` lines into name -> calls, leaving
-/// out the bench's own `CONFIG RESETSTAT`.
-pub fn command_calls(info: &str) -> BTreeMap<String, u64> {
-    info.lines()
-        .filter_map(|line| {
-            let (name, rest) = line.strip_prefix("cmdstat_")?.split_once(':')?;
-            let calls = rest.split(',').find_map(|kv| kv.strip_prefix("calls="))?;
-            Some((name.to_owned(), calls.trim().parse().ok()?))
-        })
-        .filter(|(name, _)| name != "config|resetstat")
-        .collect()
-}
-
-/// Round trips (`EVALSHA` and `EVAL`: every decision is one script) in a
-/// set of command counts.
-pub fn scripts(calls: &BTreeMap<String, u64>) -> u64 {
-    ["evalsha", "eval"]
-        .iter()
-        .filter_map(|c| calls.get(*c))
-        .sum()
-}
-
-/// Zeroes Redis' command counters.
-pub async fn reset_stats(admin: &mut MultiplexedConnection) -> Result<(), BoxError> {
-    redis::cmd("CONFIG")
-        .arg("RESETSTAT")
-        .query_async::<()>(admin)
-        .await?;
-    Ok(())
-}
-
-/// Redis' command counters since the last [`reset_stats`].
-pub async fn command_stats(
-    admin: &mut MultiplexedConnection,
-) -> Result<BTreeMap<String, u64>, BoxError> {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(admin)
-        .await?;
-    Ok(command_calls(&info))
 }
 
 /// Empties the server.
