@@ -15,6 +15,10 @@
 
 #[path = "../tests/common/redis_server.rs"]
 mod redis_server;
+#[path = "../tests/common/stats.rs"]
+mod stats;
+
+mod common;
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -31,6 +35,7 @@ use redis::aio::MultiplexedConnection;
 use tower::util::BoxCloneSyncService;
 use tower::{Layer, ServiceExt, service_fn};
 
+use crate::common::percentile;
 use crate::redis_server::RedisServer;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -193,20 +198,14 @@ async fn case(
     if let Some(l) = &limiter {
         l.releases_settled().await;
     }
-    redis::cmd("CONFIG")
-        .arg("RESETSTAT")
-        .query_async::<()>(admin)
-        .await?;
+    stats::reset_stats(admin).await;
     let start = Instant::now();
     let tasks = phase(concurrency, plan.measure, svc).await?;
     let elapsed = start.elapsed();
     if let Some(l) = &limiter {
         l.releases_settled().await;
     }
-    let stats: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(admin)
-        .await?;
+    let commands = stats::command_calls(admin).await.into_iter().collect();
     let mut row = Row {
         name: name.to_owned(),
         concurrency,
@@ -214,7 +213,7 @@ async fn case(
         admitted: 0,
         elapsed,
         latencies: Vec::new(),
-        commands: command_calls(&stats),
+        commands,
     };
     for (latencies, admitted) in tasks {
         row.requests += latencies.len() as u64;
@@ -254,25 +253,6 @@ async fn phase(
         tasks.push(handle.await?);
     }
     Ok(tasks)
-}
-
-fn command_calls(info: &str) -> BTreeMap<String, u64> {
-    info.lines()
-        .filter_map(|line| {
-            let (name, rest) = line.strip_prefix("cmdstat_")?.split_once(':')?;
-            let calls = rest.split(',').find_map(|kv| kv.strip_prefix("calls="))?;
-            Some((name.to_owned(), calls.trim().parse().ok()?))
-        })
-        .filter(|(name, _)| name != "config|resetstat")
-        .collect()
-}
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    let rank = ((p * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
-    sorted[rank - 1]
 }
 
 fn micros(d: Duration) -> String {

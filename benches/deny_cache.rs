@@ -20,11 +20,12 @@
 
 #[path = "../tests/common/redis_server.rs"]
 mod redis_server;
+#[path = "../tests/common/stats.rs"]
+mod stats;
 
 use std::time::{Duration, Instant};
 
 use fleetgate::{Key, Limit, Limiter, Policy, Rate, RedisStore};
-use redis::aio::MultiplexedConnection;
 
 use crate::redis_server::RedisServer;
 
@@ -68,33 +69,6 @@ async fn store(server: &RedisServer, cache: usize) -> Result<RedisStore, BoxErro
     Ok(store)
 }
 
-async fn scripts(admin: &mut MultiplexedConnection) -> Result<u64, BoxError> {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(admin)
-        .await?;
-    Ok(info
-        .lines()
-        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
-        .filter_map(|l| {
-            l.split(',')
-                .next()?
-                .split("calls=")
-                .nth(1)?
-                .parse::<u64>()
-                .ok()
-        })
-        .sum())
-}
-
-async fn reset(admin: &mut MultiplexedConnection) -> Result<(), BoxError> {
-    redis::cmd("CONFIG")
-        .arg("RESETSTAT")
-        .query_async::<()>(admin)
-        .await?;
-    Ok(())
-}
-
 async fn measure(server: &RedisServer, run: Duration) -> Result<(), BoxError> {
     let mut admin = server.client().get_multiplexed_async_connection().await?;
     println!(
@@ -135,7 +109,7 @@ async fn measure(server: &RedisServer, run: Duration) -> Result<(), BoxError> {
             Limit::builder(Rate::per_second(10)).burst(10).build()?,
         )?;
         let stores = [store(server, cache).await?, store(server, cache).await?];
-        reset(&mut admin).await?;
+        stats::reset_stats(&mut admin).await;
         let started = Instant::now();
         let mut tasks = Vec::new();
         for store in stores {
@@ -162,7 +136,7 @@ async fn measure(server: &RedisServer, run: Duration) -> Result<(), BoxError> {
             admitted += a;
         }
         let hammer_secs = started.elapsed().as_secs_f64();
-        let calls = scripts(&mut admin).await?;
+        let calls = stats::script_calls(&mut admin).await;
         println!(
             "| {} | {rate:.0} | {:.1} | {:.1} | {sent} | {admitted} | {calls} | {:.1} |",
             if cache == 0 { "off" } else { "on (default)" },

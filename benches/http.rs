@@ -10,18 +10,43 @@
 //! ```
 //!
 //! The server runs on a single-threaded runtime pinned to CPU 0; the load
-//! generator (64 keep-alive HTTP/1.1 connections, one request in flight on
-//! each) and the private `redis-server` share CPU 1. Every client comes
-//! from 127.0.0.1, so peer-IP keying puts all load on one key: "admitted"
-//! uses a limit far above the load, "rejected" a limit of one per hour.
-//! `FLEETGATE_BENCH_SECS` sets the measured time per case (default 3),
-//! `FLEETGATE_BENCH_CONNS` the connections (default 64). Without `--bench`
-//! (as `cargo test --all-targets` runs it) each case runs for a moment only.
+//! generator and the bench's private `redis-server` are pinned to CPU 1.
+//! The load comes from `wrk` (one thread, 64 connections) when it is on
+//! the PATH, else from the bench's own loader (64 keep-alive HTTP/1.1
+//! connections, one request in flight on each); `FLEETGATE_BENCH_LOADGEN`
+//! = `wrk` or `rust` chooses. Every client comes from 127.0.0.1, so
+//! peer-IP keying puts all load on one key: "admitted" uses a limit far
+//! above the load, "rejected" a limit of one per hour.
+//!
+//! Each case starts a fresh server, checks with one request that it
+//! answers as the case says (200 or 429), warms up, then measures; Redis'
+//! own counters (`INFO commandstats`) give the scripts each request cost,
+//! and the server thread's CPU time over the round (Linux `/proc`, 10 ms
+//! ticks) divided by its requests what a request cost the server, whichever
+//! CPU was the bottleneck.
+//! The list of cases runs `FLEETGATE_BENCH_ROUNDS` times (default 3), one
+//! case after the other, so that a burst of load from elsewhere hits one
+//! round of every case rather than all rounds of one; each case's row is
+//! its median round by requests/s. The ratios and the targets are computed
+//! from those rows, in this run. `FLEETGATE_BENCH_SECS` sets the measured
+//! time per round (default 2; wrk rounds it up to whole seconds),
+//! `FLEETGATE_BENCH_WARMUP` the warm-up (default 1), `FLEETGATE_BENCH_CONNS`
+//! the connections (default 64); `FLEETGATE_BENCH_ONLY=<text>,<text>` runs
+//! only the cases whose name contains one of the texts (for profiling).
+//! Without
+//! `--bench` (as
+//! `cargo test --all-targets` runs it) each case runs once for a moment.
 
 #[path = "../tests/common/redis_server.rs"]
 mod redis_server;
+#[path = "../tests/common/stats.rs"]
+mod stats;
 
+mod common;
+
+use std::io::{Read, Write};
 use std::net::SocketAddr;
+use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -35,13 +60,12 @@ use http::StatusCode;
 use http_body_util::{BodyExt, Empty};
 use hyper::body::Bytes;
 use hyper_util::rt::TokioIo;
-use redis::aio::ConnectionManager;
+use redis::aio::{ConnectionManager, MultiplexedConnection};
 use tower_governor::GovernorLayer;
 use tower_governor::governor::GovernorConfigBuilder;
 
+use crate::common::{BoxError, micros, percentile, pin, target_row};
 use crate::redis_server::RedisServer;
-
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 const GCRA_LUA: &str = include_str!("../lua/gcra.lua");
 
@@ -72,159 +96,308 @@ enum Load {
     Rejected,
 }
 
+impl Load {
+    fn name(self) -> &'static str {
+        match self {
+            Load::Admitted => "admitted",
+            Load::Rejected => "rejected",
+        }
+    }
+
+    fn status(self) -> StatusCode {
+        match self {
+            Load::Admitted => StatusCode::OK,
+            Load::Rejected => StatusCode::TOO_MANY_REQUESTS,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Loader {
+    Wrk,
+    Rust,
+}
+
 struct Plan {
     warm_up: Duration,
     measure: Duration,
     connections: usize,
+    rounds: usize,
+    loader: Loader,
+}
+
+/// What one round of one case measured.
+#[derive(Clone, Debug)]
+struct Round {
+    requests: u64,
+    per_sec: f64,
+    p50: Duration,
+    p99: Duration,
+    /// Responses other than 2xx (with wrk) or other than 200 (our loader).
+    non_ok: u64,
+    /// `EVALSHA` + `EVAL` Redis ran during the measured phase.
+    scripts: u64,
+    /// CPU time of the server's thread during the measured phase, if the
+    /// platform tells (Linux: `/proc`).
+    server_cpu: Option<Duration>,
+}
+
+impl Round {
+    /// What one request cost the server's thread, whichever CPU was the
+    /// bottleneck.
+    fn server_cpu_per_request(&self) -> Option<Duration> {
+        let requests = u32::try_from(self.requests.max(1)).unwrap_or(u32::MAX);
+        self.server_cpu.map(|cpu| cpu / requests)
+    }
+}
+
+/// The server thread's name, to find it in `/proc/self/task`.
+const SERVER_THREAD: &str = "bench-server";
+
+/// CPU time (user + system) the server thread has used so far: fields 14
+/// and 15 of `/proc/self/task/<tid>/stat`, in the kernel's USER_HZ ticks
+/// (100 per second on Linux). `None` where there is no such file.
+fn server_cpu_time() -> Option<Duration> {
+    for task in std::fs::read_dir("/proc/self/task").ok()? {
+        let dir = task.ok()?.path();
+        let comm = std::fs::read_to_string(dir.join("comm")).ok()?;
+        if comm.trim() != SERVER_THREAD {
+            continue;
+        }
+        let stat = std::fs::read_to_string(dir.join("stat")).ok()?;
+        // The fields after the parenthesised name, from field 3 on.
+        let rest = &stat[stat.rfind(')')? + 1..];
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        let ticks: u64 =
+            fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+        return Some(Duration::from_millis(ticks * 10));
+    }
+    None
 }
 
 struct Row {
     variant: Variant,
-    load: Option<Load>,
-    per_sec: f64,
-    p50: Duration,
-    p99: Duration,
-    ok: u64,
-    limited: u64,
-    other: u64,
+    load: Load,
+    median: Round,
+    rounds: Vec<f64>,
+    /// The median over the rounds of the server's CPU time per request.
+    server_cpu: Option<Duration>,
 }
 
+const CASES: [(Variant, Load); 9] = [
+    (Variant::Bare, Load::Admitted),
+    (Variant::Memory, Load::Admitted),
+    (Variant::Memory, Load::Rejected),
+    (Variant::Governor, Load::Admitted),
+    (Variant::Governor, Load::Rejected),
+    (Variant::Redis, Load::Admitted),
+    (Variant::Redis, Load::Rejected),
+    (Variant::Evalsha, Load::Admitted),
+    (Variant::Evalsha, Load::Rejected),
+];
+
 fn main() -> Result<(), BoxError> {
-    let bench = std::env::args().any(|a| a == "--bench");
-    let env_num = |name: &str| std::env::var(name).ok().and_then(|s| s.parse::<f64>().ok());
-    let plan = if bench {
+    let wrk_found = Command::new("wrk").arg("--version").output().is_ok();
+    let loader = match std::env::var("FLEETGATE_BENCH_LOADGEN").as_deref() {
+        Ok("rust") => Loader::Rust,
+        Ok("wrk") if !wrk_found => return Err("FLEETGATE_BENCH_LOADGEN=wrk, but no wrk".into()),
+        _ if wrk_found => Loader::Wrk,
+        _ => Loader::Rust,
+    };
+    let plan = if common::measuring() {
         Plan {
-            warm_up: Duration::from_millis(500),
-            measure: Duration::from_secs_f64(env_num("FLEETGATE_BENCH_SECS").unwrap_or(3.0)),
-            connections: env_num("FLEETGATE_BENCH_CONNS").map_or(64, |n| n.max(1.0) as usize),
+            warm_up: common::secs("FLEETGATE_BENCH_WARMUP", 1.0),
+            measure: common::secs("FLEETGATE_BENCH_SECS", 2.0),
+            connections: common::count("FLEETGATE_BENCH_CONNS", 64),
+            rounds: common::count("FLEETGATE_BENCH_ROUNDS", 3),
+            loader,
         }
     } else {
         Plan {
             warm_up: Duration::from_millis(10),
             measure: Duration::from_millis(100),
             connections: 4,
+            rounds: 1,
+            loader: Loader::Rust,
         }
     };
+    // Redis, the loader and wrk (children inherit the mask) on CPU 1.
+    pin(1);
     let server = RedisServer::start();
-    let cases = [
-        (Variant::Bare, None),
-        (Variant::Memory, Some(Load::Admitted)),
-        (Variant::Memory, Some(Load::Rejected)),
-        (Variant::Governor, Some(Load::Admitted)),
-        (Variant::Governor, Some(Load::Rejected)),
-        (Variant::Redis, Some(Load::Admitted)),
-        (Variant::Redis, Some(Load::Rejected)),
-        (Variant::Evalsha, Some(Load::Admitted)),
-        (Variant::Evalsha, Some(Load::Rejected)),
-    ];
-    let mut rows = Vec::new();
-    for (i, (variant, load)) in cases.into_iter().enumerate() {
-        let row = run_case(&server, &plan, variant, load, i)?;
-        eprintln!(
-            "{:<34} {:<9} {:>9.0} req/s  p50 {:>6} µs  p99 {:>6} µs",
-            variant.name(),
-            load.map_or("-", load_name),
-            row.per_sec,
-            row.p50.as_micros(),
-            row.p99.as_micros()
-        );
-        rows.push(row);
+    let admin_rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let mut admin = admin_rt.block_on(server.client().get_multiplexed_async_connection())?;
+    let version = admin_rt.block_on(common::redis_version(&mut admin))?;
+
+    let only = std::env::var("FLEETGATE_BENCH_ONLY").unwrap_or_default();
+    let cases: Vec<(Variant, Load)> = CASES
+        .into_iter()
+        .filter(|(v, l)| {
+            let name = format!("{} {}", v.name(), l.name());
+            only.split(',').any(|part| name.contains(part))
+        })
+        .collect();
+    let mut rounds: Vec<Vec<Round>> = vec![Vec::new(); cases.len()];
+    for round in 0..plan.rounds {
+        for (i, &(variant, load)) in cases.iter().enumerate() {
+            let measured = run_case(&server, &admin_rt, &mut admin, &plan, variant, load, i)?;
+            eprintln!(
+                "round {}: {:<32} {:<8} {:>9.0} req/s  p50 {:>6.0} µs  p99 {:>6.0} µs  non-2xx {}  scripts {}  server CPU {:?} / request",
+                round + 1,
+                variant.name(),
+                load.name(),
+                measured.per_sec,
+                micros(measured.p50),
+                micros(measured.p99),
+                measured.non_ok,
+                measured.scripts,
+                measured.server_cpu_per_request(),
+            );
+            rounds[i].push(measured);
+        }
     }
-    print_table(&rows, &plan);
+    let rows: Vec<Row> = cases
+        .into_iter()
+        .zip(rounds)
+        .map(|((variant, load), mut rounds)| {
+            let mut cpu: Vec<Duration> = rounds
+                .iter()
+                .filter_map(Round::server_cpu_per_request)
+                .collect();
+            cpu.sort_unstable();
+            rounds.sort_by(|a, b| a.per_sec.total_cmp(&b.per_sec));
+            Row {
+                variant,
+                load,
+                median: rounds[rounds.len() / 2].clone(),
+                rounds: rounds.iter().map(|r| r.per_sec).collect(),
+                server_cpu: cpu.get(cpu.len() / 2).copied(),
+            }
+        })
+        .collect();
+    print_table(&rows, &plan, &version);
     Ok(())
-}
-
-fn load_name(load: Load) -> &'static str {
-    match load {
-        Load::Admitted => "admitted",
-        Load::Rejected => "rejected",
-    }
-}
-
-/// Pins the calling thread to `cpu`, if the machine has it; a no-op where
-/// affinity cannot be set.
-fn pin(cpu: usize) {
-    let mut set = nix::sched::CpuSet::new();
-    if set.set(cpu).is_ok() {
-        let _ = nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set);
-    }
 }
 
 fn run_case(
     redis: &RedisServer,
+    admin_rt: &tokio::runtime::Runtime,
+    admin: &mut MultiplexedConnection,
     plan: &Plan,
     variant: Variant,
-    load: Option<Load>,
+    load: Load,
     index: usize,
-) -> Result<Row, BoxError> {
+) -> Result<Round, BoxError> {
     let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
     listener.set_nonblocking(true)?;
     let addr = listener.local_addr()?;
     let url = redis.url();
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<(), String>>();
-    let server = std::thread::spawn(move || -> Result<(), String> {
-        pin(0);
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(|e| e.to_string())?;
-        rt.block_on(async move {
-            let app = match app(variant, load, &url, index).await {
-                Ok(app) => app,
-                Err(e) => {
-                    let _ = ready_tx.send(Err(e.to_string()));
-                    return Ok(());
-                }
-            };
-            let listener =
-                tokio::net::TcpListener::from_std(listener).map_err(|e| e.to_string())?;
-            let _ = ready_tx.send(Ok(()));
-            axum::serve(
-                listener,
-                app.into_make_service_with_connect_info::<SocketAddr>(),
-            )
-            .with_graceful_shutdown(async {
-                let _ = stop_rx.await;
+    let server = std::thread::Builder::new()
+        .name(SERVER_THREAD.into())
+        .spawn(move || -> Result<(), String> {
+            pin(0);
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| e.to_string())?;
+            rt.block_on(async move {
+                let app = match app(variant, load, &url, index).await {
+                    Ok(app) => app,
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e.to_string()));
+                        return Ok(());
+                    }
+                };
+                let listener =
+                    tokio::net::TcpListener::from_std(listener).map_err(|e| e.to_string())?;
+                let _ = ready_tx.send(Ok(()));
+                axum::serve(
+                    listener,
+                    app.into_make_service_with_connect_info::<SocketAddr>(),
+                )
+                .with_graceful_shutdown(async {
+                    let _ = stop_rx.await;
+                })
+                .await
+                .map_err(|e| e.to_string())
             })
-            .await
-            .map_err(|e| e.to_string())
-        })
-    });
+        })?;
     ready_rx.recv()??;
 
-    pin(1);
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    let result = rt.block_on(generate(addr, plan));
+    let result = measure_case(admin_rt, admin, plan, addr, load);
     let _ = stop_tx.send(());
-    // Open connections end when the runtime that drives them is dropped.
-    drop(rt);
     server.join().map_err(|_| "server thread panicked")??;
-    let (mut latencies, ok, limited, other, took) = result?;
-    latencies.sort_unstable();
-    let requests = latencies.len() as f64;
-    Ok(Row {
-        variant,
-        load,
-        per_sec: requests / took.as_secs_f64(),
-        p50: percentile(&latencies, 0.50),
-        p99: percentile(&latencies, 0.99),
-        ok,
-        limited,
-        other,
-    })
+    result
+}
+
+/// Warm-up, one request checked for the case's status, then the measured
+/// load between Redis' counter reset and read.
+fn measure_case(
+    admin_rt: &tokio::runtime::Runtime,
+    admin: &mut MultiplexedConnection,
+    plan: &Plan,
+    addr: SocketAddr,
+    load: Load,
+) -> Result<Round, BoxError> {
+    generate(plan, addr, plan.warm_up)?;
+    let status = probe(addr)?;
+    if status != load.status() {
+        return Err(format!("expected {} after the warm-up, got {status}", load.status()).into());
+    }
+    admin_rt.block_on(stats::reset_stats(admin));
+    let cpu_before = server_cpu_time();
+    let mut round = generate(plan, addr, plan.measure)?;
+    round.server_cpu = match (cpu_before, server_cpu_time()) {
+        (Some(before), Some(after)) => Some(after.saturating_sub(before)),
+        _ => None,
+    };
+    round.scripts = admin_rt.block_on(stats::script_calls(admin));
+    Ok(round)
+}
+
+fn generate(plan: &Plan, addr: SocketAddr, duration: Duration) -> Result<Round, BoxError> {
+    match plan.loader {
+        Loader::Wrk => wrk(addr, plan.connections, duration),
+        Loader::Rust => {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            let result = rt.block_on(rust_loader(addr, plan.connections, duration));
+            // Open connections end when the runtime that drives them is
+            // dropped.
+            drop(rt);
+            result
+        }
+    }
+}
+
+/// One request on a fresh connection; its status.
+fn probe(addr: SocketAddr) -> Result<StatusCode, BoxError> {
+    let mut stream = std::net::TcpStream::connect(addr)?;
+    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    stream.write_all(b"GET / HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n")?;
+    let mut reply = Vec::new();
+    stream.read_to_end(&mut reply)?;
+    let text = String::from_utf8_lossy(&reply);
+    let code = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse::<u16>().ok())
+        .ok_or("no status line")?;
+    Ok(StatusCode::from_u16(code)?)
 }
 
 async fn app(
     variant: Variant,
-    load: Option<Load>,
+    load: Load,
     redis_url: &str,
     index: usize,
 ) -> Result<Router, BoxError> {
     let router = Router::new().route("/", get(|| async { "hello, world" }));
-    let rejected = load == Some(Load::Rejected);
+    let rejected = load == Load::Rejected;
     // Admitted: far above any load this machine can make. Rejected: one
     // per hour, so all but the first request are refused.
     let limit = if rejected {
@@ -294,7 +467,8 @@ struct Baseline {
 }
 
 /// The floor: key from the peer address, one EVALSHA of the GCRA script,
-/// 429 or the handler. No headers, no configuration, no fallbacks.
+/// 429 or the handler. No headers, no timeout, no configuration, no
+/// fallbacks.
 async fn evalsha_middleware(
     State((mut conn, script)): State<(ConnectionManager, Arc<Baseline>)>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
@@ -320,37 +494,112 @@ async fn evalsha_middleware(
     }
 }
 
-type Outcome = (Vec<Duration>, u64, u64, u64, Duration);
-
-async fn generate(addr: SocketAddr, plan: &Plan) -> Result<Outcome, BoxError> {
-    let start = Instant::now();
-    let measure_from = start + plan.warm_up;
-    let end = measure_from + plan.measure;
-    let mut tasks = tokio::task::JoinSet::new();
-    for _ in 0..plan.connections {
-        tasks.spawn(async move { connection(addr, measure_from, end).await });
+/// `wrk -t1 -c<connections> -d<seconds> --latency`, parsed.
+fn wrk(addr: SocketAddr, connections: usize, duration: Duration) -> Result<Round, BoxError> {
+    let secs = duration.as_secs_f64().ceil().max(1.0) as u64;
+    let output = Command::new("wrk")
+        .arg("-t1")
+        .arg(format!("-c{connections}"))
+        .arg(format!("-d{secs}s"))
+        .arg("--latency")
+        .arg(format!("http://{addr}/"))
+        .output()?;
+    let text = String::from_utf8_lossy(&output.stdout);
+    if !output.status.success() {
+        return Err(format!("wrk failed: {text}").into());
     }
-    let mut latencies = Vec::new();
-    let (mut ok, mut limited, mut other) = (0, 0, 0);
-    while let Some(joined) = tasks.join_next().await {
-        let (lat, o, l, x) = joined.map_err(|e| e.to_string())??;
-        latencies.extend(lat);
-        ok += o;
-        limited += l;
-        other += x;
-    }
-    Ok((latencies, ok, limited, other, plan.measure))
+    let field = |prefix: &str| {
+        text.lines()
+            .find_map(|l| l.trim().strip_prefix(prefix).map(str::trim))
+    };
+    let requests = text
+        .lines()
+        .find(|l| l.contains(" requests in "))
+        .and_then(|l| l.split_whitespace().next())
+        .and_then(|n| n.parse::<u64>().ok())
+        .ok_or_else(|| format!("no request count in wrk's output: {text}"))?;
+    let per_sec = field("Requests/sec:")
+        .and_then(|n| n.parse::<f64>().ok())
+        .ok_or_else(|| format!("no Requests/sec in wrk's output: {text}"))?;
+    let latency = |p: &str| {
+        field(p)
+            .and_then(wrk_duration)
+            .ok_or_else(|| format!("no {p} latency in wrk's output: {text}"))
+    };
+    let errors: u64 = field("Socket errors:").map_or(0, |rest| {
+        rest.split(',')
+            .filter_map(|kv| kv.split_whitespace().nth(1)?.parse::<u64>().ok())
+            .sum()
+    });
+    Ok(Round {
+        requests,
+        per_sec,
+        p50: latency("50%")?,
+        p99: latency("99%")?,
+        non_ok: field("Non-2xx or 3xx responses:")
+            .and_then(|n| n.parse::<u64>().ok())
+            .unwrap_or(0)
+            + errors,
+        scripts: 0,
+        server_cpu: None,
+    })
 }
 
-type ConnResult = Result<(Vec<Duration>, u64, u64, u64), BoxError>;
+/// `512.00us`, `1.23ms`, `2.00s` as wrk prints them.
+fn wrk_duration(text: &str) -> Option<Duration> {
+    let split = text.find(|c: char| c.is_ascii_alphabetic())?;
+    let (number, unit) = text.split_at(split);
+    let number: f64 = number.parse().ok()?;
+    let scale = match unit {
+        "us" => 1e-6,
+        "ms" => 1e-3,
+        "s" => 1.0,
+        "m" => 60.0,
+        _ => return None,
+    };
+    Some(Duration::from_secs_f64(number * scale))
+}
 
-async fn connection(addr: SocketAddr, measure_from: Instant, end: Instant) -> ConnResult {
+/// Our own loader: `connections` keep-alive connections, one request in
+/// flight on each, for `duration`.
+async fn rust_loader(
+    addr: SocketAddr,
+    connections: usize,
+    duration: Duration,
+) -> Result<Round, BoxError> {
+    let start = Instant::now();
+    let end = start + duration;
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..connections {
+        tasks.spawn(async move { connection(addr, end).await });
+    }
+    let mut latencies = Vec::new();
+    let mut non_ok = 0;
+    while let Some(joined) = tasks.join_next().await {
+        let (lat, n) = joined.map_err(|e| e.to_string())??;
+        latencies.extend(lat);
+        non_ok += n;
+    }
+    let took = start.elapsed();
+    latencies.sort_unstable();
+    Ok(Round {
+        requests: latencies.len() as u64,
+        per_sec: latencies.len() as f64 / took.as_secs_f64(),
+        p50: percentile(&latencies, 0.50),
+        p99: percentile(&latencies, 0.99),
+        non_ok,
+        scripts: 0,
+        server_cpu: None,
+    })
+}
+
+async fn connection(addr: SocketAddr, end: Instant) -> Result<(Vec<Duration>, u64), BoxError> {
     let stream = tokio::net::TcpStream::connect(addr).await?;
     stream.set_nodelay(true)?;
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
     tokio::spawn(conn);
     let mut latencies = Vec::with_capacity(1 << 16);
-    let (mut ok, mut limited, mut other) = (0, 0, 0);
+    let mut non_ok = 0;
     loop {
         let sent = Instant::now();
         if sent >= end {
@@ -364,87 +613,158 @@ async fn connection(addr: SocketAddr, measure_from: Instant, end: Instant) -> Co
         let resp = sender.send_request(req).await?;
         let status = resp.status();
         resp.into_body().collect().await?;
-        if sent >= measure_from {
-            latencies.push(sent.elapsed());
-            match status {
-                StatusCode::OK => ok += 1,
-                StatusCode::TOO_MANY_REQUESTS => limited += 1,
-                _ => other += 1,
-            }
-        }
+        latencies.push(sent.elapsed());
+        non_ok += u64::from(status != StatusCode::OK);
     }
-    Ok((latencies, ok, limited, other))
+    Ok((latencies, non_ok))
 }
 
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    let i = ((sorted.len() - 1) as f64 * p).round() as usize;
-    sorted[i.min(sorted.len() - 1)]
-}
-
-fn print_table(rows: &[Row], plan: &Plan) {
-    let find = |v: Variant, l: Option<Load>| rows.iter().find(|r| r.variant == v && r.load == l);
-    let bare = find(Variant::Bare, None).map_or(0.0, |r| r.per_sec);
+fn print_table(rows: &[Row], plan: &Plan, redis_version: &str) {
+    let find = |v: Variant, l: Load| rows.iter().find(|r| r.variant == v && r.load == l);
+    let bare = find(Variant::Bare, Load::Admitted).map_or(0.0, |r| r.median.per_sec);
     println!(
-        "\n{} connections, {:?} per case; server pinned to CPU 0, load and Redis on CPU 1\n",
-        plan.connections, plan.measure
+        "\n### HTTP: whole requests through axum\n\n\
+         Load from {}, {} connections; {:?} warm-up and {:?} measured per round, {} rounds \
+         (each row: the median round by requests/s); server pinned to CPU 0, load and \
+         redis-server {redis_version} to CPU 1.\n",
+        match plan.loader {
+            Loader::Wrk => "wrk -t1",
+            Loader::Rust => "the bench's own loader",
+        },
+        plan.connections,
+        plan.warm_up,
+        plan.measure,
+        plan.rounds,
     );
-    println!("| case | load | req/s | x bare | p50 µs | p99 µs | 200 | 429 | other |");
-    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|");
+    println!(
+        "| case | load | req/s | x bare | p50 µs | p99 µs | server CPU µs / request | requests | non-2xx | Redis scripts / request | req/s of each round |"
+    );
+    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|");
     for r in rows {
+        let m = &r.median;
+        let rounds: Vec<String> = r.rounds.iter().map(|x| format!("{x:.0}")).collect();
         println!(
-            "| {} | {} | {:.0} | {:.2} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {:.0} | {:.2} | {:.0} | {:.0} | {} | {} | {} | {:.3} | {} |",
             r.variant.name(),
-            r.load.map_or("-", load_name),
-            r.per_sec,
-            if bare > 0.0 { r.per_sec / bare } else { 0.0 },
-            r.p50.as_micros(),
-            r.p99.as_micros(),
-            r.ok,
-            r.limited,
-            r.other
+            r.load.name(),
+            m.per_sec,
+            if bare > 0.0 { m.per_sec / bare } else { 0.0 },
+            micros(m.p50),
+            micros(m.p99),
+            r.server_cpu
+                .map_or("-".to_owned(), |cpu| format!("{:.1}", micros(cpu))),
+            m.requests,
+            m.non_ok,
+            m.scripts as f64 / m.requests.max(1) as f64,
+            rounds.join(", "),
         );
     }
-    let ratio = |a: Option<&Row>, b: Option<&Row>| match (a, b) {
-        (Some(a), Some(b)) if b.per_sec > 0.0 => format!("{:.2}", a.per_sec / b.per_sec),
-        _ => "n/a".into(),
+
+    // Ratios are compared as printed, to two decimals.
+    let at_least = |ours: (Variant, Load), base: (Variant, Load), min: f64, name: String| {
+        let (measured, pass) = match (find(ours.0, ours.1), find(base.0, base.1)) {
+            (Some(a), Some(b)) if b.median.per_sec > 0.0 => {
+                let ratio = a.median.per_sec / b.median.per_sec;
+                let pass = (ratio * 100.0).round() / 100.0 >= min;
+                (format!("{ratio:.2}"), pass)
+            }
+            _ => ("n/a".to_owned(), false),
+        };
+        target_row(&name, &format!("≥ {min:.2}x req/s"), &measured, pass)
     };
-    let a = Some(Load::Admitted);
-    let r = Some(Load::Rejected);
-    println!("\n| ratio (same run) | target | measured |");
-    println!("|---|---:|---:|");
-    println!(
-        "| memory layer / bare, admitted | ≥ 0.95 | {} |",
-        ratio(find(Variant::Memory, a), find(Variant::Bare, None))
-    );
-    println!(
-        "| memory layer / tower_governor, admitted | ≥ 1.0 | {} |",
-        ratio(find(Variant::Memory, a), find(Variant::Governor, a))
-    );
-    println!(
-        "| memory layer / tower_governor, rejected | ≥ 1.0 | {} |",
-        ratio(find(Variant::Memory, r), find(Variant::Governor, r))
-    );
-    println!(
-        "| Redis layer / EVALSHA middleware, admitted | ≥ 1.0 | {} |",
-        ratio(find(Variant::Redis, a), find(Variant::Evalsha, a))
-    );
-    println!(
-        "| Redis layer / EVALSHA middleware, rejected | ≥ 1.0 | {} |",
-        ratio(find(Variant::Redis, r), find(Variant::Evalsha, r))
-    );
-    for v in [
-        Variant::Memory,
-        Variant::Governor,
-        Variant::Redis,
-        Variant::Evalsha,
+    let p99_no_worse = |ours: (Variant, Load), base: (Variant, Load), name: String| {
+        let (measured, pass) = match (find(ours.0, ours.1), find(base.0, base.1)) {
+            (Some(a), Some(b)) => {
+                let (x, y) = (a.median.p99, b.median.p99);
+                (format!("{:.0} vs {:.0} µs", micros(x), micros(y)), x <= y)
+            }
+            _ => ("n/a".to_owned(), false),
+        };
+        target_row(&name, "p99 ≤ the other's", &measured, pass)
+    };
+    let (a, r) = (Load::Admitted, Load::Rejected);
+    let (redis, evalsha, memory) = (Variant::Redis, Variant::Evalsha, Variant::Memory);
+    let mut targets = Vec::new();
+    for load in [a, r] {
+        let load_name = load.name();
+        targets.push(at_least(
+            (redis, load),
+            (evalsha, load),
+            1.0,
+            format!("HTTP: Redis RateLimitLayer / EVALSHA middleware, {load_name}"),
+        ));
+        targets.push(p99_no_worse(
+            (redis, load),
+            (evalsha, load),
+            format!("HTTP: Redis RateLimitLayer p99 vs EVALSHA middleware, {load_name}"),
+        ));
+    }
+    targets.push(at_least(
+        (memory, a),
+        (Variant::Bare, a),
+        0.95,
+        "HTTP: memory RateLimitLayer / bare axum, admitted".into(),
+    ));
+    for load in [a, r] {
+        let name = format!(
+            "HTTP: memory RateLimitLayer / tower_governor, {}",
+            load.name()
+        );
+        targets.push(at_least(
+            (memory, load),
+            (Variant::Governor, load),
+            1.0,
+            name,
+        ));
+    }
+    for v in [memory, redis] {
+        let name = format!("HTTP: {}, rejected / admitted", v.name());
+        targets.push(at_least((v, r), (v, a), 0.9, name));
+    }
+    if let Some(row) = find(redis, r) {
+        targets.push(target_row(
+            "HTTP: Redis RateLimitLayer, rejected: Redis calls (deny cache)",
+            "0 scripts",
+            &format!("{} in {} requests", row.median.scripts, row.median.requests),
+            row.median.scripts == 0,
+        ));
+    }
+    println!("{}", common::targets_heading());
+    for row in targets {
+        println!("{row}");
+    }
+    println!("\nFor comparison (not targets):\n");
+    println!("| ratio | measured |\n|---|---:|");
+    for v in [Variant::Governor, Variant::Evalsha] {
+        if let (Some(rej), Some(adm)) = (find(v, r), find(v, a)) {
+            println!(
+                "| {}: rejected / admitted | {:.2} |",
+                v.name(),
+                rej.median.per_sec / adm.median.per_sec
+            );
+        }
+    }
+    for (v, base) in [
+        (Variant::Redis, Variant::Evalsha),
+        (Variant::Memory, Variant::Bare),
     ] {
+        if let (Some(ours), Some(base_row)) = (find(v, a), find(base, a))
+            && let (Some(x), Some(y)) = (ours.server_cpu, base_row.server_cpu)
+        {
+            println!(
+                "| server CPU per admitted request, {} / {} | {:.2} ({:.1} vs {:.1} µs) |",
+                v.name(),
+                base.name(),
+                x.as_secs_f64() / y.as_secs_f64().max(1e-9),
+                micros(x),
+                micros(y)
+            );
+        }
+    }
+    if let (Some(ev), Some(b)) = (find(Variant::Evalsha, a), find(Variant::Bare, a)) {
         println!(
-            "| {}: rejected / admitted | ≥ 0.9 | {} |",
-            v.name(),
-            ratio(find(v, r), find(v, a))
+            "| EVALSHA middleware / bare axum, admitted | {:.2} |",
+            ev.median.per_sec / b.median.per_sec
         );
     }
 }

@@ -23,8 +23,11 @@
 
 #[path = "../tests/common/redis_server.rs"]
 mod redis_server;
+#[path = "../tests/common/stats.rs"]
+mod stats;
 
-use std::collections::BTreeMap;
+mod common;
+
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -40,6 +43,7 @@ use fleetgate::{
 use redis::aio::MultiplexedConnection;
 use tower::{Layer, Service, ServiceExt};
 
+use crate::common::percentile;
 use crate::redis_server::RedisServer;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -121,14 +125,14 @@ async fn round_trips(
                 })
             };
             run(warm_up).await?;
-            reset_stats(&mut admin).await?;
+            stats::reset_stats(&mut admin).await;
             let start = Instant::now();
             let (mut latencies, errors) = run(measure).await?;
             let elapsed = start.elapsed();
-            let commands = commandstats(&mut admin).await?;
+            let commands = stats::command_calls(&mut admin).await;
             latencies.sort_unstable();
             let calls = latencies.len().max(1) as f64;
-            let sent = commands.get("evalsha").unwrap_or(&0) + commands.get("eval").unwrap_or(&0);
+            let sent = stats::scripts_in(&commands);
             println!(
                 "| {op} | {tasks} | {:.0} | {:.0} | {:.0} | {errors} | {:.3} |",
                 latencies.len() as f64 / elapsed.as_secs_f64(),
@@ -230,7 +234,7 @@ async fn fleet(
     let stop = Arc::new(AtomicBool::new(false));
     let mut admin = admin;
     if let Some(admin) = admin.as_deref_mut() {
-        reset_stats(admin).await?;
+        stats::reset_stats(admin).await;
     }
     let mut tasks = tokio::task::JoinSet::new();
     for worker in 0..WORKERS {
@@ -265,7 +269,7 @@ async fn fleet(
     }
     let evalsha = match admin {
         Some(admin) => {
-            let commands = commandstats(admin).await?;
+            let commands = stats::command_calls(admin).await;
             Some(commands.get("evalsha").copied().unwrap_or(0))
         }
         None => None,
@@ -351,36 +355,3 @@ impl Service<()> for Upstream {
 
 // ---------------------------------------------------------------------------
 // Redis counters.
-
-async fn reset_stats(admin: &mut MultiplexedConnection) -> Result<(), BoxError> {
-    redis::cmd("CONFIG")
-        .arg("RESETSTAT")
-        .query_async::<()>(admin)
-        .await?;
-    Ok(())
-}
-
-async fn commandstats(
-    admin: &mut MultiplexedConnection,
-) -> Result<BTreeMap<String, u64>, BoxError> {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(admin)
-        .await?;
-    Ok(info
-        .lines()
-        .filter_map(|line| {
-            let (name, rest) = line.strip_prefix("cmdstat_")?.split_once(':')?;
-            let calls = rest.split(',').find_map(|kv| kv.strip_prefix("calls="))?;
-            Some((name.to_owned(), calls.trim().parse().ok()?))
-        })
-        .collect())
-}
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    let rank = ((p * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
-    sorted[rank - 1]
-}

@@ -25,6 +25,7 @@
 use std::time::Duration;
 
 use crate::decision::Decision;
+use crate::limit::Limit;
 
 /// The parameters of one limit, in microseconds.
 #[derive(Clone, Copy, Debug)]
@@ -33,12 +34,34 @@ pub(crate) struct Params {
     pub(crate) tolerance: u64,
 }
 
+/// Anything holding a limit's parameters: [`Params`], or a policy's
+/// [`Limit`]s read in place, so that deciding copies nothing.
+pub(crate) trait AsParams {
+    fn params(&self) -> Params;
+}
+
+impl AsParams for Params {
+    fn params(&self) -> Params {
+        *self
+    }
+}
+
+impl AsParams for Limit {
+    fn params(&self) -> Params {
+        Params {
+            emission: self.emission_us(),
+            tolerance: self.tolerance_us(),
+        }
+    }
+}
+
 /// Decides one call against every limit. `tats[i]` is the stored TAT of
 /// limit `i` (0 when absent) and is overwritten with the new TAT when the
 /// call is admitted. Returns the decision and, when admitted, the time at
 /// which the state becomes idle again (the largest new TAT).
-pub(crate) fn decide(
-    params: &[Params],
+#[inline(always)]
+pub(crate) fn decide<P: AsParams>(
+    params: &[P],
     tats: &mut [u64],
     now: u64,
     cost: u64,
@@ -51,6 +74,7 @@ pub(crate) fn decide(
     let mut tightest = (0usize, u64::MAX);
     let mut wait = 0u64;
     for (i, (p, &stored)) in params.iter().zip(tats.iter()).enumerate() {
+        let p = p.params();
         let tat = stored.max(now);
         let new_tat = tat.saturating_add(cost.saturating_mul(p.emission));
         // `allow_at = new_tat − τ` may lie before time zero of a young
@@ -76,7 +100,7 @@ pub(crate) fn decide(
         }
     }
     if let Some((i, retry)) = worst {
-        let p = params[i];
+        let p = params[i].params();
         let tat = tats[i].max(now);
         // Whole calls of cost 1 that would pass now.
         let remaining = now.saturating_add(p.tolerance).saturating_sub(tat) / p.emission;
@@ -95,7 +119,7 @@ pub(crate) fn decide(
     for (p, tat) in params.iter().zip(tats.iter_mut()) {
         *tat = (*tat)
             .max(now)
-            .saturating_add(cost.saturating_mul(p.emission));
+            .saturating_add(cost.saturating_mul(p.params().emission));
         idle_at = idle_at.max(*tat);
     }
     let (i, remaining) = tightest;
@@ -175,11 +199,12 @@ mod tests {
 /// limit resumes at its rate, one call at a time, not with a full burst: an
 /// upstream that has just asked for a pause should not then be hit by the
 /// whole fleet at once. `lua/gcra_defer.lua` transcribes this.
-pub(crate) fn defer(params: &[Params], tats: &mut [u64], now: u64, pause: u64) -> u64 {
+pub(crate) fn defer<P: AsParams>(params: &[P], tats: &mut [u64], now: u64, pause: u64) -> u64 {
     debug_assert_eq!(params.len(), tats.len());
     let until = now.saturating_add(pause);
     let mut idle_at = now;
     for (p, tat) in params.iter().zip(tats.iter_mut()) {
+        let p = p.params();
         // τ ≥ T (a burst is at least 1), so this never goes below `until`.
         let floor = until.saturating_add(p.tolerance).saturating_sub(p.emission);
         *tat = (*tat).max(floor);

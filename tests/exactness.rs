@@ -233,3 +233,40 @@ async fn shared_memory_store_holds_a_fast_rate_and_two_limits() {
         check_rate(&policy, &out);
     }
 }
+
+/// Threads racing on one key, outside any runtime: the memory store's
+/// one-limit state is swapped atomically and its several-limit state is
+/// locked, and neither may admit past the burst.
+#[test]
+fn memory_store_threads_racing_on_one_key_admit_exactly_the_burst() {
+    let pair = Policy::builder("slow-pair")
+        .limit(limit(Rate::per_hour(100), 100, "a"))
+        .limit(limit(Rate::per_hour(60), 60, "b"))
+        .build()
+        .unwrap();
+    for (policy, burst) in [(slow_policy(), 100), (pair, 60)] {
+        let limiter = Limiter::new(policy, MemoryStore::new());
+        let barrier = std::sync::Barrier::new(4);
+        let admitted: u64 = std::thread::scope(|s| {
+            let threads: Vec<_> = (0..4)
+                .map(|_| {
+                    s.spawn(|| {
+                        barrier.wait();
+                        let key = Key::new("one-key");
+                        (0..200)
+                            .filter(|_| {
+                                let mut fut = limiter.check(&key, 1);
+                                match fut.take_ready() {
+                                    Some(Ok(d)) => d.is_allowed(),
+                                    other => panic!("memory store answered {other:?}"),
+                                }
+                            })
+                            .count() as u64
+                    })
+                })
+                .collect();
+            threads.into_iter().map(|t| t.join().unwrap()).sum()
+        });
+        assert_eq!(admitted, burst);
+    }
+}

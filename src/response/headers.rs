@@ -1,6 +1,8 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
+use bytes::Bytes;
+use http::header::Entry;
 use http::{HeaderMap, HeaderName, HeaderValue};
 
 use crate::decision::Decision;
@@ -76,6 +78,8 @@ pub(crate) struct PolicyHeaders {
     style: HeaderStyle,
     policy: Policy,
     policy_value: Option<HeaderValue>,
+    /// `"<name>";r=` of each limit: the start of its `RateLimit` value.
+    ratelimit_prefixes: Box<[Box<[u8]>]>,
 }
 
 impl PolicyHeaders {
@@ -97,6 +101,11 @@ impl PolicyHeaders {
             style,
             policy: policy.clone(),
             policy_value: HeaderValue::from_str(&text).ok(),
+            ratelimit_prefixes: policy
+                .limits()
+                .iter()
+                .map(|limit| format!("\"{}\";r=", limit.name()).into_bytes().into())
+                .collect(),
         }
     }
 
@@ -118,32 +127,33 @@ impl PolicyHeaders {
             if let Some(value) = &self.policy_value {
                 append_member(headers, &RATELIMIT_POLICY, value.clone());
             }
-            let text = match decision.each.as_deref() {
-                // Every window of a policy of several, in policy order.
-                Some(each) => {
-                    let mut text = String::new();
-                    for (limit, (remaining, reset)) in self.policy.limits().iter().zip(each) {
-                        if !text.is_empty() {
-                            text.push_str(", ");
-                        }
-                        let _ = write!(
-                            text,
-                            "\"{}\";r={};t={}",
-                            limit.name(),
-                            remaining,
-                            retry_after_secs(*reset)
-                        );
-                    }
-                    text
+            // `"<name>";r=<remaining>;t=<reset>` for the deciding limit, or
+            // for every window of a policy of several, in policy order; the
+            // numbers written straight in (this runs on every response), and
+            // handed over as `Bytes`, uncopied.
+            let mut digits = itoa::Buffer::new();
+            let mut text = Vec::with_capacity(self.ratelimit_prefixes.len() * 48);
+            let mut member = |index: usize, remaining: u64, reset: u64| {
+                let Some(prefix) = self.ratelimit_prefixes.get(index) else {
+                    return;
+                };
+                if !text.is_empty() {
+                    text.extend_from_slice(b", ");
                 }
-                None => format!(
-                    "\"{}\";r={};t={}",
-                    limit.name(),
-                    decision.remaining(),
-                    reset
-                ),
+                text.extend_from_slice(prefix);
+                text.extend_from_slice(digits.format(remaining).as_bytes());
+                text.extend_from_slice(b";t=");
+                text.extend_from_slice(digits.format(reset).as_bytes());
             };
-            if let Ok(value) = HeaderValue::from_str(&text) {
+            match decision.each.as_deref() {
+                Some(each) => {
+                    for (index, (remaining, reset)) in each.iter().enumerate() {
+                        member(index, *remaining, retry_after_secs(*reset));
+                    }
+                }
+                None => member(decision.limit_index(), decision.remaining(), reset),
+            }
+            if let Ok(value) = HeaderValue::from_maybe_shared(Bytes::from(text)) {
                 append_member(headers, &RATELIMIT, value);
             }
         }
@@ -163,12 +173,18 @@ impl PolicyHeaders {
 
 /// Adds `value` as one more member of a structured-field list header.
 fn append_member(headers: &mut HeaderMap, name: &HeaderName, value: HeaderValue) {
-    let joined = headers.get(name).and_then(|existing| {
-        let mut bytes = Vec::with_capacity(existing.len() + 2 + value.len());
-        bytes.extend_from_slice(existing.as_bytes());
-        bytes.extend_from_slice(b", ");
-        bytes.extend_from_slice(value.as_bytes());
-        HeaderValue::from_bytes(&bytes).ok()
-    });
-    headers.insert(name.clone(), joined.unwrap_or(value));
+    match headers.entry(name) {
+        Entry::Vacant(entry) => {
+            entry.insert(value);
+        }
+        Entry::Occupied(mut entry) => {
+            let existing = entry.get();
+            let mut bytes = Vec::with_capacity(existing.len() + 2 + value.len());
+            bytes.extend_from_slice(existing.as_bytes());
+            bytes.extend_from_slice(b", ");
+            bytes.extend_from_slice(value.as_bytes());
+            let joined = HeaderValue::from_maybe_shared(Bytes::from(bytes));
+            entry.insert(joined.unwrap_or(value));
+        }
+    }
 }

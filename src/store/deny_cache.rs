@@ -26,7 +26,7 @@
 use std::collections::HashMap;
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -80,6 +80,9 @@ pub struct DenyCacheStats {
 
 pub(crate) struct DenyCache {
     shards: Box<[Mutex<Shard>]>,
+    /// Entries in all shards. While it is zero (nobody is being denied),
+    /// lookups and admissions skip the shards, their hashing and locks.
+    held: AtomicUsize,
     per_shard: usize,
     hasher: RandomState,
     clock: Arc<dyn Clock>,
@@ -112,6 +115,7 @@ impl DenyCache {
         let shards = SHARDS.min(capacity).max(1);
         DenyCache {
             shards: (0..shards).map(|_| Mutex::new(Shard::default())).collect(),
+            held: AtomicUsize::new(0),
             per_shard: (capacity / shards).max(1),
             hasher: RandomState::new(),
             clock,
@@ -142,6 +146,9 @@ impl DenyCache {
         cost: u64,
         max_wait: Duration,
     ) -> Option<Decision> {
+        if self.held.load(Ordering::Relaxed) == 0 {
+            return None;
+        }
         let now = self.now();
         let shard = self.shard(key);
         let entry = shard
@@ -181,25 +188,43 @@ impl DenyCache {
         sent_at: u64,
         decision: &Decision,
     ) {
-        let mut shard = self.shard(key);
         let denial = match decision.retry_after {
-            Some(retry) if !decision.allowed && !retry.is_zero() => retry,
-            _ => {
-                shard.remove(policy, key);
-                return;
-            }
+            Some(retry) if !decision.allowed && !retry.is_zero() => Some(retry),
+            _ => None,
         };
+        if denial.is_none() && self.held.load(Ordering::Relaxed) == 0 {
+            return;
+        }
         let micros = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
-        let entry = Entry {
-            policy: policy.clone(),
-            cost,
-            until: sent_at.saturating_add(micros(denial)),
-            tat: sent_at.saturating_add(micros(decision.reset)),
-            limit: decision.limit,
-        };
+        let mut shard = self.shard(key);
+        let before = shard.entries;
+        match denial {
+            Some(denial) => {
+                let entry = Entry {
+                    policy: policy.clone(),
+                    cost,
+                    until: sent_at.saturating_add(micros(denial)),
+                    tat: sent_at.saturating_add(micros(decision.reset)),
+                    limit: decision.limit,
+                };
+                self.insert(&mut shard, key, entry);
+            }
+            None => shard.remove(policy, key),
+        }
+        let after = shard.entries;
+        drop(shard);
+        if after > before {
+            self.held.fetch_add(after - before, Ordering::Relaxed);
+        } else {
+            self.held.fetch_sub(before - after, Ordering::Relaxed);
+        }
+    }
+
+    /// Caches a denial in `shard`, making room when it is full.
+    fn insert(&self, shard: &mut Shard, key: &Key, entry: Entry) {
         let now = self.now();
         if let Some(slot) = shard.map.get_mut(key.as_str())
-            && let Some(existing) = slot.iter_mut().find(|e| e.policy == *policy)
+            && let Some(existing) = slot.iter_mut().find(|e| e.policy == entry.policy)
         {
             let until = entry.until;
             *existing = entry;
@@ -217,7 +242,6 @@ impl DenyCache {
         };
         shard.map.entry(key.clone()).or_default().push(entry);
         shard.entries += 1;
-        drop(shard);
         self.inserts.fetch_add(1, Ordering::Relaxed);
     }
 

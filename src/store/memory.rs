@@ -1,19 +1,20 @@
-use std::collections::HashMap;
 use std::collections::hash_map::RandomState;
 use std::fmt;
 use std::hash::BuildHasher;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 mod defer;
 mod lease;
+mod slot;
 mod window;
 
 use super::{DeferCall, GcraCall, LeaseCall, LeaseGrant, Store, StoreFuture, WindowCall};
 use crate::clock::{Clock, MonotonicClock};
 use crate::decision::Decision;
-use crate::gcra::{self, Params};
+use crate::gcra;
 use crate::key::Key;
-use crate::limit::MAX_LIMITS_PER_POLICY;
+use crate::limit::{Limit, MAX_LIMITS_PER_POLICY, Policy};
+use slot::{Probe, SlotKey, SlotMap, Step, Tats};
 
 /// A shard sweeps expired state once it holds this many entries, and after
 /// that whenever it has doubled since the last sweep.
@@ -35,28 +36,24 @@ pub struct MemoryStore {
 }
 
 struct Inner {
-    shards: Box<[Mutex<Shard>]>,
+    /// Deciding on a known key only reads its shard's map (the state itself
+    /// is atomic), so threads share a shard; a new key takes it for writing.
+    shards: Box<[RwLock<Shard>]>,
     hasher: RandomState,
     clock: Arc<dyn Clock>,
     windows: window::Table,
     leases: lease::Leases,
 }
 
-/// Keyed by identity alone, so that a lookup borrows the caller's key and
-/// touches no shared reference count; the few policies that limit one
-/// identity sit side by side in its slot.
+/// Aligned to two cache lines (what adjacent-line prefetching pairs), so
+/// that neighbouring shards' locks never share a line, and a shard's own
+/// lock word (written by every reader) sits apart from its map's header
+/// (only read).
 #[derive(Default)]
+#[repr(align(128))]
 struct Shard {
-    map: HashMap<Key, Vec<Entry>>,
-    entries: usize,
+    map: SlotMap,
     sweep_at: usize,
-}
-
-struct Entry {
-    policy: Arc<str>,
-    tats: Box<[u64]>,
-    /// When every limit has refilled: from then on the entry means nothing.
-    idle_at: u64,
 }
 
 impl MemoryStore {
@@ -79,7 +76,7 @@ impl MemoryStore {
         self.inner
             .shards
             .iter()
-            .map(|s| lock(s).entries)
+            .map(|s| read(s).map.len())
             .sum::<usize>()
             + self.inner.windows.len()
     }
@@ -94,7 +91,7 @@ impl MemoryStore {
     pub fn sweep(&self) {
         let now = self.inner.clock.now_micros();
         for shard in self.inner.shards.iter() {
-            lock(shard).sweep(now);
+            write(shard).sweep(now);
         }
         self.inner.windows.sweep(now);
         self.inner.leases.sweep(now);
@@ -107,99 +104,134 @@ impl MemoryStore {
     }
 
     fn decide(&self, call: &GcraCall<'_>) -> Decision {
-        let limits = call.policy.limits();
-        let mut params = [Params {
-            emission: 1,
-            tolerance: 0,
-        }; MAX_LIMITS_PER_POLICY];
-        for (p, limit) in params.iter_mut().zip(limits) {
-            *p = Params {
-                emission: limit.emission_us(),
-                tolerance: limit.tolerance_us(),
-            };
-        }
-        let params = &params[..limits.len()];
-        let shard_index =
-            self.inner.hasher.hash_one(call.key.as_str()) as usize % self.inner.shards.len();
-        let mut shard = lock(&self.inner.shards[shard_index]);
-        let now = self.inner.clock.now_micros();
-        let max_wait = call.max_wait_us();
-        let policy = call.policy.name();
-        let existing = shard
-            .map
-            .get_mut(call.key.as_str())
-            .and_then(|slot| slot.iter_mut().find(|e| &*e.policy == policy));
-        if let Some(entry) = existing {
-            if entry.tats.len() < params.len() {
+        let check = Check {
+            cost: call.cost,
+            max_wait: call.max_wait_us(),
+        };
+        self.with_tats(call.policy, call.key, &check)
+    }
+
+    /// Runs `step` on the GCRA state of `policy` for `key` (zeros when
+    /// there is none) at the current time, and stores the state when the
+    /// step says so.
+    #[inline(always)]
+    fn with_tats<S: Step>(&self, policy: &Policy, key: &Key, step: &S) -> S::Output {
+        let limits = policy.limits();
+        let probe = Probe {
+            hash: self.inner.hasher.hash_one(key.as_str()),
+            key: key.as_str(),
+            policy: policy.name(),
+        };
+        let shard = &self.inner.shards[shard_index(probe.hash, self.inner.shards.len())];
+        {
+            let map = read(shard);
+            if let Some(tats) = map.map.get(&probe as &dyn slot::Lookup) {
                 // A policy of the same name with more limits (edited, or two
-                // limiters sharing a name): keep each limit's state by
-                // position, as the Redis keys `…:{key}:<i>` do. Starting
-                // afresh instead would let two such limiters reset each
-                // other on every call and admit everything.
-                let mut tats = vec![0u64; params.len()].into_boxed_slice();
-                tats[..entry.tats.len()].copy_from_slice(&entry.tats);
-                entry.tats = tats;
+                // limiters sharing a name) first needs its state grown.
+                if tats.len() >= limits.len() {
+                    let now = self.inner.clock.now_micros();
+                    return tats.update(limits, now, step);
+                }
             }
+        }
+        self.insert_tats(shard, policy, key, probe.hash, step)
+    }
+
+    /// [`with_tats`](Self::with_tats) for a key the shard does not hold yet
+    /// (or holds with fewer limits): under the shard's write lock. Kept out
+    /// of line, so that the common path stays small.
+    #[inline(never)]
+    fn insert_tats<S: Step>(
+        &self,
+        shard: &RwLock<Shard>,
+        policy: &Policy,
+        key: &Key,
+        hash: u64,
+        step: &S,
+    ) -> S::Output {
+        let limits = policy.limits();
+        let probe = Probe {
+            hash,
+            key: key.as_str(),
+            policy: policy.name(),
+        };
+        let mut shard = write(shard);
+        let now = self.inner.clock.now_micros();
+        if let Some(tats) = shard.map.get_mut(&probe as &dyn slot::Lookup) {
+            // Keep each limit's state by position, as the Redis keys
+            // `…:{key}:<i>` do: starting afresh instead would let two such
+            // limiters reset each other on every call and admit everything.
             // Extra positions (a policy with fewer limits) keep their state
             // untouched, like Redis keys the script does not name.
-            let (decision, idle_at) = gcra::decide(
-                params,
-                &mut entry.tats[..params.len()],
+            tats.grow(limits.len());
+            return tats.update(limits, now, step);
+        }
+        let mut tats = [0u64; MAX_LIMITS_PER_POLICY];
+        let tats = &mut tats[..limits.len()];
+        let (result, store) = step.run(limits, tats, now);
+        if store {
+            shard.insert(
+                SlotKey::new(hash, key.clone(), policy.name_arc()),
+                Tats::new(tats),
                 now,
-                call.cost,
-                max_wait,
             );
-            if let Some(idle_at) = idle_at {
-                entry.idle_at = entry.idle_at.max(idle_at);
-            }
-            return decision;
         }
-        let mut tats = vec![0u64; params.len()].into_boxed_slice();
-        let (decision, idle_at) = gcra::decide(params, &mut tats, now, call.cost, max_wait);
-        if let Some(idle_at) = idle_at {
-            let entry = Entry {
-                policy: call.policy.name_arc(),
-                tats,
-                idle_at,
-            };
-            shard.insert(call.key, entry, now);
-        }
-        decision
+        result
+    }
+}
+
+/// A GCRA check (or reservation): stores the TATs when admitted.
+struct Check {
+    cost: u64,
+    max_wait: u64,
+}
+
+impl Step for Check {
+    type Output = Decision;
+
+    #[inline(always)]
+    fn run(&self, limits: &[Limit], tats: &mut [u64], now: u64) -> (Decision, bool) {
+        let (decision, idle_at) = gcra::decide(limits, tats, now, self.cost, self.max_wait);
+        (decision, idle_at.is_some())
     }
 }
 
 impl Shard {
-    fn insert(&mut self, key: &Key, entry: Entry, now: u64) {
-        if self.entries >= self.sweep_at.max(MIN_SWEEP) {
+    fn insert(&mut self, key: SlotKey, tats: Tats, now: u64) {
+        if self.map.len() >= self.sweep_at.max(MIN_SWEEP) {
             self.sweep(now);
         }
-        match self.map.get_mut(key.as_str()) {
-            Some(slot) => slot.push(entry),
-            None => {
-                self.map.insert(key.clone(), vec![entry]);
-            }
-        }
-        self.entries += 1;
+        self.map.insert(key, tats);
     }
 
     fn sweep(&mut self, now: u64) {
-        self.map.retain(|_, slot| {
-            slot.retain(|entry| entry.idle_at > now);
-            !slot.is_empty()
-        });
-        self.entries = self.map.values().map(Vec::len).sum();
-        self.sweep_at = self.entries.saturating_mul(2);
+        self.map.retain(|_, tats| tats.idle_at() > now);
+        self.sweep_at = self.map.len().saturating_mul(2);
         if self.map.capacity() > self.sweep_at.max(MIN_SWEEP) * 2 {
             self.map.shrink_to(self.sweep_at.max(MIN_SWEEP));
         }
     }
 }
 
+/// The shard for a hash: its upper half scaled to the shard count, which
+/// spares a division and leaves the lower bits, which pick the bucket
+/// inside the shard's map, independent of the shard.
+fn shard_index(hash: u64, shards: usize) -> usize {
+    (((hash >> 32) * shards as u64) >> 32) as usize
+}
+
 /// A poisoned shard only means another thread panicked while holding it;
 /// its state is a set of plain numbers that are always consistent.
-fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
+fn read(shard: &RwLock<Shard>) -> RwLockReadGuard<'_, Shard> {
     shard
-        .lock()
+        .read()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// See [`read`].
+fn write(shard: &RwLock<Shard>) -> RwLockWriteGuard<'_, Shard> {
+    shard
+        .write()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
@@ -280,7 +312,7 @@ impl MemoryStoreBuilder {
         });
         MemoryStore {
             inner: Arc::new(Inner {
-                shards: (0..shards).map(|_| Mutex::new(Shard::default())).collect(),
+                shards: (0..shards).map(|_| RwLock::new(Shard::default())).collect(),
                 hasher: RandomState::new(),
                 clock: self
                     .clock

@@ -3,7 +3,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{ErrorKind, ServerErrorKind, Value};
+use redis::{Arg, Cmd, ErrorKind, ServerErrorKind, Value};
 
 use super::connection::Conn;
 use super::deny_cache::{DenyCache, DenyCacheStats, RealClock};
@@ -37,6 +37,28 @@ impl LuaScript {
             sha: redis::Script::new(source).get_hash().to_owned(),
             metrics: ScriptMetrics::new(name),
         }
+    }
+
+    /// `EVALSHA <sha> <keys>`, for the caller to add the keys and then the
+    /// arguments, numbers written straight into the command.
+    fn call(&self, keys: usize, args: usize) -> Cmd {
+        let mut cmd = Cmd::with_capacity(3 + keys + args, 64 + 48 * keys + 12 * args);
+        cmd.arg("EVALSHA").arg(&self.sha).arg(keys);
+        cmd
+    }
+
+    /// The same call with the whole script (`EVAL`, which also caches it),
+    /// for a server that has lost it.
+    fn with_source(&self, call: &Cmd) -> Cmd {
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(self.source);
+        // Past `EVALSHA <sha>`: the key count, the keys, the arguments.
+        for arg in call.args_iter().skip(2) {
+            if let Arg::Simple(bytes) = arg {
+                cmd.arg(bytes);
+            }
+        }
+        cmd
     }
 }
 
@@ -137,7 +159,12 @@ impl RedisStore {
     /// The Redis key that holds the GCRA state of limit number `limit` of
     /// `policy` for `key`: `{prefix}:{policy}:{{key}}:{limit}`.
     pub fn gcra_key(&self, policy: &Policy, key: &Key, limit: usize) -> String {
-        format!("{}:{limit}", self.key_base(policy.name(), key))
+        format!(
+            "{}:{}:{{{}}}:{limit}",
+            self.inner.prefix,
+            policy.name(),
+            hash_tag(key.as_str())
+        )
     }
 
     /// `{prefix}:{name}:{{key}}`, the start of every Redis key that one
@@ -160,25 +187,26 @@ impl RedisStore {
             }
         }
         let limits = call.policy.limits();
+        let mut cmd = self.inner.gcra.call(limits.len(), 3 + 2 * limits.len());
+        for i in 0..limits.len() {
+            cmd.arg(self.gcra_key(call.policy, call.key, i));
+        }
         // With the caller's clock, the deny cache reads the same instant.
-        let (now, sent_at) = match &self.inner.time {
-            TimeSource::Server => (String::new(), self.inner.deny.as_ref().map(|c| c.now())),
+        let sent_at = match &self.inner.time {
+            TimeSource::Server => {
+                cmd.arg("");
+                self.inner.deny.as_ref().map(|c| c.now())
+            }
             TimeSource::Client(clock) => {
                 let now = clock.now_micros();
-                (now.to_string(), Some(now))
+                cmd.arg(now);
+                Some(now)
             }
         };
-        let mut args: Vec<String> = Vec::with_capacity(3 + 2 * limits.len());
-        args.push(now);
-        args.push(call.cost.to_string());
-        args.push(call.max_wait_us().to_string());
+        cmd.arg(call.cost).arg(call.max_wait_us());
         for limit in limits {
-            args.push(limit.emission_us().to_string());
-            args.push(limit.tolerance_us().to_string());
+            cmd.arg(limit.emission_us()).arg(limit.tolerance_us());
         }
-        let keys: Vec<String> = (0..limits.len())
-            .map(|i| self.gcra_key(call.policy, call.key, i))
-            .collect();
         let store = self.clone();
         let count = limits.len();
         let remember = match (&self.inner.deny, sent_at) {
@@ -187,7 +215,7 @@ impl RedisStore {
         };
         let cost = call.cost;
         StoreFuture::pending(async move {
-            let reply = store.eval(&store.inner.gcra, &keys, &args).await?;
+            let reply = store.run(&store.inner.gcra, cmd).await?;
             let decision = decode_gcra(&reply, count)?;
             if let (Some(cache), Some((policy, key, sent_at))) = (&store.inner.deny, remember) {
                 cache.record(&policy, &key, cost, sent_at, &decision);
@@ -204,16 +232,23 @@ impl RedisStore {
         keys: &[String],
         args: &[String],
     ) -> Result<Value, StoreError> {
+        let mut cmd = script.call(keys.len(), args.len());
+        cmd.arg(keys).arg(args);
+        self.run(script, cmd).await
+    }
+
+    /// Sends `call`, built by [`LuaScript::call`], as [`RedisStore::eval`]
+    /// does.
+    async fn run(&self, script: &LuaScript, call: Cmd) -> Result<Value, StoreError> {
         let mut conn = self.inner.conn.clone();
         let exchange = async {
-            let mut cmd = redis::cmd("EVALSHA");
-            cmd.arg(&script.sha).arg(keys.len()).arg(keys).arg(args);
-            match cmd.query_async::<Value>(&mut conn).await {
+            match call.query_async::<Value>(&mut conn).await {
                 Err(err) if err.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
                     tracing::debug!("script cache empty, sending the script");
-                    let mut cmd = redis::cmd("EVAL");
-                    cmd.arg(script.source).arg(keys.len()).arg(keys).arg(args);
-                    cmd.query_async::<Value>(&mut conn).await
+                    script
+                        .with_source(&call)
+                        .query_async::<Value>(&mut conn)
+                        .await
                 }
                 other => other,
             }

@@ -16,7 +16,8 @@ pub async fn command_calls<C: ConnectionLike>(conn: &mut C) -> HashMap<String, u
     parse_command_calls(&info)
 }
 
-/// `cmdstat_evalsha:calls=12,usec=...` lines into name → calls.
+/// `cmdstat_evalsha:calls=12,usec=...` lines into name → calls, leaving
+/// out the counters' own reset (`CONFIG RESETSTAT`).
 pub fn parse_command_calls(info: &str) -> HashMap<String, u64> {
     info.lines()
         .filter_map(|line| {
@@ -24,12 +25,17 @@ pub fn parse_command_calls(info: &str) -> HashMap<String, u64> {
             let calls = rest.split(',').find_map(|kv| kv.strip_prefix("calls="))?;
             Some((name.to_owned(), calls.trim().parse().ok()?))
         })
+        .filter(|(name, _)| name != "config|resetstat")
         .collect()
 }
 
 /// Scripts the store sent: `EVALSHA` plus `EVAL` fallbacks.
 pub async fn script_calls<C: ConnectionLike>(conn: &mut C) -> u64 {
-    let calls = command_calls(conn).await;
+    scripts_in(&command_calls(conn).await)
+}
+
+/// The scripts (`EVALSHA` plus `EVAL`) among command counts.
+pub fn scripts_in(calls: &HashMap<String, u64>) -> u64 {
     calls.get("evalsha").copied().unwrap_or(0) + calls.get("eval").copied().unwrap_or(0)
 }
 

@@ -66,24 +66,24 @@ impl RedisStore {
             return self.run_gcra(call.as_gcra());
         }
         let limits = call.policy.limits();
-        let now = match &self.inner.time {
-            TimeSource::Server => String::new(),
-            TimeSource::Client(clock) => clock.now_micros().to_string(),
+        let keys = self.window_keys(call.policy, call.key);
+        let script = self.inner.windows.script(algorithm);
+        let mut cmd = script.call(keys.len(), 2 + 2 * limits.len());
+        cmd.arg(&keys);
+        match &self.inner.time {
+            TimeSource::Server => cmd.arg(""),
+            TimeSource::Client(clock) => cmd.arg(clock.now_micros()),
         };
-        let mut args: Vec<String> = Vec::with_capacity(2 + 2 * limits.len());
-        args.push(now);
-        args.push(call.cost.to_string());
+        cmd.arg(call.cost);
         for limit in limits {
             let w = Window::of(limit);
-            args.push(w.length.to_string());
-            args.push(w.count.to_string());
+            cmd.arg(w.length).arg(w.count);
         }
-        let keys = self.window_keys(call.policy, call.key);
         let store = self.clone();
         let count = limits.len();
         StoreFuture::pending(async move {
             let reply = store
-                .eval(store.inner.windows.script(algorithm), &keys, &args)
+                .run(store.inner.windows.script(algorithm), cmd)
                 .await?;
             // GCRA's reply shape, with 0 where GCRA puts the wait, then
             // every window's remaining and reset.

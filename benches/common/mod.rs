@@ -1,0 +1,105 @@
+//! Helpers shared by the benches that `scripts/bench.sh` runs: settings
+//! from the environment, percentiles, CPU pinning, Redis' own counters and
+//! the target rows every bench prints.
+#![allow(dead_code)]
+
+use std::time::Duration;
+
+use redis::aio::MultiplexedConnection;
+
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Whether cargo runs the bench for measurement (`cargo bench`) rather than
+/// as a smoke test (`cargo test --all-targets`, which passes no `--bench`).
+pub fn measuring() -> bool {
+    std::env::args().any(|a| a == "--bench")
+}
+
+/// A positive number of seconds from the environment variable `name`, or
+/// `default`.
+pub fn secs(name: &str, default: f64) -> Duration {
+    let secs = std::env::var(name)
+        .ok()
+        .and_then(|s| s.parse::<f64>().ok())
+        .filter(|s| s.is_finite() && *s > 0.0)
+        .unwrap_or(default);
+    Duration::from_secs_f64(secs)
+}
+
+/// A positive count from the environment variable `name`, or `default`.
+pub fn count(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|s| s.parse::<usize>().ok())
+        .filter(|n| *n > 0)
+        .unwrap_or(default)
+}
+
+/// The value at quantile `p` of `sorted` (nearest rank).
+pub fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let rank = ((p * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+    sorted[rank - 1]
+}
+
+/// Microseconds, for tables.
+pub fn micros(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}
+
+/// Pins the calling thread (and what it spawns later: threads, child
+/// processes) to `cpu`, if the machine has it; a no-op where affinity
+/// cannot be set.
+pub fn pin(cpu: usize) {
+    let available = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if cpu >= available {
+        return;
+    }
+    let mut set = nix::sched::CpuSet::new();
+    if set.set(cpu).is_ok() {
+        let _ = nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set);
+    }
+}
+
+/// One `field:value` line of an `INFO` reply.
+pub fn info_field<'a>(info: &'a str, field: &str) -> Option<&'a str> {
+    info.lines()
+        .find_map(|line| line.strip_prefix(field)?.strip_prefix(':'))
+        .map(str::trim)
+}
+
+/// Empties the server.
+pub async fn flush_all(admin: &mut MultiplexedConnection) -> Result<(), BoxError> {
+    redis::cmd("FLUSHALL")
+        .arg("SYNC")
+        .query_async::<()>(admin)
+        .await?;
+    Ok(())
+}
+
+/// The server's version, from `INFO server`.
+pub async fn redis_version(admin: &mut MultiplexedConnection) -> Result<String, BoxError> {
+    let info: String = redis::cmd("INFO").arg("server").query_async(admin).await?;
+    Ok(info_field(&info, "redis_version").unwrap_or("?").to_owned())
+}
+
+/// A target row, `| target | required | measured | PASS/MISS |`, the form
+/// `scripts/bench.sh` collects into its summary.
+pub fn target_row(name: &str, required: &str, measured: &str, pass: bool) -> String {
+    format!(
+        "| {name} | {required} | {measured} | {} |",
+        if pass { "PASS" } else { "MISS" }
+    )
+}
+
+/// The heading and header of a table of [`target_row`]s.
+pub fn targets_heading() -> String {
+    let what = if measuring() {
+        "Targets (ratios from this run)"
+    } else {
+        "Targets (a smoke run without `--bench`: these figures measure nothing)"
+    };
+    format!("\n{what}:\n\n| target | required | measured | result |\n|---|---|---:|---|")
+}

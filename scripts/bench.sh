@@ -1,0 +1,161 @@
+#!/usr/bin/env bash
+# The benchmark run behind BENCHMARKS.md, in one go: builds the benches,
+# runs them one after the other (each starts its own private redis-server
+# on a free loopback port and never touches one already running), and
+# writes one report: machine, versions, load average, commands, the target
+# summary (every PASS/MISS row the benches computed from their own run)
+# and every table. About 5 minutes on 2 cores once built.
+#
+#   scripts/bench.sh                       # everything
+#   FLEETGATE_BENCHES="http memory" scripts/bench.sh
+#
+# Knobs (environment):
+#   FLEETGATE_BENCHES          which benches, in order (default:
+#                              "http decisions memory redis_memory")
+#   FLEETGATE_BENCH_SECS       measured seconds per round of a case (http: 2,
+#                              decisions: 0.5)
+#   FLEETGATE_BENCH_WARMUP     warm-up seconds per round (http: 1, decisions: 0.2)
+#   FLEETGATE_BENCH_ROUNDS     rounds of every case; rows are medians (default 3)
+#   FLEETGATE_BENCH_LOADGEN    http load: wrk (default when installed) or rust
+#   FLEETGATE_BENCH_CONNS      http connections (default 64)
+#   FLEETGATE_BENCH_KEYS       identities for Redis memory per key (default 100000)
+#   FLEETGATE_CRITERION_WARMUP, FLEETGATE_CRITERION_SECS
+#                              criterion warm-up and measurement per case of
+#                              the memory bench (default 0.5 and 1.5)
+#   FLEETGATE_BENCH_IDLE_WAIT  wait up to this many seconds for the 1-minute
+#                              load average to fall below
+#   FLEETGATE_BENCH_IDLE_LOAD  (default 0.5) before starting (default 0: no wait)
+#   FLEETGATE_BENCH_STRICT=1   exit 1 when any target is missed
+#   FLEETGATE_BENCH_OUT        report directory (default target/bench/<time>)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+benches="${FLEETGATE_BENCHES:-http decisions memory redis_memory}"
+stamp="$(date -u +%Y%m%dT%H%M%SZ)"
+out="${FLEETGATE_BENCH_OUT:-target/bench/$stamp}"
+mkdir -p "$out"
+report="$out/report.md"
+
+redis_bin="${REDIS_SERVER:-redis-server}"
+if ! command -v "$redis_bin" >/dev/null 2>&1; then
+  echo "scripts/bench.sh: redis-server not found. Install it (Debian/Ubuntu:" \
+    "apt-get install -y redis-server; macOS: brew install redis), run" \
+    "scripts/test.sh (which installs it), or set REDIS_SERVER." >&2
+  exit 1
+fi
+if ! command -v wrk >/dev/null 2>&1 && [ "${FLEETGATE_BENCH_LOADGEN:-}" != "rust" ]; then
+  echo "scripts/bench.sh: wrk not found; the http bench uses its own load generator" \
+    "(install wrk, e.g. apt-get install -y wrk, to measure with it)." >&2
+fi
+
+load() { cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || uptime; }
+
+idle_wait="${FLEETGATE_BENCH_IDLE_WAIT:-0}"
+idle_load="${FLEETGATE_BENCH_IDLE_LOAD:-0.5}"
+if [ "$idle_wait" != "0" ]; then
+  echo "scripts/bench.sh: waiting up to ${idle_wait}s for load < $idle_load" >&2
+  end=$((SECONDS + idle_wait))
+  while [ "$SECONDS" -lt "$end" ] &&
+    awk -v max="$idle_load" '{ exit !($1 >= max) }' /proc/loadavg; do
+    sleep 5
+  done
+fi
+
+bench_args() {
+  for b in $benches; do printf -- '--bench %s ' "$b"; done
+}
+echo "scripts/bench.sh: building" >&2
+# shellcheck disable=SC2046
+cargo bench --no-run $(bench_args) 2>"$out/build.log" ||
+  { cat "$out/build.log" >&2; exit 1; }
+
+wrk_version() {
+  if command -v wrk >/dev/null 2>&1; then
+    # wrk prints its version with its usage and exits 1.
+    wrk --version 2>&1 | head -1 | cut -d' ' -f1-2 || true
+  else
+    echo "not installed"
+  fi
+}
+
+crate_version() {
+  awk -v name="$1" '$0 == "name = \"" name "\"" { getline; gsub(/version = |"/, ""); print; exit }' Cargo.lock
+}
+
+loads=""
+for b in $benches; do
+  echo "scripts/bench.sh: running $b (load average $(load))" >&2
+  before="$(load)"
+  started=$SECONDS
+  case "$b" in
+    memory)
+      cargo bench --bench memory -- \
+        --warm-up-time "${FLEETGATE_CRITERION_WARMUP:-0.5}" \
+        --measurement-time "${FLEETGATE_CRITERION_SECS:-1.5}" \
+        >"$out/memory.full" 2>"$out/memory.log"
+      # criterion's own progress stays in memory.full; the tables follow it.
+      sed -n '/^### /,$p' "$out/memory.full" >"$out/memory.md"
+      ;;
+    *)
+      cargo bench --bench "$b" >"$out/$b.md" 2>"$out/$b.log"
+      ;;
+  esac
+  loads="$loads| $b | $before | $(load) | $((SECONDS - started)) s |"$'\n'
+done
+
+targets="$(cat "$out"/*.md | grep -E '\| (PASS|MISS) \|$' || true)"
+passed="$(grep -c '| PASS |$' <<<"$targets" || true)"
+missed="$(grep -c '| MISS |$' <<<"$targets" || true)"
+
+{
+  echo "# fleetgate benchmark run, $(date -u '+%Y-%m-%d %H:%M UTC')"
+  echo
+  echo "## Machine and versions"
+  echo
+  echo "| | |"
+  echo "|---|---|"
+  echo "| CPU | $(awk -F': ' '/model name/ { print $2; exit }' /proc/cpuinfo 2>/dev/null || uname -m), $(nproc) CPUs |"
+  echo "| Memory | $(awk '/MemTotal/ { printf "%.0f GB", $2 / 1048576 }' /proc/meminfo 2>/dev/null) |"
+  echo "| OS | $(uname -sr) |"
+  echo "| Rust | $(rustc --version) |"
+  echo "| Redis | $("$redis_bin" --version | cut -d' ' -f1-3,5) |"
+  echo "| wrk | $(wrk_version) |"
+  echo "| Crates | $(for c in axum tower_governor governor redis tokio hyper criterion; do printf '%s %s, ' "$c" "$(crate_version "$c")"; done | sed 's/, $//') |"
+  echo "| Code | $(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet HEAD 2>/dev/null || echo ' with uncommitted changes') |"
+  echo
+  echo "## Load average (1, 5, 15 min) around each bench"
+  echo
+  echo "| bench | before | after | took |"
+  echo "|---|---|---|---:|"
+  printf '%s' "$loads"
+  echo
+  echo "## Commands"
+  echo
+  echo '```sh'
+  echo "scripts/bench.sh   # FLEETGATE_BENCHES=\"$benches\""
+  for b in $benches; do
+    case "$b" in
+      memory) echo "cargo bench --bench memory -- --warm-up-time ${FLEETGATE_CRITERION_WARMUP:-0.5} --measurement-time ${FLEETGATE_CRITERION_SECS:-1.5}" ;;
+      *) echo "cargo bench --bench $b" ;;
+    esac
+  done
+  echo '```'
+  echo
+  echo "## Targets: $passed passed, $missed missed"
+  echo
+  echo "| target | required | measured | result |"
+  echo "|---|---|---:|---|"
+  printf '%s\n' "$targets"
+  for b in $benches; do
+    echo
+    cat "$out/$b.md"
+  done
+} >"$report"
+
+cp "$report" target/bench/latest.md
+cat "$report"
+echo >&2
+echo "scripts/bench.sh: report in $report (and target/bench/latest.md)" >&2
+if [ "${FLEETGATE_BENCH_STRICT:-0}" = "1" ] && [ "$missed" != "0" ]; then
+  exit 1
+fi
