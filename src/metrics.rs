@@ -56,6 +56,19 @@ pub enum Outcome {
     FallbackDenied,
 }
 
+impl Outcome {
+    /// The outcome as counted for settings that are a local fallback's
+    /// (`local`): an admission is `fallback_allowed`, a refusal (denied or
+    /// shed) `fallback_denied`.
+    pub(crate) fn by_fallback(self, local: bool) -> Outcome {
+        match (local, self) {
+            (true, Outcome::Allowed) => Outcome::FallbackAllowed,
+            (true, Outcome::Denied | Outcome::Shed) => Outcome::FallbackDenied,
+            (_, outcome) => outcome,
+        }
+    }
+}
+
 #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
 impl Outcome {
     const ALL: [Outcome; 9] = [

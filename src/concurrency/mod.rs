@@ -146,11 +146,7 @@ impl Common {
         let _entered = span.enter();
         let (outcome, verdict) = match result {
             Ok(Admission::Acquired(guard)) => {
-                let outcome = if self.local {
-                    Outcome::FallbackAllowed
-                } else {
-                    Outcome::Allowed
-                };
+                let outcome = Outcome::Allowed.by_fallback(self.local);
                 self.metrics.decided(outcome, false);
                 span.record("outcome", outcome.as_str());
                 return Ok(Some(guard));
@@ -161,11 +157,7 @@ impl Common {
                     in_flight = grant.in_flight(),
                     "too many in flight"
                 );
-                let outcome = if self.local {
-                    Outcome::FallbackDenied
-                } else {
-                    Outcome::Denied
-                };
+                let outcome = Outcome::Denied.by_fallback(self.local);
                 (outcome, Err(ConcurrencyRejectionKind::InFlight(grant)))
             }
             Err(err) => {

@@ -287,16 +287,6 @@ impl Common {
         );
     }
 
-    /// `outcome` as counted by these settings: a local fallback's
-    /// decisions are `fallback_allowed` and `fallback_denied`.
-    fn counted(&self, outcome: Outcome) -> Outcome {
-        match (self.local, outcome) {
-            (true, Outcome::Allowed) => Outcome::FallbackAllowed,
-            (true, Outcome::Denied) => Outcome::FallbackDenied,
-            (_, outcome) => outcome,
-        }
-    }
-
     /// What to do with the store's answer: pass (with the decision whose
     /// headers to send, if any) or refuse. Shadow mode and the failure
     /// policy are applied here.
@@ -316,7 +306,7 @@ impl Common {
                     .limits()
                     .get(d.limit_index())
                     .map_or(0, |l| l.burst());
-                let outcome = self.counted(Outcome::Allowed);
+                let outcome = Outcome::Allowed.by_fallback(self.local);
                 self.metrics
                     .decided(outcome, near_limit(d.remaining(), burst));
                 span.record("outcome", outcome.as_str());
@@ -367,7 +357,7 @@ impl Common {
         let outcome = match (&kind, self.shadow) {
             (RejectionKind::Unavailable(_), true) => Outcome::FailOpen,
             (_, true) => Outcome::ShadowDenied,
-            (RejectionKind::Limited(_), false) => self.counted(Outcome::Denied),
+            (RejectionKind::Limited(_), false) => Outcome::Denied.by_fallback(self.local),
             (RejectionKind::MissingKey(_), false) => Outcome::MissingKey,
             (RejectionKind::Unavailable(_), false) => Outcome::FailClosed,
         };

@@ -72,15 +72,6 @@ impl TierGate {
         );
     }
 
-    /// `allowed`, or `fallback_allowed` for the local fallback's gates.
-    fn allowed(&self) -> Outcome {
-        if self.common.local {
-            Outcome::FallbackAllowed
-        } else {
-            Outcome::Allowed
-        }
-    }
-
     fn pass(&self, outcome: Outcome, span: &tracing::Span) {
         self.common.metrics.decided(outcome, false);
         span.record("outcome", outcome.as_str());
@@ -117,12 +108,12 @@ impl Gate for TierGate {
         let _entered = span.enter();
         match (result, self.limit) {
             (Ok(Admission::Acquired(guard)), _) => {
-                self.pass(self.allowed(), &span);
+                self.pass(Outcome::Allowed.by_fallback(self.common.local), &span);
                 Ok(Some(guard))
             }
             // Unreachable with an unbounded capacity; never shed all the same.
             (Ok(Admission::Refused(_)), None) => {
-                self.pass(self.allowed(), &span);
+                self.pass(Outcome::Allowed.by_fallback(self.common.local), &span);
                 Ok(None)
             }
             (Ok(Admission::Refused(grant)), Some(limit)) => {
@@ -133,11 +124,7 @@ impl Gate for TierGate {
                     limit,
                     "shed"
                 );
-                let outcome = if common.local {
-                    Outcome::FallbackDenied
-                } else {
-                    Outcome::Shed
-                };
+                let outcome = Outcome::Shed.by_fallback(common.local);
                 common.metrics.decided(outcome, false);
                 span.record("outcome", outcome.as_str());
                 common.shedder.counters().decided(self.tier, true);
