@@ -74,7 +74,7 @@ use crate::key::Key;
 use crate::lease::{GuardedBody, LeaseGuard, StoreLease};
 use crate::metrics::{LayerMetrics, Outcome};
 use crate::rate_limit::{
-    FailurePolicy, KEY_WARNINGS, OnMissingKey, decided_at_once, decision_span, log_store_failure,
+    FailurePolicy, KEY_WARNINGS, OnMissingKey, decision_span, fall_back_locally, log_store_failure,
 };
 use crate::response::ResponseBody;
 
@@ -118,14 +118,16 @@ impl Common {
         result: Result<Admission, StoreError>,
         key: Option<&Key>,
     ) -> Result<Admission, StoreError> {
-        let (Err(err), Some(local), Some(key)) = (&result, &common.fallback, key) else {
+        let Some(key) = key else {
             return result;
         };
-        common.log_failure(err);
-        let local = local.clone();
-        let admission = decided_at_once(local.limiter.acquire(key).take_ready());
-        *common = local;
-        admission
+        fall_back_locally(
+            common,
+            result,
+            |c| c.fallback.as_ref(),
+            Common::log_failure,
+            |local| local.limiter.acquire(key).take_ready(),
+        )
     }
 
     fn log_failure(&self, err: &StoreError) {

@@ -266,14 +266,16 @@ impl Common {
         key: Option<&Key>,
         cost: u64,
     ) -> Result<Decision, StoreError> {
-        let (Err(err), Some(local), Some(key)) = (&result, &common.fallback, key) else {
+        let Some(key) = key else {
             return result;
         };
-        common.log_failure(err);
-        let local = local.clone();
-        let decided = decided_at_once(local.ask(key, cost).take_ready());
-        *common = local;
-        decided
+        fall_back_locally(
+            common,
+            result,
+            |c| c.fallback.as_ref(),
+            Common::log_failure,
+            |local| local.ask(key, cost).take_ready(),
+        )
     }
 
     fn log_failure(&self, err: &StoreError) {
@@ -451,13 +453,32 @@ pub(crate) fn log_store_failure(
     }
 }
 
-/// A local limiter's answer: its memory store decides at once.
-pub(crate) fn decided_at_once<T>(answer: Option<Result<T, StoreError>>) -> Result<T, StoreError> {
-    answer.unwrap_or_else(|| {
+/// Under [`FailurePolicy::Local`], shared by every layer: a call the store
+/// failed on (`result`) is logged by `log` and decided by `decide` on the
+/// local settings `fallback(settings)`, whose memory store answers at once;
+/// those settings then answer the request (`settings` is replaced by them).
+/// Any other result, or no fallback, passes on unchanged.
+pub(crate) fn fall_back_locally<S, T>(
+    settings: &mut Arc<S>,
+    result: Result<T, StoreError>,
+    fallback: impl FnOnce(&S) -> Option<&Arc<S>>,
+    log: impl FnOnce(&S, &StoreError),
+    decide: impl FnOnce(&S) -> Option<Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    let Err(err) = &result else {
+        return result;
+    };
+    let Some(local) = fallback(settings).cloned() else {
+        return result;
+    };
+    log(settings, err);
+    let decided = decide(&local).unwrap_or_else(|| {
         Err(StoreError::UnexpectedReply(
             "the local limiter did not decide at once".into(),
         ))
-    })
+    });
+    *settings = local;
+    decided
 }
 
 /// Lets one log line through per second, so that a failing store cannot

@@ -30,7 +30,7 @@ use crate::key::Key;
 use crate::lease::{Answer, Gate, GuardedBody, LeaseGuard, StoreLease};
 use crate::metrics::{LayerMetrics, Outcome};
 use crate::rate_limit::decision_span;
-use crate::rate_limit::{FailurePolicy, decided_at_once, log_store_failure};
+use crate::rate_limit::{FailurePolicy, fall_back_locally, log_store_failure};
 
 /// The response body of a [`FleetShed`] service: the inner body holding
 /// the request's fleet lease and its place in this process's count until
@@ -164,13 +164,12 @@ impl Gate for TierGate {
         result: Result<Admission, StoreError>,
         _key: Option<&Key>,
     ) -> Result<Admission, StoreError> {
-        let (Err(err), Some(local)) = (&result, &gate.fallback) else {
-            return result;
-        };
-        gate.log_failure(err);
-        let local = local.clone();
-        let admission = decided_at_once(local.common.shedder.admit(local.tier).take_ready());
-        *gate = local;
-        admission
+        fall_back_locally(
+            gate,
+            result,
+            |g| g.fallback.as_ref(),
+            TierGate::log_failure,
+            |local| local.common.shedder.admit(local.tier).take_ready(),
+        )
     }
 }
