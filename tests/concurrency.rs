@@ -16,13 +16,11 @@ use axum::Router;
 use axum::body::Body;
 use axum::routing::get;
 use bytes::Bytes;
-use common::RedisServer;
 use common::handlers::{self, Started, quiet_deliberate_panics};
+use common::{RedisServer, redis_store};
 use fleetgate::concurrency::{ConcurrencyLimitError, ConcurrencyLimitLayer, ConcurrencyLimiter};
 use fleetgate::key::{GlobalKey, HeaderKey, Key, key_fn};
-use fleetgate::{
-    ConcurrencyPolicy, ConfigError, FailurePolicy, MemoryStore, OnMissingKey, RedisStore,
-};
+use fleetgate::{ConcurrencyPolicy, ConfigError, FailurePolicy, MemoryStore, OnMissingKey};
 use http::{Request, Response, StatusCode};
 use http_body::Frame;
 use http_body_util::BodyExt;
@@ -126,14 +124,6 @@ fn policy(name: &str, max: u64) -> ConcurrencyPolicy {
         .lease_ttl(Duration::from_secs(30))
         .build()
         .unwrap()
-}
-
-async fn redis_store(server: &RedisServer) -> RedisStore {
-    RedisStore::builder()
-        .timeout(Duration::from_secs(2))
-        .connect(&server.url())
-        .await
-        .expect("connect to the test's redis-server")
 }
 
 /// Where to count the leases a test left behind.

@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use common::RedisServer;
+use common::{RedisServer, redis_store};
 use fleetgate::clock::ManualClock;
 use fleetgate::key::{GlobalKey, HeaderKey, HostKey};
 use fleetgate::rate_limit::{RateLimit, RetryAfter, mode, within_window};
@@ -275,14 +275,6 @@ fn wait_too_long(err: BoxError) -> (String, Duration, Duration) {
         } => (limit, wait, max_wait),
         other => panic!("expected WaitTooLong, got {other:?}"),
     }
-}
-
-async fn redis_store(server: &RedisServer) -> RedisStore {
-    RedisStore::builder()
-        .timeout(2 * S)
-        .connect(&server.url())
-        .await
-        .expect("connect to the test's redis-server")
 }
 
 // ---------------------------------------------------------------------------

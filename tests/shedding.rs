@@ -12,13 +12,13 @@ use std::time::Duration;
 use axum::Router;
 use axum::body::Body;
 use axum::routing::get;
-use common::RedisServer;
 use common::handlers::{self, Started, gated, quiet_deliberate_panics};
+use common::{RedisServer, redis_store};
 use fleetgate::shed::{
     FleetShedLayer, FleetShedPolicy, FleetShedder, HeaderTier, RouteTiers, ShedError,
     ShedRejectionKind, Tiers,
 };
-use fleetgate::{FailurePolicy, MemoryStore, RedisStore};
+use fleetgate::{FailurePolicy, MemoryStore};
 use http::{HeaderName, Method, Request, StatusCode};
 use http_body_util::BodyExt;
 use tokio::sync::{mpsc, watch};
@@ -37,14 +37,6 @@ fn policy(name: &str) -> FleetShedPolicy {
         .lease_ttl(Duration::from_secs(30))
         .build()
         .unwrap()
-}
-
-async fn redis_store(server: &RedisServer) -> RedisStore {
-    RedisStore::builder()
-        .timeout(Duration::from_secs(2))
-        .connect(&server.url())
-        .await
-        .expect("connect to the test's redis-server")
 }
 
 /// The tier comes from `x-priority`, as an upstream gateway would set it.

@@ -19,3 +19,13 @@ pub fn unreachable_store(timeout: Duration) -> fleetgate::RedisStore {
         .connect_lazy("redis://127.0.0.1:1")
         .expect("a lazy store inside a runtime")
 }
+
+/// A store on the test's own server, with a timeout generous enough for a
+/// loaded machine.
+pub async fn redis_store(server: &RedisServer) -> fleetgate::RedisStore {
+    fleetgate::RedisStore::builder()
+        .timeout(Duration::from_secs(2))
+        .connect(&server.url())
+        .await
+        .expect("connect to the test's redis-server")
+}
