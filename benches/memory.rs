@@ -8,13 +8,12 @@
 //!
 //! The memory store answers with an already-resolved future, polled once
 //! here, so no runtime is in the measurement. A third contender, for
-//! reading the figures, is our store with governor's clock (quanta, the
-//! CPU's time-stamp counter) plugged in through `MemoryStoreBuilder::clock`
-//! in place of its default, tokio's clock (which `tokio::time::pause`
-//! drives in tests). After criterion's own output the bench prints a table
-//! of ns per decision side by side and whether each case meets the target
-//! (ours, as shipped, at most 1.2x governor's), read from the estimates
-//! criterion wrote in this run. Run without `--bench` (as
+//! reading the figures, is our store on tokio's clock (`MonotonicClock`,
+//! which tests with paused time use) in place of its default (`FastClock`,
+//! the CPU's counter, as governor's). After criterion's own output the
+//! bench prints a table of ns per decision side by side and whether each
+//! case meets the target (ours, as shipped, at most 1.2x governor's), read
+//! from the estimates criterion wrote in this run. Run without `--bench` (as
 //! `cargo test --all-targets` does) criterion only checks that each case
 //! runs.
 
@@ -30,8 +29,8 @@ use std::time::{Duration, Instant, SystemTime};
 mod common;
 
 use criterion::{BenchmarkGroup, Criterion, Throughput, measurement::WallTime};
+use fleetgate::clock::{FastClock, MonotonicClock};
 use fleetgate::{Key, Limit, Limiter, MemoryStore, Policy, Rate};
-use governor::clock::{Clock as _, QuantaClock, QuantaInstant, Reference as _};
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 
 use crate::common::target_row;
@@ -67,43 +66,21 @@ impl Decide for DefaultKeyedRateLimiter<Key> {
     }
 }
 
-/// governor's default clock as a [`fleetgate::clock::Clock`].
-#[derive(Debug)]
-struct Tsc {
-    clock: QuantaClock,
-    start: QuantaInstant,
-}
-
-impl Tsc {
-    fn new() -> Tsc {
-        let clock = QuantaClock::default();
-        let start = clock.now();
-        Tsc { clock, start }
-    }
-}
-
-impl fleetgate::clock::Clock for Tsc {
-    fn now_micros(&self) -> u64 {
-        // From one second, like the default clock: zero never means "now".
-        1_000_000 + self.clock.now().duration_since(self.start).as_u64() / 1000
-    }
-}
-
-/// Ours (as shipped, and with governor's clock) and governor's, with the
-/// same limit.
+/// Ours (as shipped, and on tokio's clock) and governor's, with the same
+/// limit.
 struct Contenders {
     ours: Limiter,
-    ours_tsc: Limiter,
+    ours_tokio: Limiter,
     governor: DefaultKeyedRateLimiter<Key>,
 }
 
 impl Contenders {
     fn new(limit: Limit, quota: Quota) -> Contenders {
         let policy = Policy::single("bench", limit).expect("valid policy");
-        let tsc = MemoryStore::builder().clock(Tsc::new()).build();
+        let tokio_clock = MemoryStore::builder().clock(MonotonicClock::new()).build();
         Contenders {
             ours: Limiter::new(policy.clone(), MemoryStore::new()),
-            ours_tsc: Limiter::new(policy, tsc),
+            ours_tokio: Limiter::new(policy, tokio_clock),
             governor: RateLimiter::keyed(quota),
         }
     }
@@ -111,7 +88,7 @@ impl Contenders {
     fn each(&self) -> [(&'static str, &dyn Decide); 3] {
         [
             ("fleetgate", &self.ours),
-            ("fleetgate_tsc_clock", &self.ours_tsc),
+            ("fleetgate_tokio_clock", &self.ours_tokio),
             ("governor", &self.governor),
         ]
     }
@@ -252,17 +229,22 @@ fn distinct_keys(c: &mut Criterion) {
     group.finish();
 }
 
-/// For reading the figures above: what reading each limiter's clock costs
-/// on its own: the store's `MonotonicClock` (`tokio::time::Instant::now`,
-/// which follows `tokio::time::pause`), the OS clock under it, and
-/// governor's default (quanta, the CPU's time-stamp counter).
+/// For reading the figures above: what reading each clock costs on its
+/// own: the store's default (`FastClock`, the CPU's counter through
+/// quanta), `MonotonicClock` (`tokio::time::Instant::now`, which follows
+/// `tokio::time::pause`), the OS clock under it, and governor's default
+/// (quanta too).
 fn reference(c: &mut Criterion) {
     use governor::clock::Clock as _;
-    let store_clock = fleetgate::clock::MonotonicClock::new();
+    let fast = FastClock::new();
+    let tokio_clock = MonotonicClock::new();
     let quanta = governor::clock::QuantaClock::default();
     let mut group = c.benchmark_group("reference");
+    group.bench_function("fast_clock_now_micros", |b| {
+        b.iter(|| fleetgate::clock::Clock::now_micros(&fast));
+    });
     group.bench_function("monotonic_clock_now_micros", |b| {
-        b.iter(|| fleetgate::clock::Clock::now_micros(&store_clock));
+        b.iter(|| fleetgate::clock::Clock::now_micros(&tokio_clock));
     });
     group.bench_function("std_instant_now", |b| b.iter(std::time::Instant::now));
     group.bench_function("governor_quanta_clock_now", |b| b.iter(|| quanta.now()));
@@ -316,7 +298,7 @@ fn estimate(dir: &Path, group: &str, function: &str, since: SystemTime) -> Optio
 fn print_ratios(dir: &Path, since: SystemTime) {
     println!("\n### Memory store: ns per decision beside governor (criterion, this run)\n");
     println!(
-        "| case | fleetgate ns | governor ns | fleetgate / governor | fleetgate with governor's clock, ns | that / governor |"
+        "| case | fleetgate ns | governor ns | fleetgate / governor | fleetgate on tokio's clock, ns | that / governor |"
     );
     println!("|---|---:|---:|---:|---:|---:|");
     let mut targets = Vec::new();
@@ -328,13 +310,13 @@ fn print_ratios(dir: &Path, since: SystemTime) {
                 let (Some(ours), Some(theirs)) = (ns("fleetgate"), ns("governor")) else {
                     continue;
                 };
-                let tsc = ns("fleetgate_tsc_clock");
+                let tokio_clock = ns("fleetgate_tokio_clock");
                 let case = format!("{group} {threads} {load}");
                 println!(
                     "| {case} | {ours:.1} | {theirs:.1} | {:.2} | {} | {} |",
                     ours / theirs,
-                    tsc.map_or("-".into(), |t| format!("{t:.1}")),
-                    tsc.map_or("-".into(), |t| format!("{:.2}", t / theirs)),
+                    tokio_clock.map_or("-".into(), |t| format!("{t:.1}")),
+                    tokio_clock.map_or("-".into(), |t| format!("{:.2}", t / theirs)),
                 );
                 // The targets: a hot key from 2 threads, and 10k keys.
                 if group == "keys_10k" || threads == "2_threads" {
@@ -351,9 +333,10 @@ fn print_ratios(dir: &Path, since: SystemTime) {
     }
     let clocks: Vec<String> = [
         (
-            "monotonic_clock_now_micros",
-            "the store's default clock (tokio's)",
+            "fast_clock_now_micros",
+            "the store's default clock (`FastClock`)",
         ),
+        ("monotonic_clock_now_micros", "`MonotonicClock` (tokio's)"),
         ("std_instant_now", "`std::time::Instant::now`"),
         ("governor_quanta_clock_now", "governor's clock (quanta)"),
     ]

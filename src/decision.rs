@@ -17,9 +17,11 @@ pub struct Decision {
     pub(crate) allowed: bool,
     pub(crate) limit: usize,
     pub(crate) remaining: u64,
-    pub(crate) reset: Duration,
-    pub(crate) retry_after: Option<Duration>,
-    pub(crate) wait: Duration,
+    /// Times in microseconds, as the stores count them: turned into
+    /// `Duration`s only when asked for.
+    pub(crate) reset_us: u64,
+    pub(crate) retry_us: Option<u64>,
+    pub(crate) wait_us: u64,
     /// `(remaining, reset)` of every limit, by position, when the store
     /// reported them all (window algorithms, policies of several limits).
     pub(crate) each: Option<Arc<[(u64, Duration)]>>,
@@ -45,14 +47,14 @@ impl Decision {
 
     /// Time until the deciding limit is back to its full burst.
     pub fn reset(&self) -> Duration {
-        self.reset
+        Duration::from_micros(self.reset_us)
     }
 
     /// When denied, how long until the same call would pass. `None` when
     /// allowed, and when denied because the call's cost is above the burst,
     /// so that it can never pass.
     pub fn retry_after(&self) -> Option<Duration> {
-        self.retry_after
+        self.retry_us.map(Duration::from_micros)
     }
 
     /// What [`remaining`](Self::remaining) says, for limit `index` of the
@@ -75,14 +77,14 @@ impl Decision {
     fn state_of(&self, index: usize) -> Option<(u64, Duration)> {
         match &self.each {
             Some(each) => each.get(index).copied(),
-            None => (index == self.limit).then_some((self.remaining, self.reset)),
+            None => (index == self.limit).then(|| (self.remaining, self.reset())),
         }
     }
 
     /// In reserve mode, how long the caller must wait before using its slot
     /// (zero for an ordinary check).
     pub fn wait(&self) -> Duration {
-        self.wait
+        Duration::from_micros(self.wait_us)
     }
 
     /// A denial for a call whose cost no limit could ever admit. The key's
@@ -92,9 +94,9 @@ impl Decision {
             allowed: false,
             limit,
             remaining: 0,
-            reset: Duration::ZERO,
-            retry_after: None,
-            wait: Duration::ZERO,
+            reset_us: 0,
+            retry_us: None,
+            wait_us: 0,
             each: None,
         }
     }

@@ -22,8 +22,6 @@
 //! [`MemoryStore`]: crate::MemoryStore
 //! [`Limiter`]: crate::Limiter
 
-use std::time::Duration;
-
 use crate::decision::Decision;
 use crate::limit::Limit;
 
@@ -108,9 +106,9 @@ pub(crate) fn decide<P: AsParams>(
             allowed: false,
             limit: i,
             remaining,
-            reset: Duration::from_micros(tat - now),
-            retry_after: Some(Duration::from_micros(retry)),
-            wait: Duration::ZERO,
+            reset_us: tat - now,
+            retry_us: Some(retry),
+            wait_us: 0,
             each: None,
         };
         return (decision, None);
@@ -127,9 +125,9 @@ pub(crate) fn decide<P: AsParams>(
         allowed: true,
         limit: i,
         remaining,
-        reset: Duration::from_micros(tats[i] - now),
-        retry_after: None,
-        wait: Duration::from_micros(wait),
+        reset_us: tats[i] - now,
+        retry_us: None,
+        wait_us: wait,
         each: None,
     };
     (decision, Some(idle_at))
@@ -138,6 +136,7 @@ pub(crate) fn decide<P: AsParams>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     const S: u64 = 1_000_000;
 
@@ -160,7 +159,7 @@ mod tests {
         }
         let (d, _) = decide(&p, &mut tat, now, 1, 0);
         assert!(!d.allowed);
-        assert_eq!(d.retry_after, Some(Duration::from_secs(1)));
+        assert_eq!(d.retry_after(), Some(Duration::from_secs(1)));
         // Exactly on time passes.
         let (d, _) = decide(&p, &mut tat, now + S, 1, 0);
         assert!(d.allowed);
@@ -184,9 +183,9 @@ mod tests {
         assert!(d.allowed);
         let (d, _) = decide(&p, &mut tat, 10 * S, 1, 5 * S);
         assert!(d.allowed);
-        assert_eq!(d.wait, Duration::from_secs(1));
+        assert_eq!(d.wait(), Duration::from_secs(1));
         let (d, _) = decide(&p, &mut tat, 10 * S, 1, 5 * S);
-        assert_eq!(d.wait, Duration::from_secs(2));
+        assert_eq!(d.wait(), Duration::from_secs(2));
     }
 }
 
@@ -216,6 +215,7 @@ pub(crate) fn defer<P: AsParams>(params: &[P], tats: &mut [u64], now: u64, pause
 #[cfg(test)]
 mod defer_tests {
     use super::*;
+    use std::time::Duration;
 
     const S: u64 = 1_000_000;
 
@@ -232,7 +232,7 @@ mod defer_tests {
         assert_eq!(idle, now + 7 * S);
         let (d, _) = decide(&p, &mut tat, now + 5 * S - 1, 1, 0);
         assert!(!d.allowed);
-        assert_eq!(d.retry_after, Some(Duration::from_micros(1)));
+        assert_eq!(d.retry_after(), Some(Duration::from_micros(1)));
         let (d, _) = decide(&p, &mut tat, now + 5 * S, 1, 0);
         assert!(d.allowed);
         let (d, _) = decide(&p, &mut tat, now + 5 * S, 1, 0);

@@ -124,9 +124,9 @@ fn combine(windows: &[Window], verdicts: &[Verdict]) -> Decision {
         allowed: v.admits,
         limit,
         remaining: v.remaining,
-        reset: Duration::from_micros(v.reset),
-        retry_after: (!v.admits).then(|| Duration::from_micros(v.retry)),
-        wait: Duration::ZERO,
+        reset_us: v.reset,
+        retry_us: (!v.admits).then_some(v.retry),
+        wait_us: 0,
         each: (verdicts.len() > 1).then(|| {
             verdicts
                 .iter()
@@ -403,12 +403,12 @@ mod tests {
         assert_eq!(idle, Some(t0 + 12 * S));
         let (d, _) = sliding_log(&windows, &mut log, t0 + 5 * S, 1);
         assert!(!d.allowed);
-        assert_eq!(d.retry_after, Some(Duration::from_secs(5)));
+        assert_eq!(d.retry_after(), Some(Duration::from_secs(5)));
         assert_eq!(log.len(), 3);
         // The first entry leaves exactly at t0 + 10 s, not a microsecond before.
         let (d, _) = sliding_log(&windows, &mut log, t0 + 10 * S - 1, 1);
         assert!(!d.allowed);
-        assert_eq!(d.retry_after, Some(Duration::from_micros(1)));
+        assert_eq!(d.retry_after(), Some(Duration::from_micros(1)));
         let (d, _) = sliding_log(&windows, &mut log, t0 + 10 * S, 1);
         assert!(d.allowed);
         assert_eq!(log.len(), 3, "the stale entry was trimmed");
@@ -423,7 +423,7 @@ mod tests {
         }
         // Cost 3 needs the three oldest entries gone: the third leaves at 12 s.
         let (d, _) = sliding_log(&windows, &mut log, 5 * S, 3);
-        assert_eq!(d.retry_after, Some(Duration::from_secs(7)));
+        assert_eq!(d.retry_after(), Some(Duration::from_secs(7)));
     }
 
     #[test]
@@ -432,9 +432,9 @@ mod tests {
         let mut c = [Counter::default()];
         let (d, _) = fixed_window(&windows, &mut c, 18 * S, 2);
         assert!(d.allowed);
-        assert_eq!(d.reset, Duration::from_secs(2));
+        assert_eq!(d.reset(), Duration::from_secs(2));
         let (d, _) = fixed_window(&windows, &mut c, 20 * S - 1, 1);
-        assert_eq!(d.retry_after, Some(Duration::from_micros(1)));
+        assert_eq!(d.retry_after(), Some(Duration::from_micros(1)));
         let (d, _) = fixed_window(&windows, &mut c, 20 * S, 2);
         assert!(d.allowed);
     }
@@ -464,7 +464,7 @@ mod tests {
                             now += length / count / 2;
                         }
                         let Some(d) = denial else { continue };
-                        let retry = d.retry_after.unwrap().as_micros() as u64;
+                        let retry = d.retry_us.unwrap();
                         assert!(retry > 0);
                         denials += 1;
                         let mut early = c;
@@ -499,7 +499,7 @@ mod tests {
         let (d, _) = sliding_counter(&windows, &mut c, now, 1);
         assert!(!d.allowed);
         // 7.5 must fall to 7: (r − d) / W · 10 ≤ 7 ⇒ d ≥ 0.5 s.
-        assert_eq!(d.retry_after, Some(Duration::from_millis(500)));
+        assert_eq!(d.retry_after(), Some(Duration::from_millis(500)));
         let (d, _) = sliding_counter(&windows, &mut c, now + S / 2, 1);
         assert!(d.allowed);
     }

@@ -547,7 +547,7 @@ async fn renewal_keeps_a_slow_stream_admitted_past_the_ttl_memory() {
         .renew_every(Duration::from_millis(300))
         .build()
         .unwrap();
-    let limiter = ConcurrencyLimiter::new(renewing, MemoryStore::new());
+    let limiter = ConcurrencyLimiter::new(renewing, common::paused_memory_store());
     let app = slow_stream_app(limiter.clone(), Duration::from_millis(250), 10);
     let seen = second_caller_while_streaming(&limiter, &app, 10).await;
     assert!(
@@ -563,7 +563,7 @@ async fn renewal_keeps_a_slow_stream_admitted_past_the_ttl_memory() {
         .no_renewal()
         .build()
         .unwrap();
-    let limiter = ConcurrencyLimiter::new(expiring, MemoryStore::new());
+    let limiter = ConcurrencyLimiter::new(expiring, common::paused_memory_store());
     let app = slow_stream_app(limiter.clone(), Duration::from_millis(250), 10);
     let seen = second_caller_while_streaming(&limiter, &app, 10).await;
     assert_eq!(seen[0], StatusCode::TOO_MANY_REQUESTS);

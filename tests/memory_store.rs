@@ -2,7 +2,14 @@
 //! follows tokio's paused clock.
 use std::time::Duration;
 
+use fleetgate::clock::MonotonicClock;
 use fleetgate::{Key, Limit, Limiter, MemoryStore, Policy, Rate};
+
+/// These tests drive time with `tokio::time::pause`: the store reads
+/// tokio's clock.
+fn paused_store() -> MemoryStore {
+    MemoryStore::builder().clock(MonotonicClock::new()).build()
+}
 
 fn limiter(store: &MemoryStore) -> Limiter {
     let limit = Limit::builder(Rate::per_second(10))
@@ -14,7 +21,10 @@ fn limiter(store: &MemoryStore) -> Limiter {
 
 #[tokio::test(start_paused = true)]
 async fn memory_stays_bounded_under_many_distinct_keys() {
-    let store = MemoryStore::builder().shards(8).build();
+    let store = MemoryStore::builder()
+        .shards(8)
+        .clock(MonotonicClock::new())
+        .build();
     let limiter = limiter(&store);
     let per_round = 10_000;
     let mut peak = 0;
@@ -37,7 +47,7 @@ async fn memory_stays_bounded_under_many_distinct_keys() {
 
 #[tokio::test(start_paused = true)]
 async fn paused_clock_drives_refill() {
-    let store = MemoryStore::new();
+    let store = paused_store();
     let limiter = limiter(&store);
     let key = Key::new("user:1");
     for _ in 0..10 {
@@ -58,7 +68,7 @@ async fn paused_clock_drives_refill() {
 
 #[tokio::test(start_paused = true)]
 async fn clones_share_state_and_policies_are_namespaced() {
-    let store = MemoryStore::new();
+    let store = paused_store();
     let a = limiter(&store);
     let b = limiter(&store.clone());
     let key = Key::new("k");
@@ -77,7 +87,7 @@ async fn clones_share_state_and_policies_are_namespaced() {
 
 #[tokio::test(start_paused = true)]
 async fn a_sweep_keeps_live_state() {
-    let store = MemoryStore::new();
+    let store = paused_store();
     // One per hour, burst 2: a key that has spent its burst stays live
     // (not yet refilled) for two hours.
     let slow = Limit::builder(Rate::per_hour(1)).burst(2).build().unwrap();
@@ -103,7 +113,7 @@ async fn a_sweep_keeps_live_state() {
 
 #[tokio::test(start_paused = true)]
 async fn two_policies_on_one_key_are_two_entries() {
-    let store = MemoryStore::new();
+    let store = paused_store();
     let one = limiter(&store);
     let two = Limiter::new(
         Policy::single("second", Limit::new(Rate::per_second(1)).unwrap()).unwrap(),

@@ -283,7 +283,10 @@ fn wait_too_long(err: BoxError) -> (String, Duration, Duration) {
 #[tokio::test(start_paused = true)]
 async fn waiting_calls_go_exactly_at_their_slots_in_order() {
     let upstream = Upstream::unlimited();
-    let limiter = Limiter::in_memory(one_limit("api", Rate::per_second(10), 1));
+    let limiter = Limiter::new(
+        one_limit("api", Rate::per_second(10), 1),
+        common::paused_memory_store(),
+    );
     let mut c = client(limiter, 10 * S, upstream.clone());
     let t0 = Instant::now();
     let mut futs = Vec::new();
@@ -319,7 +322,11 @@ async fn several_limits_are_reserved_together_and_the_latest_slot_wins() {
         .build()
         .unwrap();
     let upstream = Upstream::unlimited();
-    let mut c = client(Limiter::in_memory(policy), 10 * S, upstream.clone());
+    let mut c = client(
+        Limiter::new(policy, common::paused_memory_store()),
+        10 * S,
+        upstream.clone(),
+    );
     let t0 = Instant::now();
     let mut futs = Vec::new();
     for i in 0..5 {
@@ -337,7 +344,10 @@ async fn several_limits_are_reserved_together_and_the_latest_slot_wins() {
 #[tokio::test(start_paused = true)]
 async fn shadow_mode_reserves_but_never_waits() {
     let upstream = Upstream::unlimited();
-    let limiter = Limiter::in_memory(one_limit("api", Rate::per_second(1), 1));
+    let limiter = Limiter::new(
+        one_limit("api", Rate::per_second(1), 1),
+        common::paused_memory_store(),
+    );
     let mut c = RateLimitLayer::new(limiter.clone())
         .key(GlobalKey::new())
         .typed_errors()
@@ -356,7 +366,10 @@ async fn shadow_mode_reserves_but_never_waits() {
 #[tokio::test(start_paused = true)]
 async fn a_slot_beyond_the_deadline_is_refused_at_once_and_reserves_nothing() {
     let upstream = Upstream::unlimited();
-    let limiter = Limiter::in_memory(one_limit("api", Rate::per_second(1), 1));
+    let limiter = Limiter::new(
+        one_limit("api", Rate::per_second(1), 1),
+        common::paused_memory_store(),
+    );
     let mut c = client(limiter.clone(), 2 * S, upstream.clone());
     let t0 = Instant::now();
     // Slots now, in 1 s and in 2 s: all within the 2 s the client waits.
@@ -384,7 +397,10 @@ async fn a_cancelled_waiter_never_reaches_the_inner_service() {
     let upstream = Upstream::unlimited();
     let probe = Probe::new(upstream.clone());
     let violations = probe.violations.clone();
-    let limiter = Limiter::in_memory(one_limit("api", Rate::per_second(1), 1));
+    let limiter = Limiter::new(
+        one_limit("api", Rate::per_second(1), 1),
+        common::paused_memory_store(),
+    );
     let mut c = client(limiter, 10 * S, probe);
     let first = start(&mut c, req("first", "a")).await;
     let cancelled = start(&mut c, req("cancelled", "a")).await;
@@ -412,7 +428,10 @@ async fn the_inner_service_is_only_called_when_ready_even_after_waiting() {
     let upstream = Upstream::unlimited();
     let probe = Probe::new(upstream.clone());
     let violations = probe.violations.clone();
-    let limiter = Limiter::in_memory(one_limit("api", Rate::per_second(20), 2));
+    let limiter = Limiter::new(
+        one_limit("api", Rate::per_second(20), 2),
+        common::paused_memory_store(),
+    );
     let mut c = client(limiter, 10 * S, probe);
     let mut futs = Vec::new();
     for i in 0..12 {
@@ -427,7 +446,10 @@ async fn the_inner_service_is_only_called_when_ready_even_after_waiting() {
 async fn one_layer_serves_many_accounts_each_with_its_own_slots() {
     // By access token (hashed).
     let upstream = Upstream::unlimited();
-    let limiter = Limiter::in_memory(one_limit("api", Rate::per_second(1), 1));
+    let limiter = Limiter::new(
+        one_limit("api", Rate::per_second(1), 1),
+        common::paused_memory_store(),
+    );
     let mut c = client(limiter, 10 * S, upstream.clone());
     let t0 = Instant::now();
     let mut futs = Vec::new();
@@ -472,7 +494,10 @@ async fn one_layer_serves_many_accounts_each_with_its_own_slots() {
 #[tokio::test(start_paused = true)]
 async fn retry_after_from_the_upstream_pauses_that_identity() {
     let upstream = Upstream::unlimited();
-    let limiter = Limiter::in_memory(one_limit("api", Rate::per_second(10), 1));
+    let limiter = Limiter::new(
+        one_limit("api", Rate::per_second(10), 1),
+        common::paused_memory_store(),
+    );
     let mut c = client(limiter, 10 * S, upstream.clone());
     upstream.pause_next(3);
     let t0 = Instant::now();
@@ -491,7 +516,10 @@ async fn retry_after_from_the_upstream_pauses_that_identity() {
 
 #[tokio::test(start_paused = true)]
 async fn http_mode_refuses_with_429_and_retry_after() {
-    let limiter = Limiter::in_memory(one_limit("api", Rate::per_second(1), 1));
+    let limiter = Limiter::new(
+        one_limit("api", Rate::per_second(1), 1),
+        common::paused_memory_store(),
+    );
     let svc = tower::service_fn(|_req: Req| async {
         Ok::<_, Infallible>(http::Response::new(
             http_body_util::Empty::<bytes::Bytes>::new(),
@@ -587,7 +615,7 @@ impl Fleet {
 
 #[tokio::test(start_paused = true)]
 async fn memory_fleet_never_earns_a_429_at_the_full_rate() {
-    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let store: Arc<dyn Store> = Arc::new(common::paused_memory_store());
     let fleet = run_fleet(vec![store; 4], 32, 90, 20, S, 50 * MS).await;
     assert!(fleet.errors.is_empty(), "{:?}", fleet.errors);
     assert_eq!(fleet.calls.len(), 90);

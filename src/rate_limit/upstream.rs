@@ -73,7 +73,7 @@ mod tests {
         for _ in 0..200 {
             let (d, _) = decide(&p, &mut tat, now, 1, u64::MAX);
             assert!(d.allowed);
-            slots.push(now + d.wait.as_micros() as u64);
+            slots.push(now + d.wait_us);
         }
         // Alternate the jitter: on time, then as late as the margin allows
         // in total, the most compressing pattern for a window.

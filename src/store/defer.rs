@@ -53,12 +53,14 @@ impl Limiter {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use fleetgate::{Key, Limit, Limiter, Policy, Rate};
+    /// use fleetgate::clock::MonotonicClock;
+    /// use fleetgate::{Key, Limit, Limiter, MemoryStore, Policy, Rate};
     ///
     /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// // (Paused time: the memory store's clock stands still.)
-    /// let limiter = Limiter::in_memory(Policy::single("api", Limit::new(Rate::per_second(10))?)?);
+    /// // Paused time, and a store on tokio's clock: time stands still.
+    /// let store = MemoryStore::builder().clock(MonotonicClock::new()).build();
+    /// let limiter = Limiter::new(Policy::single("api", Limit::new(Rate::per_second(10))?)?, store);
     /// let token = Key::new("token:1");
     /// // The upstream answered 429 with `Retry-After: 30`.
     /// limiter.defer(&token, Duration::from_secs(30)).await?;

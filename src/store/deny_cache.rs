@@ -168,9 +168,9 @@ impl DenyCache {
             allowed: false,
             limit: entry.limit,
             remaining,
-            reset: Duration::from_micros(reset),
-            retry_after: Some(Duration::from_micros(entry.until - now)),
-            wait: Duration::ZERO,
+            reset_us: reset,
+            retry_us: Some(entry.until - now),
+            wait_us: 0,
             each: None,
         };
         drop(shard);
@@ -188,14 +188,13 @@ impl DenyCache {
         sent_at: u64,
         decision: &Decision,
     ) {
-        let denial = match decision.retry_after {
-            Some(retry) if !decision.allowed && !retry.is_zero() => Some(retry),
+        let denial = match decision.retry_us {
+            Some(retry) if !decision.allowed && retry > 0 => Some(retry),
             _ => None,
         };
         if denial.is_none() && self.held.load(Ordering::Relaxed) == 0 {
             return;
         }
-        let micros = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
         let mut shard = self.shard(key);
         let before = shard.entries;
         match denial {
@@ -203,8 +202,8 @@ impl DenyCache {
                 let entry = Entry {
                     policy: policy.clone(),
                     cost,
-                    until: sent_at.saturating_add(micros(denial)),
-                    tat: sent_at.saturating_add(micros(decision.reset)),
+                    until: sent_at.saturating_add(denial),
+                    tat: sent_at.saturating_add(decision.reset_us),
                     limit: decision.limit,
                 };
                 self.insert(&mut shard, key, entry);
@@ -341,9 +340,9 @@ mod tests {
             allowed: false,
             limit: 0,
             remaining: 0,
-            reset: Duration::from_micros(reset),
-            retry_after: Some(Duration::from_micros(retry)),
-            wait: Duration::ZERO,
+            reset_us: reset,
+            retry_us: Some(retry),
+            wait_us: 0,
             each: None,
         }
     }
@@ -371,7 +370,7 @@ mod tests {
         cache.record(&p, &k, 1, cache.now(), &denied(S, 4 * S));
         let allowed = Decision {
             allowed: true,
-            retry_after: None,
+            retry_us: None,
             ..denied(0, 0)
         };
         cache.record(&p, &k, 1, cache.now(), &allowed);

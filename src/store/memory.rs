@@ -9,12 +9,12 @@ mod slot;
 mod window;
 
 use super::{DeferCall, GcraCall, LeaseCall, LeaseGrant, Store, StoreFuture, WindowCall};
-use crate::clock::{Clock, MonotonicClock};
+use crate::clock::{Clock, FastClock};
 use crate::decision::Decision;
 use crate::gcra;
 use crate::key::Key;
 use crate::limit::{Limit, MAX_LIMITS_PER_POLICY, Policy};
-use slot::{Probe, SlotKey, SlotMap, Step, Tats};
+use slot::{Slot, SlotMap, Step, Tats};
 
 /// A shard sweeps expired state once it holds this many entries, and after
 /// that whenever it has doubled since the last sweep.
@@ -28,8 +28,11 @@ const MIN_SWEEP: usize = 1024;
 /// so memory stays proportional to the keys active within one burst window,
 /// whatever the number of distinct keys thrown at it.
 ///
-/// Clones share the same state. Time comes from a [`Clock`]
-/// ([`MonotonicClock`] by default, which follows `tokio::time::pause`).
+/// Clones share the same state. Time comes from a [`Clock`]:
+/// [`FastClock`] by default, the CPU's counter. For tests that drive time
+/// with `tokio::time::pause`, build the store with
+/// [`MonotonicClock`](crate::clock::MonotonicClock), which follows tokio's
+/// clock (see [`MemoryStoreBuilder::clock`]).
 #[derive(Clone)]
 pub struct MemoryStore {
     inner: Arc<Inner>,
@@ -91,7 +94,7 @@ impl MemoryStore {
     pub fn sweep(&self) {
         let now = self.inner.clock.now_micros();
         for shard in self.inner.shards.iter() {
-            write(shard).sweep(now);
+            write(shard).sweep(now, &self.inner.hasher);
         }
         self.inner.windows.sweep(now);
         self.inner.leases.sweep(now);
@@ -117,24 +120,21 @@ impl MemoryStore {
     #[inline(always)]
     fn with_tats<S: Step>(&self, policy: &Policy, key: &Key, step: &S) -> S::Output {
         let limits = policy.limits();
-        let probe = Probe {
-            hash: self.inner.hasher.hash_one(key.as_str()),
-            key: key.as_str(),
-            policy: policy.name(),
-        };
-        let shard = &self.inner.shards[shard_index(probe.hash, self.inner.shards.len())];
+        let hash = self.inner.hasher.hash_one(key.as_str());
+        let shard = &self.inner.shards[shard_index(hash, self.inner.shards.len())];
         {
             let map = read(shard);
-            if let Some(tats) = map.map.get(&probe as &dyn slot::Lookup) {
+            let (key, name) = (key.as_str(), policy.name());
+            if let Some(slot) = map.map.find(hash, |slot| slot.is(key, name)) {
                 // A policy of the same name with more limits (edited, or two
                 // limiters sharing a name) first needs its state grown.
-                if tats.len() >= limits.len() {
+                if slot.tats.len() >= limits.len() {
                     let now = self.inner.clock.now_micros();
-                    return tats.update(limits, now, step);
+                    return slot.tats.update(limits, now, step);
                 }
             }
         }
-        self.insert_tats(shard, policy, key, probe.hash, step)
+        self.insert_tats(shard, policy, key, hash, step)
     }
 
     /// [`with_tats`](Self::with_tats) for a key the shard does not hold yet
@@ -150,14 +150,10 @@ impl MemoryStore {
         step: &S,
     ) -> S::Output {
         let limits = policy.limits();
-        let probe = Probe {
-            hash,
-            key: key.as_str(),
-            policy: policy.name(),
-        };
         let mut shard = write(shard);
         let now = self.inner.clock.now_micros();
-        if let Some(tats) = shard.map.get_mut(&probe as &dyn slot::Lookup) {
+        let (text, name) = (key.as_str(), policy.name());
+        if let Some(Slot { tats, .. }) = shard.map.find_mut(hash, |slot| slot.is(text, name)) {
             // Keep each limit's state by position, as the Redis keys
             // `…:{key}:<i>` do: starting afresh instead would let two such
             // limiters reset each other on every call and admit everything.
@@ -170,11 +166,8 @@ impl MemoryStore {
         let tats = &mut tats[..limits.len()];
         let (result, store) = step.run(limits, tats, now);
         if store {
-            shard.insert(
-                SlotKey::new(hash, key.clone(), policy.name_arc()),
-                Tats::new(tats),
-                now,
-            );
+            let slot = Slot::new(key.clone(), policy.name_arc(), Tats::new(tats));
+            shard.insert(hash, slot, now, &self.inner.hasher);
         }
         result
     }
@@ -197,18 +190,21 @@ impl Step for Check {
 }
 
 impl Shard {
-    fn insert(&mut self, key: SlotKey, tats: Tats, now: u64) {
+    fn insert(&mut self, hash: u64, slot: Slot, now: u64, hasher: &RandomState) {
         if self.map.len() >= self.sweep_at.max(MIN_SWEEP) {
-            self.sweep(now);
+            self.sweep(now, hasher);
         }
-        self.map.insert(key, tats);
+        self.map
+            .insert_unique(hash, slot, |slot| hasher.hash_one(slot.key()));
     }
 
-    fn sweep(&mut self, now: u64) {
-        self.map.retain(|_, tats| tats.idle_at() > now);
+    fn sweep(&mut self, now: u64, hasher: &RandomState) {
+        self.map.retain(|slot| slot.tats.idle_at() > now);
         self.sweep_at = self.map.len().saturating_mul(2);
         if self.map.capacity() > self.sweep_at.max(MIN_SWEEP) * 2 {
-            self.map.shrink_to(self.sweep_at.max(MIN_SWEEP));
+            self.map.shrink_to(self.sweep_at.max(MIN_SWEEP), |slot| {
+                hasher.hash_one(slot.key())
+            });
         }
     }
 }
@@ -298,7 +294,16 @@ impl MemoryStoreBuilder {
         self
     }
 
-    /// The clock (default: [`MonotonicClock`]).
+    /// The clock (default: [`FastClock`]).
+    ///
+    /// ```
+    /// use fleetgate::MemoryStore;
+    /// use fleetgate::clock::MonotonicClock;
+    ///
+    /// // Follows `tokio::time::pause` and `advance`, for tests.
+    /// let store = MemoryStore::builder().clock(MonotonicClock::new()).build();
+    /// # drop(store);
+    /// ```
     pub fn clock(mut self, clock: impl Clock) -> Self {
         self.clock = Some(Arc::new(clock));
         self
@@ -314,9 +319,7 @@ impl MemoryStoreBuilder {
             inner: Arc::new(Inner {
                 shards: (0..shards).map(|_| RwLock::new(Shard::default())).collect(),
                 hasher: RandomState::new(),
-                clock: self
-                    .clock
-                    .unwrap_or_else(|| Arc::new(MonotonicClock::new())),
+                clock: self.clock.unwrap_or_else(|| Arc::new(FastClock::new())),
                 windows: window::Table::new(shards),
                 leases: lease::Leases::new(shards),
             }),

@@ -327,13 +327,9 @@ pub(crate) fn decode_decision(
         allowed,
         limit: limit - 1,
         remaining,
-        reset: Duration::from_micros(reset),
-        retry_after: (!allowed).then(|| Duration::from_micros(delay)),
-        wait: if allowed {
-            Duration::from_micros(delay)
-        } else {
-            Duration::ZERO
-        },
+        reset_us: reset,
+        retry_us: (!allowed).then_some(delay),
+        wait_us: if allowed { delay } else { 0 },
         each,
     })
 }

@@ -10,6 +10,14 @@ pub mod stats;
 
 use std::time::Duration;
 
+/// A memory store on tokio's clock, for tests with paused time: the
+/// default clock (the CPU's counter) does not follow `tokio::time::pause`.
+pub fn paused_memory_store() -> fleetgate::MemoryStore {
+    fleetgate::MemoryStore::builder()
+        .clock(fleetgate::clock::MonotonicClock::new())
+        .build()
+}
+
 /// A store whose Redis is never there: port 1 of loopback, where nothing
 /// listens. (A free port is no good: another test of the binary may start
 /// its server there.) Calls fail at once, or within `timeout`.

@@ -1,117 +1,45 @@
-//! The GCRA state map's keys: (identity, policy name) with the identity's
-//! hash carried along, so that one hash per call picks both the shard and
-//! the bucket, and a lookup borrows the caller's key and policy instead of
-//! building a map key.
+//! The GCRA state map of one shard: entries of (identity, policy name,
+//! TATs) in a hash table searched with the caller's borrowed key and policy
+//! name, so that a lookup builds nothing and compares in place, and one
+//! hash per call picks both the shard and the bucket.
 
-use std::borrow::Borrow;
-use std::hash::{BuildHasherDefault, Hash, Hasher};
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use hashbrown::HashTable;
+
 use crate::key::Key;
 use crate::limit::Limit;
 
-/// The map of one shard.
-pub(super) type SlotMap = std::collections::HashMap<SlotKey, Tats, BuildHasherDefault<Prehashed>>;
+/// The map of one shard. Entries keep no hash: the table keeps a few bits
+/// of each, and the store's hasher recomputes the rest when the table
+/// grows or shrinks.
+pub(super) type SlotMap = HashTable<Slot>;
 
-/// A stored key: the identity, its hash and the policy's name.
-pub(super) struct SlotKey {
-    hash: u64,
+/// One identity's state under one policy.
+pub(super) struct Slot {
     key: Key,
     policy: Arc<str>,
+    pub(super) tats: Tats,
 }
 
-impl SlotKey {
-    pub(super) fn new(hash: u64, key: Key, policy: Arc<str>) -> Self {
-        SlotKey { hash, key, policy }
+impl Slot {
+    pub(super) fn new(key: Key, policy: Arc<str>, tats: Tats) -> Self {
+        Slot { key, policy, tats }
     }
-}
 
-/// A lookup: the caller's identity and policy name, borrowed.
-pub(super) struct Probe<'a> {
-    pub(super) hash: u64,
-    pub(super) key: &'a str,
-    pub(super) policy: &'a str,
-}
-
-/// What stored keys and probes have in common, so that the map can be
-/// searched with a [`Probe`] (`HashMap::get` needs `SlotKey: Borrow<Q>`).
-pub(super) trait Lookup {
-    fn parts(&self) -> (u64, &str, &str);
-}
-
-impl Lookup for SlotKey {
-    fn parts(&self) -> (u64, &str, &str) {
-        (self.hash, self.key.as_str(), &self.policy)
+    /// The identity, for rehashing.
+    pub(super) fn key(&self) -> &str {
+        self.key.as_str()
     }
-}
 
-impl Lookup for Probe<'_> {
-    fn parts(&self) -> (u64, &str, &str) {
-        (self.hash, self.key, self.policy)
-    }
-}
-
-impl<'a> Borrow<dyn Lookup + 'a> for SlotKey {
-    fn borrow(&self) -> &(dyn Lookup + 'a) {
-        self
-    }
-}
-
-impl Hash for dyn Lookup + '_ {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        state.write_u64(self.parts().0);
-    }
-}
-
-impl PartialEq for dyn Lookup + '_ {
-    fn eq(&self, other: &Self) -> bool {
-        let (hash, key, policy) = self.parts();
-        let (other_hash, other_key, other_policy) = other.parts();
+    /// Whether this is `key`'s state under the policy named `policy`.
+    #[inline(always)]
+    pub(super) fn is(&self, key: &str, policy: &str) -> bool {
         // A limiter's calls all pass the same policy name: equal pointers
         // spare reading the stored copy.
-        hash == other_hash
-            && key == other_key
-            && (std::ptr::eq(policy, other_policy) || policy == other_policy)
-    }
-}
-
-impl Eq for dyn Lookup + '_ {}
-
-impl Hash for SlotKey {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        (self as &dyn Lookup).hash(state);
-    }
-}
-
-impl PartialEq for SlotKey {
-    fn eq(&self, other: &Self) -> bool {
-        (self as &dyn Lookup) == (other as &dyn Lookup)
-    }
-}
-
-impl Eq for SlotKey {}
-
-/// The map's hasher: the keys arrive hashed already (with the store's
-/// randomly seeded SipHash), so it passes that hash on.
-#[derive(Default)]
-pub(super) struct Prehashed(u64);
-
-impl Hasher for Prehashed {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        // Not reached by `SlotKey`, which writes one u64; kept correct.
-        for &b in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(b);
-        }
-    }
-
-    fn write_u64(&mut self, n: u64) {
-        self.0 = n;
+        self.key.as_str() == key && (std::ptr::eq(&*self.policy, policy) || &*self.policy == policy)
     }
 }
 
