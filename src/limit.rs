@@ -368,6 +368,11 @@ impl Policy {
         self.inner.name.clone()
     }
 
+    /// Whether both are the same policy value (clones of one another).
+    pub(crate) fn same_as(&self, other: &Policy) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
     /// The limits, in the order they were added.
     pub fn limits(&self) -> &[Limit] {
         &self.inner.limits

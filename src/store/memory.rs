@@ -124,8 +124,8 @@ impl MemoryStore {
         let shard = &self.inner.shards[shard_index(hash, self.inner.shards.len())];
         {
             let map = read(shard);
-            let (key, name) = (key.as_str(), policy.name());
-            if let Some(slot) = map.map.find(hash, |slot| slot.is(key, name)) {
+            let key = key.as_str();
+            if let Some(slot) = map.map.find(hash, |slot| slot.is(key, policy)) {
                 // A policy of the same name with more limits (edited, or two
                 // limiters sharing a name) first needs its state grown.
                 if slot.tats.len() >= limits.len() {
@@ -152,8 +152,8 @@ impl MemoryStore {
         let limits = policy.limits();
         let mut shard = write(shard);
         let now = self.inner.clock.now_micros();
-        let (text, name) = (key.as_str(), policy.name());
-        if let Some(Slot { tats, .. }) = shard.map.find_mut(hash, |slot| slot.is(text, name)) {
+        let text = key.as_str();
+        if let Some(Slot { tats, .. }) = shard.map.find_mut(hash, |slot| slot.is(text, policy)) {
             // Keep each limit's state by position, as the Redis keys
             // `…:{key}:<i>` do: starting afresh instead would let two such
             // limiters reset each other on every call and admit everything.
@@ -166,7 +166,7 @@ impl MemoryStore {
         let tats = &mut tats[..limits.len()];
         let (result, store) = step.run(limits, tats, now);
         if store {
-            let slot = Slot::new(key.clone(), policy.name_arc(), Tats::new(tats));
+            let slot = Slot::new(key.clone(), policy.clone(), Tats::new(tats));
             shard.insert(hash, slot, now, &self.inner.hasher);
         }
         result

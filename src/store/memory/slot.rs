@@ -3,14 +3,13 @@
 //! name, so that a lookup builds nothing and compares in place, and one
 //! hash per call picks both the shard and the bucket.
 
-use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use hashbrown::HashTable;
 
 use crate::key::Key;
-use crate::limit::Limit;
+use crate::limit::{Limit, Policy};
 
 /// The map of one shard. Entries keep no hash: the table keeps a few bits
 /// of each, and the store's hasher recomputes the rest when the table
@@ -20,12 +19,14 @@ pub(super) type SlotMap = HashTable<Slot>;
 /// One identity's state under one policy.
 pub(super) struct Slot {
     key: Key,
-    policy: Arc<str>,
+    /// The policy the state was made for, held for its name: a thin
+    /// pointer, which keeps a slot at 40 bytes.
+    policy: Policy,
     pub(super) tats: Tats,
 }
 
 impl Slot {
-    pub(super) fn new(key: Key, policy: Arc<str>, tats: Tats) -> Self {
+    pub(super) fn new(key: Key, policy: Policy, tats: Tats) -> Self {
         Slot { key, policy, tats }
     }
 
@@ -34,12 +35,13 @@ impl Slot {
         self.key.as_str()
     }
 
-    /// Whether this is `key`'s state under the policy named `policy`.
+    /// Whether this is `key`'s state under a policy of `policy`'s name.
     #[inline(always)]
-    pub(super) fn is(&self, key: &str, policy: &str) -> bool {
-        // A limiter's calls all pass the same policy name: equal pointers
-        // spare reading the stored copy.
-        self.key.as_str() == key && (std::ptr::eq(&*self.policy, policy) || &*self.policy == policy)
+    pub(super) fn is(&self, key: &str, policy: &Policy) -> bool {
+        // A limiter's calls all pass the same policy: equal pointers spare
+        // reading the stored name.
+        self.key.as_str() == key
+            && (self.policy.same_as(policy) || self.policy.name() == policy.name())
     }
 }
 
