@@ -2,7 +2,6 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::Entry;
 use http::{HeaderMap, HeaderName, HeaderValue};
 
 use crate::decision::Decision;
@@ -129,21 +128,22 @@ impl PolicyHeaders {
             }
             // `"<name>";r=<remaining>;t=<reset>` for the deciding limit, or
             // for every window of a policy of several, in policy order; the
-            // numbers written straight in (this runs on every response), and
-            // handed over as `Bytes`, uncopied.
+            // numbers written straight in (this runs on every response), on
+            // the stack while the value fits: the header value is then its
+            // only allocation.
             let mut digits = itoa::Buffer::new();
-            let mut text = Vec::with_capacity(self.ratelimit_prefixes.len() * 48);
+            let mut text = ValueText::new();
             let mut member = |index: usize, remaining: u64, reset: u64| {
                 let Some(prefix) = self.ratelimit_prefixes.get(index) else {
                     return;
                 };
                 if !text.is_empty() {
-                    text.extend_from_slice(b", ");
+                    text.push(b", ");
                 }
-                text.extend_from_slice(prefix);
-                text.extend_from_slice(digits.format(remaining).as_bytes());
-                text.extend_from_slice(b";t=");
-                text.extend_from_slice(digits.format(reset).as_bytes());
+                text.push(prefix);
+                text.push(digits.format(remaining).as_bytes());
+                text.push(b";t=");
+                text.push(digits.format(reset).as_bytes());
             };
             match decision.each.as_deref() {
                 Some(each) => {
@@ -153,7 +153,7 @@ impl PolicyHeaders {
                 }
                 None => member(decision.limit_index(), decision.remaining(), reset),
             }
-            if let Ok(value) = HeaderValue::from_maybe_shared(Bytes::from(text)) {
+            if let Some(value) = text.into_value() {
                 append_member(headers, &RATELIMIT, value);
             }
         }
@@ -171,20 +171,70 @@ impl PolicyHeaders {
     }
 }
 
-/// Adds `value` as one more member of a structured-field list header.
-fn append_member(headers: &mut HeaderMap, name: &HeaderName, value: HeaderValue) {
-    match headers.entry(name) {
-        Entry::Vacant(entry) => {
-            entry.insert(value);
+/// Adds `value` as one more member of a structured-field list header: the
+/// header's first value and `value`, joined with `, `, when it is already
+/// there (stacked layers); else `value`.
+fn append_member(headers: &mut HeaderMap, name: &'static HeaderName, value: HeaderValue) {
+    // One hash and probe in the usual case, where the header is new:
+    // `append` says whether it was there, and only then are the values
+    // joined (the appended copy is replaced by the joined one).
+    if !headers.append(name, value) {
+        return;
+    }
+    let mut values = headers.get_all(name).iter();
+    let (Some(existing), Some(value)) = (values.next(), values.next_back()) else {
+        return;
+    };
+    let mut bytes = Vec::with_capacity(existing.len() + 2 + value.len());
+    bytes.extend_from_slice(existing.as_bytes());
+    bytes.extend_from_slice(b", ");
+    bytes.extend_from_slice(value.as_bytes());
+    let joined =
+        HeaderValue::from_maybe_shared(Bytes::from(bytes)).unwrap_or_else(|_| value.clone());
+    headers.insert(name, joined);
+}
+
+/// A header value being written: on the stack while it fits, so that the
+/// value's own bytes are its only allocation.
+struct ValueText {
+    stack: [u8; 96],
+    len: usize,
+    /// Everything written, once it no longer fits on the stack.
+    heap: Vec<u8>,
+}
+
+impl ValueText {
+    fn new() -> Self {
+        ValueText {
+            stack: [0; 96],
+            len: 0,
+            heap: Vec::new(),
         }
-        Entry::Occupied(mut entry) => {
-            let existing = entry.get();
-            let mut bytes = Vec::with_capacity(existing.len() + 2 + value.len());
-            bytes.extend_from_slice(existing.as_bytes());
-            bytes.extend_from_slice(b", ");
-            bytes.extend_from_slice(value.as_bytes());
-            let joined = HeaderValue::from_maybe_shared(Bytes::from(bytes));
-            entry.insert(joined.unwrap_or(value));
+    }
+
+    fn is_empty(&self) -> bool {
+        self.len == 0 && self.heap.is_empty()
+    }
+
+    fn push(&mut self, bytes: &[u8]) {
+        if self.heap.is_empty() {
+            let end = self.len + bytes.len();
+            if let Some(slot) = self.stack.get_mut(self.len..end) {
+                slot.copy_from_slice(bytes);
+                self.len = end;
+                return;
+            }
+            self.heap.reserve(end.max(2 * self.stack.len()));
+            self.heap.extend_from_slice(&self.stack[..self.len]);
+        }
+        self.heap.extend_from_slice(bytes);
+    }
+
+    fn into_value(self) -> Option<HeaderValue> {
+        if self.heap.is_empty() {
+            HeaderValue::from_bytes(&self.stack[..self.len]).ok()
+        } else {
+            HeaderValue::from_maybe_shared(Bytes::from(self.heap)).ok()
         }
     }
 }
