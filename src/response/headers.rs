@@ -71,6 +71,13 @@ pub(crate) fn retry_after_secs(after: Duration) -> u64 {
         .unwrap_or(u64::MAX)
 }
 
+/// An integer header value, its digits copied straight into the value's
+/// one allocation (`HeaderValue::from(u64)` goes through a growing buffer).
+pub(crate) fn integer_value(n: u64) -> HeaderValue {
+    HeaderValue::from_bytes(itoa::Buffer::new().format(n).as_bytes())
+        .unwrap_or_else(|_| HeaderValue::from(n))
+}
+
 /// Header values computed once per policy.
 #[derive(Debug)]
 pub(crate) struct PolicyHeaders {
@@ -160,13 +167,13 @@ impl PolicyHeaders {
         if self.style.legacy() {
             headers
                 .entry(X_LIMIT.clone())
-                .or_insert_with(|| HeaderValue::from(limit.burst()));
+                .or_insert_with(|| integer_value(limit.burst()));
             headers
                 .entry(X_REMAINING.clone())
-                .or_insert_with(|| HeaderValue::from(decision.remaining()));
+                .or_insert_with(|| integer_value(decision.remaining()));
             headers
                 .entry(X_RESET.clone())
-                .or_insert_with(|| HeaderValue::from(reset));
+                .or_insert_with(|| integer_value(reset));
         }
     }
 }
