@@ -135,32 +135,29 @@ impl PolicyHeaders {
             }
             // `"<name>";r=<remaining>;t=<reset>` for the deciding limit, or
             // for every window of a policy of several, in policy order; the
-            // numbers written straight in (this runs on every response), on
-            // the stack while the value fits: the header value is then its
-            // only allocation.
+            // numbers written straight in (this runs on every response) to
+            // a buffer of the exact length, which becomes the value
+            // uncopied: its one allocation.
+            let mut len = 0;
+            self.members(decision, reset, |prefix, remaining, reset| {
+                len += usize::from(len > 0) * 2
+                    + prefix.len()
+                    + digit_count(remaining)
+                    + 3
+                    + digit_count(reset);
+            });
+            let mut text = Vec::with_capacity(len);
             let mut digits = itoa::Buffer::new();
-            let mut text = ValueText::new();
-            let mut member = |index: usize, remaining: u64, reset: u64| {
-                let Some(prefix) = self.ratelimit_prefixes.get(index) else {
-                    return;
-                };
+            self.members(decision, reset, |prefix, remaining, reset| {
                 if !text.is_empty() {
-                    text.push(b", ");
+                    text.extend_from_slice(b", ");
                 }
-                text.push(prefix);
-                text.push(digits.format(remaining).as_bytes());
-                text.push(b";t=");
-                text.push(digits.format(reset).as_bytes());
-            };
-            match decision.each.as_deref() {
-                Some(each) => {
-                    for (index, (remaining, reset)) in each.iter().enumerate() {
-                        member(index, *remaining, retry_after_secs(*reset));
-                    }
-                }
-                None => member(decision.limit_index(), decision.remaining(), reset),
-            }
-            if let Some(value) = text.into_value() {
+                text.extend_from_slice(prefix);
+                text.extend_from_slice(digits.format(remaining).as_bytes());
+                text.extend_from_slice(b";t=");
+                text.extend_from_slice(digits.format(reset).as_bytes());
+            });
+            if let Ok(value) = HeaderValue::from_maybe_shared(Bytes::from(text)) {
                 append_member(headers, &RATELIMIT, value);
             }
         }
@@ -174,6 +171,23 @@ impl PolicyHeaders {
             headers
                 .entry(X_RESET.clone())
                 .or_insert_with(|| integer_value(reset));
+        }
+    }
+
+    /// Calls `f` with the `RateLimit` prefix, the remaining calls and the
+    /// reset seconds of each limit `decision` reports, in policy order.
+    fn members(&self, decision: &Decision, reset: u64, mut f: impl FnMut(&[u8], u64, u64)) {
+        match decision.each.as_deref() {
+            Some(each) => {
+                for (prefix, (remaining, reset)) in self.ratelimit_prefixes.iter().zip(each) {
+                    f(prefix, *remaining, retry_after_secs(*reset));
+                }
+            }
+            None => {
+                if let Some(prefix) = self.ratelimit_prefixes.get(decision.limit_index()) {
+                    f(prefix, decision.remaining(), reset);
+                }
+            }
         }
     }
 }
@@ -201,47 +215,7 @@ fn append_member(headers: &mut HeaderMap, name: &'static HeaderName, value: Head
     headers.insert(name, joined);
 }
 
-/// A header value being written: on the stack while it fits, so that the
-/// value's own bytes are its only allocation.
-struct ValueText {
-    stack: [u8; 96],
-    len: usize,
-    /// Everything written, once it no longer fits on the stack.
-    heap: Vec<u8>,
-}
-
-impl ValueText {
-    fn new() -> Self {
-        ValueText {
-            stack: [0; 96],
-            len: 0,
-            heap: Vec::new(),
-        }
-    }
-
-    fn is_empty(&self) -> bool {
-        self.len == 0 && self.heap.is_empty()
-    }
-
-    fn push(&mut self, bytes: &[u8]) {
-        if self.heap.is_empty() {
-            let end = self.len + bytes.len();
-            if let Some(slot) = self.stack.get_mut(self.len..end) {
-                slot.copy_from_slice(bytes);
-                self.len = end;
-                return;
-            }
-            self.heap.reserve(end.max(2 * self.stack.len()));
-            self.heap.extend_from_slice(&self.stack[..self.len]);
-        }
-        self.heap.extend_from_slice(bytes);
-    }
-
-    fn into_value(self) -> Option<HeaderValue> {
-        if self.heap.is_empty() {
-            HeaderValue::from_bytes(&self.stack[..self.len]).ok()
-        } else {
-            HeaderValue::from_maybe_shared(Bytes::from(self.heap)).ok()
-        }
-    }
+/// How many decimal digits `n` is written with.
+fn digit_count(n: u64) -> usize {
+    n.checked_ilog10().map_or(1, |log| log as usize + 1)
 }
