@@ -55,11 +55,23 @@ impl HeaderStyle {
     }
 }
 
-static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
-static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
-static X_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
-static X_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
-static X_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+// The names are made at compile time (`const` blocks), so each use is a
+// fresh copy handed to the map by value: no clone call per response.
+fn ratelimit_policy() -> HeaderName {
+    const { HeaderName::from_static("ratelimit-policy") }
+}
+fn ratelimit() -> HeaderName {
+    const { HeaderName::from_static("ratelimit") }
+}
+fn x_limit() -> HeaderName {
+    const { HeaderName::from_static("x-ratelimit-limit") }
+}
+fn x_remaining() -> HeaderName {
+    const { HeaderName::from_static("x-ratelimit-remaining") }
+}
+fn x_reset() -> HeaderName {
+    const { HeaderName::from_static("x-ratelimit-reset") }
+}
 
 /// Seconds for `Retry-After`, rounded up so that a client that waits that
 /// long is not refused again.
@@ -131,7 +143,7 @@ impl PolicyHeaders {
         let reset = retry_after_secs(decision.reset());
         if self.style.draft() {
             if let Some(value) = &self.policy_value {
-                append_member(headers, &RATELIMIT_POLICY, value.clone());
+                append_member(headers, ratelimit_policy, value.clone());
             }
             // `"<name>";r=<remaining>;t=<reset>` for the deciding limit, or
             // for every window of a policy of several, in policy order; the
@@ -158,18 +170,18 @@ impl PolicyHeaders {
                 text.extend_from_slice(digits.format(reset).as_bytes());
             });
             if let Ok(value) = HeaderValue::from_maybe_shared(Bytes::from(text)) {
-                append_member(headers, &RATELIMIT, value);
+                append_member(headers, ratelimit, value);
             }
         }
         if self.style.legacy() {
             headers
-                .entry(X_LIMIT.clone())
+                .entry(x_limit())
                 .or_insert_with(|| integer_value(limit.burst()));
             headers
-                .entry(X_REMAINING.clone())
+                .entry(x_remaining())
                 .or_insert_with(|| integer_value(decision.remaining()));
             headers
-                .entry(X_RESET.clone())
+                .entry(x_reset())
                 .or_insert_with(|| integer_value(reset));
         }
     }
@@ -195,14 +207,15 @@ impl PolicyHeaders {
 /// Adds `value` as one more member of a structured-field list header: the
 /// header's first value and `value`, joined with `, `, when it is already
 /// there (stacked layers); else `value`.
-fn append_member(headers: &mut HeaderMap, name: &'static HeaderName, value: HeaderValue) {
+fn append_member(headers: &mut HeaderMap, name: fn() -> HeaderName, value: HeaderValue) {
     // One hash and probe in the usual case, where the header is new:
     // `append` says whether it was there, and only then are the values
     // joined (the appended copy is replaced by the joined one).
-    if !headers.append(name, value) {
+    if !headers.append(name(), value) {
         return;
     }
-    let mut values = headers.get_all(name).iter();
+    let name = name();
+    let mut values = headers.get_all(&name).iter();
     let (Some(existing), Some(value)) = (values.next(), values.next_back()) else {
         return;
     };
