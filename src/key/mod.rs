@@ -68,15 +68,20 @@ impl Key {
         let mut text = StackText::default();
         let written = match ip {
             IpAddr::V4(v4) => {
-                let mut digits = itoa::Buffer::new();
-                let mut result = text.write_str("ip:");
+                text.push_ascii(b"ip:");
                 for (i, octet) in v4.octets().into_iter().enumerate() {
                     if i > 0 {
-                        result = result.and_then(|()| text.write_str("."));
+                        text.push_byte(b'.');
                     }
-                    result = result.and_then(|()| text.write_str(digits.format(octet)));
+                    if octet >= 100 {
+                        text.push_byte(b'0' + octet / 100);
+                    }
+                    if octet >= 10 {
+                        text.push_byte(b'0' + octet / 10 % 10);
+                    }
+                    text.push_byte(b'0' + octet % 10);
                 }
-                result
+                Ok(())
             }
             IpAddr::V6(_) => write!(text, "ip:{ip}"),
         };
@@ -120,6 +125,21 @@ impl Default for StackText {
 }
 
 impl StackText {
+    /// Appends one ASCII byte; there is always room for an IPv4 key.
+    fn push_byte(&mut self, byte: u8) {
+        if let Some(slot) = self.bytes.get_mut(self.len) {
+            *slot = byte;
+            self.len += 1;
+        }
+    }
+
+    /// Appends ASCII bytes one at a time (a few, short: cheaper than a copy).
+    fn push_ascii(&mut self, bytes: &[u8]) {
+        for &byte in bytes {
+            self.push_byte(byte);
+        }
+    }
+
     fn as_str(&self) -> &str {
         // Only whole `&str`s are ever written, so this is always valid.
         std::str::from_utf8(&self.bytes[..self.len]).unwrap_or_default()
@@ -295,6 +315,9 @@ mod tests {
     fn ip_keys_are_the_address_text() {
         for text in [
             "203.0.113.7",
+            "0.0.0.0",
+            "10.99.100.255",
+            "127.0.0.1",
             "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff",
             "::ffff:255.255.255.255",
         ] {

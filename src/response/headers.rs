@@ -2,7 +2,6 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::Entry;
 use http::{HeaderMap, HeaderName, HeaderValue};
 
 use crate::decision::Decision;
@@ -56,11 +55,23 @@ impl HeaderStyle {
     }
 }
 
-static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
-static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
-static X_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
-static X_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
-static X_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+// The names are made at compile time (`const` blocks), so each use is a
+// fresh copy handed to the map by value: no clone call per response.
+fn ratelimit_policy() -> HeaderName {
+    const { HeaderName::from_static("ratelimit-policy") }
+}
+fn ratelimit() -> HeaderName {
+    const { HeaderName::from_static("ratelimit") }
+}
+fn x_limit() -> HeaderName {
+    const { HeaderName::from_static("x-ratelimit-limit") }
+}
+fn x_remaining() -> HeaderName {
+    const { HeaderName::from_static("x-ratelimit-remaining") }
+}
+fn x_reset() -> HeaderName {
+    const { HeaderName::from_static("x-ratelimit-reset") }
+}
 
 /// Seconds for `Retry-After`, rounded up so that a client that waits that
 /// long is not refused again.
@@ -70,6 +81,13 @@ pub(crate) fn retry_after_secs(after: Duration) -> u64 {
         .div_ceil(1_000_000)
         .try_into()
         .unwrap_or(u64::MAX)
+}
+
+/// An integer header value, its digits copied straight into the value's
+/// one allocation (`HeaderValue::from(u64)` goes through a growing buffer).
+pub(crate) fn integer_value(n: u64) -> HeaderValue {
+    HeaderValue::from_bytes(itoa::Buffer::new().format(n).as_bytes())
+        .unwrap_or_else(|_| HeaderValue::from(n))
 }
 
 /// Header values computed once per policy.
@@ -125,18 +143,24 @@ impl PolicyHeaders {
         let reset = retry_after_secs(decision.reset());
         if self.style.draft() {
             if let Some(value) = &self.policy_value {
-                append_member(headers, &RATELIMIT_POLICY, value.clone());
+                append_member(headers, ratelimit_policy, value.clone());
             }
             // `"<name>";r=<remaining>;t=<reset>` for the deciding limit, or
             // for every window of a policy of several, in policy order; the
-            // numbers written straight in (this runs on every response), and
-            // handed over as `Bytes`, uncopied.
+            // numbers written straight in (this runs on every response) to
+            // a buffer of the exact length, which becomes the value
+            // uncopied: its one allocation.
+            let mut len = 0;
+            self.members(decision, reset, |prefix, remaining, reset| {
+                len += usize::from(len > 0) * 2
+                    + prefix.len()
+                    + digit_count(remaining)
+                    + 3
+                    + digit_count(reset);
+            });
+            let mut text = Vec::with_capacity(len);
             let mut digits = itoa::Buffer::new();
-            let mut text = Vec::with_capacity(self.ratelimit_prefixes.len() * 48);
-            let mut member = |index: usize, remaining: u64, reset: u64| {
-                let Some(prefix) = self.ratelimit_prefixes.get(index) else {
-                    return;
-                };
+            self.members(decision, reset, |prefix, remaining, reset| {
                 if !text.is_empty() {
                     text.extend_from_slice(b", ");
                 }
@@ -144,47 +168,67 @@ impl PolicyHeaders {
                 text.extend_from_slice(digits.format(remaining).as_bytes());
                 text.extend_from_slice(b";t=");
                 text.extend_from_slice(digits.format(reset).as_bytes());
-            };
-            match decision.each.as_deref() {
-                Some(each) => {
-                    for (index, (remaining, reset)) in each.iter().enumerate() {
-                        member(index, *remaining, retry_after_secs(*reset));
-                    }
-                }
-                None => member(decision.limit_index(), decision.remaining(), reset),
-            }
+            });
             if let Ok(value) = HeaderValue::from_maybe_shared(Bytes::from(text)) {
-                append_member(headers, &RATELIMIT, value);
+                append_member(headers, ratelimit, value);
             }
         }
         if self.style.legacy() {
             headers
-                .entry(X_LIMIT.clone())
-                .or_insert_with(|| HeaderValue::from(limit.burst()));
+                .entry(x_limit())
+                .or_insert_with(|| integer_value(limit.burst()));
             headers
-                .entry(X_REMAINING.clone())
-                .or_insert_with(|| HeaderValue::from(decision.remaining()));
+                .entry(x_remaining())
+                .or_insert_with(|| integer_value(decision.remaining()));
             headers
-                .entry(X_RESET.clone())
-                .or_insert_with(|| HeaderValue::from(reset));
+                .entry(x_reset())
+                .or_insert_with(|| integer_value(reset));
+        }
+    }
+
+    /// Calls `f` with the `RateLimit` prefix, the remaining calls and the
+    /// reset seconds of each limit `decision` reports, in policy order.
+    fn members(&self, decision: &Decision, reset: u64, mut f: impl FnMut(&[u8], u64, u64)) {
+        match decision.each.as_deref() {
+            Some(each) => {
+                for (prefix, (remaining, reset)) in self.ratelimit_prefixes.iter().zip(each) {
+                    f(prefix, *remaining, retry_after_secs(*reset));
+                }
+            }
+            None => {
+                if let Some(prefix) = self.ratelimit_prefixes.get(decision.limit_index()) {
+                    f(prefix, decision.remaining(), reset);
+                }
+            }
         }
     }
 }
 
-/// Adds `value` as one more member of a structured-field list header.
-fn append_member(headers: &mut HeaderMap, name: &HeaderName, value: HeaderValue) {
-    match headers.entry(name) {
-        Entry::Vacant(entry) => {
-            entry.insert(value);
-        }
-        Entry::Occupied(mut entry) => {
-            let existing = entry.get();
-            let mut bytes = Vec::with_capacity(existing.len() + 2 + value.len());
-            bytes.extend_from_slice(existing.as_bytes());
-            bytes.extend_from_slice(b", ");
-            bytes.extend_from_slice(value.as_bytes());
-            let joined = HeaderValue::from_maybe_shared(Bytes::from(bytes));
-            entry.insert(joined.unwrap_or(value));
-        }
+/// Adds `value` as one more member of a structured-field list header: the
+/// header's first value and `value`, joined with `, `, when it is already
+/// there (stacked layers); else `value`.
+fn append_member(headers: &mut HeaderMap, name: fn() -> HeaderName, value: HeaderValue) {
+    // One hash and probe in the usual case, where the header is new:
+    // `append` says whether it was there, and only then are the values
+    // joined (the appended copy is replaced by the joined one).
+    if !headers.append(name(), value) {
+        return;
     }
+    let name = name();
+    let mut values = headers.get_all(&name).iter();
+    let (Some(existing), Some(value)) = (values.next(), values.next_back()) else {
+        return;
+    };
+    let mut bytes = Vec::with_capacity(existing.len() + 2 + value.len());
+    bytes.extend_from_slice(existing.as_bytes());
+    bytes.extend_from_slice(b", ");
+    bytes.extend_from_slice(value.as_bytes());
+    let joined =
+        HeaderValue::from_maybe_shared(Bytes::from(bytes)).unwrap_or_else(|_| value.clone());
+    headers.insert(name, joined);
+}
+
+/// How many decimal digits `n` is written with.
+fn digit_count(n: u64) -> usize {
+    n.checked_ilog10().map_or(1, |log| log as usize + 1)
 }

@@ -2,7 +2,7 @@ use bytes::Bytes;
 use http::header::{CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderValue, Response, StatusCode};
 
-use super::headers::{PolicyHeaders, retry_after_secs};
+use super::headers::{PolicyHeaders, integer_value, retry_after_secs};
 use crate::decision::Decision;
 use crate::error::StoreError;
 use crate::limit::Policy;
@@ -64,25 +64,35 @@ impl Rejection<'_> {
     /// and a one-line text body. Custom rejection functions can start from
     /// it.
     pub fn default_response(&self) -> Response<Bytes> {
+        // The texts are put together without the formatting machinery: a
+        // 429 costs one allocation for its body, the other refusals none.
         let body = match &self.kind {
             RejectionKind::Limited(d) => {
                 let name = self.limit_name().unwrap_or("limit");
                 match d.retry_after() {
-                    Some(after) => format!(
-                        "rate limit {name} exceeded; retry in {} s\n",
-                        retry_after_secs(after)
-                    ),
-                    None => format!(
+                    Some(after) => {
+                        let mut digits = itoa::Buffer::new();
+                        let secs = digits.format(retry_after_secs(after));
+                        let parts = ["rate limit ", name, " exceeded; retry in ", secs, " s\n"];
+                        let mut text = Vec::with_capacity(parts.iter().map(|p| p.len()).sum());
+                        for part in parts {
+                            text.extend_from_slice(part.as_bytes());
+                        }
+                        Bytes::from(text)
+                    }
+                    None => Bytes::from(format!(
                         "request cost exceeds rate limit {name}; it can never be admitted\n"
-                    ),
+                    )),
                 }
             }
             RejectionKind::MissingKey(_) => {
-                "rate limiting could not identify the client\n".to_owned()
+                Bytes::from_static(b"rate limiting could not identify the client\n")
             }
-            RejectionKind::Unavailable(_) => "rate limiter unavailable; retry shortly\n".to_owned(),
+            RejectionKind::Unavailable(_) => {
+                Bytes::from_static(b"rate limiter unavailable; retry shortly\n")
+            }
         };
-        let mut response = Response::new(Bytes::from(body));
+        let mut response = Response::new(body);
         *response.status_mut() = self.status();
         let headers = response.headers_mut();
         headers.insert(
@@ -94,7 +104,7 @@ impl Rejection<'_> {
                 // Without a retry-after the call can never pass, and the
                 // key's state was not read: no numbers to report.
                 if let Some(after) = d.retry_after() {
-                    headers.insert(RETRY_AFTER, HeaderValue::from(retry_after_secs(after)));
+                    headers.insert(RETRY_AFTER, integer_value(retry_after_secs(after)));
                     self.headers.write(headers, d);
                 }
             }
