@@ -120,6 +120,8 @@ impl MemoryStore {
     #[inline(always)]
     fn with_tats<S: Step>(&self, policy: &Policy, key: &Key, step: &S) -> S::Output {
         let limits = policy.limits();
+        // Read first: the counter's read overlaps with the hashing.
+        let now = self.inner.clock.now_micros();
         let hash = self.inner.hasher.hash_one(key.as_str());
         let shard = &self.inner.shards[shard_index(hash, self.inner.shards.len())];
         {
@@ -129,7 +131,6 @@ impl MemoryStore {
                 // A policy of the same name with more limits (edited, or two
                 // limiters sharing a name) first needs its state grown.
                 if slot.tats.len() >= limits.len() {
-                    let now = self.inner.clock.now_micros();
                     return slot.tats.update(limits, now, step);
                 }
             }

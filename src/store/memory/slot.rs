@@ -90,9 +90,13 @@ impl Tats {
     pub(super) fn update<S: Step>(&self, limits: &[Limit], now: u64, step: &S) -> S::Output {
         match self {
             Tats::One(tat) => {
-                // One limit, known as such here, so that the algorithm's
-                // loops unroll.
-                let one = limits.get(..1).unwrap_or(limits);
+                // One limit, known as such here (a slice of length one
+                // made from a reference), so that the algorithm's loops
+                // disappear.
+                let Some(first) = limits.first() else {
+                    return step.run(limits, &mut [], now).0;
+                };
+                let one = std::slice::from_ref(first);
                 let mut current = tat.load(Ordering::Acquire);
                 loop {
                     let mut next = [current];
