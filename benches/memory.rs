@@ -313,7 +313,48 @@ fn paired_ratios() -> Vec<(String, f64)> {
     out
 }
 
+/// `FLEETGATE_BENCH_LOOP=<who>:<keys>:<load>:<calls>` (who: `fleetgate` or
+/// `governor`; keys: `1` or `10k`; load: `admit` or `deny`) makes no
+/// measurement: it makes `calls` decisions on one thread and exits, for
+/// `scripts/callgrind-memory.sh` to count instructions under callgrind.
+fn fixed_loop(spec: &str) -> Result<(), String> {
+    let parts: Vec<&str> = spec.split(':').collect();
+    let [who, keys_spec, load, calls] = parts[..] else {
+        return Err(format!(
+            "FLEETGATE_BENCH_LOOP={spec}: want who:keys:load:calls"
+        ));
+    };
+    let pair = match load {
+        "admit" => admit(),
+        "deny" => deny(),
+        _ => return Err(format!("load {load}: want admit or deny")),
+    };
+    let keys = match keys_spec {
+        "1" => vec![Key::new("ip:192.0.2.1")],
+        "10k" => keys(),
+        _ => return Err(format!("keys {keys_spec}: want 1 or 10k")),
+    };
+    let limiter: &dyn Decide = match who {
+        "fleetgate" => &pair.ours,
+        "governor" => &pair.governor,
+        _ => return Err(format!("who {who}: want fleetgate or governor")),
+    };
+    let calls: u64 = calls.parse().map_err(|e| format!("calls {calls}: {e}"))?;
+    for key in &keys {
+        limiter.decide(key);
+    }
+    one_thread(limiter, &keys, calls);
+    Ok(())
+}
+
 fn main() {
+    if let Ok(spec) = std::env::var("FLEETGATE_BENCH_LOOP") {
+        if let Err(err) = fixed_loop(&spec) {
+            eprintln!("{err}");
+            std::process::exit(2);
+        }
+        return;
+    }
     let started = SystemTime::now();
     let dir = std::env::var_os("CRITERION_HOME").map_or_else(
         || {
