@@ -159,12 +159,17 @@ impl RedisStore {
     /// The Redis key that holds the GCRA state of limit number `limit` of
     /// `policy` for `key`: `{prefix}:{policy}:{{key}}:{limit}`.
     pub fn gcra_key(&self, policy: &Policy, key: &Key, limit: usize) -> String {
-        format!(
-            "{}:{}:{{{}}}:{limit}",
-            self.inner.prefix,
-            policy.name(),
-            hash_tag(key.as_str())
-        )
+        // Put together piece by piece (on every call): `format!` costs
+        // several times as much.
+        let (prefix, name, tag) = (&self.inner.prefix, policy.name(), hash_tag(key.as_str()));
+        let mut digits = itoa::Buffer::new();
+        let limit = digits.format(limit);
+        let mut text =
+            String::with_capacity(prefix.len() + name.len() + tag.len() + limit.len() + 5);
+        for piece in [&**prefix, ":", name, ":{", &tag, "}:", limit] {
+            text.push_str(piece);
+        }
+        text
     }
 
     /// `{prefix}:{name}:{{key}}`, the start of every Redis key that one
