@@ -24,11 +24,12 @@
 //! and the server thread's CPU time over the round (Linux `/proc`, 10 ms
 //! ticks) divided by its requests what a request cost the server, whichever
 //! CPU was the bottleneck.
-//! The list of cases runs `FLEETGATE_BENCH_ROUNDS` times (default 3), one
+//! The list of cases runs `FLEETGATE_BENCH_ROUNDS` times (default 5), one
 //! case after the other, so that a burst of load from elsewhere hits one
 //! round of every case rather than all rounds of one; each case's row is
-//! its median round by requests/s. The ratios and the targets are computed
-//! from those rows, in this run. `FLEETGATE_BENCH_SECS` sets the measured
+//! its median round by requests/s. The targets are judged on paired
+//! ratios, the median over the rounds of the two cases' ratio in that
+//! round (run seconds apart), with the ratio of the rows beside. `FLEETGATE_BENCH_SECS` sets the measured
 //! time per round (default 2; wrk rounds it up to whole seconds),
 //! `FLEETGATE_BENCH_WARMUP` the warm-up (default 1), `FLEETGATE_BENCH_CONNS`
 //! the connections (default 64); `FLEETGATE_BENCH_ONLY=<text>,<text>` runs
@@ -55,7 +56,9 @@ use axum::extract::{ConnectInfo, Request, State};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use fleetgate::{Limit, Limiter, MemoryStore, Policy, Rate, RateLimitLayer, RedisStore};
+use fleetgate::{
+    HeaderStyle, Limit, Limiter, MemoryStore, Policy, Rate, RateLimitLayer, RedisStore,
+};
 use http::StatusCode;
 use http_body_util::{BodyExt, Empty};
 use hyper::body::Bytes;
@@ -73,6 +76,9 @@ const GCRA_LUA: &str = include_str!("../lua/gcra.lua");
 enum Variant {
     Bare,
     Memory,
+    /// The memory layer with `HeaderStyle::None`: the same response bytes
+    /// as bare axum and tower_governor's default, for comparison.
+    MemoryNoHeaders,
     Governor,
     Redis,
     Evalsha,
@@ -83,6 +89,7 @@ impl Variant {
         match self {
             Variant::Bare => "bare axum",
             Variant::Memory => "RateLimitLayer, memory",
+            Variant::MemoryNoHeaders => "RateLimitLayer, memory, no headers",
             Variant::Governor => "tower_governor",
             Variant::Redis => "RateLimitLayer, Redis",
             Variant::Evalsha => "hand-written EVALSHA middleware",
@@ -179,15 +186,17 @@ struct Row {
     variant: Variant,
     load: Load,
     median: Round,
+    /// Requests/s of each round, in the order the rounds ran.
     rounds: Vec<f64>,
     /// The median over the rounds of the server's CPU time per request.
     server_cpu: Option<Duration>,
 }
 
-const CASES: [(Variant, Load); 9] = [
+const CASES: [(Variant, Load); 10] = [
     (Variant::Bare, Load::Admitted),
     (Variant::Memory, Load::Admitted),
     (Variant::Memory, Load::Rejected),
+    (Variant::MemoryNoHeaders, Load::Admitted),
     (Variant::Governor, Load::Admitted),
     (Variant::Governor, Load::Rejected),
     (Variant::Redis, Load::Admitted),
@@ -209,7 +218,7 @@ fn main() -> Result<(), BoxError> {
             warm_up: common::secs("FLEETGATE_BENCH_WARMUP", 1.0),
             measure: common::secs("FLEETGATE_BENCH_SECS", 2.0),
             connections: common::count("FLEETGATE_BENCH_CONNS", 64),
-            rounds: common::count("FLEETGATE_BENCH_ROUNDS", 3),
+            rounds: common::count("FLEETGATE_BENCH_ROUNDS", 5),
             loader,
         }
     } else {
@@ -266,12 +275,14 @@ fn main() -> Result<(), BoxError> {
                 .filter_map(Round::server_cpu_per_request)
                 .collect();
             cpu.sort_unstable();
+            // In the order they ran, for pairing round by round.
+            let per_round = rounds.iter().map(|r| r.per_sec).collect();
             rounds.sort_by(|a, b| a.per_sec.total_cmp(&b.per_sec));
             Row {
                 variant,
                 load,
                 median: rounds[rounds.len() / 2].clone(),
-                rounds: rounds.iter().map(|r| r.per_sec).collect(),
+                rounds: per_round,
                 server_cpu: cpu.get(cpu.len() / 2).copied(),
             }
         })
@@ -414,6 +425,10 @@ async fn app(
             policy,
             MemoryStore::new(),
         ))),
+        Variant::MemoryNoHeaders => router.layer(
+            RateLimitLayer::new(Limiter::new(policy, MemoryStore::new()))
+                .headers(HeaderStyle::None),
+        ),
         Variant::Redis => {
             let store = RedisStore::builder()
                 .prefix("bench")
@@ -619,6 +634,21 @@ async fn connection(addr: SocketAddr, end: Instant) -> Result<(Vec<Duration>, u6
     Ok((latencies, non_ok))
 }
 
+/// The median of `a[i] / b[i]` over the rounds both ran.
+fn paired(a: &[f64], b: &[f64]) -> f64 {
+    let mut ratios: Vec<f64> = a
+        .iter()
+        .zip(b)
+        .filter(|(_, y)| **y > 0.0)
+        .map(|(x, y)| x / y)
+        .collect();
+    if ratios.is_empty() {
+        return 0.0;
+    }
+    ratios.sort_by(f64::total_cmp);
+    ratios[ratios.len() / 2]
+}
+
 fn print_table(rows: &[Row], plan: &Plan, redis_version: &str) {
     let find = |v: Variant, l: Load| rows.iter().find(|r| r.variant == v && r.load == l);
     let bare = find(Variant::Bare, Load::Admitted).map_or(0.0, |r| r.median.per_sec);
@@ -660,13 +690,17 @@ fn print_table(rows: &[Row], plan: &Plan, redis_version: &str) {
         );
     }
 
-    // Ratios are compared as printed, to two decimals.
+    // Ratios are compared as printed, to two decimals, and paired: the
+    // median of the per-round ratios (the two cases of a round ran seconds
+    // apart, under the same load from elsewhere), with the ratio of the
+    // median rounds beside.
     let at_least = |ours: (Variant, Load), base: (Variant, Load), min: f64, name: String| {
         let (measured, pass) = match (find(ours.0, ours.1), find(base.0, base.1)) {
             (Some(a), Some(b)) if b.median.per_sec > 0.0 => {
-                let ratio = a.median.per_sec / b.median.per_sec;
+                let ratio = paired(&a.rounds, &b.rounds);
                 let pass = (ratio * 100.0).round() / 100.0 >= min;
-                (format!("{ratio:.2}"), pass)
+                let medians = a.median.per_sec / b.median.per_sec;
+                (format!("{ratio:.2} paired ({medians:.2} medians)"), pass)
             }
             _ => ("n/a".to_owned(), false),
         };
@@ -741,6 +775,19 @@ fn print_table(rows: &[Row], plan: &Plan, redis_version: &str) {
                 "| {}: rejected / admitted | {:.2} |",
                 v.name(),
                 rej.median.per_sec / adm.median.per_sec
+            );
+        }
+    }
+    for (v, base) in [
+        (Variant::MemoryNoHeaders, Variant::Bare),
+        (Variant::MemoryNoHeaders, Variant::Governor),
+    ] {
+        if let (Some(x), Some(y)) = (find(v, a), find(base, a)) {
+            println!(
+                "| {} / {}, admitted, req/s (paired) | {:.2} |",
+                v.name(),
+                base.name(),
+                paired(&x.rounds, &y.rounds)
             );
         }
     }
