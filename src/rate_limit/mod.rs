@@ -260,6 +260,7 @@ impl Common {
     /// (headers, rejection, outcome): `common` is replaced by them. Any
     /// other result is passed on. `key` is kept by the caller whenever a
     /// fallback is configured.
+    #[inline]
     pub(crate) fn fall_back(
         common: &mut Arc<Common>,
         result: Result<Decision, StoreError>,
@@ -378,8 +379,10 @@ impl Common {
     /// In waiting mode, how long an admitted call must sleep before it may
     /// go; `None` to call now. Shadow mode reserves but never sleeps.
     pub(crate) fn wait_for(&self, decision: Option<&Decision>) -> Option<Duration> {
+        // Without waiting mode (the usual case) there is nothing to read.
+        self.max_wait?;
         let wait = decision?.wait();
-        if wait.is_zero() || self.max_wait.is_none() {
+        if wait.is_zero() {
             return None;
         }
         if self.shadow {
