@@ -421,8 +421,7 @@ pub(crate) fn decision_span(
     // request. When no subscriber may want `debug` (so the span would be
     // disabled) and no logger takes debug records (so none of it could
     // reach one), the span is none at all, and is not even made.
-    if !tracing::level_enabled!(tracing::Level::DEBUG)
-        && log::max_level() < log::LevelFilter::Debug
+    if !tracing::level_enabled!(tracing::Level::DEBUG) && log::max_level() < log::LevelFilter::Debug
     {
         return tracing::Span::none();
     }
