@@ -68,20 +68,11 @@ impl Key {
         let mut text = StackText::default();
         let written = match ip {
             IpAddr::V4(v4) => {
-                text.push_ascii(b"ip:");
-                for (i, octet) in v4.octets().into_iter().enumerate() {
-                    if i > 0 {
-                        text.push_byte(b'.');
-                    }
-                    if octet >= 100 {
-                        text.push_byte(b'0' + octet / 100);
-                    }
-                    if octet >= 10 {
-                        text.push_byte(b'0' + octet / 10 % 10);
-                    }
-                    text.push_byte(b'0' + octet % 10);
+                let (bytes, len) = ipv4_text(v4.octets());
+                if let Some(Ok(text)) = bytes.get(..len).map(std::str::from_utf8) {
+                    return Key(Arc::from(text));
                 }
-                Ok(())
+                write!(text, "ip:{ip}")
             }
             IpAddr::V6(_) => write!(text, "ip:{ip}"),
         };
@@ -124,22 +115,35 @@ impl Default for StackText {
     }
 }
 
-impl StackText {
-    /// Appends one ASCII byte; there is always room for an IPv4 key.
-    fn push_byte(&mut self, byte: u8) {
-        if let Some(slot) = self.bytes.get_mut(self.len) {
+/// `ip:` and the dotted IPv4 address, in a buffer of the longest such
+/// text (18 bytes), and how much of it is used. The length is kept in a
+/// local rather than a struct field, so that the digits are written
+/// without a store and reload per byte.
+fn ipv4_text(octets: [u8; 4]) -> ([u8; 18], usize) {
+    let mut out = *b"ip:255.255.255.255";
+    let mut len = 3;
+    let mut put = |byte: u8| {
+        if let Some(slot) = out.get_mut(len) {
             *slot = byte;
-            self.len += 1;
         }
-    }
-
-    /// Appends ASCII bytes one at a time (a few, short: cheaper than a copy).
-    fn push_ascii(&mut self, bytes: &[u8]) {
-        for &byte in bytes {
-            self.push_byte(byte);
+        len += 1;
+    };
+    for (i, octet) in octets.into_iter().enumerate() {
+        if i > 0 {
+            put(b'.');
         }
+        if octet >= 100 {
+            put(b'0' + octet / 100);
+        }
+        if octet >= 10 {
+            put(b'0' + octet / 10 % 10);
+        }
+        put(b'0' + octet % 10);
     }
+    (out, len)
+}
 
+impl StackText {
     fn as_str(&self) -> &str {
         // Only whole `&str`s are ever written, so this is always valid.
         std::str::from_utf8(&self.bytes[..self.len]).unwrap_or_default()
@@ -317,6 +321,8 @@ mod tests {
             "203.0.113.7",
             "0.0.0.0",
             "10.99.100.255",
+            "255.255.255.255",
+            "1.22.9.100",
             "127.0.0.1",
             "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff",
             "::ffff:255.255.255.255",

@@ -260,6 +260,7 @@ impl Common {
     /// (headers, rejection, outcome): `common` is replaced by them. Any
     /// other result is passed on. `key` is kept by the caller whenever a
     /// fallback is configured.
+    #[inline]
     pub(crate) fn fall_back(
         common: &mut Arc<Common>,
         result: Result<Decision, StoreError>,
@@ -378,8 +379,10 @@ impl Common {
     /// In waiting mode, how long an admitted call must sleep before it may
     /// go; `None` to call now. Shadow mode reserves but never sleeps.
     pub(crate) fn wait_for(&self, decision: Option<&Decision>) -> Option<Duration> {
+        // Without waiting mode (the usual case) there is nothing to read.
+        self.max_wait?;
         let wait = decision?.wait();
-        if wait.is_zero() || self.max_wait.is_none() {
+        if wait.is_zero() {
             return None;
         }
         if self.shadow {
@@ -412,6 +415,16 @@ pub(crate) fn decision_span(
     tier: Option<&str>,
     latency: Option<Duration>,
 ) -> tracing::Span {
+    // With tracing's `log` feature on (axum's default `tower-log` turns it
+    // on), even a disabled span offers its fields to `log` when made,
+    // entered, recorded, exited and dropped: a few hundred instructions per
+    // request. When no subscriber may want `debug` (so the span would be
+    // disabled) and no logger takes debug records (so none of it could
+    // reach one), the span is none at all, and is not even made.
+    if !tracing::level_enabled!(tracing::Level::DEBUG) && log::max_level() < log::LevelFilter::Debug
+    {
+        return tracing::Span::none();
+    }
     let span = tracing::debug_span!(
         "fleetgate.decision",
         layer,
@@ -421,11 +434,9 @@ pub(crate) fn decision_span(
         store_latency_us = tracing::field::Empty,
     );
     if span.is_disabled() {
-        // With tracing's `log` feature on (axum's default `tower-log`
-        // turns it on), a disabled span still offers itself to `log` when
-        // it is entered, recorded, exited and dropped: a few hundred
-        // instructions per request. None of it can reach a logger that
-        // filters out debug records, so then the span is none at all.
+        // A subscriber that wants `debug` elsewhere, but not here: as
+        // above, nothing of this span can reach a logger that filters out
+        // debug records.
         if log::max_level() < log::LevelFilter::Debug {
             return tracing::Span::none();
         }
