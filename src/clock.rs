@@ -35,7 +35,7 @@ pub trait Clock: Send + Sync + fmt::Debug + 'static {
 /// A read costs a few nanoseconds, against a few tens for the operating
 /// system's clock on many virtual machines. The counter is calibrated
 /// against the OS's monotonic clock once per process, when the first such
-/// clock is made (under a millisecond typically, 200 ms at most); where the
+/// clock is made (a few milliseconds typically, 200 ms at most); where the
 /// CPU has no invariant counter, the OS's monotonic clock is read instead.
 ///
 /// It does not follow `tokio::time::pause`; give a store [`MonotonicClock`]
