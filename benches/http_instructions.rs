@@ -1,0 +1,163 @@
+//! Instructions per HTTP request in the server, for callgrind: not a
+//! measurement by itself. `scripts/callgrind-http.sh` runs
+//! `serve <bare|memory|memory-no-headers|governor> <admitted|rejected> <port file>`
+//! under `valgrind --tool=callgrind` and `load <port> <requests>` beside
+//! it, for N and 2N requests: (instructions at 2N − at N) / N is what a
+//! request cost the server, start-up and warm-up cancelled out. The
+//! routers are those of `benches/http.rs` (same limits). The loader sends
+//! 300 warm-up requests on one connection, then the requests over 16
+//! keep-alive connections, then `/quit`, a route outside the layer that
+//! ends the server. Run by `cargo bench` without arguments, it does
+//! nothing.
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::Arc;
+
+use axum::Router;
+use axum::routing::get;
+use fleetgate::{HeaderStyle, Limit, Limiter, MemoryStore, Policy, Rate, RateLimitLayer};
+use tower_governor::GovernorLayer;
+use tower_governor::governor::GovernorConfigBuilder;
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+fn main() -> Result<(), BoxError> {
+    let args: Vec<String> = std::env::args().collect();
+    let arg = |i: usize| args.get(i).map(String::as_str).ok_or("missing argument");
+    match args.get(1).map(String::as_str) {
+        Some("serve") => serve(arg(2)?, arg(3)?, arg(4)?),
+        Some("load") => load(arg(2)?.parse()?, arg(3)?.parse()?),
+        // `cargo bench` passes `--bench`: nothing to measure by itself.
+        _ => {
+            eprintln!("http_instructions: run by scripts/callgrind-http.sh");
+            Ok(())
+        }
+    }
+}
+
+fn serve(variant: &str, load: &str, port_file: &str) -> Result<(), BoxError> {
+    let router = Router::new().route("/", get(|| async { "hello, world" }));
+    let rejected = load == "rejected";
+    let limit = if rejected {
+        Limit::builder(Rate::per_hour(1)).burst(1).build()?
+    } else {
+        Limit::builder(Rate::per_second(1_000_000))
+            .burst(1_000_000_000)
+            .build()?
+    };
+    let policy = Policy::single("bench0", limit)?;
+    let app = match variant {
+        "bare" => router,
+        "memory" => router.layer(RateLimitLayer::new(Limiter::new(
+            policy,
+            MemoryStore::new(),
+        ))),
+        "memory-no-headers" => router.layer(
+            RateLimitLayer::new(Limiter::new(policy, MemoryStore::new()))
+                .headers(HeaderStyle::None),
+        ),
+        "governor" => {
+            let mut builder = GovernorConfigBuilder::default();
+            if rejected {
+                builder.per_second(3600).burst_size(1);
+            } else {
+                builder.per_nanosecond(1).burst_size(1_000_000_000);
+            }
+            let config = builder.finish().ok_or("governor config")?;
+            router.layer(GovernorLayer::new(Arc::new(config)))
+        }
+        _ => return Err("variant".into()),
+    };
+    // Added after the layer, so it is never limited.
+    let app = app.route(
+        "/quit",
+        get(|| async {
+            std::process::exit(0);
+            #[allow(unreachable_code)]
+            ""
+        }),
+    );
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0)).await?;
+        std::fs::write(port_file, listener.local_addr()?.port().to_string())?;
+        axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .await?;
+        Ok::<_, BoxError>(())
+    })
+}
+
+fn request(stream: &mut TcpStream, path: &str, buf: &mut Vec<u8>) -> Result<u16, BoxError> {
+    write!(stream, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n")?;
+    buf.clear();
+    let mut chunk = [0u8; 4096];
+    loop {
+        let n = stream.read(&mut chunk)?;
+        if n == 0 {
+            return Err("eof".into());
+        }
+        buf.extend_from_slice(&chunk[..n]);
+        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = std::str::from_utf8(&buf[..end])?.to_ascii_lowercase();
+            let len: usize = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .map(|v| v.trim().parse())
+                .transpose()?
+                .unwrap_or(0);
+            while buf.len() < end + 4 + len {
+                let n = stream.read(&mut chunk)?;
+                if n == 0 {
+                    return Err("eof".into());
+                }
+                buf.extend_from_slice(&chunk[..n]);
+            }
+            let status: u16 = head[9..12].parse()?;
+            return Ok(status);
+        }
+    }
+}
+
+fn load(port: u16, requests: usize) -> Result<(), BoxError> {
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    // The script starts the loader once the server has written its port.
+    let mut first = TcpStream::connect(addr)?;
+    first.set_nodelay(true)?;
+    let mut buf = Vec::new();
+    // 300 warm-up requests on one connection.
+    for _ in 0..300 {
+        request(&mut first, "/", &mut buf)?;
+    }
+    let per = requests / 16;
+    let threads: Vec<_> = (0..16)
+        .map(|_| {
+            std::thread::spawn(move || -> Result<[usize; 2], String> {
+                let mut s = TcpStream::connect(addr).map_err(|e| e.to_string())?;
+                s.set_nodelay(true).map_err(|e| e.to_string())?;
+                let mut buf = Vec::new();
+                let mut counts = [0; 2];
+                for _ in 0..per {
+                    match request(&mut s, "/", &mut buf).map_err(|e| e.to_string())? {
+                        200 => counts[0] += 1,
+                        _ => counts[1] += 1,
+                    }
+                }
+                Ok(counts)
+            })
+        })
+        .collect();
+    let mut total = [0; 2];
+    for t in threads {
+        let c = t.join().map_err(|_| "join")??;
+        total[0] += c[0];
+        total[1] += c[1];
+    }
+    eprintln!("ok={} other={}", total[0], total[1]);
+    let _ = request(&mut first, "/quit", &mut buf);
+    Ok(())
+}

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Instructions per HTTP request in the server, counted by callgrind
+# (repeatable whatever else the machine is doing): benches/http_instructions.rs
+# serves one case under callgrind while its loader sends N, then 2N,
+# requests; (Ir(2N) - Ir(N)) / N. Needs valgrind. Cases: bare, memory,
+# memory-no-headers, governor; loads: admitted, rejected.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+command -v valgrind >/dev/null || { echo "callgrind-http.sh: needs valgrind (apt-get install -y valgrind)" >&2; exit 1; }
+n="${FLEETGATE_CALLGRIND_REQUESTS:-8000}"
+cases="${FLEETGATE_CALLGRIND_CASES:-bare:admitted memory:admitted memory:rejected memory-no-headers:admitted governor:admitted governor:rejected}"
+bin="$(cargo bench --bench http_instructions --no-run --message-format=json 2>/dev/null \
+  | sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -1)"
+[ -x "$bin" ] || { echo "callgrind-http.sh: could not build benches/http_instructions.rs" >&2; exit 1; }
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+count() { # variant load requests -> instructions of the whole server run
+  local port_file="$work/port" out="$work/callgrind.out"
+  rm -f "$port_file"
+  valgrind --tool=callgrind --callgrind-out-file="$out" "$bin" serve "$1" "$2" "$port_file" >/dev/null 2>"$work/valgrind.err" &
+  local server=$!
+  for _ in $(seq 600); do [ -s "$port_file" ] && break; sleep 0.1; done
+  [ -s "$port_file" ] || { echo "callgrind-http.sh: the server did not start" >&2; kill "$server"; exit 1; }
+  "$bin" load "$(cat "$port_file")" "$3" 2>"$work/load.err"
+  wait "$server"
+  sed -n 's/^summary: \([0-9]*\).*/\1/p; s/^totals: \([0-9]*\).*/\1/p' "$out" | head -1
+}
+echo "| case | load | instructions / request |"
+echo "|---|---|---:|"
+for case in $cases; do
+  variant="${case%%:*}" load="${case##*:}"
+  a="$(count "$variant" "$load" "$n")"
+  b="$(count "$variant" "$load" $((2 * n)))"
+  echo "| $variant | $load | $(( (b - a) / n )) |"
+done
