@@ -44,6 +44,8 @@ mod redis_server;
 mod stats;
 
 mod common;
+#[path = "common/routers.rs"]
+mod routers;
 
 use std::io::{Read, Write};
 use std::net::SocketAddr;
@@ -55,17 +57,12 @@ use axum::Router;
 use axum::extract::{ConnectInfo, Request, State};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
-use fleetgate::{
-    HeaderStyle, Limit, Limiter, MemoryStore, Policy, Rate, RateLimitLayer, RedisStore,
-};
+use fleetgate::{HeaderStyle, Limit, Limiter, MemoryStore, Policy, RateLimitLayer, RedisStore};
 use http::StatusCode;
 use http_body_util::{BodyExt, Empty};
 use hyper::body::Bytes;
 use hyper_util::rt::TokioIo;
 use redis::aio::{ConnectionManager, MultiplexedConnection};
-use tower_governor::GovernorLayer;
-use tower_governor::governor::GovernorConfigBuilder;
 
 use crate::common::{BoxError, micros, percentile, pin, target_row};
 use crate::redis_server::RedisServer;
@@ -407,17 +404,9 @@ async fn app(
     redis_url: &str,
     index: usize,
 ) -> Result<Router, BoxError> {
-    let router = Router::new().route("/", get(|| async { "hello, world" }));
+    let router = routers::hello();
     let rejected = load == Load::Rejected;
-    // Admitted: far above any load this machine can make. Rejected: one
-    // per hour, so all but the first request are refused.
-    let limit = if rejected {
-        Limit::builder(Rate::per_hour(1)).burst(1).build()?
-    } else {
-        Limit::builder(Rate::per_second(1_000_000))
-            .burst(1_000_000_000)
-            .build()?
-    };
+    let limit = routers::limit(rejected)?;
     let policy = Policy::single(format!("bench{index}"), limit.clone())?;
     Ok(match variant {
         Variant::Bare => router,
@@ -437,16 +426,7 @@ async fn app(
                 .await?;
             router.layer(RateLimitLayer::new(Limiter::new(policy, store)))
         }
-        Variant::Governor => {
-            let mut builder = GovernorConfigBuilder::default();
-            if rejected {
-                builder.per_second(3600).burst_size(1);
-            } else {
-                builder.per_nanosecond(1).burst_size(1_000_000_000);
-            }
-            let config = builder.finish().ok_or("governor config")?;
-            router.layer(GovernorLayer::new(Arc::new(config)))
-        }
+        Variant::Governor => routers::with_governor(router, rejected)?,
         Variant::Evalsha => {
             let conn = ConnectionManager::new(redis::Client::open(redis_url)?).await?;
             let script = Arc::new(Baseline {

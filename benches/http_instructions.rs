@@ -9,15 +9,14 @@
 //! keep-alive connections, then `/quit`, a route outside the layer that
 //! ends the server. Run by `cargo bench` without arguments, it does
 //! nothing.
+#[path = "common/routers.rs"]
+mod routers;
+
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::sync::Arc;
 
-use axum::Router;
 use axum::routing::get;
-use fleetgate::{HeaderStyle, Limit, Limiter, MemoryStore, Policy, Rate, RateLimitLayer};
-use tower_governor::GovernorLayer;
-use tower_governor::governor::GovernorConfigBuilder;
+use fleetgate::{HeaderStyle, Limiter, MemoryStore, Policy, RateLimitLayer};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -36,15 +35,9 @@ fn main() -> Result<(), BoxError> {
 }
 
 fn serve(variant: &str, load: &str, port_file: &str) -> Result<(), BoxError> {
-    let router = Router::new().route("/", get(|| async { "hello, world" }));
+    let router = routers::hello();
     let rejected = load == "rejected";
-    let limit = if rejected {
-        Limit::builder(Rate::per_hour(1)).burst(1).build()?
-    } else {
-        Limit::builder(Rate::per_second(1_000_000))
-            .burst(1_000_000_000)
-            .build()?
-    };
+    let limit = routers::limit(rejected)?;
     let policy = Policy::single("bench0", limit)?;
     let app = match variant {
         "bare" => router,
@@ -56,16 +49,7 @@ fn serve(variant: &str, load: &str, port_file: &str) -> Result<(), BoxError> {
             RateLimitLayer::new(Limiter::new(policy, MemoryStore::new()))
                 .headers(HeaderStyle::None),
         ),
-        "governor" => {
-            let mut builder = GovernorConfigBuilder::default();
-            if rejected {
-                builder.per_second(3600).burst_size(1);
-            } else {
-                builder.per_nanosecond(1).burst_size(1_000_000_000);
-            }
-            let config = builder.finish().ok_or("governor config")?;
-            router.layer(GovernorLayer::new(Arc::new(config)))
-        }
+        "governor" => routers::with_governor(router, rejected)?,
         _ => return Err("variant".into()),
     };
     // Added after the layer, so it is never limited.

@@ -1,0 +1,41 @@
+//! What the HTTP benches put in front of the hello-world handler, shared by
+//! `benches/http.rs` (wall clock) and `benches/http_instructions.rs`
+//! (callgrind), so that both measure the same cases.
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::routing::get;
+use fleetgate::{ConfigError, Limit, Rate};
+use tower_governor::GovernorLayer;
+use tower_governor::governor::GovernorConfigBuilder;
+
+/// The bare application: `GET /` answers "hello, world".
+pub fn hello() -> Router {
+    Router::new().route("/", get(|| async { "hello, world" }))
+}
+
+/// The limit of every limited case. Admitted: far above any load this
+/// machine can make. Rejected: one per hour, so all but the first request
+/// are refused.
+pub fn limit(rejected: bool) -> Result<Limit, ConfigError> {
+    if rejected {
+        Limit::builder(Rate::per_hour(1)).burst(1).build()
+    } else {
+        Limit::builder(Rate::per_second(1_000_000))
+            .burst(1_000_000_000)
+            .build()
+    }
+}
+
+/// `router` behind tower_governor with the same limit as [`limit`].
+pub fn with_governor(router: Router, rejected: bool) -> Result<Router, &'static str> {
+    let mut builder = GovernorConfigBuilder::default();
+    if rejected {
+        builder.per_second(3600).burst_size(1);
+    } else {
+        builder.per_nanosecond(1).burst_size(1_000_000_000);
+    }
+    let config = builder.finish().ok_or("governor config")?;
+    Ok(router.layer(GovernorLayer::new(Arc::new(config))))
+}
