@@ -147,6 +147,7 @@ mod share;
 pub mod shed;
 pub mod spec;
 pub mod store;
+mod text;
 mod window;
 
 #[cfg(test)]

@@ -65,18 +65,14 @@ impl Key {
     pub fn from_ip(ip: IpAddr) -> Self {
         // Formatted on the stack, IPv4 digit by digit: a key costs one
         // allocation, its own, on every request.
-        let mut text = StackText::default();
-        let written = match ip {
-            IpAddr::V4(v4) => {
-                let (bytes, len) = ipv4_text(v4.octets());
-                if let Some(Ok(text)) = bytes.get(..len).map(std::str::from_utf8) {
-                    return Key(Arc::from(text));
-                }
-                write!(text, "ip:{ip}")
+        if let IpAddr::V4(v4) = ip {
+            let (bytes, len) = ipv4_text(v4.octets());
+            if let Some(Ok(text)) = bytes.get(..len).map(std::str::from_utf8) {
+                return Key(Arc::from(text));
             }
-            IpAddr::V6(_) => write!(text, "ip:{ip}"),
-        };
-        match written {
+        }
+        let mut text = StackText::default();
+        match write!(text, "ip:{ip}") {
             Ok(()) => Key(Arc::from(text.as_str())),
             Err(_) => Key(Arc::from(format!("ip:{ip}"))),
         }

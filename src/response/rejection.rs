@@ -6,6 +6,7 @@ use super::headers::{PolicyHeaders, integer_value, retry_after_secs};
 use crate::decision::Decision;
 use crate::error::StoreError;
 use crate::limit::Policy;
+use crate::text::concat;
 
 /// Why a layer refused a request; handed to a custom rejection function.
 #[derive(Debug)]
@@ -74,11 +75,7 @@ impl Rejection<'_> {
                         let mut digits = itoa::Buffer::new();
                         let secs = digits.format(retry_after_secs(after));
                         let parts = ["rate limit ", name, " exceeded; retry in ", secs, " s\n"];
-                        let mut text = Vec::with_capacity(parts.iter().map(|p| p.len()).sum());
-                        for part in parts {
-                            text.extend_from_slice(part.as_bytes());
-                        }
-                        Bytes::from(text)
+                        Bytes::from(concat(&parts))
                     }
                     None => Bytes::from(format!(
                         "request cost exceeds rate limit {name}; it can never be admitted\n"

@@ -18,6 +18,7 @@ use crate::error::{ConfigError, StoreError};
 use crate::key::Key;
 use crate::limit::{Policy, check_name};
 use crate::metrics::ScriptMetrics;
+use crate::text::concat;
 
 /// A Lua script run by SHA, with its source kept for the `NOSCRIPT` fallback
 /// and its name for metrics.
@@ -159,28 +160,26 @@ impl RedisStore {
     /// The Redis key that holds the GCRA state of limit number `limit` of
     /// `policy` for `key`: `{prefix}:{policy}:{{key}}:{limit}`.
     pub fn gcra_key(&self, policy: &Policy, key: &Key, limit: usize) -> String {
-        // Put together piece by piece (on every call): `format!` costs
-        // several times as much.
-        let (prefix, name, tag) = (&self.inner.prefix, policy.name(), hash_tag(key.as_str()));
+        // Made on every call: joined from its pieces, not by `format!`.
         let mut digits = itoa::Buffer::new();
-        let limit = digits.format(limit);
-        let mut text =
-            String::with_capacity(prefix.len() + name.len() + tag.len() + limit.len() + 5);
-        for piece in [&**prefix, ":", name, ":{", &tag, "}:", limit] {
-            text.push_str(piece);
-        }
-        text
+        let tag = hash_tag(key.as_str());
+        concat(&[
+            &self.inner.prefix,
+            ":",
+            policy.name(),
+            ":{",
+            &tag,
+            "}:",
+            digits.format(limit),
+        ])
     }
 
     /// `{prefix}:{name}:{{key}}`, the start of every Redis key that one
     /// identity uses under one policy name. The identity is the cluster hash
     /// tag, so all of its keys share a slot; see [`hash_tag`].
     pub(crate) fn key_base(&self, name: &str, key: &Key) -> String {
-        format!(
-            "{}:{name}:{{{}}}",
-            self.inner.prefix,
-            hash_tag(key.as_str())
-        )
+        let tag = hash_tag(key.as_str());
+        concat(&[&self.inner.prefix, ":", name, ":{", &tag, "}"])
     }
 
     /// Builds the script's keys and arguments from the borrowed call, then
