@@ -164,8 +164,16 @@ async fn run(server: &RedisServer, plan: &Plan) -> Result<(), BoxError> {
     let limit = Limit::new(Rate::new(1000, Duration::from_millis(100)))?;
     let emission = limit.emission_interval().as_micros().to_string();
     let tolerance = (limit.emission_interval() * 1000).as_micros().to_string();
-    let floor_args: Arc<[String; 5]> =
-        Arc::new([String::new(), "1".into(), "0".into(), emission, tolerance]);
+    // now = server clock, 1 call: 1 limit, cost 1, no wait, T, tolerance.
+    let floor_args: Arc<[String; 7]> = Arc::new([
+        String::new(),
+        "1".into(),
+        "1".into(),
+        "1".into(),
+        "0".into(),
+        emission,
+        tolerance,
+    ]);
 
     let mut rounds: Vec<Vec<Row>> = Vec::new();
     for _ in 0..plan.rounds {
@@ -210,9 +218,9 @@ async fn run(server: &RedisServer, plan: &Plan) -> Result<(), BoxError> {
                         .arg(1)
                         .arg(key)
                         .arg(&args[..])
-                        .query_async::<Vec<i64>>(&mut conn)
+                        .query_async::<Vec<Vec<i64>>>(&mut conn)
                         .await
-                        .map(|v| v.first() == Some(&1))
+                        .map(|v| v.first().and_then(|r| r.first()) == Some(&1))
                 }
             };
             rows.push(case(&mut admin, Subject::Floor, concurrency, 1, plan, op).await?);

@@ -471,11 +471,14 @@ async fn evalsha_middleware(
     next: Next,
 ) -> Response {
     let key = format!("{}:{{{}}}:0", script.prefix, peer.ip());
-    let reply: Result<Vec<i64>, _> = redis::cmd("EVALSHA")
+    // now = server clock, 1 call: 1 limit, cost 1, no wait, T, tolerance.
+    let reply: Result<Vec<Vec<i64>>, _> = redis::cmd("EVALSHA")
         .arg(&script.sha)
         .arg(1)
         .arg(key)
         .arg("")
+        .arg(1)
+        .arg(1)
         .arg(1)
         .arg(0)
         .arg(&script.emission)
@@ -483,7 +486,7 @@ async fn evalsha_middleware(
         .query_async(&mut conn)
         .await;
     match reply {
-        Ok(r) if r.first() == Some(&1) => next.run(req).await,
+        Ok(r) if r.first().and_then(|d| d.first()) == Some(&1) => next.run(req).await,
         Ok(_) => StatusCode::TOO_MANY_REQUESTS.into_response(),
         Err(_) => next.run(req).await,
     }

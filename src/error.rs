@@ -199,6 +199,13 @@ pub enum ConfigError {
         /// The offending status.
         status: http::StatusCode,
     },
+    /// A Redis store told to keep no script in flight, or to put no call in
+    /// a script.
+    #[error("{setting} must be at least 1")]
+    ZeroBatch {
+        /// `max_in_flight` or `max_batch`.
+        setting: &'static str,
+    },
     /// A [`LocalShare`](crate::LocalShare) outside `0 < share <= 1`.
     #[error("local share {share} is outside 0 < share <= 1")]
     InvalidShare {

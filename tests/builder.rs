@@ -411,6 +411,15 @@ async fn redis_store_builder_refuses_zero_timeout_and_bad_prefixes() {
             .await,
         &[&ConfigError::ZeroTimeout.to_string()],
     );
+    for (builder, setting) in [
+        (RedisStore::builder().max_in_flight(0), "max_in_flight"),
+        (RedisStore::builder().max_batch(0), "max_batch"),
+    ] {
+        config_refused(
+            builder.connect(&url).await,
+            &[&ConfigError::ZeroBatch { setting }.to_string(), setting],
+        );
+    }
     let long = "p".repeat(65);
     for &prefix in BAD_NAMES.iter().chain([long.as_str()].iter()) {
         config_refused(

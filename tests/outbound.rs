@@ -691,7 +691,9 @@ async fn redis_slots_go_to_calls_in_the_order_they_reach_redis_without_polling()
     // Slots 50 ms apart: the last call went no earlier than 9 × 50 ms later.
     let calls = upstream.calls();
     assert!(calls[n].at - t0 >= 9 * 50 * MS - 5 * MS);
-    // One script call per waiting call, and nothing else: no polling.
+    // At most one script per waiting call (calls queued behind the
+    // store's busy slots travel together in one), and nothing else: no
+    // polling.
     let info: String = redis::cmd("INFO")
         .arg("commandstats")
         .query_async(&mut conn)
@@ -703,7 +705,7 @@ async fn redis_slots_go_to_calls_in_the_order_they_reach_redis_without_polling()
             .and_then(|rest| rest.split(',').next())
             .map_or(0, |n| n.parse().unwrap())
     };
-    assert_eq!(count("evalsha"), n, "{info}");
+    assert!((1..=n).contains(&count("evalsha")), "{info}");
     assert_eq!(count("eval"), 0, "{info}");
 }
 

@@ -29,7 +29,7 @@ pub use self::memory::{MemoryStore, MemoryStoreBuilder};
 pub use self::redis::{RedisStore, RedisStoreBuilder, TimeSource};
 
 pub use self::deny_cache::DenyCacheStats;
-pub use self::redis::DEFAULT_DENY_CACHE;
+pub use self::redis::{DEFAULT_DENY_CACHE, DEFAULT_MAX_BATCH, DEFAULT_MAX_IN_FLIGHT};
 
 #[cfg(test)]
 pub(crate) use self::deny_cache::DenyCache;

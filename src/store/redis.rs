@@ -7,6 +7,7 @@ use redis::{Arg, Cmd, ErrorKind, ServerErrorKind, Value};
 
 use super::connection::Conn;
 use super::deny_cache::{DenyCache, DenyCacheStats, RealClock};
+mod batch;
 mod defer;
 mod lease;
 mod window;
@@ -125,6 +126,9 @@ struct Inner {
     timeout: Duration,
     time: TimeSource,
     gcra: LuaScript,
+    /// `None` on a cluster, where calls of different slots cannot share a
+    /// script.
+    batcher: Option<batch::Batcher>,
     deny: Option<DenyCache>,
     windows: window::Scripts,
     leases: lease::Scripts,
@@ -144,6 +148,8 @@ impl RedisStore {
             connect_timeout: Duration::from_secs(1),
             time: TimeSource::Server,
             deny_cache: DEFAULT_DENY_CACHE,
+            max_in_flight: DEFAULT_MAX_IN_FLIGHT,
+            max_batch: DEFAULT_MAX_BATCH,
         }
     }
 
@@ -182,50 +188,120 @@ impl RedisStore {
         concat(&[&self.inner.prefix, ":", name, ":{", &tag, "}"])
     }
 
-    /// Builds the script's keys and arguments from the borrowed call, then
-    /// leaves the round trip to the returned future.
+    /// Answers from the deny cache, or sends the call alone when the
+    /// connection has a free slot, or queues it for the next batch (see
+    /// [`batch`]).
     fn run_gcra(&self, call: GcraCall<'_>) -> StoreFuture<Decision> {
         if let Some(cache) = &self.inner.deny {
             if let Some(denied) = cache.lookup(call.policy, call.key, call.cost, call.max_wait) {
                 return StoreFuture::ready(Ok(denied));
             }
         }
-        let limits = call.policy.limits();
-        let mut cmd = self.inner.gcra.call(limits.len(), 3 + 2 * limits.len());
-        for i in 0..limits.len() {
-            cmd.arg(self.gcra_key(call.policy, call.key, i));
-        }
-        // With the caller's clock, the deny cache reads the same instant.
-        let sent_at = match &self.inner.time {
-            TimeSource::Server => {
-                cmd.arg("");
-                self.inner.deny.as_ref().map(|c| c.now())
-            }
-            TimeSource::Client(clock) => {
-                let now = clock.now_micros();
-                cmd.arg(now);
-                Some(now)
-            }
-        };
-        cmd.arg(call.cost).arg(call.max_wait_us());
-        for limit in limits {
-            cmd.arg(limit.emission_us()).arg(limit.tolerance_us());
-        }
-        let store = self.clone();
-        let count = limits.len();
-        let remember = match (&self.inner.deny, sent_at) {
-            (Some(_), Some(sent_at)) => Some((call.policy.clone(), call.key.clone(), sent_at)),
-            _ => None,
-        };
+        let count = call.policy.limits().len();
+        let remember = self
+            .inner
+            .deny
+            .is_some()
+            .then(|| (call.policy.clone(), call.key.clone()));
         let cost = call.cost;
-        StoreFuture::pending(async move {
-            let reply = store.run(&store.inner.gcra, cmd).await?;
-            let decision = decode_gcra(&reply, count)?;
-            if let (Some(cache), Some((policy, key, sent_at))) = (&store.inner.deny, remember) {
-                cache.record(&policy, &key, cost, sent_at, &decision);
+        let store = self.clone();
+        let permit = match &self.inner.batcher {
+            Some(batcher) => {
+                match batcher.enter(self, call.policy, call.key, cost, call.max_wait_us()) {
+                    batch::Entry::Send(permit) => Some(permit),
+                    batch::Entry::Wait(answer) => {
+                        // The time in the queue counts toward the timeout.
+                        let timeout = self.inner.timeout;
+                        let deadline = tokio::time::Instant::now() + timeout;
+                        return StoreFuture::pending(async move {
+                            let answer = match tokio::time::timeout_at(deadline, answer).await {
+                                Ok(Ok(answer)) => answer?,
+                                Ok(Err(_)) => {
+                                    return Err(StoreError::Redis(
+                                        "the batch carrying this call was dropped".into(),
+                                    ));
+                                }
+                                Err(_) => return Err(StoreError::Timeout(timeout)),
+                            };
+                            store.decided(&answer.reply, count, remember, cost, answer.sent_at)
+                        });
+                    }
+                }
             }
-            Ok(decision)
+            None => None,
+        };
+        let sent_at = self.sent_at();
+        let mut cmd = self.inner.gcra.call(count, 4 + 2 * count);
+        self.gcra_keys(&mut cmd, call.policy, call.key);
+        self.now_and_count(&mut cmd, sent_at, 1);
+        gcra_args(&mut cmd, call.policy, cost, call.max_wait_us());
+        StoreFuture::pending(async move {
+            let reply = store.run(&store.inner.gcra, cmd).await;
+            drop(permit);
+            store.decided(&only_reply(reply?)?, count, remember, cost, sent_at)
         })
+    }
+
+    /// Decodes one call's reply and remembers a denial.
+    fn decided(
+        &self,
+        reply: &Value,
+        count: usize,
+        remember: Option<(Policy, Key)>,
+        cost: u64,
+        sent_at: Option<u64>,
+    ) -> Result<Decision, StoreError> {
+        let decision = decode_gcra(reply, count)?;
+        if let (Some(cache), Some((policy, key)), Some(sent_at)) =
+            (&self.inner.deny, remember, sent_at)
+        {
+            cache.record(&policy, &key, cost, sent_at, &decision);
+        }
+        Ok(decision)
+    }
+
+    /// The instant a script is sent, as the deny cache counts time: its own
+    /// clock with the server's time, or the caller's clock, whose reading
+    /// is also the script's "now" ([`RedisStore::now_and_count`]). `None`
+    /// without a deny cache and with the server's time.
+    fn sent_at(&self) -> Option<u64> {
+        match &self.inner.time {
+            TimeSource::Server => self.inner.deny.as_ref().map(|c| c.now()),
+            TimeSource::Client(clock) => Some(clock.now_micros()),
+        }
+    }
+
+    /// The keys of one call: one per limit.
+    fn gcra_keys(&self, cmd: &mut Cmd, policy: &Policy, key: &Key) {
+        for i in 0..policy.limits().len() {
+            cmd.arg(self.gcra_key(policy, key, i));
+        }
+    }
+
+    /// The script's first two arguments: "now" (empty for the server's
+    /// clock; with the caller's clock, `sent_at`) and the number of calls.
+    fn now_and_count(&self, cmd: &mut Cmd, sent_at: Option<u64>, calls: usize) {
+        match (&self.inner.time, sent_at) {
+            (TimeSource::Client(_), Some(now)) => cmd.arg(now),
+            _ => cmd.arg(""),
+        };
+        cmd.arg(calls);
+    }
+
+    /// One script for every queued call of `batch`, and the instant it is
+    /// sent ([`RedisStore::sent_at`]).
+    fn gcra_batch(&self, batch: &[batch::Queued]) -> (Cmd, Option<u64>) {
+        let keys: usize = batch.iter().map(|c| c.policy.limits().len()).sum();
+        let mut cmd = self.inner.gcra.call(keys, 2 + 3 * batch.len() + 2 * keys);
+        for call in batch {
+            self.gcra_keys(&mut cmd, &call.policy, &call.key);
+        }
+        let sent_at = self.sent_at();
+        self.now_and_count(&mut cmd, sent_at, batch.len());
+        for call in batch {
+            gcra_args(&mut cmd, &call.policy, call.cost, call.max_wait_us);
+        }
+        (cmd, sent_at)
     }
 
     /// `EVALSHA`, falling back to `EVAL` (which also caches the script) when
@@ -284,6 +360,24 @@ pub(crate) fn hash_tag(identity: &str) -> std::borrow::Cow<'_, str> {
         format!("~{identity}").into()
     } else {
         identity.into()
+    }
+}
+
+/// One call's arguments: the number of limits, the cost, the longest wait,
+/// then each limit's emission interval and tolerance.
+fn gcra_args(cmd: &mut Cmd, policy: &Policy, cost: u64, max_wait_us: u64) {
+    let limits = policy.limits();
+    cmd.arg(limits.len()).arg(cost).arg(max_wait_us);
+    for limit in limits {
+        cmd.arg(limit.emission_us()).arg(limit.tolerance_us());
+    }
+}
+
+/// The one reply in a script's list of replies, for a script of one call.
+fn only_reply(reply: Value) -> Result<Value, StoreError> {
+    match reply {
+        Value::Array(mut replies) if replies.len() == 1 => Ok(replies.swap_remove(0)),
+        other => Err(StoreError::UnexpectedReply(format!("{other:?}"))),
     }
 }
 
@@ -389,6 +483,8 @@ pub struct RedisStoreBuilder {
     connect_timeout: Duration,
     time: TimeSource,
     deny_cache: usize,
+    max_in_flight: usize,
+    max_batch: usize,
 }
 
 impl RedisStoreBuilder {
@@ -418,11 +514,55 @@ impl RedisStoreBuilder {
         self
     }
 
+    /// How many GCRA scripts may be in flight on the connection at once
+    /// (default 4). A call that finds them all in flight waits, and goes
+    /// with every other call queued by then in the next script, sent as
+    /// soon as one comes back: one `EVALSHA` that decides them in order at
+    /// one instant, exactly as if they had reached Redis back to back.
+    ///
+    /// Below this many calls in flight nothing waits. Under load, Redis
+    /// runs one script, one `TIME`, and one `GET` and one `SET` per
+    /// identity for many calls instead of one of each per call, which is
+    /// how a Redis-backed layer serves more requests than one `EVALSHA`
+    /// per request can (see BENCHMARKS.md). A queued call's wait counts
+    /// toward its [timeout](Self::timeout). `usize::MAX` never queues: one
+    /// script per call, however many are in flight. On a Redis Cluster,
+    /// where calls for different slots cannot share a script, calls are
+    /// never queued. Zero is refused ([`ConfigError::ZeroBatch`]).
+    ///
+    /// Window algorithms, leases and upstream feedback send one script per
+    /// call always.
+    pub fn max_in_flight(mut self, scripts: usize) -> Self {
+        self.max_in_flight = scripts;
+        self
+    }
+
+    /// The most calls one script decides (default 64); more queued calls
+    /// wait for the next free slot. Zero is refused
+    /// ([`ConfigError::ZeroBatch`]); 1 sends queued calls one by one, at
+    /// most [`max_in_flight`](Self::max_in_flight) at once.
+    pub fn max_batch(mut self, calls: usize) -> Self {
+        self.max_batch = calls;
+        self
+    }
+
     /// Checks the settings.
     fn check(&self) -> Result<(), StoreError> {
         check_name(&self.prefix)?;
         if self.timeout.is_zero() || self.connect_timeout.is_zero() {
             return Err(ConfigError::ZeroTimeout.into());
+        }
+        if self.max_in_flight == 0 {
+            return Err(ConfigError::ZeroBatch {
+                setting: "max_in_flight",
+            }
+            .into());
+        }
+        if self.max_batch == 0 {
+            return Err(ConfigError::ZeroBatch {
+                setting: "max_batch",
+            }
+            .into());
         }
         Ok(())
     }
@@ -491,6 +631,12 @@ impl RedisStoreBuilder {
             };
             DenyCache::new(self.deny_cache, clock)
         });
+        let batcher = match conn {
+            Conn::Single(_) if self.max_in_flight < usize::MAX => {
+                Some(batch::Batcher::new(self.max_in_flight, self.max_batch))
+            }
+            _ => None,
+        };
         Ok(RedisStore {
             inner: Arc::new(Inner {
                 conn,
@@ -498,6 +644,7 @@ impl RedisStoreBuilder {
                 timeout: self.timeout,
                 time: self.time,
                 gcra: LuaScript::new("gcra", GCRA_LUA),
+                batcher,
                 deny,
                 windows: window::Scripts::new(),
                 leases: lease::Scripts::new(),
@@ -505,6 +652,14 @@ impl RedisStoreBuilder {
         })
     }
 }
+
+/// How many GCRA scripts a [`RedisStore`] lets be in flight at once by
+/// default; see [`RedisStoreBuilder::max_in_flight`].
+pub const DEFAULT_MAX_IN_FLIGHT: usize = 4;
+
+/// How many calls one GCRA script decides at most by default; see
+/// [`RedisStoreBuilder::max_batch`].
+pub const DEFAULT_MAX_BATCH: usize = 64;
 
 /// How many denials a [`RedisStore`] remembers by default; see
 /// [`RedisStoreBuilder::deny_cache`].
@@ -665,5 +820,16 @@ mod tests {
         assert!(!d.is_allowed());
         assert_eq!(d.limit_index(), 1);
         assert_eq!(d.retry_after(), Some(Duration::from_micros(7)));
+
+        // A script of one call answers a list of one reply.
+        assert_eq!(only_reply(Value::Array(vec![ok.clone()])).unwrap(), ok);
+        for reply in [
+            ok.clone(),
+            Value::Nil,
+            Value::Array(vec![]),
+            Value::Array(vec![ok.clone(), ok]),
+        ] {
+            assert!(only_reply(reply.clone()).is_err(), "{reply:?}");
+        }
     }
 }

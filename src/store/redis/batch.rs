@@ -1,0 +1,195 @@
+//! GCRA calls that travel together.
+//!
+//! A store lets a few GCRA scripts be in flight on its connection at once
+//! ([`RedisStoreBuilder::max_in_flight`](super::RedisStoreBuilder::max_in_flight)).
+//! A call that finds them all taken waits in a queue; when a script comes
+//! back, everything queued by then (up to
+//! [`max_batch`](super::RedisStoreBuilder::max_batch) calls) goes in the
+//! next script, one `EVALSHA` that decides each call in order at one
+//! instant, as if they had reached Redis back to back. Below that many
+//! calls in flight nothing waits and each call is its own script, so a
+//! lightly loaded service pays nothing for this; under load Redis runs one
+//! script (one `TIME`, one `GET` and one `SET` per identity) for many calls
+//! instead of one each.
+//!
+//! The queue is a mutex-guarded list. A script's slot is a [`Permit`]: the
+//! call that sends alone holds it in its own future; a batch holds it in a
+//! spawned task, because the calls it carries belong to many callers and
+//! none of them may cancel it. Dropping a permit, however its holder ends
+//! (answer, error, cancellation, panic), sends what has queued meanwhile or
+//! frees the slot, so no slot is ever lost.
+
+use std::collections::VecDeque;
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use redis::Value;
+use tokio::sync::oneshot;
+
+use super::RedisStore;
+use crate::error::StoreError;
+use crate::key::Key;
+use crate::limit::Policy;
+
+/// The queue and the count of scripts in flight of one store.
+#[derive(Debug)]
+pub(super) struct Batcher {
+    state: Mutex<State>,
+    max_in_flight: usize,
+    max_batch: usize,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    in_flight: usize,
+    queue: VecDeque<Queued>,
+}
+
+/// A call waiting for a script, with everything needed to write it into one.
+#[derive(Debug)]
+pub(super) struct Queued {
+    pub(super) policy: Policy,
+    pub(super) key: Key,
+    pub(super) cost: u64,
+    pub(super) max_wait_us: u64,
+    answer: oneshot::Sender<Result<Answer, StoreError>>,
+}
+
+/// One call's part of a batch's reply.
+#[derive(Debug)]
+pub(super) struct Answer {
+    /// The call's own reply, as a script of one call would have given it.
+    pub(super) reply: Value,
+    /// The instant the batch was sent, on the deny cache's clock (see
+    /// `RedisStore::sent_at`).
+    pub(super) sent_at: Option<u64>,
+}
+
+/// What a call does: send its own script now, or wait for a batch.
+pub(super) enum Entry {
+    /// A slot was free: send alone, holding the slot until the answer.
+    Send(Permit),
+    /// Every slot is taken: the answer comes from a batch.
+    Wait(oneshot::Receiver<Result<Answer, StoreError>>),
+}
+
+/// One of the store's script slots, held while its script is in flight.
+pub(super) struct Permit {
+    store: RedisStore,
+}
+
+impl Batcher {
+    pub(super) fn new(max_in_flight: usize, max_batch: usize) -> Self {
+        Batcher {
+            state: Mutex::default(),
+            max_in_flight: max_in_flight.max(1),
+            max_batch: max_batch.max(1),
+        }
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        // The lock is never held across code that can panic; if it ever
+        // were, the counts inside are still whole.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Takes a slot for the call, or queues it.
+    pub(super) fn enter(
+        &self,
+        store: &RedisStore,
+        policy: &Policy,
+        key: &Key,
+        cost: u64,
+        max_wait_us: u64,
+    ) -> Entry {
+        let mut state = self.state();
+        if state.in_flight < self.max_in_flight {
+            state.in_flight += 1;
+            return Entry::Send(Permit {
+                store: store.clone(),
+            });
+        }
+        let (answer, receiver) = oneshot::channel();
+        state.queue.push_back(Queued {
+            policy: policy.clone(),
+            key: key.clone(),
+            cost,
+            max_wait_us,
+            answer,
+        });
+        Entry::Wait(receiver)
+    }
+
+    /// A slot came back: the queued calls whose callers still wait (up to
+    /// `max_batch`) keep it and leave in a spawned task; with none, it is
+    /// freed.
+    fn leave(&self, store: &RedisStore) {
+        let batch = {
+            let mut state = self.state();
+            let mut batch = Vec::new();
+            while batch.len() < self.max_batch {
+                let Some(call) = state.queue.pop_front() else {
+                    break;
+                };
+                if !call.answer.is_closed() {
+                    batch.push(call);
+                }
+            }
+            if batch.is_empty() {
+                state.in_flight -= 1;
+                return;
+            }
+            batch
+        };
+        let permit = Permit {
+            store: store.clone(),
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(send(permit, batch));
+            }
+            // Dropped outside any runtime (a caller's future dropped by a
+            // plain thread): the batch cannot go, its callers are told so,
+            // and the slot passes on to whatever is still queued.
+            Err(_) => {
+                let error = StoreError::Redis("no tokio runtime to send queued calls".into());
+                for call in batch {
+                    let _ = call.answer.send(Err(error.clone()));
+                }
+                drop(permit);
+            }
+        }
+    }
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        if let Some(batcher) = &self.store.inner.batcher {
+            batcher.leave(&self.store);
+        }
+    }
+}
+
+/// Sends one batch and hands each caller its answer; the permit, dropped at
+/// the end, sends the next batch or frees the slot.
+async fn send(permit: Permit, batch: Vec<Queued>) {
+    let store = &permit.store;
+    let (cmd, sent_at) = store.gcra_batch(&batch);
+    let replies = match store.run(&store.inner.gcra, cmd).await {
+        Ok(Value::Array(replies)) if replies.len() == batch.len() => Ok(replies),
+        Ok(other) => Err(StoreError::UnexpectedReply(format!("{other:?}"))),
+        Err(err) => Err(err),
+    };
+    match replies {
+        Ok(replies) => {
+            for (call, reply) in batch.into_iter().zip(replies) {
+                let _ = call.answer.send(Ok(Answer { reply, sent_at }));
+            }
+        }
+        Err(err) => {
+            for call in batch {
+                let _ = call.answer.send(Err(err.clone()));
+            }
+        }
+    }
+    drop(permit);
+}
