@@ -3,7 +3,10 @@
 //! concurrency 1, 16 and 64, beside the floor for any Redis limiter: a
 //! hand-written `EVALSHA` of the same `lua/gcra.lua` through one redis-rs
 //! multiplexed connection, with the key and arguments built by hand, and
-//! the bare round trip (`EVALSHA` of `return 1`).
+//! the bare round trip (`EVALSHA` of `return 1`). The Redis store runs
+//! twice for GCRA: as built by default, where calls that find the store's
+//! script slots all in flight go together in one script, and with
+//! `max_in_flight(usize::MAX)`, one script per call.
 //!
 //! ```sh
 //! cargo bench --bench decisions
@@ -57,6 +60,9 @@ const ALGORITHMS: [Algorithm; 4] = [
     Algorithm::FixedWindow,
 ];
 const GCRA_LUA: &str = include_str!("../lua/gcra.lua");
+
+/// The Redis store with `max_in_flight(usize::MAX)`: one script per call.
+const UNBATCHED: &str = "redis, one script per call";
 
 struct Plan {
     warm_up: Duration,
@@ -141,6 +147,13 @@ async fn run(server: &RedisServer, plan: &Plan) -> Result<(), BoxError> {
         .timeout(Duration::from_secs(1))
         .connect(&server.url())
         .await?;
+    // The same store with every call its own script, to show what calls
+    // travelling together (the default) change.
+    let unbatched_store = RedisStore::builder()
+        .timeout(Duration::from_secs(1))
+        .max_in_flight(usize::MAX)
+        .connect(&server.url())
+        .await?;
     let memory_store = MemoryStore::new();
     let keys: Arc<Vec<Key>> = Arc::new(
         (0..KEYS)
@@ -159,8 +172,8 @@ async fn run(server: &RedisServer, plan: &Plan) -> Result<(), BoxError> {
         .arg(GCRA_LUA)
         .query_async(&mut load)
         .await?;
-    // The floor's arguments, as the store sends them for the bench's limit:
-    // server time, cost 1, no wait, T = 100 µs, tolerance 100 ms.
+    // The floor's arguments, as the store sends them for the bench's limit
+    // (T = 100 µs, tolerance 100 ms).
     let limit = Limit::new(Rate::new(1000, Duration::from_millis(100)))?;
     let emission = limit.emission_interval().as_micros().to_string();
     let tolerance = (limit.emission_interval() * 1000).as_micros().to_string();
@@ -185,8 +198,13 @@ async fn run(server: &RedisServer, plan: &Plan) -> Result<(), BoxError> {
                     Arc::new(memory_store.clone()) as Arc<dyn fleetgate::Store>,
                 ),
                 ("redis", Arc::new(redis_store.clone())),
+                (UNBATCHED, Arc::new(unbatched_store.clone())),
             ] {
                 for algorithm in ALGORITHMS {
+                    // Only GCRA calls travel together.
+                    if store_name == UNBATCHED && algorithm != Algorithm::Gcra {
+                        continue;
+                    }
                     common::flush_all(&mut admin).await?;
                     let limiter = Limiter::new(policy(algorithm)?, store.clone());
                     let keys = keys.clone();
@@ -445,13 +463,15 @@ fn print_tables(rows: &[Row], plan: &Plan, version: &str) {
             .filter(|r| r.subject == Subject::Store("redis", algorithm))
             .map(|r| stats::scripts_in(&r.commands) as f64 / r.decisions.max(1) as f64)
             .collect();
-        let exact = !trips.is_empty() && trips.iter().all(|t| *t == 1.0);
+        // Never more than one; below one where GCRA calls queued behind
+        // the store's busy slots went together.
+        let exact = !trips.is_empty() && trips.iter().all(|t| *t > 0.0 && *t <= 1.0);
         let shown: Vec<String> = trips.iter().map(|t| format!("{t:.3}")).collect();
         println!(
             "{}",
             target_row(
                 &format!("raw: Redis round trips per decision, {algorithm} (c = 1, 16, 64)"),
-                "1 (counted)",
+                "≤ 1 (counted)",
                 &shown.join(" / "),
                 exact,
             )

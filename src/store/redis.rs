@@ -87,7 +87,9 @@ impl TimeSource {
 }
 
 /// Limiter state in Redis, shared by every instance that points at the same
-/// server: one Lua script and one round trip per decision.
+/// server: one Lua script and one round trip per decision, at most; under
+/// load, GCRA calls queued behind the connection's busy script slots share
+/// one script ([`RedisStoreBuilder::max_in_flight`]).
 ///
 /// Keys look like `{prefix}:{policy}:{{identity}}:{limit}`; the braces are a
 /// Redis Cluster hash tag, so all keys of one identity live in one slot and
