@@ -22,6 +22,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
+use smol_str::SmolStr;
 
 pub use self::header::HeaderKey;
 pub use self::host::HostKey;
@@ -33,7 +34,9 @@ pub const MAX_KEY_LEN: usize = 128;
 
 /// An identity to limit: an IP, a hashed API key, a user id.
 ///
-/// Cheap to clone. The built-in extractors give their keys distinct prefixes
+/// Cheap to clone, and made without allocating when it is at most 23 bytes
+/// long (any IPv4 key, short IPv6 and header keys); longer keys share one
+/// allocation among their clones. The built-in extractors give their keys distinct prefixes
 /// (`ip:` addresses, `h:` hashed headers, `hv:` unhashed headers, `global`)
 /// so that they never collide. Keys you make yourself (with [`key_fn`] or
 /// [`OnMissingKey::Fallback`](crate::OnMissingKey::Fallback)) are used as
@@ -41,7 +44,7 @@ pub const MAX_KEY_LEN: usize = 128;
 /// raw client input through unprefixed, or a client could send `ip:<victim>`
 /// and share a victim's limit.
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Key(Arc<str>);
+pub struct Key(SmolStr);
 
 impl Key {
     /// A key from text. Text longer than [`MAX_KEY_LEN`] bytes is replaced by
@@ -51,7 +54,7 @@ impl Key {
         if text.len() > MAX_KEY_LEN {
             Key::digest("sha256:", text.as_bytes())
         } else {
-            Key(Arc::from(text))
+            Key(SmolStr::new(text))
         }
     }
 
@@ -63,18 +66,19 @@ impl Key {
 
     /// A key for an IP address (`ip:203.0.113.7`).
     pub fn from_ip(ip: IpAddr) -> Self {
-        // Formatted on the stack, IPv4 digit by digit: a key costs one
-        // allocation, its own, on every request.
+        // Formatted on the stack, IPv4 digit by digit, and kept inline
+        // (IPv4 and short IPv6 texts fit): no allocation on the request
+        // path.
         if let IpAddr::V4(v4) = ip {
             let (bytes, len) = ipv4_text(v4.octets());
             if let Some(Ok(text)) = bytes.get(..len).map(std::str::from_utf8) {
-                return Key(Arc::from(text));
+                return Key(SmolStr::new(text));
             }
         }
         let mut text = StackText::default();
         match write!(text, "ip:{ip}") {
-            Ok(()) => Key(Arc::from(text.as_str())),
-            Err(_) => Key(Arc::from(format!("ip:{ip}"))),
+            Ok(()) => Key(SmolStr::new(text.as_str())),
+            Err(_) => Key(SmolStr::from(format!("ip:{ip}"))),
         }
     }
 
@@ -92,7 +96,7 @@ impl Key {
             text.push(hex_digit(byte >> 4));
             text.push(hex_digit(byte & 0xf));
         }
-        Key(Arc::from(text))
+        Key(SmolStr::from(text))
     }
 }
 
