@@ -16,7 +16,9 @@
 --                one hash tag)
 --
 -- Returns one reply per call: {allowed (1/0), deciding limit (1-based),
--- remaining, reset_us, retry_after_us when denied / wait_us when allowed}.
+-- remaining, reset_us, retry_after_us when denied / wait_us when allowed},
+-- or the text of the error that failed it (a string, not an error reply:
+-- one error inside the list would fail the whole reply in clients).
 -- Times stay integral microseconds, below 2^53, so Lua's doubles hold them
 -- exactly; stored values are formatted with %d to keep every digit.
 
@@ -36,12 +38,16 @@ local function idiv(a, b)
 end
 
 -- Each key is read at most once and written at most once per script, so
--- calls of one identity that travel together cost one GET and one SET.
+-- calls of one identity that travel together cost one GET and one SET. A
+-- key that cannot be read (it holds another type) fails the calls that
+-- name it, and only those: their reply is the error's text.
 local known, dirty, written = {}, {}, {}
 local function tat_of(key)
   local tat = known[key]
   if tat == nil then
-    tat = tonumber(redis.call('GET', key) or 0) or 0
+    local stored = redis.pcall('GET', key)
+    if type(stored) == 'table' and stored.err then return nil, stored.err end
+    tat = tonumber(stored or 0) or 0
     known[key] = tat
   end
   if tat < now then tat = now end
@@ -58,7 +64,8 @@ local function decide(k, a, n, cost, max_wait)
   for i = 1, n do
     local emission = tonumber(ARGV[a + 2 * i - 1])
     local tolerance = tonumber(ARGV[a + 2 * i])
-    local tat = tat_of(KEYS[k + i])
+    local tat, err = tat_of(KEYS[k + i])
+    if err then return err end
     tats[i] = tat
     local allow_at = tat + cost * emission - tolerance
     if allow_at > now then

@@ -168,6 +168,20 @@ impl ScriptMetrics {
         }
     }
 
+    /// Counts one failed call that made no round trip of its own (a call
+    /// that timed out in the queue, or one more call of a failed batch).
+    #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+    pub(crate) fn failed(&self, error: &StoreError) {
+        #[cfg(feature = "metrics")]
+        ::metrics::counter!(
+            "fleetgate_store_errors_total",
+            "store" => "redis",
+            "op" => self.op,
+            "error" => error_label(error),
+        )
+        .increment(1);
+    }
+
     /// Records one round trip and, if it failed, why.
     #[inline]
     #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
@@ -184,16 +198,10 @@ impl ScriptMetrics {
                     )
                 })
                 .record(took.as_secs_f64());
-            if let Some(err) = error {
-                // Rare: resolved per failure.
-                ::metrics::counter!(
-                    "fleetgate_store_errors_total",
-                    "store" => "redis",
-                    "op" => op,
-                    "error" => error_label(err),
-                )
-                .increment(1);
-            }
+        }
+        if let Some(err) = error {
+            // Rare: resolved per failure.
+            self.failed(err);
         }
     }
 }

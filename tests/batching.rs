@@ -1,14 +1,21 @@
 //! GCRA calls that find every script slot of a Redis store in flight wait,
 //! and go together in the next script (`RedisStoreBuilder::max_in_flight`).
 //! A batch decides exactly what the same calls one after the other would,
-//! costs Redis one script and one `GET`/`SET` per identity, and no slot is
-//! ever lost to a cancelled, timed-out or failed call.
+//! in the order they were first polled, costs Redis one script and one
+//! `GET`/`SET` per identity, fails only the calls whose key is unreadable,
+//! and no slot is ever lost to a cancelled, timed-out or failed call.
 mod common;
 
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Waker};
 use std::time::Duration;
 
 use common::RedisServer;
 use common::stats::{command_calls, reset_stats, scripts_in};
+use fleetgate::clock::ManualClock;
+use fleetgate::store::StoreFuture;
 use fleetgate::{
     Decision, Key, Limit, Limiter, MemoryStore, Policy, Rate, RedisStore, StoreError, TimeSource,
 };
@@ -38,15 +45,34 @@ async fn one_slot_store(server: &RedisServer, time: TimeSource) -> RedisStore {
     store
 }
 
-/// Awaits the calls in the order they were made.
-async fn all<F: std::future::Future<Output = Result<Decision, StoreError>>>(
-    calls: Vec<F>,
-) -> Vec<Decision> {
-    let mut decisions = Vec::with_capacity(calls.len());
-    for call in calls {
-        decisions.push(call.await.expect("decided"));
+/// Polls a call once, as a caller that goes on to other work would: the
+/// call takes its script slot (and is sent) or its place in the queue now.
+fn start(mut call: StoreFuture<Decision>) -> StoreFuture<Decision> {
+    let first = Pin::new(&mut call).poll(&mut Context::from_waker(Waker::noop()));
+    assert!(
+        first.is_pending(),
+        "a Redis call is not answered within its first poll"
+    );
+    call
+}
+
+/// Starts the calls in the order given, then awaits them all.
+async fn all(calls: Vec<StoreFuture<Decision>>) -> Vec<Result<Decision, StoreError>> {
+    let started: Vec<_> = calls.into_iter().map(start).collect();
+    let mut decisions = Vec::with_capacity(started.len());
+    for call in started {
+        decisions.push(call.await);
     }
     decisions
+}
+
+/// [`all`], every call decided.
+async fn decided(calls: Vec<StoreFuture<Decision>>) -> Vec<Decision> {
+    all(calls)
+        .await
+        .into_iter()
+        .map(|d| d.expect("decided"))
+        .collect()
 }
 
 /// 200 calls at once on one hot identity with a burst of 50: exactly 50
@@ -73,7 +99,7 @@ async fn a_hot_identity_is_decided_exactly_in_few_scripts() {
         reset_stats(&mut admin).await;
         let key = Key::new("hot");
         let calls: Vec<_> = (0..200).map(|_| limiter.check(&key, 1)).collect();
-        let decisions = all(calls).await;
+        let decisions = decided(calls).await;
 
         let admitted: Vec<u64> = decisions
             .iter()
@@ -94,8 +120,8 @@ async fn a_hot_identity_is_decided_exactly_in_few_scripts() {
 
         let calls = command_calls(&mut admin).await;
         let scripts = scripts_in(&calls);
-        // All 200 were made before the first was sent: it goes alone, the
-        // 199 queued behind it in batches of at most 64.
+        // All 200 were started before the first was answered: it went
+        // alone, the 199 queued behind it in batches of at most 64.
         assert_eq!(scripts, 5, "{name}: {calls:?}");
         assert_eq!(
             calls.get("get").copied(),
@@ -110,69 +136,167 @@ async fn a_hot_identity_is_decided_exactly_in_few_scripts() {
 }
 
 /// Calls for many identities under several policies (one limit, two
-/// limits, costs above 1, reserve mode) queued together are decided as the
-/// memory store decides the same calls one after the other.
+/// limits, costs above 1, reserve mode admitted and refused) queued
+/// together are decided exactly as the memory store decides the same calls
+/// one after the other at the same instant: every figure of every decision.
 #[tokio::test]
 async fn a_mixed_batch_decides_as_calls_one_by_one() {
     let server = RedisServer::start();
-    let store = one_slot_store(&server, TimeSource::Server).await;
+    let clock = ManualClock::new(Duration::from_secs(1_000_000));
+    let store = one_slot_store(&server, TimeSource::Client(Arc::new(clock.clone()))).await;
+    let memory = MemoryStore::builder().clock(clock.clone()).build();
     let policies = [
         Policy::single("one", limit(Rate::per_hour(5), 5)).unwrap(),
         Policy::builder("two")
             .limit(limit(Rate::per_hour(4), 4))
-            .limit(limit(Rate::per_hour(100), 2))
+            .limit(limit(Rate::per_minute(100), 2))
             .build()
             .unwrap(),
     ];
-    let memory = MemoryStore::new();
-    let on_redis: Vec<Limiter> = policies
-        .iter()
-        .map(|p| Limiter::new(p.clone(), store.clone()))
-        .collect();
-    let in_memory: Vec<Limiter> = policies
-        .iter()
-        .map(|p| Limiter::new(p.clone(), memory.clone()))
-        .collect();
-    let plan: Vec<(usize, Key, u64, bool)> = (0..120)
+    let limiters = |store: &dyn Fn(Policy) -> Limiter| -> Vec<Limiter> {
+        policies.iter().map(|p| store(p.clone())).collect()
+    };
+    let on_redis = limiters(&|p| Limiter::new(p, store.clone()));
+    let in_memory = limiters(&|p| Limiter::new(p, memory.clone()));
+    // (policy, identity, cost, longest wait: none, a second, ten hours)
+    let plan: Vec<(usize, Key, u64, Duration)> = (0..150)
         .map(|i| {
-            let policy = i % 2;
-            let key = Key::new(format!("id-{}", i % 7));
-            let cost = 1 + (i % 3) as u64 / 2;
-            (policy, key, cost, i % 11 == 0)
+            let wait = [
+                Duration::ZERO,
+                Duration::ZERO,
+                Duration::from_secs(1),
+                Duration::from_secs(36_000),
+            ];
+            (
+                i % 2,
+                Key::new(format!("id-{}", i % 7)),
+                1 + (i % 3) as u64 / 2,
+                wait[i % 4],
+            )
         })
         .collect();
-    let decide = |limiters: &[Limiter], (p, key, cost, reserve): &(usize, Key, u64, bool)| {
-        if *reserve {
-            limiters[*p].reserve(key, *cost, Duration::from_secs(36_000))
-        } else {
+    let decide = |limiters: &[Limiter], (p, key, cost, wait): &(usize, Key, u64, Duration)| {
+        if wait.is_zero() {
             limiters[*p].check(key, *cost)
+        } else {
+            limiters[*p].reserve(key, *cost, *wait)
         }
     };
-    let batched = all(plan.iter().map(|c| decide(&on_redis, c)).collect()).await;
+    let batched = decided(plan.iter().map(|c| decide(&on_redis, c)).collect()).await;
     let mut one_by_one = Vec::new();
     for call in &plan {
         one_by_one.push(decide(&in_memory, call).await.unwrap());
     }
-    let summary = |d: &Decision| {
+    let figures = |d: &Decision| {
+        let each: Vec<_> = (0..2).map(|i| (d.remaining_of(i), d.reset_of(i))).collect();
         (
             d.is_allowed(),
             d.limit_index(),
             d.remaining(),
-            d.wait() > Duration::ZERO,
+            d.reset(),
+            d.retry_after(),
+            d.wait(),
+            each,
         )
     };
-    let (batched, one_by_one): (Vec<_>, Vec<_>) = (
-        batched.iter().map(summary).collect(),
-        one_by_one.iter().map(summary).collect(),
+    for (i, (b, m)) in batched.iter().zip(&one_by_one).enumerate() {
+        assert_eq!(figures(b), figures(m), "call {i}: {:?}", plan[i]);
+    }
+    let (admitted, waiting) = (
+        batched.iter().filter(|d| d.is_allowed()).count(),
+        batched
+            .iter()
+            .filter(|d| d.is_allowed() && !d.wait().is_zero())
+            .count(),
     );
-    assert_eq!(batched, one_by_one);
-    assert!(batched.iter().any(|d| d.0) && batched.iter().any(|d| !d.0));
+    assert!(
+        admitted > 0 && admitted < batched.len() && waiting > 0,
+        "{admitted} {waiting}"
+    );
+    assert!(
+        batched
+            .iter()
+            .zip(&plan)
+            .any(|(d, c)| !d.is_allowed() && c.3 == Duration::from_secs(1)),
+        "some reserve call was refused for a wait above its longest"
+    );
+}
+
+/// Reserve-mode calls queued behind a busy slot keep the order in which
+/// they were first polled: each one's slot comes one emission interval
+/// after the one before.
+#[tokio::test]
+async fn queued_reservations_keep_their_order() {
+    let server = RedisServer::start();
+    let store = one_slot_store(&server, TimeSource::Server).await;
+    let limiter = Limiter::new(
+        Policy::single("fifo", limit(Rate::per_second(10), 1)).unwrap(),
+        store,
+    );
+    let key = Key::new("fifo");
+    let calls: Vec<_> = (0..40)
+        .map(|_| limiter.reserve(&key, 1, Duration::from_secs(60)))
+        .collect();
+    let waits: Vec<Duration> = decided(calls).await.iter().map(Decision::wait).collect();
+    for (i, pair) in waits.windows(2).enumerate() {
+        // 100 ms apart, less the time between the scripts that decided them.
+        let gap = pair[1].saturating_sub(pair[0]);
+        assert!(
+            gap > Duration::from_millis(50) && gap <= Duration::from_millis(100),
+            "call {} waits {:?}, call {} {:?}",
+            i,
+            pair[0],
+            i + 1,
+            pair[1]
+        );
+    }
+}
+
+/// A call whose key holds another type fails alone; the calls it travelled
+/// with are decided.
+#[tokio::test]
+async fn an_unreadable_key_fails_only_its_own_call() {
+    let server = RedisServer::start();
+    let store = one_slot_store(&server, TimeSource::Server).await;
+    let limiter = Limiter::new(
+        Policy::single("types", limit(Rate::per_hour(3), 3)).unwrap(),
+        store.clone(),
+    );
+    let mut admin = server
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let bad = Key::new("bad");
+    let () = redis::cmd("LPUSH")
+        .arg(store.gcra_key(limiter.policy(), &bad, 0))
+        .arg("x")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let keys = ["a", "bad", "b", "bad", "a"].map(Key::new);
+    let calls: Vec<_> = keys.iter().map(|k| limiter.check(k, 1)).collect();
+    let results = all(calls).await;
+    for (key, result) in keys.iter().zip(&results) {
+        match (key.as_str(), result) {
+            ("bad", Err(StoreError::Redis(text))) => assert!(text.contains("WRONGTYPE"), "{text}"),
+            ("bad", other) => panic!("the list key was read as a limit: {other:?}"),
+            (_, Ok(d)) => assert!(d.is_allowed()),
+            (_, Err(err)) => panic!("{key:?} failed with the bad key's batch: {err}"),
+        }
+    }
+    assert_eq!(
+        results[4].as_ref().map(Decision::remaining).ok(),
+        Some(1),
+        "the second call on `a` saw the first"
+    );
 }
 
 /// While Redis hangs, the call in flight and every queued call time out
-/// (the queue wait counts toward the timeout), and queued calls whose
-/// callers gave up are dropped; once Redis answers again the store decides
-/// as before: no slot was lost.
+/// (the time queued counts toward the timeout). Calls queued and then
+/// cancelled are not sent, and calls made but never polled take no place
+/// at all. Once Redis answers again the store decides as before: no slot
+/// was lost.
 #[tokio::test]
 async fn no_slot_is_lost_to_timeouts_or_cancellations() {
     let server = RedisServer::start();
@@ -188,14 +312,17 @@ async fn no_slot_is_lost_to_timeouts_or_cancellations() {
         Policy::single("lost", limit(Rate::per_hour(1000), 1000)).unwrap(),
         store,
     );
-    assert!(limiter.check(&Key::new("a"), 1).await.unwrap().is_allowed());
+    let a = Key::new("a");
+    assert_eq!(limiter.check(&a, 1).await.unwrap().remaining(), 999);
 
     server.pause();
-    let waiting: Vec<_> = (0..20).map(|_| limiter.check(&Key::new("a"), 1)).collect();
-    // Made and dropped unpolled: the callers gave up while queued (and the
-    // first of the next batch would otherwise go alone).
-    let abandoned: Vec<_> = (0..20).map(|_| limiter.check(&Key::new("a"), 1)).collect();
-    drop(abandoned);
+    let waiting: Vec<_> = (0..20).map(|_| start(limiter.check(&a, 1))).collect();
+    // Queued, then given up on.
+    let cancelled: Vec<_> = (0..20).map(|_| start(limiter.check(&a, 1))).collect();
+    drop(cancelled);
+    // Made and dropped without a poll.
+    let never_polled: Vec<_> = (0..20).map(|_| limiter.check(&a, 1)).collect();
+    drop(never_polled);
     for call in waiting {
         match call.await {
             Err(StoreError::Timeout(t)) => assert_eq!(t, Duration::from_millis(300)),
@@ -205,10 +332,12 @@ async fn no_slot_is_lost_to_timeouts_or_cancellations() {
     server.resume();
 
     // With the one slot lost, every call would now queue and time out.
-    let calls: Vec<_> = (0..50).map(|_| limiter.check(&Key::new("b"), 1)).collect();
-    let decisions = all(calls).await;
+    let decisions = decided((0..50).map(|_| limiter.check(&Key::new("b"), 1)).collect()).await;
     assert!(decisions.iter().all(Decision::is_allowed));
     assert_eq!(decisions.last().map(Decision::remaining), Some(950));
+    // `a` was charged for its first call and the 20 that timed out (they
+    // reached Redis once it woke), not for the cancelled or unpolled ones.
+    assert_eq!(limiter.check(&a, 1).await.unwrap().remaining(), 1000 - 22);
 }
 
 /// Without batching (`max_in_flight(usize::MAX)`) every call is its own
@@ -235,7 +364,7 @@ async fn unbounded_in_flight_sends_one_script_per_call() {
         .unwrap();
     reset_stats(&mut admin).await;
     let calls: Vec<_> = (0..40).map(|_| limiter.check(&Key::new("k"), 1)).collect();
-    let decisions = all(calls).await;
+    let decisions = decided(calls).await;
     assert_eq!(decisions.iter().filter(|d| d.is_allowed()).count(), 10);
     let calls = command_calls(&mut admin).await;
     assert_eq!(scripts_in(&calls), 40, "{calls:?}");

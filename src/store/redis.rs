@@ -190,74 +190,70 @@ impl RedisStore {
         concat(&[&self.inner.prefix, ":", name, ":{", &tag, "}"])
     }
 
-    /// Answers from the deny cache, or sends the call alone when the
-    /// connection has a free slot, or queues it for the next batch (see
-    /// [`batch`]).
+    /// Answers from the deny cache, or, when the returned future is first
+    /// polled, sends the call alone if the connection has a free script
+    /// slot, or queues it for the next batch (see [`batch`]).
     fn run_gcra(&self, call: GcraCall<'_>) -> StoreFuture<Decision> {
         if let Some(cache) = &self.inner.deny {
             if let Some(denied) = cache.lookup(call.policy, call.key, call.cost, call.max_wait) {
                 return StoreFuture::ready(Ok(denied));
             }
         }
-        let count = call.policy.limits().len();
-        let remember = self
-            .inner
-            .deny
-            .is_some()
-            .then(|| (call.policy.clone(), call.key.clone()));
-        let cost = call.cost;
+        let (policy, key) = (call.policy.clone(), call.key.clone());
+        let (cost, max_wait_us) = (call.cost, call.max_wait_us());
         let store = self.clone();
-        let permit = match &self.inner.batcher {
-            Some(batcher) => {
-                match batcher.enter(self, call.policy, call.key, cost, call.max_wait_us()) {
+        StoreFuture::pending(async move {
+            let permit = match &store.inner.batcher {
+                Some(batcher) => match batcher.enter(&store, &policy, &key, cost, max_wait_us) {
                     batch::Entry::Send(permit) => Some(permit),
                     batch::Entry::Wait(answer) => {
-                        // The time in the queue counts toward the timeout.
-                        let timeout = self.inner.timeout;
-                        let deadline = tokio::time::Instant::now() + timeout;
-                        return StoreFuture::pending(async move {
-                            let answer = match tokio::time::timeout_at(deadline, answer).await {
-                                Ok(Ok(answer)) => answer?,
-                                Ok(Err(_)) => {
-                                    return Err(StoreError::Redis(
-                                        "the batch carrying this call was dropped".into(),
-                                    ));
-                                }
-                                Err(_) => return Err(StoreError::Timeout(timeout)),
-                            };
-                            store.decided(&answer.reply, count, remember, cost, answer.sent_at)
-                        });
+                        let answer = store.queued(answer).await?;
+                        return store.decided(&answer.reply, &policy, &key, cost, answer.sent_at);
                     }
-                }
-            }
-            None => None,
-        };
-        let sent_at = self.sent_at();
-        let mut cmd = self.inner.gcra.call(count, 4 + 2 * count);
-        self.gcra_keys(&mut cmd, call.policy, call.key);
-        self.now_and_count(&mut cmd, sent_at, 1);
-        gcra_args(&mut cmd, call.policy, cost, call.max_wait_us());
-        StoreFuture::pending(async move {
+                },
+                None => None,
+            };
+            let count = policy.limits().len();
+            let sent_at = store.sent_at();
+            let mut cmd = store.inner.gcra.call(count, 4 + 2 * count);
+            store.gcra_keys(&mut cmd, &policy, &key);
+            store.now_and_count(&mut cmd, sent_at, 1);
+            gcra_args(&mut cmd, &policy, cost, max_wait_us);
             let reply = store.run(&store.inner.gcra, cmd).await;
             drop(permit);
-            store.decided(&only_reply(reply?)?, count, remember, cost, sent_at)
+            store.decided(&only_reply(reply?)?, &policy, &key, cost, sent_at)
         })
+    }
+
+    /// A queued call's answer, within the store's timeout counted from the
+    /// moment it was queued.
+    async fn queued(
+        &self,
+        answer: tokio::sync::oneshot::Receiver<Result<batch::Answer, StoreError>>,
+    ) -> Result<batch::Answer, StoreError> {
+        let timeout = self.inner.timeout;
+        let error = match tokio::time::timeout(timeout, answer).await {
+            // Failures of the batch's script are counted where it ran.
+            Ok(Ok(answer)) => return answer,
+            Ok(Err(_)) => StoreError::Redis("the batch carrying this call was dropped".into()),
+            Err(_) => StoreError::Timeout(timeout),
+        };
+        self.inner.gcra.metrics.failed(&error);
+        Err(error)
     }
 
     /// Decodes one call's reply and remembers a denial.
     fn decided(
         &self,
         reply: &Value,
-        count: usize,
-        remember: Option<(Policy, Key)>,
+        policy: &Policy,
+        key: &Key,
         cost: u64,
         sent_at: Option<u64>,
     ) -> Result<Decision, StoreError> {
-        let decision = decode_gcra(reply, count)?;
-        if let (Some(cache), Some((policy, key)), Some(sent_at)) =
-            (&self.inner.deny, remember, sent_at)
-        {
-            cache.record(&policy, &key, cost, sent_at, &decision);
+        let decision = decode_gcra(reply, policy.limits().len())?;
+        if let (Some(cache), Some(sent_at)) = (&self.inner.deny, sent_at) {
+            cache.record(policy, key, cost, sent_at, &decision);
         }
         Ok(decision)
     }
@@ -396,8 +392,15 @@ pub(crate) fn decode_decision(
     each: bool,
 ) -> Result<Decision, StoreError> {
     let unexpected = || StoreError::UnexpectedReply(format!("{reply:?}"));
-    let Value::Array(items) = reply else {
-        return Err(unexpected());
+    let items = match reply {
+        Value::Array(items) => items,
+        // The text of one call's error, in a script's list of replies.
+        Value::BulkString(text) => {
+            return Err(StoreError::Redis(
+                String::from_utf8_lossy(text).into_owned(),
+            ));
+        }
+        _ => return Err(unexpected()),
     };
     let int = |item: &Value| match item {
         Value::Int(n) if *n >= 0 => Ok(*n as u64),
@@ -527,10 +530,14 @@ impl RedisStoreBuilder {
     /// identity for many calls instead of one of each per call, which is
     /// how a Redis-backed layer serves more requests than one `EVALSHA`
     /// per request can (see BENCHMARKS.md). A queued call's wait counts
-    /// toward its [timeout](Self::timeout). `usize::MAX` never queues: one
-    /// script per call, however many are in flight. On a Redis Cluster,
-    /// where calls for different slots cannot share a script, calls are
-    /// never queued. Zero is refused ([`ConfigError::ZeroBatch`]).
+    /// toward its [timeout](Self::timeout). A call takes its slot or its
+    /// place in the queue when its future is first polled, and calls reach
+    /// Redis in that order. `usize::MAX` never queues: one script per call,
+    /// however many are in flight. On a Redis Cluster, where calls for
+    /// different slots cannot share a script, calls are never queued; behind
+    /// a proxy that spreads keys over several servers (twemproxy, Envoy's
+    /// Redis proxy), set `usize::MAX`. Zero is refused
+    /// ([`ConfigError::ZeroBatch`]).
     ///
     /// Window algorithms, leases and upstream feedback send one script per
     /// call always.
@@ -822,6 +829,12 @@ mod tests {
         assert!(!d.is_allowed());
         assert_eq!(d.limit_index(), 1);
         assert_eq!(d.retry_after(), Some(Duration::from_micros(7)));
+
+        // One call's error travels as its text.
+        assert!(matches!(
+            decode_gcra(&Value::BulkString(b"WRONGTYPE Operation".to_vec()), 1),
+            Err(StoreError::Redis(text)) if text == "WRONGTYPE Operation"
+        ));
 
         // A script of one call answers a list of one reply.
         assert_eq!(only_reply(Value::Array(vec![ok.clone()])).unwrap(), ok);

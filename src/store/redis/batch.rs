@@ -12,15 +12,19 @@
 //! script (one `TIME`, one `GET` and one `SET` per identity) for many calls
 //! instead of one each.
 //!
-//! The queue is a mutex-guarded list. A script's slot is a [`Permit`]: the
-//! call that sends alone holds it in its own future; a batch holds it in a
-//! spawned task, because the calls it carries belong to many callers and
-//! none of them may cancel it. Dropping a permit, however its holder ends
-//! (answer, error, cancellation, panic), sends what has queued meanwhile or
-//! frees the slot, so no slot is ever lost.
+//! A call takes its slot or its place in the queue when its future is
+//! first polled, so a future made and never polled holds nothing and is
+//! charged nothing. The queue is a mutex-guarded list. A script's slot is a
+//! [`Permit`]: the call that sends alone holds it in its own future; a
+//! batch holds it in a spawned task, because the calls it carries belong to
+//! many callers and none of them may cancel it. Dropping a permit, however
+//! its holder ends (answer, error, cancellation, panic), sends what has
+//! queued meanwhile or frees the slot, so no slot is ever lost.
 
 use std::collections::VecDeque;
+use std::future::Future;
 use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::task::{Context, Poll, Waker};
 
 use redis::Value;
 use tokio::sync::oneshot;
@@ -120,42 +124,58 @@ impl Batcher {
     }
 
     /// A slot came back: the queued calls whose callers still wait (up to
-    /// `max_batch`) keep it and leave in a spawned task; with none, it is
-    /// freed.
+    /// `max_batch`) keep it and leave together; with none, it is freed.
+    ///
+    /// The batch's script is written to the connection here, under the
+    /// lock (one poll of the exchange, which queues the command on the
+    /// multiplexed connection), and only the wait for the reply goes to a
+    /// spawned task: so batches reach Redis in the order their calls were
+    /// queued, which is the order their callers first polled, and a waiting
+    /// (reserve-mode) call never loses its place to a later one.
     fn leave(&self, store: &RedisStore) {
-        let batch = {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            // Dropped outside any runtime (a caller's future dropped by a
+            // plain thread): nothing can be sent from here. The queued
+            // calls are told so, and the slot is freed.
             let mut state = self.state();
-            let mut batch = Vec::new();
-            while batch.len() < self.max_batch {
-                let Some(call) = state.queue.pop_front() else {
-                    break;
-                };
-                if !call.answer.is_closed() {
-                    batch.push(call);
-                }
+            let error = StoreError::Redis("no tokio runtime to send queued calls".into());
+            for call in state.queue.drain(..) {
+                let _ = call.answer.send(Err(error.clone()));
             }
-            if batch.is_empty() {
-                state.in_flight -= 1;
-                return;
-            }
-            batch
+            state.in_flight -= 1;
+            return;
         };
+        let mut state = self.state();
+        let mut batch = Vec::new();
+        while batch.len() < self.max_batch {
+            let Some(call) = state.queue.pop_front() else {
+                break;
+            };
+            if !call.answer.is_closed() {
+                batch.push(call);
+            }
+        }
+        if batch.is_empty() {
+            state.in_flight -= 1;
+            return;
+        }
+        // The slot passes to the batch.
         let permit = Permit {
             store: store.clone(),
         };
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => {
-                runtime.spawn(send(permit, batch));
-            }
-            // Dropped outside any runtime (a caller's future dropped by a
-            // plain thread): the batch cannot go, its callers are told so,
-            // and the slot passes on to whatever is still queued.
-            Err(_) => {
-                let error = StoreError::Redis("no tokio runtime to send queued calls".into());
-                for call in batch {
-                    let _ = call.answer.send(Err(error.clone()));
-                }
-                drop(permit);
+        let mut sending = Box::pin(send(store.clone(), batch));
+        let written = sending
+            .as_mut()
+            .poll(&mut Context::from_waker(Waker::noop()));
+        drop(state);
+        match written {
+            // Answered at once (a closed connection): the slot goes on.
+            Poll::Ready(()) => drop(permit),
+            Poll::Pending => {
+                runtime.spawn(async move {
+                    sending.await;
+                    drop(permit);
+                });
             }
         }
     }
@@ -169,12 +189,12 @@ impl Drop for Permit {
     }
 }
 
-/// Sends one batch and hands each caller its answer; the permit, dropped at
-/// the end, sends the next batch or frees the slot.
-async fn send(permit: Permit, batch: Vec<Queued>) {
-    let store = &permit.store;
+/// Sends one batch and hands each caller its answer. A reply that is an
+/// error for one call (its key holds another type) fails that call only.
+async fn send(store: RedisStore, batch: Vec<Queued>) {
     let (cmd, sent_at) = store.gcra_batch(&batch);
-    let replies = match store.run(&store.inner.gcra, cmd).await {
+    let script = &store.inner.gcra;
+    let replies = match store.run(script, cmd).await {
         Ok(Value::Array(replies)) if replies.len() == batch.len() => Ok(replies),
         Ok(other) => Err(StoreError::UnexpectedReply(format!("{other:?}"))),
         Err(err) => Err(err),
@@ -186,10 +206,14 @@ async fn send(permit: Permit, batch: Vec<Queued>) {
             }
         }
         Err(err) => {
+            // The script's failure is counted once by `run`; each further
+            // call it carried failed too.
+            for _ in 1..batch.len() {
+                script.metrics.failed(&err);
+            }
             for call in batch {
                 let _ = call.answer.send(Err(err.clone()));
             }
         }
     }
-    drop(permit);
 }
