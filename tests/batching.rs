@@ -45,6 +45,22 @@ async fn one_slot_store(server: &RedisServer, time: TimeSource) -> RedisStore {
     store
 }
 
+/// A store without a deny cache, so that every call reaches Redis.
+async fn uncached_store(
+    server: &RedisServer,
+    max_in_flight: usize,
+    timeout: Duration,
+) -> RedisStore {
+    RedisStore::builder()
+        .prefix("batch")
+        .timeout(timeout)
+        .max_in_flight(max_in_flight)
+        .deny_cache(0)
+        .connect(&server.url())
+        .await
+        .expect("connect")
+}
+
 /// Polls a call once, as a caller that goes on to other work would: the
 /// call takes its script slot (and is sent) or its place in the queue now.
 fn start(mut call: StoreFuture<Decision>) -> StoreFuture<Decision> {
@@ -82,11 +98,7 @@ async fn decided(calls: Vec<StoreFuture<Decision>>) -> Vec<Decision> {
 #[tokio::test]
 async fn a_hot_identity_is_decided_exactly_in_few_scripts() {
     let server = RedisServer::start();
-    let mut admin = server
-        .client()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
+    let mut admin = server.admin().await;
     for (name, time) in [
         ("server", TimeSource::Server),
         ("client", TimeSource::system_clock()),
@@ -262,11 +274,7 @@ async fn an_unreadable_key_fails_only_its_own_call() {
         Policy::single("types", limit(Rate::per_hour(3), 3)).unwrap(),
         store.clone(),
     );
-    let mut admin = server
-        .client()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
+    let mut admin = server.admin().await;
     let bad = Key::new("bad");
     let () = redis::cmd("LPUSH")
         .arg(store.gcra_key(limiter.policy(), &bad, 0))
@@ -300,14 +308,7 @@ async fn an_unreadable_key_fails_only_its_own_call() {
 #[tokio::test]
 async fn no_slot_is_lost_to_timeouts_or_cancellations() {
     let server = RedisServer::start();
-    let store = RedisStore::builder()
-        .prefix("batch")
-        .timeout(Duration::from_millis(300))
-        .max_in_flight(1)
-        .deny_cache(0)
-        .connect(&server.url())
-        .await
-        .expect("connect");
+    let store = uncached_store(&server, 1, Duration::from_millis(300)).await;
     let limiter = Limiter::new(
         Policy::single("lost", limit(Rate::per_hour(1000), 1000)).unwrap(),
         store,
@@ -345,23 +346,13 @@ async fn no_slot_is_lost_to_timeouts_or_cancellations() {
 #[tokio::test]
 async fn unbounded_in_flight_sends_one_script_per_call() {
     let server = RedisServer::start();
-    let store = RedisStore::builder()
-        .prefix("batch")
-        .max_in_flight(usize::MAX)
-        .deny_cache(0)
-        .connect(&server.url())
-        .await
-        .expect("connect");
+    let store = uncached_store(&server, usize::MAX, Duration::from_secs(2)).await;
     let limiter = Limiter::new(
         Policy::single("each", limit(Rate::per_hour(10), 10)).unwrap(),
         store,
     );
     limiter.check(&Key::new("warm-up"), 1).await.unwrap();
-    let mut admin = server
-        .client()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
+    let mut admin = server.admin().await;
     reset_stats(&mut admin).await;
     let calls: Vec<_> = (0..40).map(|_| limiter.check(&Key::new("k"), 1)).collect();
     let decisions = decided(calls).await;

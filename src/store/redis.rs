@@ -500,8 +500,8 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// The longest any one decision may take, round trip included (default
-    /// 50 ms).
+    /// The longest any one decision may take, round trip and any time
+    /// queued behind busy script slots included (default 50 ms).
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self

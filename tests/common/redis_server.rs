@@ -140,14 +140,19 @@ impl RedisServer {
         redis::Client::open(self.url()).expect("valid url")
     }
 
+    /// A connection of the test's own, for inspecting and resetting the
+    /// server (`INFO`, `CONFIG RESETSTAT`, writing odd keys).
+    pub async fn admin(&self) -> redis::aio::MultiplexedConnection {
+        self.client()
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connect to the test's redis-server")
+    }
+
     /// Concurrency leases held in the server: the members of every lease
     /// set.
     pub async fn leases_held(&self) -> usize {
-        let mut conn = self
-            .client()
-            .get_multiplexed_async_connection()
-            .await
-            .expect("connect to the test's redis-server");
+        let mut conn = self.admin().await;
         let keys: Vec<String> = redis::cmd("KEYS")
             .arg("*:lease")
             .query_async(&mut conn)
