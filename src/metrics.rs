@@ -168,8 +168,8 @@ impl ScriptMetrics {
         }
     }
 
-    /// Counts one failed call that made no round trip of its own (a call
-    /// that timed out in the queue, or one more call of a failed batch).
+    /// Counts one call whose store call failed (rare: the series is
+    /// resolved per failure).
     #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
     pub(crate) fn failed(&self, error: &StoreError) {
         #[cfg(feature = "metrics")]
@@ -182,10 +182,11 @@ impl ScriptMetrics {
         .increment(1);
     }
 
-    /// Records one round trip and, if it failed, why.
+    /// Records how long one round trip took (its failure, if any, is
+    /// counted by [`failed`](Self::failed), once per call it failed).
     #[inline]
     #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
-    pub(crate) fn record(&self, took: Duration, error: Option<&StoreError>) {
+    pub(crate) fn timed(&self, took: Duration) {
         #[cfg(feature = "metrics")]
         {
             let op = self.op;
@@ -198,10 +199,6 @@ impl ScriptMetrics {
                     )
                 })
                 .record(took.as_secs_f64());
-        }
-        if let Some(err) = error {
-            // Rare: resolved per failure.
-            self.failed(err);
         }
     }
 }

@@ -19,8 +19,8 @@ use common::RedisServer;
 use fleetgate::concurrency::{ConcurrencyLimitLayer, ConcurrencyLimiter, ConcurrencyPolicy};
 use fleetgate::key::HeaderKey;
 use fleetgate::{
-    FailurePolicy, Limit, Limiter, MemoryStore, OnMissingKey, Policy, Rate, RateLimitLayer,
-    RedisStore,
+    FailurePolicy, Key, Limit, Limiter, MemoryStore, OnMissingKey, Policy, Rate, RateLimitLayer,
+    RedisStore, StoreError,
 };
 use http::{Request, StatusCode};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
@@ -183,12 +183,17 @@ async fn shadow_denials_are_counted_apart() {
 }
 
 /// A store on a port with nothing listening: every call fails.
+/// Held by the tests whose GCRA calls fail, so that one of them can count
+/// exactly the failures it caused.
+static GCRA_FAILURES: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 fn unreachable_store() -> RedisStore {
     common::unreachable_store(Duration::from_millis(100))
 }
 
 #[tokio::test]
 async fn store_failures_count_per_policy_and_per_script() {
+    let _failing = GCRA_FAILURES.lock().await;
     // Handles are resolved on the first decision: install first.
     readings();
     let store = unreachable_store();
@@ -221,6 +226,63 @@ async fn store_failures_count_per_policy_and_per_script() {
             .sum()
     };
     assert!(errors("gcra") >= 4, "{:?}", r.counters);
+}
+
+/// Calls queued behind a busy script slot that time out count one failure
+/// each, whether their own timer or their batch's failure ends them, and
+/// never twice.
+#[tokio::test]
+async fn queued_calls_that_fail_count_once_each() {
+    let _failing = GCRA_FAILURES.lock().await;
+    readings();
+    let server = RedisServer::start();
+    let store = RedisStore::builder()
+        .prefix("m-queue")
+        .timeout(Duration::from_millis(200))
+        .max_in_flight(1)
+        .deny_cache(0)
+        .connect(&server.url())
+        .await
+        .unwrap();
+    let limiter = Limiter::new(policy("m-queue", 100), store);
+    limiter.check(&Key::new("warm-up"), 1).await.unwrap();
+    let timeouts = || {
+        let id = series(
+            "fleetgate_store_errors_total",
+            &[("store", "redis"), ("op", "gcra"), ("error", "timeout")],
+        );
+        take().counters.get(&id).copied().unwrap_or(0)
+    };
+    // Round trips ended, failed or not: timed when they end.
+    let ended = || {
+        let id = series(
+            "fleetgate_store_duration_seconds",
+            &[("store", "redis"), ("op", "gcra")],
+        );
+        take().histograms.get(&id).copied().unwrap_or(0)
+    };
+    let (before, ended_before) = (timeouts(), ended());
+    server.pause();
+    // Spawned in order on this single-threaded runtime: the first call
+    // takes the one slot, the other four queue behind it.
+    let calls: Vec<_> = (0..5)
+        .map(|_| tokio::spawn(limiter.check(&Key::new("q"), 1)))
+        .collect();
+    for call in calls {
+        let result = call.await.unwrap();
+        assert!(matches!(result, Err(StoreError::Timeout(_))), "{result:?}");
+    }
+    // The queued calls gave up on their own timers; the batch that carried
+    // them may still be out. Wait until it has ended too (two round trips:
+    // the first call's and the batch's), so that a second count of the
+    // same calls would show.
+    let mut waited = 0;
+    while ended() < ended_before + 2 && waited < 500 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        waited += 1;
+    }
+    server.resume();
+    assert_eq!(timeouts() - before, 5, "one per call that timed out");
 }
 
 #[tokio::test]
@@ -431,6 +493,7 @@ async fn concurrency_outcomes_are_counted() {
 
 #[tokio::test]
 async fn local_fallback_decisions_are_counted_apart() {
+    let _failing = GCRA_FAILURES.lock().await;
     // Handles are resolved on the first decision: install first.
     readings();
     let store = unreachable_store();

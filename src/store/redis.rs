@@ -318,6 +318,16 @@ impl RedisStore {
     /// Sends `call`, built by [`LuaScript::call`], as [`RedisStore::eval`]
     /// does.
     async fn run(&self, script: &LuaScript, call: Cmd) -> Result<Value, StoreError> {
+        let result = self.exchange(script, call).await;
+        if let Err(err) = &result {
+            script.metrics.failed(err);
+        }
+        result
+    }
+
+    /// [`run`](Self::run), timed but with a failure left for the caller to
+    /// count: a batch counts one failure per call still waiting for it.
+    async fn exchange(&self, script: &LuaScript, call: Cmd) -> Result<Value, StoreError> {
         let mut conn = self.inner.conn.clone();
         let exchange = async {
             match call.query_async::<Value>(&mut conn).await {
@@ -340,9 +350,7 @@ impl RedisStore {
             Ok(Err(err)) => Err(err.into()),
             Err(_) => Err(StoreError::Timeout(self.inner.timeout)),
         };
-        script
-            .metrics
-            .record(started.elapsed(), result.as_ref().err());
+        script.metrics.timed(started.elapsed());
         result
     }
 }

@@ -194,7 +194,7 @@ impl Drop for Permit {
 async fn send(store: RedisStore, batch: Vec<Queued>) {
     let (cmd, sent_at) = store.gcra_batch(&batch);
     let script = &store.inner.gcra;
-    let replies = match store.run(script, cmd).await {
+    let replies = match store.exchange(script, cmd).await {
         Ok(Value::Array(replies)) if replies.len() == batch.len() => Ok(replies),
         Ok(other) => Err(StoreError::UnexpectedReply(format!("{other:?}"))),
         Err(err) => Err(err),
@@ -206,12 +206,12 @@ async fn send(store: RedisStore, batch: Vec<Queued>) {
             }
         }
         Err(err) => {
-            // The script's failure is counted once by `run`; each further
-            // call it carried failed too.
-            for _ in 1..batch.len() {
-                script.metrics.failed(&err);
-            }
+            // One failure per call still waiting: a caller that gave up
+            // first has counted its own timeout.
             for call in batch {
+                if !call.answer.is_closed() {
+                    script.metrics.failed(&err);
+                }
                 let _ = call.answer.send(Err(err.clone()));
             }
         }
