@@ -91,8 +91,9 @@ impl Batcher {
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
-        // The lock is never held across code that can panic; if it ever
-        // were, the counts inside are still whole.
+        // The lock is held across nothing but the queue's own updates and
+        // the first poll of a batch's exchange; were that to panic, the
+        // counts inside are still whole.
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -145,6 +146,10 @@ impl Batcher {
             state.in_flight -= 1;
             return;
         };
+        // Declared before the lock is taken, so that were the first poll
+        // below to panic, the lock is released before the permit's drop
+        // takes it again.
+        let permit;
         let mut state = self.state();
         let mut batch = Vec::new();
         while batch.len() < self.max_batch {
@@ -160,7 +165,7 @@ impl Batcher {
             return;
         }
         // The slot passes to the batch.
-        let permit = Permit {
+        permit = Permit {
             store: store.clone(),
         };
         let mut sending = Box::pin(send(store.clone(), batch));
