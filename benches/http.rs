@@ -16,7 +16,9 @@
 //! connections, one request in flight on each); `FLEETGATE_BENCH_LOADGEN`
 //! = `wrk` or `rust` chooses. Every client comes from 127.0.0.1, so
 //! peer-IP keying puts all load on one key: "admitted" uses a limit far
-//! above the load, "rejected" a limit of one per hour.
+//! above the load, "rejected" a limit of one per hour. "admitted, 10k
+//! keys" (the Redis layer and the middleware only) gives every request
+//! its own `x-api-key` of 10,000 and keys both by it.
 //!
 //! Each case starts a fresh server, checks with one request that it
 //! answers as the case says (200 or 429), warms up, then measures; Redis'
@@ -57,6 +59,7 @@ use axum::Router;
 use axum::extract::{ConnectInfo, Request, State};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use fleetgate::key::HeaderKey;
 use fleetgate::{HeaderStyle, Limit, Limiter, MemoryStore, Policy, RateLimitLayer, RedisStore};
 use http::StatusCode;
 use http_body_util::{BodyExt, Empty};
@@ -98,19 +101,26 @@ impl Variant {
 enum Load {
     Admitted,
     Rejected,
+    /// Admitted, each request with its own `x-api-key` of 10k, keyed by
+    /// it (the Redis cases only): many identities, as a fleet sees.
+    ManyKeys,
 }
+
+/// How many `x-api-key` values [`Load::ManyKeys`] cycles through.
+const MANY_KEYS: usize = 10_000;
 
 impl Load {
     fn name(self) -> &'static str {
         match self {
             Load::Admitted => "admitted",
             Load::Rejected => "rejected",
+            Load::ManyKeys => "admitted, 10k keys",
         }
     }
 
     fn status(self) -> StatusCode {
         match self {
-            Load::Admitted => StatusCode::OK,
+            Load::Admitted | Load::ManyKeys => StatusCode::OK,
             Load::Rejected => StatusCode::TOO_MANY_REQUESTS,
         }
     }
@@ -189,7 +199,7 @@ struct Row {
     server_cpu: Option<Duration>,
 }
 
-const CASES: [(Variant, Load); 10] = [
+const CASES: [(Variant, Load); 12] = [
     (Variant::Bare, Load::Admitted),
     (Variant::Memory, Load::Admitted),
     (Variant::Memory, Load::Rejected),
@@ -200,6 +210,8 @@ const CASES: [(Variant, Load); 10] = [
     (Variant::Redis, Load::Rejected),
     (Variant::Evalsha, Load::Admitted),
     (Variant::Evalsha, Load::Rejected),
+    (Variant::Redis, Load::ManyKeys),
+    (Variant::Evalsha, Load::ManyKeys),
 ];
 
 fn main() -> Result<(), BoxError> {
@@ -350,14 +362,14 @@ fn measure_case(
     addr: SocketAddr,
     load: Load,
 ) -> Result<Round, BoxError> {
-    generate(plan, addr, plan.warm_up)?;
+    generate(plan, addr, plan.warm_up, load)?;
     let status = probe(addr)?;
     if status != load.status() {
         return Err(format!("expected {} after the warm-up, got {status}", load.status()).into());
     }
     admin_rt.block_on(stats::reset_stats(admin));
     let cpu_before = server_cpu_time();
-    let mut round = generate(plan, addr, plan.measure)?;
+    let mut round = generate(plan, addr, plan.measure, load)?;
     round.server_cpu = match (cpu_before, server_cpu_time()) {
         (Some(before), Some(after)) => Some(after.saturating_sub(before)),
         _ => None,
@@ -366,14 +378,20 @@ fn measure_case(
     Ok(round)
 }
 
-fn generate(plan: &Plan, addr: SocketAddr, duration: Duration) -> Result<Round, BoxError> {
+fn generate(
+    plan: &Plan,
+    addr: SocketAddr,
+    duration: Duration,
+    load: Load,
+) -> Result<Round, BoxError> {
+    let many = load == Load::ManyKeys;
     match plan.loader {
-        Loader::Wrk => wrk(addr, plan.connections, duration),
+        Loader::Wrk => wrk(addr, plan.connections, duration, many),
         Loader::Rust => {
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()?;
-            let result = rt.block_on(rust_loader(addr, plan.connections, duration));
+            let result = rt.block_on(rust_loader(addr, plan.connections, duration, many));
             // Open connections end when the runtime that drives them is
             // dropped.
             drop(rt);
@@ -386,7 +404,9 @@ fn generate(plan: &Plan, addr: SocketAddr, duration: Duration) -> Result<Round, 
 fn probe(addr: SocketAddr) -> Result<StatusCode, BoxError> {
     let mut stream = std::net::TcpStream::connect(addr)?;
     stream.set_read_timeout(Some(Duration::from_secs(5)))?;
-    stream.write_all(b"GET / HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n")?;
+    stream.write_all(
+        b"GET / HTTP/1.1\r\nHost: bench\r\nx-api-key: probe\r\nConnection: close\r\n\r\n",
+    )?;
     let mut reply = Vec::new();
     stream.read_to_end(&mut reply)?;
     let text = String::from_utf8_lossy(&reply);
@@ -424,7 +444,12 @@ async fn app(
                 .timeout(Duration::from_secs(1))
                 .connect(redis_url)
                 .await?;
-            router.layer(RateLimitLayer::new(Limiter::new(policy, store)))
+            let layer = RateLimitLayer::new(Limiter::new(policy, store));
+            if load == Load::ManyKeys {
+                router.layer(layer.key(HeaderKey::new("x-api-key").unhashed()))
+            } else {
+                router.layer(layer)
+            }
         }
         Variant::Governor => routers::with_governor(router, rejected)?,
         Variant::Evalsha => {
@@ -434,6 +459,7 @@ async fn app(
                 emission: limit_emission_us(&limit).to_string(),
                 tolerance: (limit_emission_us(&limit) * limit.burst()).to_string(),
                 prefix: format!("baseline{index}"),
+                by_header: load == Load::ManyKeys,
             });
             // Load the script once, so the middleware can send EVALSHA only.
             let mut c = conn.clone();
@@ -459,9 +485,11 @@ struct Baseline {
     emission: String,
     tolerance: String,
     prefix: String,
+    /// Key by `x-api-key` (as the layer does under [`Load::ManyKeys`]).
+    by_header: bool,
 }
 
-/// The floor: key from the peer address, one EVALSHA of the GCRA script,
+/// The floor: key from the peer address (or the `x-api-key` header), one EVALSHA of the GCRA script,
 /// 429 or the handler. No headers, no timeout, no configuration, no
 /// fallbacks.
 async fn evalsha_middleware(
@@ -470,7 +498,14 @@ async fn evalsha_middleware(
     req: Request,
     next: Next,
 ) -> Response {
-    let key = format!("{}:{{{}}}:0", script.prefix, peer.ip());
+    let key = match req.headers().get("x-api-key") {
+        Some(value) if script.by_header => format!(
+            "{}:{{{}}}:0",
+            script.prefix,
+            String::from_utf8_lossy(value.as_bytes())
+        ),
+        _ => format!("{}:{{{}}}:0", script.prefix, peer.ip()),
+    };
     // now = server clock, 1 call: 1 limit, cost 1, no wait, T, tolerance.
     let reply: Result<Vec<Vec<i64>>, _> = redis::cmd("EVALSHA")
         .arg(&script.sha)
@@ -493,15 +528,39 @@ async fn evalsha_middleware(
 }
 
 /// `wrk -t1 -c<connections> -d<seconds> --latency`, parsed.
-fn wrk(addr: SocketAddr, connections: usize, duration: Duration) -> Result<Round, BoxError> {
+fn wrk(
+    addr: SocketAddr,
+    connections: usize,
+    duration: Duration,
+    many: bool,
+) -> Result<Round, BoxError> {
     let secs = duration.as_secs_f64().ceil().max(1.0) as u64;
-    let output = Command::new("wrk")
+    let mut command = Command::new("wrk");
+    command
         .arg("-t1")
         .arg(format!("-c{connections}"))
         .arg(format!("-d{secs}s"))
-        .arg("--latency")
-        .arg(format!("http://{addr}/"))
-        .output()?;
+        .arg("--latency");
+    // Each request its own `x-api-key`, cycling through MANY_KEYS values.
+    let script = std::env::temp_dir().join(format!("fleetgate-wrk-{}.lua", std::process::id()));
+    if many {
+        std::fs::write(
+            &script,
+            format!(
+                "local n = 0\n\
+                 request = function()\n\
+                 n = n + 1\n\
+                 return wrk.format(nil, nil, {{[\"x-api-key\"] = \"k\" .. (n % {MANY_KEYS})}})\n\
+                 end\n"
+            ),
+        )?;
+        command.arg("-s").arg(&script);
+    }
+    let output = command.arg(format!("http://{addr}/")).output();
+    if many {
+        let _ = std::fs::remove_file(&script);
+    }
+    let output = output?;
     let text = String::from_utf8_lossy(&output.stdout);
     if !output.status.success() {
         return Err(format!("wrk failed: {text}").into());
@@ -564,12 +623,15 @@ async fn rust_loader(
     addr: SocketAddr,
     connections: usize,
     duration: Duration,
+    many: bool,
 ) -> Result<Round, BoxError> {
     let start = Instant::now();
     let end = start + duration;
     let mut tasks = tokio::task::JoinSet::new();
-    for _ in 0..connections {
-        tasks.spawn(async move { connection(addr, end).await });
+    for i in 0..connections {
+        // Each connection starts at its own place in the key cycle.
+        let first = many.then_some(i * MANY_KEYS / connections.max(1));
+        tasks.spawn(async move { connection(addr, end, first).await });
     }
     let mut latencies = Vec::new();
     let mut non_ok = 0;
@@ -591,7 +653,13 @@ async fn rust_loader(
     })
 }
 
-async fn connection(addr: SocketAddr, end: Instant) -> Result<(Vec<Duration>, u64), BoxError> {
+/// One keep-alive connection; with `first`, each request carries the next
+/// `x-api-key` of the cycle from there.
+async fn connection(
+    addr: SocketAddr,
+    end: Instant,
+    mut first: Option<usize>,
+) -> Result<(Vec<Duration>, u64), BoxError> {
     let stream = tokio::net::TcpStream::connect(addr).await?;
     stream.set_nodelay(true)?;
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
@@ -604,10 +672,14 @@ async fn connection(addr: SocketAddr, end: Instant) -> Result<(Vec<Duration>, u6
             break;
         }
         sender.ready().await?;
-        let req = http::Request::builder()
+        let mut req = http::Request::builder()
             .uri("/")
-            .header(http::header::HOST, "bench")
-            .body(Empty::<Bytes>::new())?;
+            .header(http::header::HOST, "bench");
+        if let Some(n) = first.as_mut() {
+            req = req.header("x-api-key", format!("k{}", *n % MANY_KEYS));
+            *n += 1;
+        }
+        let req = req.body(Empty::<Bytes>::new())?;
         let resp = sender.send_request(req).await?;
         let status = resp.status();
         resp.into_body().collect().await?;
@@ -702,7 +774,7 @@ fn print_table(rows: &[Row], plan: &Plan, redis_version: &str) {
     let (a, r) = (Load::Admitted, Load::Rejected);
     let (redis, evalsha, memory) = (Variant::Redis, Variant::Evalsha, Variant::Memory);
     let mut targets = Vec::new();
-    for load in [a, r] {
+    for load in [a, r, Load::ManyKeys] {
         let load_name = load.name();
         targets.push(at_least(
             (redis, load),
