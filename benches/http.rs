@@ -542,10 +542,11 @@ fn wrk(
         .arg(format!("-d{secs}s"))
         .arg("--latency");
     // Each request its own `x-api-key`, cycling through MANY_KEYS values.
-    let script = std::env::temp_dir().join(format!("fleetgate-wrk-{}.lua", std::process::id()));
-    if many {
+    let script = many
+        .then(|| std::env::temp_dir().join(format!("fleetgate-wrk-{}.lua", std::process::id())));
+    if let Some(script) = &script {
         std::fs::write(
-            &script,
+            script,
             format!(
                 "local n = 0\n\
                  request = function()\n\
@@ -554,11 +555,11 @@ fn wrk(
                  end\n"
             ),
         )?;
-        command.arg("-s").arg(&script);
+        command.arg("-s").arg(script);
     }
     let output = command.arg(format!("http://{addr}/")).output();
-    if many {
-        let _ = std::fs::remove_file(&script);
+    if let Some(script) = &script {
+        let _ = std::fs::remove_file(script);
     }
     let output = output?;
     let text = String::from_utf8_lossy(&output.stdout);

@@ -167,7 +167,7 @@ impl MemoryStore {
         let tats = &mut tats[..limits.len()];
         let (result, store) = step.run(limits, tats, now);
         if store {
-            let slot = Slot::new(key, policy.clone(), Tats::new(tats));
+            let slot = Slot::new(key.clone(), policy.clone(), Tats::new(tats));
             shard.insert(hash, slot, now, &self.inner.hasher);
         }
         result

@@ -213,12 +213,8 @@ impl RedisStore {
                 },
                 None => None,
             };
-            let count = policy.limits().len();
-            let sent_at = store.sent_at();
-            let mut cmd = store.inner.gcra.call(count, 4 + 2 * count);
-            store.gcra_keys(&mut cmd, &policy, &key);
-            store.now_and_count(&mut cmd, sent_at, 1);
-            gcra_args(&mut cmd, &policy, cost, max_wait_us);
+            let (cmd, sent_at) =
+                store.gcra_script(std::iter::once((&policy, &key, cost, max_wait_us)));
             let reply = store.run(&store.inner.gcra, cmd).await;
             drop(permit);
             store.decided(&only_reply(reply?)?, &policy, &key, cost, sent_at)
@@ -260,7 +256,7 @@ impl RedisStore {
 
     /// The instant a script is sent, as the deny cache counts time: its own
     /// clock with the server's time, or the caller's clock, whose reading
-    /// is also the script's "now" ([`RedisStore::now_and_count`]). `None`
+    /// is also the script's "now" ([`RedisStore::gcra_script`]). `None`
     /// without a deny cache and with the server's time.
     fn sent_at(&self) -> Option<u64> {
         match &self.inner.time {
@@ -269,35 +265,38 @@ impl RedisStore {
         }
     }
 
-    /// The keys of one call: one per limit.
-    fn gcra_keys(&self, cmd: &mut Cmd, policy: &Policy, key: &Key) {
-        for i in 0..policy.limits().len() {
-            cmd.arg(self.gcra_key(policy, key, i));
+    /// One script that decides `calls` (policy, identity, cost, longest
+    /// wait in µs) in order: alone, or queued ones together. Returns it
+    /// with the instant it is sent ([`RedisStore::sent_at`]).
+    fn gcra_script<'a, I>(&self, calls: I) -> (Cmd, Option<u64>)
+    where
+        I: Iterator<Item = (&'a Policy, &'a Key, u64, u64)> + Clone,
+    {
+        let (count, keys) = calls.clone().fold((0, 0), |(n, k), (policy, ..)| {
+            (n + 1, k + policy.limits().len())
+        });
+        let mut cmd = self.inner.gcra.call(keys, 2 + 3 * count + 2 * keys);
+        // Each call's keys, one per limit.
+        for (policy, key, ..) in calls.clone() {
+            for i in 0..policy.limits().len() {
+                cmd.arg(self.gcra_key(policy, key, i));
+            }
         }
-    }
-
-    /// The script's first two arguments: "now" (empty for the server's
-    /// clock; with the caller's clock, `sent_at`) and the number of calls.
-    fn now_and_count(&self, cmd: &mut Cmd, sent_at: Option<u64>, calls: usize) {
+        // "Now": empty for the server's clock; with the caller's, `sent_at`.
+        let sent_at = self.sent_at();
         match (&self.inner.time, sent_at) {
             (TimeSource::Client(_), Some(now)) => cmd.arg(now),
             _ => cmd.arg(""),
         };
-        cmd.arg(calls);
-    }
-
-    /// One script for every queued call of `batch`, and the instant it is
-    /// sent ([`RedisStore::sent_at`]).
-    fn gcra_batch(&self, batch: &[batch::Queued]) -> (Cmd, Option<u64>) {
-        let keys: usize = batch.iter().map(|c| c.policy.limits().len()).sum();
-        let mut cmd = self.inner.gcra.call(keys, 2 + 3 * batch.len() + 2 * keys);
-        for call in batch {
-            self.gcra_keys(&mut cmd, &call.policy, &call.key);
-        }
-        let sent_at = self.sent_at();
-        self.now_and_count(&mut cmd, sent_at, batch.len());
-        for call in batch {
-            gcra_args(&mut cmd, &call.policy, call.cost, call.max_wait_us);
+        cmd.arg(count);
+        // Each call's number of limits, cost and longest wait, then each
+        // limit's emission interval and tolerance.
+        for (policy, _, cost, max_wait_us) in calls {
+            let limits = policy.limits();
+            cmd.arg(limits.len()).arg(cost).arg(max_wait_us);
+            for limit in limits {
+                cmd.arg(limit.emission_us()).arg(limit.tolerance_us());
+            }
         }
         (cmd, sent_at)
     }
@@ -369,16 +368,6 @@ pub(crate) fn hash_tag(identity: &str) -> std::borrow::Cow<'_, str> {
     }
 }
 
-/// One call's arguments: the number of limits, the cost, the longest wait,
-/// then each limit's emission interval and tolerance.
-fn gcra_args(cmd: &mut Cmd, policy: &Policy, cost: u64, max_wait_us: u64) {
-    let limits = policy.limits();
-    cmd.arg(limits.len()).arg(cost).arg(max_wait_us);
-    for limit in limits {
-        cmd.arg(limit.emission_us()).arg(limit.tolerance_us());
-    }
-}
-
 /// The one reply in a script's list of replies, for a script of one call.
 fn only_reply(reply: Value) -> Result<Value, StoreError> {
     match reply {
@@ -387,8 +376,15 @@ fn only_reply(reply: Value) -> Result<Value, StoreError> {
     }
 }
 
+/// One call's part of a GCRA script's replies: its decision, or the text of
+/// the error that failed it alone (see `lua/gcra.lua`).
 pub(crate) fn decode_gcra(reply: &Value, limits: usize) -> Result<Decision, StoreError> {
-    decode_decision(reply, limits, false)
+    match reply {
+        Value::BulkString(text) => Err(StoreError::Redis(
+            String::from_utf8_lossy(text).into_owned(),
+        )),
+        _ => decode_decision(reply, limits, false),
+    }
 }
 
 /// Decodes `{allowed, limit (1-based), remaining, reset_us, delay_us}`,
@@ -400,15 +396,8 @@ pub(crate) fn decode_decision(
     each: bool,
 ) -> Result<Decision, StoreError> {
     let unexpected = || StoreError::UnexpectedReply(format!("{reply:?}"));
-    let items = match reply {
-        Value::Array(items) => items,
-        // The text of one call's error, in a script's list of replies.
-        Value::BulkString(text) => {
-            return Err(StoreError::Redis(
-                String::from_utf8_lossy(text).into_owned(),
-            ));
-        }
-        _ => return Err(unexpected()),
+    let Value::Array(items) = reply else {
+        return Err(unexpected());
     };
     let int = |item: &Value| match item {
         Value::Int(n) if *n >= 0 => Ok(*n as u64),

@@ -28,12 +28,8 @@ pub(super) struct Slot {
 }
 
 impl Slot {
-    pub(super) fn new(key: &Key, policy: Policy, tats: Tats) -> Self {
-        Slot {
-            key: key.clone(),
-            policy,
-            tats,
-        }
+    pub(super) fn new(key: Key, policy: Policy, tats: Tats) -> Self {
+        Slot { key, policy, tats }
     }
 
     /// The identity, for rehashing.

@@ -51,10 +51,10 @@ struct State {
 /// A call waiting for a script, with everything needed to write it into one.
 #[derive(Debug)]
 pub(super) struct Queued {
-    pub(super) policy: Policy,
-    pub(super) key: Key,
-    pub(super) cost: u64,
-    pub(super) max_wait_us: u64,
+    policy: Policy,
+    key: Key,
+    cost: u64,
+    max_wait_us: u64,
     answer: oneshot::Sender<Result<Answer, StoreError>>,
 }
 
@@ -82,11 +82,12 @@ pub(super) struct Permit {
 }
 
 impl Batcher {
+    /// Both at least 1 (the builder's check refuses zero).
     pub(super) fn new(max_in_flight: usize, max_batch: usize) -> Self {
         Batcher {
             state: Mutex::default(),
-            max_in_flight: max_in_flight.max(1),
-            max_batch: max_batch.max(1),
+            max_in_flight,
+            max_batch,
         }
     }
 
@@ -197,7 +198,11 @@ impl Drop for Permit {
 /// Sends one batch and hands each caller its answer. A reply that is an
 /// error for one call (its key holds another type) fails that call only.
 async fn send(store: RedisStore, batch: Vec<Queued>) {
-    let (cmd, sent_at) = store.gcra_batch(&batch);
+    let (cmd, sent_at) = store.gcra_script(
+        batch
+            .iter()
+            .map(|c| (&c.policy, &c.key, c.cost, c.max_wait_us)),
+    );
     let script = &store.inner.gcra;
     let replies = match store.exchange(script, cmd).await {
         Ok(Value::Array(replies)) if replies.len() == batch.len() => Ok(replies),
