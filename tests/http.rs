@@ -352,6 +352,74 @@ async fn weighted_requests_and_impossible_costs() {
     assert!(body_text(res).await.contains("never"));
 }
 
+/// The layer answers in the inner service's own body type, so a passing
+/// response is handed on as it is (axum does not box it again), and a
+/// refusal is built in that type; `any_body` wraps every response instead.
+#[tokio::test]
+async fn refusals_come_in_the_inner_body_type_unless_any_body() {
+    // Each service's response type is named: these lines stop compiling
+    // if the default mode wraps the body again.
+    async fn call<S, B>(svc: &S) -> (StatusCode, String)
+    where
+        S: tower::Service<Request<()>, Response = Response<B>> + Clone,
+        S::Error: std::fmt::Debug,
+        B: http_body::Body,
+        B::Error: std::fmt::Debug,
+    {
+        let res = svc.clone().oneshot(Request::new(())).await.unwrap();
+        let status = res.status();
+        let bytes = res.into_body().collect().await.unwrap().to_bytes();
+        (status, String::from_utf8(bytes.to_vec()).unwrap())
+    }
+    let limiter = || Limiter::new(slow_policy(1), MemoryStore::new());
+    let layer = || RateLimitLayer::new(limiter()).key(GlobalKey::new());
+
+    let axum_body = layer().layer(service_fn(|_: Request<()>| async {
+        Ok::<_, std::convert::Infallible>(Response::new(Body::from("axum")))
+    }));
+    assert_eq!(call::<_, Body>(&axum_body).await, (StatusCode::OK, "axum".into()));
+    let (status, text) = call::<_, Body>(&axum_body).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    assert!(text.contains("rate limit"), "{text}");
+
+    let string_body = layer().layer(service_fn(|_: Request<()>| async {
+        Ok::<_, std::convert::Infallible>(Response::new(String::from("text")))
+    }));
+    assert_eq!(call::<_, String>(&string_body).await, (StatusCode::OK, "text".into()));
+    let (status, text) = call::<_, String>(&string_body).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    assert!(text.contains("rate limit"), "{text}");
+
+    let full_body = layer().layer(service_fn(|_: Request<()>| async {
+        Ok::<_, std::convert::Infallible>(Response::new(http_body_util::Full::new(
+            Bytes::from_static(b"full"),
+        )))
+    }));
+    assert_eq!(
+        call::<_, http_body_util::Full<Bytes>>(&full_body).await,
+        (StatusCode::OK, "full".into())
+    );
+    assert_eq!(
+        call::<_, http_body_util::Full<Bytes>>(&full_body).await.0,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+
+    // `Empty` cannot carry a refusal's text: `any_body` wraps it.
+    let empty_body = layer().any_body().layer(service_fn(|_: Request<()>| async {
+        Ok::<_, std::convert::Infallible>(Response::new(http_body_util::Empty::<Bytes>::new()))
+    }));
+    assert_eq!(
+        call::<_, fleetgate::response::ResponseBody<http_body_util::Empty<Bytes>>>(&empty_body)
+            .await,
+        (StatusCode::OK, String::new())
+    );
+    let (status, text) =
+        call::<_, fleetgate::response::ResponseBody<http_body_util::Empty<Bytes>>>(&empty_body)
+            .await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    assert!(text.contains("rate limit"), "{text}");
+}
+
 #[tokio::test]
 async fn typed_errors_around_a_plain_service() {
     let limiter = Limiter::new(slow_policy(2), MemoryStore::new());

@@ -525,9 +525,11 @@ async fn http_mode_refuses_with_429_and_retry_after() {
             http_body_util::Empty::<bytes::Bytes>::new(),
         ))
     });
+    // `Empty` cannot be built from `Bytes`: the refusal comes wrapped.
     let mut svc = RateLimitLayer::new(limiter)
         .key(GlobalKey::new())
         .wait_up_to(S)
+        .any_body()
         .layer(svc);
     let t0 = Instant::now();
     let mut futs = Vec::new();

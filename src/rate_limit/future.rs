@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
+use bytes::Bytes;
 use http::Response;
 use pin_project_lite::pin_project;
 use tokio::time::{Instant, Sleep};
@@ -16,7 +17,7 @@ use crate::BoxError;
 use crate::decision::Decision;
 use crate::error::{RateLimitError, StoreError};
 use crate::key::Key;
-use crate::response::{HeaderStyle, RejectionKind, ResponseBody};
+use crate::response::{HeaderStyle, RefusalBody, RejectionKind, ResponseBody};
 use crate::store::StoreFuture;
 
 pin_project! {
@@ -307,19 +308,28 @@ impl<R, E> Outcome<R, E> {
     }
 }
 
-impl<S, Req, ResBody, F> Future for ResponseFuture<S, Req, mode::Http, F>
+impl<S, Req, M, F> ResponseFuture<S, Req, M, F>
 where
-    S: Service<Req, Response = Response<ResBody>>,
-    F: UpstreamFeedback<Response<ResBody>>,
+    S: Service<Req>,
+    F: UpstreamFeedback<S::Response>,
 {
-    type Output = Result<Response<ResponseBody<ResBody>>, S::Error>;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+    /// The HTTP modes' answer: a response that passed, with the
+    /// rate-limit headers of its decision, or the refusal's response;
+    /// `body` and `full` give each its body.
+    fn poll_http<ResBody, B>(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        body: impl FnOnce(ResBody) -> B,
+        full: impl FnOnce(Bytes) -> B,
+    ) -> Poll<Result<Response<B>, S::Error>>
+    where
+        S: Service<Req, Response = Response<ResBody>>,
+    {
         let outcome = ready!(self.as_mut().poll_outcome(cx));
         let common = &self.common;
         Poll::Ready(match outcome {
             Outcome::Passed(result, decision) => result.map(|response| {
-                let mut response = response.map(ResponseBody::inner);
+                let mut response = response.map(body);
                 if let Some(decision) = decision {
                     if common.headers.style() != HeaderStyle::None && !common.shadow {
                         common.headers.write(response.headers_mut(), &decision);
@@ -327,8 +337,33 @@ where
                 }
                 response
             }),
-            Outcome::Rejected(kind) => Ok(common.rejection(kind).map(ResponseBody::full)),
+            Outcome::Rejected(kind) => Ok(common.rejection(kind).map(full)),
         })
+    }
+}
+
+impl<S, Req, ResBody, F> Future for ResponseFuture<S, Req, mode::Http, F>
+where
+    S: Service<Req, Response = Response<ResBody>>,
+    F: UpstreamFeedback<Response<ResBody>>,
+    ResBody: RefusalBody,
+{
+    type Output = Result<Response<ResBody>, S::Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.poll_http(cx, |body| body, ResBody::refusal)
+    }
+}
+
+impl<S, Req, ResBody, F> Future for ResponseFuture<S, Req, mode::AnyBody, F>
+where
+    S: Service<Req, Response = Response<ResBody>>,
+    F: UpstreamFeedback<Response<ResBody>>,
+{
+    type Output = Result<Response<ResponseBody<ResBody>>, S::Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.poll_http(cx, ResponseBody::inner, ResponseBody::full)
     }
 }
 

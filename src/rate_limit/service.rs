@@ -14,7 +14,7 @@ use super::{
 };
 use crate::BoxError;
 use crate::key::{Key, KeyExtractor};
-use crate::response::ResponseBody;
+use crate::response::{RefusalBody, ResponseBody};
 
 /// The service [`RateLimitLayer`](super::RateLimitLayer) produces.
 ///
@@ -174,23 +174,16 @@ impl<S: fmt::Debug, K, C, M, F> fmt::Debug for RateLimit<S, K, C, M, F> {
     }
 }
 
-impl<S, K, C, F, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimit<S, K, C, mode::Http, F>
-where
-    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
-    K: KeyExtractor<Request<ReqBody>>,
-    C: Cost<Request<ReqBody>>,
-    F: UpstreamFeedback<Response<ResBody>>,
-    ResBody: Body<Data = Bytes>,
-{
-    type Response = Response<ResponseBody<ResBody>>;
-    type Error = S::Error;
-    type Future = ResponseFuture<S, Request<ReqBody>, mode::Http, F>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
+impl<S, K, C, M, F> RateLimit<S, K, C, M, F> {
+    /// An HTTP request: decided by its route's settings when the layer
+    /// has a route table.
+    fn call_http<ReqBody>(&mut self, req: Request<ReqBody>) -> ResponseFuture<S, Request<ReqBody>, M, F>
+    where
+        S: Service<Request<ReqBody>> + Clone,
+        K: KeyExtractor<Request<ReqBody>>,
+        C: Cost<Request<ReqBody>>,
+        F: UpstreamFeedback<S::Response>,
+    {
         let Some(routes) = &self.shared.routes else {
             return self.start(req);
         };
@@ -205,6 +198,49 @@ where
                 ResponseFuture::calling(start, self.inner.call(req), None)
             }
         }
+    }
+}
+
+impl<S, K, C, F, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimit<S, K, C, mode::Http, F>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
+    K: KeyExtractor<Request<ReqBody>>,
+    C: Cost<Request<ReqBody>>,
+    F: UpstreamFeedback<Response<ResBody>>,
+    ResBody: Body<Data = Bytes> + RefusalBody,
+{
+    type Response = Response<ResBody>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S, Request<ReqBody>, mode::Http, F>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
+        self.call_http(req)
+    }
+}
+
+impl<S, K, C, F, ReqBody, ResBody> Service<Request<ReqBody>>
+    for RateLimit<S, K, C, mode::AnyBody, F>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
+    K: KeyExtractor<Request<ReqBody>>,
+    C: Cost<Request<ReqBody>>,
+    F: UpstreamFeedback<Response<ResBody>>,
+    ResBody: Body<Data = Bytes>,
+{
+    type Response = Response<ResponseBody<ResBody>>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S, Request<ReqBody>, mode::AnyBody, F>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
+        self.call_http(req)
     }
 }
 

@@ -3,10 +3,12 @@
 
 mod body;
 mod headers;
+mod refusal;
 mod rejection;
 
 pub use self::body::ResponseBody;
 pub use self::headers::HeaderStyle;
+pub use self::refusal::RefusalBody;
 pub use self::rejection::{Rejection, RejectionKind};
 
 pub(crate) use self::headers::PolicyHeaders;

@@ -1,0 +1,71 @@
+use std::convert::Infallible;
+
+use bytes::{Buf, Bytes};
+use http_body_util::combinators::{BoxBody, UnsyncBoxBody};
+use http_body_util::{BodyExt, Full};
+
+use super::ResponseBody;
+
+/// A response body type the rate-limit layer can answer a refusal in: the
+/// body of the 429 (or 503, or 400) is built from the refusal's text.
+///
+/// By default [`RateLimitLayer`](crate::RateLimitLayer) answers in the
+/// inner service's own body type, so that the responses that pass are
+/// handed on as they are: axum then sends them without boxing their body
+/// a second time. Implemented for axum's `Body`, `String`,
+/// `http_body_util::Full`, `BoxBody` and `UnsyncBoxBody` (of `Bytes`), and
+/// [`ResponseBody`]; implement it for a body type of your own, or, for a
+/// body that cannot be built (hyper's `Incoming`, `Empty`), call
+/// [`RateLimitLayer::any_body`](crate::RateLimitLayer::any_body), which
+/// wraps every response in a [`ResponseBody`].
+#[diagnostic::on_unimplemented(
+    message = "the rate-limit layer cannot answer a refusal in a `{Self}` body",
+    label = "the inner service's response body",
+    note = "call `.any_body()` on the `RateLimitLayer` to wrap responses in `fleetgate::response::ResponseBody` instead, or implement `RefusalBody` for your body type"
+)]
+pub trait RefusalBody: Sized {
+    /// The body of a refusal whose text is `text`.
+    fn refusal(text: Bytes) -> Self;
+}
+
+#[cfg(feature = "axum")]
+impl RefusalBody for axum::body::Body {
+    fn refusal(text: Bytes) -> Self {
+        axum::body::Body::from(text)
+    }
+}
+
+impl RefusalBody for String {
+    /// The layer's own refusal texts are UTF-8; a custom rejection body
+    /// that is not is converted lossily.
+    fn refusal(text: Bytes) -> Self {
+        match String::from_utf8(Vec::from(text)) {
+            Ok(text) => text,
+            Err(err) => String::from_utf8_lossy(err.as_bytes()).into_owned(),
+        }
+    }
+}
+
+impl<D: Buf + From<Bytes>> RefusalBody for Full<D> {
+    fn refusal(text: Bytes) -> Self {
+        Full::new(D::from(text))
+    }
+}
+
+impl<E> RefusalBody for BoxBody<Bytes, E> {
+    fn refusal(text: Bytes) -> Self {
+        BoxBody::new(Full::new(text).map_err(|never: Infallible| match never {}))
+    }
+}
+
+impl<E> RefusalBody for UnsyncBoxBody<Bytes, E> {
+    fn refusal(text: Bytes) -> Self {
+        UnsyncBoxBody::new(Full::new(text).map_err(|never: Infallible| match never {}))
+    }
+}
+
+impl<B> RefusalBody for ResponseBody<B> {
+    fn refusal(text: Bytes) -> Self {
+        ResponseBody::full(text)
+    }
+}
