@@ -80,6 +80,9 @@ enum Variant {
     /// as bare axum and tower_governor's default, for comparison.
     MemoryNoHeaders,
     Governor,
+    /// tower_governor with `use_headers()`: `x-ratelimit-limit` and
+    /// `x-ratelimit-remaining` on what passes, beside our default headers.
+    GovernorHeaders,
     Redis,
     Evalsha,
 }
@@ -91,6 +94,7 @@ impl Variant {
             Variant::Memory => "RateLimitLayer, memory",
             Variant::MemoryNoHeaders => "RateLimitLayer, memory, no headers",
             Variant::Governor => "tower_governor",
+            Variant::GovernorHeaders => "tower_governor, headers",
             Variant::Redis => "RateLimitLayer, Redis",
             Variant::Evalsha => "hand-written EVALSHA middleware",
         }
@@ -199,13 +203,14 @@ struct Row {
     server_cpu: Option<Duration>,
 }
 
-const CASES: [(Variant, Load); 12] = [
+const CASES: [(Variant, Load); 13] = [
     (Variant::Bare, Load::Admitted),
     (Variant::Memory, Load::Admitted),
     (Variant::Memory, Load::Rejected),
     (Variant::MemoryNoHeaders, Load::Admitted),
     (Variant::Governor, Load::Admitted),
     (Variant::Governor, Load::Rejected),
+    (Variant::GovernorHeaders, Load::Admitted),
     (Variant::Redis, Load::Admitted),
     (Variant::Redis, Load::Rejected),
     (Variant::Evalsha, Load::Admitted),
@@ -452,6 +457,7 @@ async fn app(
             }
         }
         Variant::Governor => routers::with_governor(router, rejected)?,
+        Variant::GovernorHeaders => routers::with_governor_headers(router, rejected)?,
         Variant::Evalsha => {
             let conn = ConnectionManager::new(redis::Client::open(redis_url)?).await?;
             let script = Arc::new(Baseline {
@@ -837,6 +843,9 @@ fn print_table(rows: &[Row], plan: &Plan, redis_version: &str) {
     for (v, base) in [
         (Variant::MemoryNoHeaders, Variant::Bare),
         (Variant::MemoryNoHeaders, Variant::Governor),
+        (Variant::Memory, Variant::GovernorHeaders),
+        (Variant::GovernorHeaders, Variant::Bare),
+        (Variant::Governor, Variant::Bare),
     ] {
         if let (Some(x), Some(y)) = (find(v, a), find(base, a)) {
             println!(

@@ -1,6 +1,6 @@
 //! Instructions per HTTP request in the server, for callgrind: not a
 //! measurement by itself. `scripts/callgrind-http.sh` runs
-//! `serve <bare|memory|memory-no-headers|governor> <admitted|rejected> <port file>`
+//! `serve <bare|memory|memory-no-headers|governor|governor-headers> <admitted|rejected> <port file>`
 //! under `valgrind --tool=callgrind` and `load <port> <requests>` beside
 //! it, for N and 2N requests: (instructions at 2N − at N) / N is what a
 //! request cost the server, start-up and warm-up cancelled out. The
@@ -50,6 +50,7 @@ fn serve(variant: &str, load: &str, port_file: &str) -> Result<(), BoxError> {
                 .headers(HeaderStyle::None),
         ),
         "governor" => routers::with_governor(router, rejected)?,
+        "governor-headers" => routers::with_governor_headers(router, rejected)?,
         _ => return Err("variant".into()),
     };
     // Added after the layer, so it is never limited.

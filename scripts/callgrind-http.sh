@@ -3,12 +3,12 @@
 # (repeatable whatever else the machine is doing): benches/http_instructions.rs
 # serves one case under callgrind while its loader sends N, then 2N,
 # requests; (Ir(2N) - Ir(N)) / N. Needs valgrind. Cases: bare, memory,
-# memory-no-headers, governor; loads: admitted, rejected.
+# memory-no-headers, governor, governor-headers; loads: admitted, rejected.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v valgrind >/dev/null || { echo "callgrind-http.sh: needs valgrind (apt-get install -y valgrind)" >&2; exit 1; }
 n="${FLEETGATE_CALLGRIND_REQUESTS:-8000}"
-cases="${FLEETGATE_CALLGRIND_CASES:-bare:admitted memory:admitted memory:rejected memory-no-headers:admitted governor:admitted governor:rejected}"
+cases="${FLEETGATE_CALLGRIND_CASES:-bare:admitted memory:admitted memory:rejected memory-no-headers:admitted governor:admitted governor:rejected governor-headers:admitted}"
 bin="$(cargo bench --bench http_instructions --no-run --message-format=json 2>/dev/null \
   | sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -1)"
 [ -x "$bin" ] || { echo "callgrind-http.sh: could not build benches/http_instructions.rs" >&2; exit 1; }

@@ -377,7 +377,10 @@ async fn refusals_come_in_the_inner_body_type_unless_any_body() {
     let axum_body = layer().layer(service_fn(|_: Request<()>| async {
         Ok::<_, std::convert::Infallible>(Response::new(Body::from("axum")))
     }));
-    assert_eq!(call::<_, Body>(&axum_body).await, (StatusCode::OK, "axum".into()));
+    assert_eq!(
+        call::<_, Body>(&axum_body).await,
+        (StatusCode::OK, "axum".into())
+    );
     let (status, text) = call::<_, Body>(&axum_body).await;
     assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
     assert!(text.contains("rate limit"), "{text}");
@@ -385,7 +388,10 @@ async fn refusals_come_in_the_inner_body_type_unless_any_body() {
     let string_body = layer().layer(service_fn(|_: Request<()>| async {
         Ok::<_, std::convert::Infallible>(Response::new(String::from("text")))
     }));
-    assert_eq!(call::<_, String>(&string_body).await, (StatusCode::OK, "text".into()));
+    assert_eq!(
+        call::<_, String>(&string_body).await,
+        (StatusCode::OK, "text".into())
+    );
     let (status, text) = call::<_, String>(&string_body).await;
     assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
     assert!(text.contains("rate limit"), "{text}");

@@ -313,8 +313,14 @@ impl Common {
         latency: Option<Duration>,
     ) -> Result<Option<Decision>, RejectionKind> {
         let policy = self.limiter.policy();
-        let span = decision_span("rate_limit", policy.name(), None, latency);
-        let _entered = span.enter();
+        // Usually none: nothing to make, enter, record or drop.
+        let span = wanted_decision_span("rate_limit", policy.name(), None, latency);
+        let _entered = span.as_ref().map(tracing::Span::enter);
+        let record = |outcome: Outcome| {
+            if let Some(span) = &span {
+                span.record("outcome", outcome.as_str());
+            }
+        };
         let refusal = match result {
             Ok(d) if d.is_allowed() => {
                 let burst = policy
@@ -324,7 +330,7 @@ impl Common {
                 let outcome = Outcome::Allowed.by_fallback(self.local);
                 self.metrics
                     .decided(outcome, near_limit(d.remaining(), burst));
-                span.record("outcome", outcome.as_str());
+                record(outcome);
                 return Ok(Some(d));
             }
             Ok(d) => RejectionKind::Limited(d),
@@ -335,7 +341,7 @@ impl Common {
                     // `Local` reaches here only if its own store failed.
                     FailurePolicy::Open | FailurePolicy::Local(_) => {
                         self.metrics.decided(Outcome::FailOpen, false);
-                        span.record("outcome", Outcome::FailOpen.as_str());
+                        record(Outcome::FailOpen);
                         return Ok(None);
                     }
                 }
@@ -350,8 +356,8 @@ impl Common {
     /// A request without a key, refused with `status` (or, in shadow mode,
     /// let through: `None`), in a decision span of its own.
     pub(crate) fn missing_key(&self, status: http::StatusCode) -> Option<RejectionKind> {
-        let span = decision_span("rate_limit", self.limiter.policy().name(), None, None);
-        let _entered = span.enter();
+        let span = wanted_decision_span("rate_limit", self.limiter.policy().name(), None, None);
+        let _entered = span.as_ref().map(tracing::Span::enter);
         self.refuse(RejectionKind::MissingKey(status))
     }
 
@@ -427,6 +433,16 @@ pub(crate) fn decision_span(
     tier: Option<&str>,
     latency: Option<Duration>,
 ) -> tracing::Span {
+    wanted_decision_span(layer, policy, tier, latency).unwrap_or_else(tracing::Span::none)
+}
+
+/// [`decision_span`], or `None` where that would be a span that is none.
+pub(crate) fn wanted_decision_span(
+    layer: &'static str,
+    policy: &str,
+    tier: Option<&str>,
+    latency: Option<Duration>,
+) -> Option<tracing::Span> {
     // With tracing's `log` feature on (axum's default `tower-log` turns it
     // on), even a disabled span offers its fields to `log` when made,
     // entered, recorded, exited and dropped: a few hundred instructions per
@@ -435,7 +451,7 @@ pub(crate) fn decision_span(
     // reach one), the span is none at all, and is not even made.
     if !tracing::level_enabled!(tracing::Level::DEBUG) && log::max_level() < log::LevelFilter::Debug
     {
-        return tracing::Span::none();
+        return None;
     }
     let span = tracing::debug_span!(
         "fleetgate.decision",
@@ -450,9 +466,9 @@ pub(crate) fn decision_span(
         // above, nothing of this span can reach a logger that filters out
         // debug records.
         if log::max_level() < log::LevelFilter::Debug {
-            return tracing::Span::none();
+            return None;
         }
-        return span;
+        return Some(span);
     }
     if let Some(tier) = tier {
         span.record("tier", tier);
@@ -461,7 +477,7 @@ pub(crate) fn decision_span(
         let micros = u64::try_from(latency.as_micros()).unwrap_or(u64::MAX);
         span.record("store_latency_us", micros);
     }
-    span
+    Some(span)
 }
 
 /// Logs a store failure at `warn`, at most once a second per process:

@@ -177,7 +177,10 @@ impl<S: fmt::Debug, K, C, M, F> fmt::Debug for RateLimit<S, K, C, M, F> {
 impl<S, K, C, M, F> RateLimit<S, K, C, M, F> {
     /// An HTTP request: decided by its route's settings when the layer
     /// has a route table.
-    fn call_http<ReqBody>(&mut self, req: Request<ReqBody>) -> ResponseFuture<S, Request<ReqBody>, M, F>
+    fn call_http<ReqBody>(
+        &mut self,
+        req: Request<ReqBody>,
+    ) -> ResponseFuture<S, Request<ReqBody>, M, F>
     where
         S: Service<Request<ReqBody>> + Clone,
         K: KeyExtractor<Request<ReqBody>>,

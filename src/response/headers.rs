@@ -98,6 +98,40 @@ pub(crate) struct PolicyHeaders {
     policy_value: Option<HeaderValue>,
     /// `"<name>";r=` of each limit: the start of its `RateLimit` value.
     ratelimit_prefixes: Box<[Box<[u8]>]>,
+    /// The longest `RateLimit` value this policy can send.
+    ratelimit_max_len: usize,
+}
+
+/// `RateLimit` values up to this long are written on the stack.
+const STACK_VALUE: usize = 128;
+
+/// A header value's text on the stack; what does not fit is dropped (the
+/// caller checks the longest possible text first).
+struct ShortValue {
+    bytes: [u8; STACK_VALUE],
+    len: usize,
+}
+
+impl Default for ShortValue {
+    fn default() -> Self {
+        ShortValue {
+            bytes: [0; STACK_VALUE],
+            len: 0,
+        }
+    }
+}
+
+impl ShortValue {
+    fn push(&mut self, bytes: &[u8]) {
+        if let Some(slot) = self.bytes.get_mut(self.len..self.len + bytes.len()) {
+            slot.copy_from_slice(bytes);
+            self.len += bytes.len();
+        }
+    }
+
+    fn as_bytes(&self) -> &[u8] {
+        self.bytes.get(..self.len).unwrap_or_default()
+    }
 }
 
 impl PolicyHeaders {
@@ -115,15 +149,23 @@ impl PolicyHeaders {
                 retry_after_secs(limit.window())
             );
         }
+        let ratelimit_prefixes: Box<[Box<[u8]>]> = policy
+            .limits()
+            .iter()
+            .map(|limit| format!("\"{}\";r=", limit.name()).into_bytes().into())
+            .collect();
+        // Each member: ", ", its prefix, two numbers of up to 20 digits
+        // and ";t=".
+        let ratelimit_max_len = ratelimit_prefixes
+            .iter()
+            .map(|prefix| 2 + prefix.len() + 20 + 3 + 20)
+            .sum();
         PolicyHeaders {
             style,
             policy: policy.clone(),
             policy_value: HeaderValue::from_str(&text).ok(),
-            ratelimit_prefixes: policy
-                .limits()
-                .iter()
-                .map(|limit| format!("\"{}\";r=", limit.name()).into_bytes().into())
-                .collect(),
+            ratelimit_prefixes,
+            ratelimit_max_len,
         }
     }
 
@@ -147,30 +189,26 @@ impl PolicyHeaders {
             }
             // `"<name>";r=<remaining>;t=<reset>` for the deciding limit, or
             // for every window of a policy of several, in policy order; the
-            // numbers written straight in (this runs on every response) to
-            // a buffer of the exact length, which becomes the value
-            // uncopied: its one allocation.
-            let mut len = 0;
-            self.members(decision, reset, |prefix, remaining, reset| {
-                len += usize::from(len > 0) * 2
-                    + prefix.len()
-                    + digit_count(remaining)
-                    + 3
-                    + digit_count(reset);
-            });
-            let mut text = Vec::with_capacity(len);
-            let mut digits = itoa::Buffer::new();
-            self.members(decision, reset, |prefix, remaining, reset| {
-                if !text.is_empty() {
-                    text.extend_from_slice(b", ");
+            // numbers written straight in (this runs on every response).
+            // Short enough (the usual case), the text is written on the
+            // stack and copied once into the value, its one allocation.
+            if self.ratelimit_max_len <= STACK_VALUE {
+                let mut text = ShortValue::default();
+                let mut digits = itoa::Buffer::new();
+                self.members(decision, reset, |prefix, remaining, reset| {
+                    if text.len > 0 {
+                        text.push(b", ");
+                    }
+                    text.push(prefix);
+                    text.push(digits.format(remaining).as_bytes());
+                    text.push(b";t=");
+                    text.push(digits.format(reset).as_bytes());
+                });
+                if let Ok(value) = HeaderValue::from_bytes(text.as_bytes()) {
+                    append_member(headers, ratelimit, value);
                 }
-                text.extend_from_slice(prefix);
-                text.extend_from_slice(digits.format(remaining).as_bytes());
-                text.extend_from_slice(b";t=");
-                text.extend_from_slice(digits.format(reset).as_bytes());
-            });
-            if let Ok(value) = HeaderValue::from_maybe_shared(Bytes::from(text)) {
-                append_member(headers, ratelimit, value);
+            } else {
+                self.write_long_ratelimit(headers, decision, reset);
             }
         }
         if self.style.legacy() {
@@ -183,6 +221,33 @@ impl PolicyHeaders {
             headers
                 .entry(x_reset())
                 .or_insert_with(|| integer_value(reset));
+        }
+    }
+
+    /// The `RateLimit` value when it may not fit [`STACK_VALUE`]: written
+    /// to a buffer of the exact length, which becomes the value uncopied.
+    fn write_long_ratelimit(&self, headers: &mut HeaderMap, decision: &Decision, reset: u64) {
+        let mut len = 0;
+        self.members(decision, reset, |prefix, remaining, reset| {
+            len += usize::from(len > 0) * 2
+                + prefix.len()
+                + digit_count(remaining)
+                + 3
+                + digit_count(reset);
+        });
+        let mut text = Vec::with_capacity(len);
+        let mut digits = itoa::Buffer::new();
+        self.members(decision, reset, |prefix, remaining, reset| {
+            if !text.is_empty() {
+                text.extend_from_slice(b", ");
+            }
+            text.extend_from_slice(prefix);
+            text.extend_from_slice(digits.format(remaining).as_bytes());
+            text.extend_from_slice(b";t=");
+            text.extend_from_slice(digits.format(reset).as_bytes());
+        });
+        if let Ok(value) = HeaderValue::from_maybe_shared(Bytes::from(text)) {
+            append_member(headers, ratelimit, value);
         }
     }
 
@@ -231,4 +296,51 @@ fn append_member(headers: &mut HeaderMap, name: fn() -> HeaderName, value: Heade
 /// How many decimal digits `n` is written with.
 fn digit_count(n: u64) -> usize {
     n.checked_ilog10().map_or(1, |log| log as usize + 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::limit::{Limit, Rate};
+
+    /// The `RateLimit` value for a policy of limits named `names`, each
+    /// with 17 calls left and 1.5 s to reset.
+    fn ratelimit_value(names: &[String]) -> String {
+        let mut policy = Policy::builder("p");
+        for (i, name) in names.iter().enumerate() {
+            let limit = Limit::builder(Rate::per_second(10 + i as u64))
+                .burst(20)
+                .name(name.as_str())
+                .build()
+                .unwrap();
+            policy = policy.limit(limit);
+        }
+        let headers = PolicyHeaders::new(&policy.build().unwrap(), HeaderStyle::Draft);
+        let reset = Duration::from_micros(1_500_000);
+        let decision = Decision {
+            allowed: true,
+            limit: 0,
+            remaining: 17,
+            reset_us: 1_500_000,
+            retry_us: None,
+            wait_us: 0,
+            each: (names.len() > 1).then(|| Arc::from(vec![(17, reset); names.len()])),
+        };
+        let mut map = HeaderMap::new();
+        headers.write(&mut map, &decision);
+        map["ratelimit"].to_str().unwrap().to_owned()
+    }
+
+    /// Short values are written on the stack, long ones on the heap: the
+    /// same text either way.
+    #[test]
+    fn ratelimit_value_on_the_stack_and_off_it() {
+        assert_eq!(ratelimit_value(&["short".into()]), "\"short\";r=17;t=2");
+        let names: Vec<String> = (0..3).map(|i| format!("{i}").repeat(60)).collect();
+        let expected: Vec<String> = names.iter().map(|n| format!("\"{n}\";r=17;t=2")).collect();
+        assert!(expected.join(", ").len() > STACK_VALUE);
+        assert_eq!(ratelimit_value(&names), expected.join(", "));
+    }
 }
