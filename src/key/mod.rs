@@ -332,6 +332,19 @@ mod tests {
         }
     }
 
+    /// Every octet value, in every position, as std writes it.
+    #[test]
+    fn ipv4_keys_match_std_for_every_octet() {
+        for octet in 0..=255u8 {
+            for position in 0..4 {
+                let mut octets = [1, 20, 255, 7];
+                octets[position] = octet;
+                let ip = IpAddr::from(octets);
+                assert_eq!(Key::from_ip(ip).as_str(), format!("ip:{ip}"));
+            }
+        }
+    }
+
     #[test]
     fn long_keys_are_digested() {
         let long = "x".repeat(1000);
