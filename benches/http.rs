@@ -456,8 +456,8 @@ async fn app(
                 router.layer(layer)
             }
         }
-        Variant::Governor => routers::with_governor(router, rejected)?,
-        Variant::GovernorHeaders => routers::with_governor_headers(router, rejected)?,
+        Variant::Governor => routers::with_governor(router, rejected, false)?,
+        Variant::GovernorHeaders => routers::with_governor(router, rejected, true)?,
         Variant::Evalsha => {
             let conn = ConnectionManager::new(redis::Client::open(redis_url)?).await?;
             let script = Arc::new(Baseline {

@@ -49,8 +49,8 @@ fn serve(variant: &str, load: &str, port_file: &str) -> Result<(), BoxError> {
             RateLimitLayer::new(Limiter::new(policy, MemoryStore::new()))
                 .headers(HeaderStyle::None),
         ),
-        "governor" => routers::with_governor(router, rejected)?,
-        "governor-headers" => routers::with_governor_headers(router, rejected)?,
+        "governor" => routers::with_governor(router, rejected, false)?,
+        "governor-headers" => routers::with_governor(router, rejected, true)?,
         _ => return Err("variant".into()),
     };
     // Added after the layer, so it is never limited.

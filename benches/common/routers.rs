@@ -28,28 +28,27 @@ pub fn limit(rejected: bool) -> Result<Limit, ConfigError> {
     }
 }
 
-/// `router` behind tower_governor with the same limit as [`limit`].
-pub fn with_governor(router: Router, rejected: bool) -> Result<Router, &'static str> {
+/// `router` behind tower_governor with the same limit as [`limit`]; with
+/// `headers`, tower_governor's rate-limit headers on (`use_headers`:
+/// `x-ratelimit-limit` and `x-ratelimit-remaining` on the responses that
+/// pass), to set beside our layer's default headers.
+pub fn with_governor(
+    router: Router,
+    rejected: bool,
+    headers: bool,
+) -> Result<Router, &'static str> {
     let mut builder = GovernorConfigBuilder::default();
     if rejected {
         builder.per_second(3600).burst_size(1);
     } else {
         builder.per_nanosecond(1).burst_size(1_000_000_000);
     }
-    let config = builder.finish().ok_or("governor config")?;
-    Ok(router.layer(GovernorLayer::new(Arc::new(config))))
-}
-
-/// [`with_governor`] with tower_governor's rate-limit headers on
-/// (`use_headers`: `x-ratelimit-limit` and `x-ratelimit-remaining` on the
-/// responses that pass), to set beside our layer's default headers.
-pub fn with_governor_headers(router: Router, rejected: bool) -> Result<Router, &'static str> {
-    let mut builder = GovernorConfigBuilder::default();
-    if rejected {
-        builder.per_second(3600).burst_size(1);
+    // Two arms: `use_headers` changes the configuration's type.
+    Ok(if headers {
+        let config = builder.use_headers().finish().ok_or("governor config")?;
+        router.layer(GovernorLayer::new(Arc::new(config)))
     } else {
-        builder.per_nanosecond(1).burst_size(1_000_000_000);
-    }
-    let config = builder.use_headers().finish().ok_or("governor config")?;
-    Ok(router.layer(GovernorLayer::new(Arc::new(config))))
+        let config = builder.finish().ok_or("governor config")?;
+        router.layer(GovernorLayer::new(Arc::new(config)))
+    })
 }
