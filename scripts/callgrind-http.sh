@@ -30,6 +30,9 @@ count() { # variant load requests -> instructions of the whole server run
   # instructions (10M to 18M seen): enough to move N's figure by 1000.
   once="$(callgrind_annotate --inclusive=yes --threshold=100 "$out" 2>/dev/null \
     | sed -n 's/^ *\([0-9,]*\) .*once_cell::imp::initialize_or_wait .*/\1/p' | head -1 | tr -d ,)"
+  # once_cell's generic initialiser: should quanta stop using it, say so
+  # rather than count the calibration in silently (bare axum has no clock).
+  [ -n "$once" ] || [ "$1" = bare ] || echo "callgrind-http.sh: no clock calibration (once_cell::imp::initialize_or_wait) in the profile; this figure includes it" >&2
   echo $(( total - ${once:-0} ))
 }
 echo "| case | load | instructions / request |"

@@ -405,10 +405,37 @@ async fn refusals_come_in_the_inner_body_type_unless_any_body() {
         call::<_, http_body_util::Full<Bytes>>(&full_body).await,
         (StatusCode::OK, "full".into())
     );
+    let (status, text) = call::<_, http_body_util::Full<Bytes>>(&full_body).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    assert!(text.contains("rate limit"), "{text}");
+
+    type Boxed = http_body_util::combinators::BoxBody<Bytes, std::convert::Infallible>;
+    let boxed_body = layer().layer(service_fn(|_: Request<()>| async {
+        Ok::<_, std::convert::Infallible>(Response::new(Boxed::new(http_body_util::Full::new(
+            Bytes::from_static(b"boxed"),
+        ))))
+    }));
     assert_eq!(
-        call::<_, http_body_util::Full<Bytes>>(&full_body).await.0,
-        StatusCode::TOO_MANY_REQUESTS
+        call::<_, Boxed>(&boxed_body).await,
+        (StatusCode::OK, "boxed".into())
     );
+    let (status, text) = call::<_, Boxed>(&boxed_body).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    assert!(text.contains("rate limit"), "{text}");
+
+    type Unsync = http_body_util::combinators::UnsyncBoxBody<Bytes, std::convert::Infallible>;
+    let unsync_body = layer().layer(service_fn(|_: Request<()>| async {
+        Ok::<_, std::convert::Infallible>(Response::new(Unsync::new(http_body_util::Full::new(
+            Bytes::from_static(b"unsync"),
+        ))))
+    }));
+    assert_eq!(
+        call::<_, Unsync>(&unsync_body).await,
+        (StatusCode::OK, "unsync".into())
+    );
+    let (status, text) = call::<_, Unsync>(&unsync_body).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    assert!(text.contains("rate limit"), "{text}");
 
     // `Empty` cannot carry a refusal's text: `any_body` wraps it.
     let empty_body = layer().any_body().layer(service_fn(|_: Request<()>| async {
@@ -424,6 +451,77 @@ async fn refusals_come_in_the_inner_body_type_unless_any_body() {
             .await;
     assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
     assert!(text.contains("rate limit"), "{text}");
+}
+
+/// The default layer stacks over this crate's other layers: over an
+/// `any_body` rate limit (its `ResponseBody`) and over a concurrency limit
+/// (its `GuardedBody`), refusing in their body types; the inner layer's
+/// own refusal passes through.
+#[tokio::test]
+async fn default_layer_stacks_over_the_crates_other_layers() {
+    use fleetgate::concurrency::{ConcurrencyLimitLayer, ConcurrencyLimiter};
+    use fleetgate::response::ResponseBody;
+
+    async fn text<B>(res: Response<B>) -> (StatusCode, String)
+    where
+        B: http_body::Body,
+        B::Error: std::fmt::Debug,
+    {
+        let status = res.status();
+        let bytes = res.into_body().collect().await.unwrap().to_bytes();
+        (status, String::from_utf8(bytes.to_vec()).unwrap())
+    }
+    let handler = || {
+        service_fn(|_: Request<()>| async {
+            Ok::<_, std::convert::Infallible>(Response::new(http_body_util::Empty::<Bytes>::new()))
+        })
+    };
+
+    // Outer: 1 per hour. Inner (`any_body`): 2 per hour, so it never
+    // refuses before the outer one does.
+    let outer =
+        RateLimitLayer::new(Limiter::new(slow_policy(1), MemoryStore::new())).key(GlobalKey::new());
+    let inner = RateLimitLayer::new(Limiter::new(slow_policy(2), MemoryStore::new()))
+        .key(GlobalKey::new())
+        .any_body();
+    let svc = ServiceBuilder::new()
+        .layer(outer)
+        .layer(inner)
+        .service(handler());
+    let res: Response<ResponseBody<http_body_util::Empty<Bytes>>> =
+        svc.clone().oneshot(Request::new(())).await.unwrap();
+    assert_eq!(text(res).await, (StatusCode::OK, String::new()));
+    let (status, body) = text(svc.oneshot(Request::new(())).await.unwrap()).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    assert!(
+        body.contains("rate limit 1/h"),
+        "the outer layer refuses: {body}"
+    );
+
+    // Over a concurrency limit of one: the rate limit refuses in its body
+    // type, holding no lease.
+    let policy = fleetgate::ConcurrencyPolicy::new("cap", 1).unwrap();
+    let svc = ServiceBuilder::new()
+        .layer(
+            RateLimitLayer::new(Limiter::new(slow_policy(1), MemoryStore::new()))
+                .key(GlobalKey::new()),
+        )
+        .layer(
+            ConcurrencyLimitLayer::new(ConcurrencyLimiter::new(policy, MemoryStore::new()))
+                .key(GlobalKey::new()),
+        )
+        .service(handler());
+    let res = svc.clone().oneshot(Request::new(())).await.unwrap();
+    assert!(
+        res.body().holds_lease(),
+        "a passing response holds its lease"
+    );
+    assert_eq!(text(res).await.0, StatusCode::OK);
+    let res = svc.oneshot(Request::new(())).await.unwrap();
+    assert!(!res.body().holds_lease());
+    let (status, body) = text(res).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    assert!(body.contains("rate limit 1/h"), "{body}");
 }
 
 #[tokio::test]

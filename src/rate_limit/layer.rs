@@ -178,11 +178,12 @@ impl<K, C, M, Fb> RateLimitLayer<K, C, M, Fb> {
 
     /// Refuse with an HTTP response wrapped in a
     /// [`ResponseBody`](crate::response::ResponseBody), for inner services
-    /// whose body type cannot be built from `Bytes` (hyper's `Incoming`, a
-    /// boxed body). By default the layer answers in the inner service's own
-    /// body type, which must implement `From<Bytes>` (axum's `Body` and
-    /// `http_body_util::Full<Bytes>` do), so that a response that passes
-    /// is handed on unwrapped.
+    /// whose body type cannot carry a refusal (hyper's `Incoming`, `Empty`,
+    /// another crate's body wrapper). By default the layer answers in the
+    /// inner service's own body type, which must implement
+    /// [`RefusalBody`](crate::response::RefusalBody) (axum's `Body`,
+    /// `String`, `http_body_util::Full` and boxed bodies do), so that a
+    /// response that passes is handed on unwrapped.
     pub fn any_body(self) -> RateLimitLayer<K, C, mode::AnyBody, Fb> {
         self.rebuild(|key, cost, feedback| (key, cost, feedback))
     }

@@ -208,15 +208,15 @@ where
 /// Marker types choosing how a [`RateLimitLayer`] refuses requests.
 pub mod mode {
     /// Refuse with an HTTP response (429, 503 or the missing-key status)
-    /// whose body is the inner service's own body type, built from
-    /// `Bytes` (axum's `Body`, `http_body_util::Full<Bytes>`, ...):
-    /// responses that pass go out unwrapped, so axum does not box them
-    /// again. The default.
+    /// whose body is the inner service's own body type, which must
+    /// implement [`RefusalBody`](crate::response::RefusalBody) (axum's
+    /// `Body`, `String`, `http_body_util::Full`, ...): responses that pass
+    /// go out unwrapped, so axum does not box them again. The default.
     #[derive(Clone, Copy, Debug, Default)]
     pub struct Http;
 
     /// Refuse with an HTTP response, around inner services whose body
-    /// cannot be built from `Bytes` (hyper's `Incoming`, boxed bodies):
+    /// cannot carry a refusal (hyper's `Incoming`, `Empty`):
     /// every response carries a [`ResponseBody`](crate::response::ResponseBody),
     /// the inner body or the refusal's text. Chosen with
     /// [`RateLimitLayer::any_body`](crate::RateLimitLayer::any_body).

@@ -123,7 +123,9 @@ impl Default for ShortValue {
 
 impl ShortValue {
     fn push(&mut self, bytes: &[u8]) {
-        if let Some(slot) = self.bytes.get_mut(self.len..self.len + bytes.len()) {
+        let slot = self.bytes.get_mut(self.len..self.len + bytes.len());
+        debug_assert!(slot.is_some(), "the caller checked the longest text");
+        if let Some(slot) = slot {
             slot.copy_from_slice(bytes);
             self.len += bytes.len();
         }
@@ -306,8 +308,8 @@ mod tests {
     use crate::limit::{Limit, Rate};
 
     /// The `RateLimit` value for a policy of limits named `names`, each
-    /// with 17 calls left and 1.5 s to reset.
-    fn ratelimit_value(names: &[String]) -> String {
+    /// with `remaining` calls left and `reset` to go.
+    fn ratelimit_value(names: &[String], remaining: u64, reset: Duration) -> String {
         let mut policy = Policy::builder("p");
         for (i, name) in names.iter().enumerate() {
             let limit = Limit::builder(Rate::per_second(10 + i as u64))
@@ -318,29 +320,57 @@ mod tests {
             policy = policy.limit(limit);
         }
         let headers = PolicyHeaders::new(&policy.build().unwrap(), HeaderStyle::Draft);
-        let reset = Duration::from_micros(1_500_000);
         let decision = Decision {
             allowed: true,
             limit: 0,
-            remaining: 17,
-            reset_us: 1_500_000,
+            remaining,
+            reset_us: u64::try_from(reset.as_micros()).unwrap_or(u64::MAX),
             retry_us: None,
             wait_us: 0,
-            each: (names.len() > 1).then(|| Arc::from(vec![(17, reset); names.len()])),
+            each: (names.len() > 1).then(|| Arc::from(vec![(remaining, reset); names.len()])),
         };
         let mut map = HeaderMap::new();
         headers.write(&mut map, &decision);
         map["ratelimit"].to_str().unwrap().to_owned()
     }
 
+    fn expected(names: &[String], remaining: u64, reset_secs: u64) -> String {
+        let members: Vec<String> = names
+            .iter()
+            .map(|n| format!("\"{n}\";r={remaining};t={reset_secs}"))
+            .collect();
+        members.join(", ")
+    }
+
     /// Short values are written on the stack, long ones on the heap: the
-    /// same text either way.
+    /// same text either way, down to the longest numbers.
     #[test]
     fn ratelimit_value_on_the_stack_and_off_it() {
-        assert_eq!(ratelimit_value(&["short".into()]), "\"short\";r=17;t=2");
+        let short = ["short".to_owned()];
+        let reset = Duration::from_micros(1_500_000);
+        assert_eq!(ratelimit_value(&short, 17, reset), "\"short\";r=17;t=2");
+        // One limit of the longest name and the largest numbers: the
+        // longest single value, on the stack.
+        let longest = ["n".repeat(64)];
+        let value = ratelimit_value(&longest, u64::MAX, Duration::MAX);
+        // A single limit's reset is the decision's, in microseconds.
+        let reset_secs = retry_after_secs(Duration::from_micros(u64::MAX));
+        assert_eq!(value, expected(&longest, u64::MAX, reset_secs));
+        // Two limits whose longest value is just within the stack buffer
+        // (14-byte names: 2 x 64 = 128) and just beyond it (20-byte names:
+        // the heap), with 20-digit numbers.
+        for len in [14, 20] {
+            let names: Vec<String> = (0..2).map(|i| format!("{i}").repeat(len)).collect();
+            let value = ratelimit_value(&names, u64::MAX, Duration::MAX);
+            assert_eq!(
+                value,
+                expected(&names, u64::MAX, u64::MAX),
+                "names of {len}"
+            );
+        }
         let names: Vec<String> = (0..3).map(|i| format!("{i}").repeat(60)).collect();
-        let expected: Vec<String> = names.iter().map(|n| format!("\"{n}\";r=17;t=2")).collect();
-        assert!(expected.join(", ").len() > STACK_VALUE);
-        assert_eq!(ratelimit_value(&names), expected.join(", "));
+        let value = ratelimit_value(&names, 17, reset);
+        assert!(value.len() > STACK_VALUE);
+        assert_eq!(value, expected(&names, 17, 2));
     }
 }

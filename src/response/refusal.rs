@@ -5,6 +5,7 @@ use http_body_util::combinators::{BoxBody, UnsyncBoxBody};
 use http_body_util::{BodyExt, Full};
 
 use super::ResponseBody;
+use crate::lease::{GuardedBody, Lease};
 
 /// A response body type the rate-limit layer can answer a refusal in: the
 /// body of the 429 (or 503, or 400) is built from the refusal's text.
@@ -12,16 +13,28 @@ use super::ResponseBody;
 /// By default [`RateLimitLayer`](crate::RateLimitLayer) answers in the
 /// inner service's own body type, so that the responses that pass are
 /// handed on as they are: axum then sends them without boxing their body
-/// a second time. Implemented for axum's `Body`, `String`,
-/// `http_body_util::Full`, `BoxBody` and `UnsyncBoxBody` (of `Bytes`), and
-/// [`ResponseBody`]; implement it for a body type of your own, or, for a
-/// body that cannot be built (hyper's `Incoming`, `Empty`), call
+/// a second time. Implemented for:
+///
+/// - axum's `Body` (every route of an axum `Router`, whatever the layers
+///   added with `Router::layer` before this one);
+/// - `String` (a custom rejection body that is not UTF-8 is converted
+///   lossily, so a `Content-Length` set by that rejection would no longer
+///   match: leave it to the server);
+/// - `http_body_util::Full`, `BoxBody` and `UnsyncBoxBody` (of `Bytes`);
+/// - this crate's [`ResponseBody`] and the bodies of its concurrency and
+///   shedding layers ([`GuardedBody`](crate::lease::GuardedBody), with no
+///   lease), so that the layers stack in any order.
+///
+/// Implement it for a body type of your own. Around a body that cannot be
+/// built from bytes (hyper's `Incoming`, `Empty`) or one of another crate
+/// (tower-http's wrappers, when stacked with `ServiceBuilder` outside
+/// axum's router), call
 /// [`RateLimitLayer::any_body`](crate::RateLimitLayer::any_body), which
 /// wraps every response in a [`ResponseBody`].
 #[diagnostic::on_unimplemented(
     message = "the rate-limit layer cannot answer a refusal in a `{Self}` body",
     label = "the inner service's response body",
-    note = "call `.any_body()` on the `RateLimitLayer` to wrap responses in `fleetgate::response::ResponseBody` instead, or implement `RefusalBody` for your body type"
+    note = "call `.any_body()` on the `RateLimitLayer` to wrap responses in `fleetgate::response::ResponseBody` instead, or implement `RefusalBody` for a body type of your own"
 )]
 pub trait RefusalBody: Sized {
     /// The body of a refusal whose text is `text`.
@@ -36,9 +49,9 @@ impl RefusalBody for axum::body::Body {
 }
 
 impl RefusalBody for String {
-    /// The layer's own refusal texts are UTF-8; a custom rejection body
-    /// that is not is converted lossily.
     fn refusal(text: Bytes) -> Self {
+        // The layer's own refusal texts are UTF-8; a custom rejection body
+        // that is not is converted lossily (see the trait's docs).
         match String::from_utf8(Vec::from(text)) {
             Ok(text) => text,
             Err(err) => String::from_utf8_lossy(err.as_bytes()).into_owned(),
@@ -67,5 +80,11 @@ impl<E> RefusalBody for UnsyncBoxBody<Bytes, E> {
 impl<B> RefusalBody for ResponseBody<B> {
     fn refusal(text: Bytes) -> Self {
         ResponseBody::full(text)
+    }
+}
+
+impl<B: RefusalBody, L: Lease> RefusalBody for GuardedBody<B, L> {
+    fn refusal(text: Bytes) -> Self {
+        GuardedBody::new(B::refusal(text), None)
     }
 }
