@@ -6,8 +6,12 @@ use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
 pin_project! {
-    /// The body of a response that went through a fleetgate layer: the inner
-    /// service's body, or the short text of a rejection.
+    /// The body of a response that went through a concurrency or shedding
+    /// layer, or a rate-limit layer with
+    /// [`any_body`](crate::RateLimitLayer::any_body): the inner service's
+    /// body, or the short text of a rejection. (A rate-limit layer by
+    /// default answers in the inner body type itself; see
+    /// [`RefusalBody`](crate::response::RefusalBody).)
     ///
     /// Its error is the inner body's error; a rejection body never fails.
     pub struct ResponseBody<B> {
