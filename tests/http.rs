@@ -352,105 +352,95 @@ async fn weighted_requests_and_impossible_costs() {
     assert!(body_text(res).await.contains("never"));
 }
 
+/// A response's status and body text, whatever its body type.
+async fn status_and_text<B>(res: Response<B>) -> (StatusCode, String)
+where
+    B: http_body::Body,
+    B::Error: std::fmt::Debug,
+{
+    let status = res.status();
+    let bytes = res.into_body().collect().await.unwrap().to_bytes();
+    (status, String::from_utf8(bytes.to_vec()).unwrap())
+}
+
+/// Calls `svc`, whose limit admits one call, twice: the first passes with
+/// the inner service's body `passed`, the second is refused with the
+/// layer's text. `B` names the response's body type: a call stops
+/// compiling if the layer answers in another.
+async fn passes_then_refuses<B, S>(svc: S, passed: &str)
+where
+    S: tower::Service<Request<()>, Response = Response<B>> + Clone,
+    S::Error: std::fmt::Debug,
+    B: http_body::Body,
+    B::Error: std::fmt::Debug,
+{
+    let res = svc.clone().oneshot(Request::new(())).await.unwrap();
+    assert_eq!(status_and_text(res).await, (StatusCode::OK, passed.into()));
+    let res = svc.oneshot(Request::new(())).await.unwrap();
+    let (status, text) = status_and_text(res).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    assert!(text.contains("rate limit"), "{text}");
+}
+
 /// The layer answers in the inner service's own body type, so a passing
 /// response is handed on as it is (axum does not box it again), and a
 /// refusal is built in that type; `any_body` wraps every response instead.
 #[tokio::test]
 async fn refusals_come_in_the_inner_body_type_unless_any_body() {
-    // Each service's response type is named: these lines stop compiling
-    // if the default mode wraps the body again.
-    async fn call<S, B>(svc: &S) -> (StatusCode, String)
-    where
-        S: tower::Service<Request<()>, Response = Response<B>> + Clone,
-        S::Error: std::fmt::Debug,
-        B: http_body::Body,
-        B::Error: std::fmt::Debug,
-    {
-        let res = svc.clone().oneshot(Request::new(())).await.unwrap();
-        let status = res.status();
-        let bytes = res.into_body().collect().await.unwrap().to_bytes();
-        (status, String::from_utf8(bytes.to_vec()).unwrap())
-    }
-    let limiter = || Limiter::new(slow_policy(1), MemoryStore::new());
-    let layer = || RateLimitLayer::new(limiter()).key(GlobalKey::new());
+    use http_body_util::combinators::{BoxBody, UnsyncBoxBody};
+    use http_body_util::{Empty, Full};
+    type Never = std::convert::Infallible;
 
-    let axum_body = layer().layer(service_fn(|_: Request<()>| async {
-        Ok::<_, std::convert::Infallible>(Response::new(Body::from("axum")))
-    }));
-    assert_eq!(
-        call::<_, Body>(&axum_body).await,
-        (StatusCode::OK, "axum".into())
-    );
-    let (status, text) = call::<_, Body>(&axum_body).await;
-    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
-    assert!(text.contains("rate limit"), "{text}");
-
-    let string_body = layer().layer(service_fn(|_: Request<()>| async {
-        Ok::<_, std::convert::Infallible>(Response::new(String::from("text")))
-    }));
-    assert_eq!(
-        call::<_, String>(&string_body).await,
-        (StatusCode::OK, "text".into())
-    );
-    let (status, text) = call::<_, String>(&string_body).await;
-    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
-    assert!(text.contains("rate limit"), "{text}");
-
-    let full_body = layer().layer(service_fn(|_: Request<()>| async {
-        Ok::<_, std::convert::Infallible>(Response::new(http_body_util::Full::new(
-            Bytes::from_static(b"full"),
-        )))
-    }));
-    assert_eq!(
-        call::<_, http_body_util::Full<Bytes>>(&full_body).await,
-        (StatusCode::OK, "full".into())
-    );
-    let (status, text) = call::<_, http_body_util::Full<Bytes>>(&full_body).await;
-    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
-    assert!(text.contains("rate limit"), "{text}");
-
-    type Boxed = http_body_util::combinators::BoxBody<Bytes, std::convert::Infallible>;
-    let boxed_body = layer().layer(service_fn(|_: Request<()>| async {
-        Ok::<_, std::convert::Infallible>(Response::new(Boxed::new(http_body_util::Full::new(
-            Bytes::from_static(b"boxed"),
-        ))))
-    }));
-    assert_eq!(
-        call::<_, Boxed>(&boxed_body).await,
-        (StatusCode::OK, "boxed".into())
-    );
-    let (status, text) = call::<_, Boxed>(&boxed_body).await;
-    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
-    assert!(text.contains("rate limit"), "{text}");
-
-    type Unsync = http_body_util::combinators::UnsyncBoxBody<Bytes, std::convert::Infallible>;
-    let unsync_body = layer().layer(service_fn(|_: Request<()>| async {
-        Ok::<_, std::convert::Infallible>(Response::new(Unsync::new(http_body_util::Full::new(
-            Bytes::from_static(b"unsync"),
-        ))))
-    }));
-    assert_eq!(
-        call::<_, Unsync>(&unsync_body).await,
-        (StatusCode::OK, "unsync".into())
-    );
-    let (status, text) = call::<_, Unsync>(&unsync_body).await;
-    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
-    assert!(text.contains("rate limit"), "{text}");
-
+    let layer = || {
+        RateLimitLayer::new(Limiter::new(slow_policy(1), MemoryStore::new())).key(GlobalKey::new())
+    };
+    passes_then_refuses::<Body, _>(
+        layer().layer(service_fn(|_: Request<()>| async {
+            Ok::<_, Never>(Response::new(Body::from("axum")))
+        })),
+        "axum",
+    )
+    .await;
+    passes_then_refuses::<String, _>(
+        layer().layer(service_fn(|_: Request<()>| async {
+            Ok::<_, Never>(Response::new(String::from("text")))
+        })),
+        "text",
+    )
+    .await;
+    passes_then_refuses::<Full<Bytes>, _>(
+        layer().layer(service_fn(|_: Request<()>| async {
+            Ok::<_, Never>(Response::new(Full::new(Bytes::from_static(b"full"))))
+        })),
+        "full",
+    )
+    .await;
+    passes_then_refuses::<BoxBody<Bytes, Never>, _>(
+        layer().layer(service_fn(|_: Request<()>| async {
+            Ok::<_, Never>(Response::new(BoxBody::new(Full::new(Bytes::from_static(
+                b"boxed",
+            )))))
+        })),
+        "boxed",
+    )
+    .await;
+    passes_then_refuses::<UnsyncBoxBody<Bytes, Never>, _>(
+        layer().layer(service_fn(|_: Request<()>| async {
+            Ok::<_, Never>(Response::new(UnsyncBoxBody::new(Full::new(
+                Bytes::from_static(b"unsync"),
+            ))))
+        })),
+        "unsync",
+    )
+    .await;
     // `Empty` cannot carry a refusal's text: `any_body` wraps it.
-    let empty_body = layer().any_body().layer(service_fn(|_: Request<()>| async {
-        Ok::<_, std::convert::Infallible>(Response::new(http_body_util::Empty::<Bytes>::new()))
-    }));
-    assert_eq!(
-        call::<_, fleetgate::response::ResponseBody<http_body_util::Empty<Bytes>>>(&empty_body)
-            .await,
-        (StatusCode::OK, String::new())
-    );
-    let (status, text) =
-        call::<_, fleetgate::response::ResponseBody<http_body_util::Empty<Bytes>>>(&empty_body)
-            .await;
-    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
-    assert!(text.contains("rate limit"), "{text}");
+    passes_then_refuses::<fleetgate::response::ResponseBody<Empty<Bytes>>, _>(
+        layer().any_body().layer(service_fn(|_: Request<()>| async {
+            Ok::<_, Never>(Response::new(Empty::<Bytes>::new()))
+        })),
+        "",
+    )
+    .await;
 }
 
 /// The default layer stacks over this crate's other layers: over an
@@ -462,15 +452,6 @@ async fn default_layer_stacks_over_the_crates_other_layers() {
     use fleetgate::concurrency::{ConcurrencyLimitLayer, ConcurrencyLimiter};
     use fleetgate::response::ResponseBody;
 
-    async fn text<B>(res: Response<B>) -> (StatusCode, String)
-    where
-        B: http_body::Body,
-        B::Error: std::fmt::Debug,
-    {
-        let status = res.status();
-        let bytes = res.into_body().collect().await.unwrap().to_bytes();
-        (status, String::from_utf8(bytes.to_vec()).unwrap())
-    }
     let handler = || {
         service_fn(|_: Request<()>| async {
             Ok::<_, std::convert::Infallible>(Response::new(http_body_util::Empty::<Bytes>::new()))
@@ -490,8 +471,8 @@ async fn default_layer_stacks_over_the_crates_other_layers() {
         .service(handler());
     let res: Response<ResponseBody<http_body_util::Empty<Bytes>>> =
         svc.clone().oneshot(Request::new(())).await.unwrap();
-    assert_eq!(text(res).await, (StatusCode::OK, String::new()));
-    let (status, body) = text(svc.oneshot(Request::new(())).await.unwrap()).await;
+    assert_eq!(status_and_text(res).await, (StatusCode::OK, String::new()));
+    let (status, body) = status_and_text(svc.oneshot(Request::new(())).await.unwrap()).await;
     assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
     assert!(
         body.contains("rate limit 1/h"),
@@ -516,10 +497,10 @@ async fn default_layer_stacks_over_the_crates_other_layers() {
         res.body().holds_lease(),
         "a passing response holds its lease"
     );
-    assert_eq!(text(res).await.0, StatusCode::OK);
+    assert_eq!(status_and_text(res).await.0, StatusCode::OK);
     let res = svc.oneshot(Request::new(())).await.unwrap();
     assert!(!res.body().holds_lease());
-    let (status, body) = text(res).await;
+    let (status, body) = status_and_text(res).await;
     assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
     assert!(body.contains("rate limit 1/h"), "{body}");
 }
