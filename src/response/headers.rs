@@ -189,28 +189,20 @@ impl PolicyHeaders {
             if let Some(value) = &self.policy_value {
                 append_member(headers, ratelimit_policy, value.clone());
             }
-            // `"<name>";r=<remaining>;t=<reset>` for the deciding limit, or
-            // for every window of a policy of several, in policy order; the
-            // numbers written straight in (this runs on every response).
-            // Short enough (the usual case), the text is written on the
-            // stack and copied once into the value, its one allocation.
-            if self.ratelimit_max_len <= STACK_VALUE {
+            // Short enough (the usual case), the `RateLimit` text is written
+            // on the stack and copied once into the value, its one
+            // allocation (this runs on every response).
+            let value = if self.ratelimit_max_len <= STACK_VALUE {
                 let mut text = ShortValue::default();
-                let mut digits = itoa::Buffer::new();
-                self.members(decision, reset, |prefix, remaining, reset| {
-                    if text.len > 0 {
-                        text.push(b", ");
-                    }
-                    text.push(prefix);
-                    text.push(digits.format(remaining).as_bytes());
-                    text.push(b";t=");
-                    text.push(digits.format(reset).as_bytes());
-                });
-                if let Ok(value) = HeaderValue::from_bytes(text.as_bytes()) {
-                    append_member(headers, ratelimit, value);
-                }
+                self.ratelimit_text(decision, reset, |bytes| text.push(bytes));
+                HeaderValue::from_bytes(text.as_bytes())
             } else {
-                self.write_long_ratelimit(headers, decision, reset);
+                let mut text = Vec::with_capacity(self.ratelimit_max_len);
+                self.ratelimit_text(decision, reset, |bytes| text.extend_from_slice(bytes));
+                HeaderValue::from_bytes(&text)
+            };
+            if let Ok(value) = value {
+                append_member(headers, ratelimit, value);
             }
         }
         if self.style.legacy() {
@@ -226,31 +218,23 @@ impl PolicyHeaders {
         }
     }
 
-    /// The `RateLimit` value when it may not fit [`STACK_VALUE`]: written
-    /// to a buffer of the exact length, which becomes the value uncopied.
-    fn write_long_ratelimit(&self, headers: &mut HeaderMap, decision: &Decision, reset: u64) {
-        let mut len = 0;
-        self.members(decision, reset, |prefix, remaining, reset| {
-            len += usize::from(len > 0) * 2
-                + prefix.len()
-                + digit_count(remaining)
-                + 3
-                + digit_count(reset);
-        });
-        let mut text = Vec::with_capacity(len);
+    /// Passes the `RateLimit` text to `put`, piece by piece:
+    /// `"<name>";r=<remaining>;t=<reset>` for the deciding limit, or for
+    /// every window of a policy of several, in policy order, the numbers
+    /// written straight in.
+    fn ratelimit_text(&self, decision: &Decision, reset: u64, mut put: impl FnMut(&[u8])) {
         let mut digits = itoa::Buffer::new();
+        let mut first = true;
         self.members(decision, reset, |prefix, remaining, reset| {
-            if !text.is_empty() {
-                text.extend_from_slice(b", ");
+            if !first {
+                put(b", ");
             }
-            text.extend_from_slice(prefix);
-            text.extend_from_slice(digits.format(remaining).as_bytes());
-            text.extend_from_slice(b";t=");
-            text.extend_from_slice(digits.format(reset).as_bytes());
+            first = false;
+            put(prefix);
+            put(digits.format(remaining).as_bytes());
+            put(b";t=");
+            put(digits.format(reset).as_bytes());
         });
-        if let Ok(value) = HeaderValue::from_maybe_shared(Bytes::from(text)) {
-            append_member(headers, ratelimit, value);
-        }
     }
 
     /// Calls `f` with the `RateLimit` prefix, the remaining calls and the
@@ -293,11 +277,6 @@ fn append_member(headers: &mut HeaderMap, name: fn() -> HeaderName, value: Heade
     let joined =
         HeaderValue::from_maybe_shared(Bytes::from(bytes)).unwrap_or_else(|_| value.clone());
     headers.insert(name, joined);
-}
-
-/// How many decimal digits `n` is written with.
-fn digit_count(n: u64) -> usize {
-    n.checked_ilog10().map_or(1, |log| log as usize + 1)
 }
 
 #[cfg(test)]
