@@ -41,7 +41,7 @@ end
 -- calls of one identity that travel together cost one GET and one SET. A
 -- key that cannot be read (it holds another type) fails the calls that
 -- name it, and only those: their reply is the error's text.
-local known, dirty, written = {}, {}, {}
+local known, dirty = {}, {}
 local function tat_of(key)
   local tat = known[key]
   if tat == nil then
@@ -98,10 +98,7 @@ local function decide(k, a, n, cost, max_wait)
   for i = 1, n do
     local key = KEYS[k + i]
     local new_tat = tats[i] + cost * tonumber(ARGV[a + 2 * i - 1])
-    if not dirty[key] then
-      dirty[key] = true
-      written[#written + 1] = key
-    end
+    dirty[key] = true
     known[key] = new_tat
     if i == tight then reset = new_tat - now end
   end
@@ -117,7 +114,7 @@ for c = 1, tonumber(ARGV[2]) do
   a = a + 3 + 2 * n
 end
 
-for _, key in ipairs(written) do
+for key in pairs(dirty) do
   local tat = known[key]
   -- Expire the key when the limit has refilled: the state means nothing then.
   local ttl_ms = math.ceil((tat - now) / 1000)

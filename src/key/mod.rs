@@ -36,9 +36,9 @@ pub const MAX_KEY_LEN: usize = 128;
 ///
 /// Cheap to clone, and made without allocating when it is at most 23 bytes
 /// long (any IPv4 key, short IPv6 and header keys); longer keys share one
-/// allocation among their clones. The built-in extractors give their keys distinct prefixes
-/// (`ip:` addresses, `h:` hashed headers, `hv:` unhashed headers, `global`)
-/// so that they never collide. Keys you make yourself (with [`key_fn`] or
+/// allocation among their clones. The built-in extractors give their keys
+/// distinct prefixes (`ip:` addresses, `h:` hashed headers, `hv:`
+/// unhashed headers, `global`) so that they never collide. Keys you make yourself (with [`key_fn`] or
 /// [`OnMissingKey::Fallback`](crate::OnMissingKey::Fallback)) are used as
 /// given: give them a prefix of your own, such as `tenant:`, and never pass
 /// raw client input through unprefixed, or a client could send `ip:<victim>`

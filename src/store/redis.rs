@@ -558,17 +558,13 @@ impl RedisStoreBuilder {
         if self.timeout.is_zero() || self.connect_timeout.is_zero() {
             return Err(ConfigError::ZeroTimeout.into());
         }
-        if self.max_in_flight == 0 {
-            return Err(ConfigError::ZeroBatch {
-                setting: "max_in_flight",
+        for (setting, value) in [
+            ("max_in_flight", self.max_in_flight),
+            ("max_batch", self.max_batch),
+        ] {
+            if value == 0 {
+                return Err(ConfigError::ZeroBatch { setting }.into());
             }
-            .into());
-        }
-        if self.max_batch == 0 {
-            return Err(ConfigError::ZeroBatch {
-                setting: "max_batch",
-            }
-            .into());
         }
         Ok(())
     }
