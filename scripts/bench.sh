@@ -152,6 +152,7 @@ missed="$(grep -c '| MISS |$' <<<"$targets" || true)"
   done
 } >"$report"
 
+mkdir -p target/bench
 cp "$report" target/bench/latest.md
 cat "$report"
 echo >&2
