@@ -126,7 +126,6 @@ impl MemoryStore {
         let shard = &self.inner.shards[shard_index(hash, self.inner.shards.len())];
         {
             let map = read(shard);
-            let key = key.as_str();
             if let Some(slot) = map.map.find(hash, |slot| slot.is(key, policy)) {
                 // A policy of the same name with more limits (edited, or two
                 // limiters sharing a name) first needs its state grown.
@@ -153,8 +152,7 @@ impl MemoryStore {
         let limits = policy.limits();
         let mut shard = write(shard);
         let now = self.inner.clock.now_micros();
-        let text = key.as_str();
-        if let Some(Slot { tats, .. }) = shard.map.find_mut(hash, |slot| slot.is(text, policy)) {
+        if let Some(Slot { tats, .. }) = shard.map.find_mut(hash, |slot| slot.is(key, policy)) {
             // Keep each limit's state by position, as the Redis keys
             // `…:{key}:<i>` do: starting afresh instead would let two such
             // limiters reset each other on every call and admit everything.
