@@ -44,8 +44,7 @@ impl Slot {
         // their fixed-size buffers in a few instructions, where comparing
         // the texts calls `memcmp`. A limiter's calls all pass the same
         // policy: equal pointers spare reading the stored name.
-        self.key == *key
-            && (self.policy.same_as(policy) || self.policy.name() == policy.name())
+        self.key == *key && (self.policy.same_as(policy) || self.policy.name() == policy.name())
     }
 }
 
