@@ -1,5 +1,5 @@
-//! The memory store keeps memory bounded under a key-cardinality attack and
-//! follows tokio's paused clock.
+//! The memory store keeps memory bounded under a key-cardinality attack,
+//! follows tokio's paused clock, and finds a key's state by its text.
 use std::time::Duration;
 
 use fleetgate::clock::MonotonicClock;
@@ -127,4 +127,37 @@ async fn two_policies_on_one_key_are_two_entries() {
     assert!(!two.check(&key, 1).await.unwrap().is_allowed());
     assert!(one.check(&key, 1).await.unwrap().is_allowed());
     assert_eq!(store.len(), 2);
+}
+
+/// A key's state is found by its text, whichever `Key` value carries it:
+/// keys built separately (inline ones, made from an address or from text,
+/// and long ones, each with its own allocation) share one state, and a
+/// key differing in one byte does not.
+#[tokio::test(start_paused = true)]
+async fn equal_keys_built_apart_share_one_state() {
+    let store = paused_store();
+    let one = Limit::builder(Rate::per_hour(1)).build().unwrap();
+    let limiter = Limiter::new(Policy::single("once", one).unwrap(), store);
+    let long = "tenant:a-rather-long-identity-kept-on-the-heap";
+    let cases = [
+        (
+            Key::from_ip("192.0.2.7".parse().unwrap()),
+            Key::new("ip:192.0.2.7"),
+            Key::new("ip:192.0.2.8"),
+        ),
+        (
+            Key::new(long),
+            Key::new(String::from(long)),
+            Key::new(format!("{long}!")),
+        ),
+    ];
+    for (first, same, other) in cases {
+        assert!(limiter.check(&first, 1).await.unwrap().is_allowed());
+        assert!(
+            !limiter.check(&same, 1).await.unwrap().is_allowed(),
+            "{} was not found by an equal key built apart",
+            first.as_str()
+        );
+        assert!(limiter.check(&other, 1).await.unwrap().is_allowed());
+    }
 }
