@@ -4,6 +4,10 @@
 # serves one case under callgrind while its loader sends N, then 2N,
 # requests; (Ir(2N) - Ir(N)) / N. Needs valgrind. Cases: bare, memory,
 # memory-no-headers, governor, governor-headers; loads: admitted, rejected.
+# FLEETGATE_CALLGRIND_CACHE=1 also simulates the caches (--cache-sim=yes,
+# the host's sizes) and adds first-level instruction-cache misses per
+# request: on a server, what a request's code costs beyond its
+# instructions. Slower.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v valgrind >/dev/null || { echo "callgrind-http.sh: needs valgrind (apt-get install -y valgrind)" >&2; exit 1; }
@@ -14,17 +18,22 @@ bin="$(cargo bench --bench http_instructions --no-run --message-format=json 2>/d
 [ -x "$bin" ] || { echo "callgrind-http.sh: could not build benches/http_instructions.rs" >&2; exit 1; }
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
-count() { # variant load requests -> instructions of the whole server run
+cache="${FLEETGATE_CALLGRIND_CACHE:-0}"
+sim=()
+[ "$cache" = 1 ] && sim=(--cache-sim=yes)
+count() { # variant load requests -> "instructions i1-misses" of the whole server run
   local port_file="$work/port" out="$work/callgrind.out"
   rm -f "$port_file"
-  valgrind --tool=callgrind --callgrind-out-file="$out" "$bin" serve "$1" "$2" "$port_file" >/dev/null 2>"$work/valgrind.err" &
+  valgrind --tool=callgrind "${sim[@]}" --callgrind-out-file="$out" "$bin" serve "$1" "$2" "$port_file" >/dev/null 2>"$work/valgrind.err" &
   local server=$!
   for _ in $(seq 600); do [ -s "$port_file" ] && break; sleep 0.1; done
   [ -s "$port_file" ] || { echo "callgrind-http.sh: the server did not start" >&2; kill "$server"; exit 1; }
   "$bin" load "$(cat "$port_file")" "$3" 2>"$work/load.err"
   wait "$server"
-  local total once
+  local total once i1
   total="$(sed -n 's/^summary: \([0-9]*\).*/\1/p; s/^totals: \([0-9]*\).*/\1/p' "$out" | head -1)"
+  # With --cache-sim the events are Ir Dr Dw I1mr ...: the fourth.
+  i1="$(sed -n 's/^summary: //p; s/^totals: //p' "$out" | head -1 | awk '{ print ($4 == "" ? 0 : $4) }')"
   # Not counted: the clock's one-off calibration (quanta's, behind a
   # once_cell), which runs for a set time and so for a varying number of
   # instructions (10M to 18M seen): enough to move N's figure by 1000.
@@ -33,13 +42,22 @@ count() { # variant load requests -> instructions of the whole server run
   # once_cell's generic initialiser: should quanta stop using it, say so
   # rather than count the calibration in silently (bare axum has no clock).
   [ -n "$once" ] || [ "$1" = bare ] || echo "callgrind-http.sh: no clock calibration (once_cell::imp::initialize_or_wait) in the profile; this figure includes it" >&2
-  echo $(( total - ${once:-0} ))
+  echo "$(( total - ${once:-0} )) $i1"
 }
-echo "| case | load | instructions / request |"
-echo "|---|---|---:|"
+if [ "$cache" = 1 ]; then
+  echo "| case | load | instructions / request | I1 misses / request (simulated) |"
+  echo "|---|---|---:|---:|"
+else
+  echo "| case | load | instructions / request |"
+  echo "|---|---|---:|"
+fi
 for case in $cases; do
   variant="${case%%:*}" load="${case##*:}"
-  a="$(count "$variant" "$load" "$n")"
-  b="$(count "$variant" "$load" $((2 * n)))"
-  echo "| $variant | $load | $(( (b - a) / n )) |"
+  read -r a a_i1 <<<"$(count "$variant" "$load" "$n")"
+  read -r b b_i1 <<<"$(count "$variant" "$load" $((2 * n)))"
+  if [ "$cache" = 1 ]; then
+    echo "| $variant | $load | $(( (b - a) / n )) | $(( (b_i1 - a_i1) / n )) |"
+  else
+    echo "| $variant | $load | $(( (b - a) / n )) |"
+  fi
 done
