@@ -19,12 +19,12 @@ bin="$(cargo bench --bench http_instructions --no-run --message-format=json 2>/d
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 cache="${FLEETGATE_CALLGRIND_CACHE:-0}"
-sim=()
-[ "$cache" = 1 ] && sim=(--cache-sim=yes)
+sim=--cache-sim=no
+[ "$cache" = 1 ] && sim=--cache-sim=yes
 count() { # variant load requests -> "instructions i1-misses" of the whole server run
   local port_file="$work/port" out="$work/callgrind.out"
   rm -f "$port_file"
-  valgrind --tool=callgrind "${sim[@]}" --callgrind-out-file="$out" "$bin" serve "$1" "$2" "$port_file" >/dev/null 2>"$work/valgrind.err" &
+  valgrind --tool=callgrind "$sim" --callgrind-out-file="$out" "$bin" serve "$1" "$2" "$port_file" >/dev/null 2>"$work/valgrind.err" &
   local server=$!
   for _ in $(seq 600); do [ -s "$port_file" ] && break; sleep 0.1; done
   [ -s "$port_file" ] || { echo "callgrind-http.sh: the server did not start" >&2; kill "$server"; exit 1; }
@@ -53,8 +53,11 @@ else
 fi
 for case in $cases; do
   variant="${case%%:*}" load="${case##*:}"
-  read -r a a_i1 <<<"$(count "$variant" "$load" "$n")"
-  read -r b b_i1 <<<"$(count "$variant" "$load" $((2 * n)))"
+  # Through variables, so that a failed count stops the script (set -e).
+  first="$(count "$variant" "$load" "$n")"
+  second="$(count "$variant" "$load" $((2 * n)))"
+  read -r a a_i1 <<<"$first"
+  read -r b b_i1 <<<"$second"
   if [ "$cache" = 1 ]; then
     echo "| $variant | $load | $(( (b - a) / n )) | $(( (b_i1 - a_i1) / n )) |"
   else
