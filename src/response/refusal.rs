@@ -52,10 +52,7 @@ impl RefusalBody for String {
     fn refusal(text: Bytes) -> Self {
         // The layer's own refusal texts are UTF-8; a custom rejection body
         // that is not is converted lossily (see the trait's docs).
-        match String::from_utf8(Vec::from(text)) {
-            Ok(text) => text,
-            Err(err) => String::from_utf8_lossy(err.as_bytes()).into_owned(),
-        }
+        String::from_utf8_lossy(&text).into_owned()
     }
 }
 
