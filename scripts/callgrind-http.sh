@@ -10,6 +10,7 @@
 # instructions. Slower.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/callgrind-calibration.sh
 command -v valgrind >/dev/null || { echo "callgrind-http.sh: needs valgrind (apt-get install -y valgrind)" >&2; exit 1; }
 n="${FLEETGATE_CALLGRIND_REQUESTS:-8000}"
 cases="${FLEETGATE_CALLGRIND_CASES:-bare:admitted memory:admitted memory:rejected memory-no-headers:admitted governor:admitted governor:rejected governor-headers:admitted}"
@@ -31,18 +32,13 @@ count() { # variant load requests -> "instructions i1-misses" of the whole serve
   "$bin" load "$(cat "$port_file")" "$3" 2>"$work/load.err"
   wait "$server"
   local total once i1
-  total="$(sed -n 's/^summary: \([0-9]*\).*/\1/p; s/^totals: \([0-9]*\).*/\1/p' "$out" | head -1)"
-  # With --cache-sim the events are Ir Dr Dw I1mr ...: the fourth.
-  i1="$(sed -n 's/^summary: //p; s/^totals: //p' "$out" | head -1 | awk '{ print ($4 == "" ? 0 : $4) }')"
-  # Not counted: the clock's one-off calibration (quanta's, behind a
-  # once_cell), which runs for a set time and so for a varying number of
-  # instructions (10M to 18M seen): enough to move N's figure by 1000.
-  once="$(callgrind_annotate --inclusive=yes --threshold=100 "$out" 2>/dev/null \
-    | sed -n 's/^ *\([0-9,]*\) .*once_cell::imp::initialize_or_wait .*/\1/p' | head -1 | tr -d ,)"
-  # once_cell's generic initialiser: should quanta stop using it, say so
-  # rather than count the calibration in silently (bare axum has no clock).
+  # The run's totals: Ir, and with --cache-sim then Dr Dw I1mr ...
+  read -r total _ _ i1 _ <<<"$(sed -n 's/^summary: //p; s/^totals: //p' "$out" | head -1)"
+  # Without the clock's calibration, which moves N's figure by up to 1000
+  # (bare axum has no clock).
+  once="$(calibration "$out")"
   [ -n "$once" ] || [ "$1" = bare ] || echo "callgrind-http.sh: no clock calibration (once_cell::imp::initialize_or_wait) in the profile; this figure includes it" >&2
-  echo "$(( total - ${once:-0} )) $i1"
+  echo "$(( total - ${once:-0} )) ${i1:-0}"
 }
 if [ "$cache" = 1 ]; then
   echo "| case | load | instructions / request | I1 misses / request (simulated) |"

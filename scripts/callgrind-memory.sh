@@ -6,6 +6,7 @@
 # and the first call per key drop out. Needs valgrind.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/callgrind-calibration.sh
 command -v valgrind >/dev/null || { echo "callgrind-memory.sh: needs valgrind (apt-get install -y valgrind)" >&2; exit 1; }
 n="${FLEETGATE_CALLGRIND_CALLS:-100000}"
 bin="$(cargo bench --bench memory --no-run --message-format=json 2>/dev/null \
@@ -17,13 +18,9 @@ count() {
   local out="$work/callgrind.out" total once
   total="$(FLEETGATE_BENCH_LOOP="$1:$2:$3:$4" valgrind --tool=callgrind --callgrind-out-file="$out" "$bin" 2>&1 \
     | sed -n 's/.*Collected : \([0-9]*\).*/\1/p')"
-  # Not counted: the clock's one-off calibration (quanta's, behind a
-  # once_cell, for both limiters), which runs for a set time and so for a
-  # varying number of instructions: enough to move a figure by 40.
-  once="$(callgrind_annotate --inclusive=yes --threshold=100 "$out" 2>/dev/null \
-    | sed -n 's/^ *\([0-9,]*\) .*once_cell::imp::initialize_or_wait .*/\1/p' | head -1 | tr -d ,)"
-  # once_cell's generic initialiser: should quanta stop using it, say so
-  # rather than count the calibration in silently.
+  # Without the clock's calibration (both limiters read quanta), which
+  # moves a figure by up to 40.
+  once="$(calibration "$out")"
   [ -n "$once" ] || echo "callgrind-memory.sh: no clock calibration (once_cell::imp::initialize_or_wait) in the profile; this figure includes it" >&2
   echo $(( total - ${once:-0} ))
 }
