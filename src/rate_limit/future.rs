@@ -42,27 +42,30 @@ pin_project! {
 }
 
 pin_project! {
+    // The states a call passes through on the memory store (`Calling`,
+    // `Rejected`) are kept inline; the others (a store doing I/O, waiting
+    // mode, upstream feedback) are boxed, so that the future every call
+    // makes and moves (and axum boxes) is no larger than the inner
+    // service's future and a decision, whatever the request's size. Those
+    // states cost a round trip or a sleep, next to which the allocation is
+    // nothing.
     #[project = StateProj]
     enum State<S, Req>
     where
         S: Service<Req>,
     {
-        // The store is deciding. `inner` was driven to readiness by the
-        // service's `poll_ready` and is called (at once, or after
-        // `Waiting`) without being polled again.
+        // The store is deciding. The parked service was driven to
+        // readiness by the service's `poll_ready` and is called (at once,
+        // or after `Waiting`) without being polled again.
         Deciding {
             decision: StoreFuture<Decision>,
-            inner: Option<S>,
-            req: Option<Req>,
+            parked: Option<Box<Parked<S, Req>>>,
         },
         // A slot was reserved; sleeping until it. Dropping the future here
         // drops the request and the ready service uncalled.
         Waiting {
-            #[pin]
-            sleep: Sleep,
-            inner: Option<S>,
-            req: Option<Req>,
-            decision: Option<Decision>,
+            sleep: Pin<Box<Sleep>>,
+            parked: Option<Box<Parked<S, Req>>>,
         },
         Calling {
             #[pin]
@@ -72,16 +75,30 @@ pin_project! {
         // The upstream asked for a pause: recording it before returning
         // its response, so that the caller's next call already sees it.
         Reporting {
-            report: StoreFuture<()>,
-            pause: Duration,
-            response: Option<S::Response>,
-            decision: Option<Decision>,
+            report: Box<Reporting<S::Response>>,
         },
         Rejected {
             kind: Option<RejectionKind>,
         },
         Done,
     }
+}
+
+/// A ready service and the request it is to be called with, parked while
+/// the store decides or the call waits for its slot; and, once known, the
+/// decision whose headers the response gets.
+struct Parked<S, Req> {
+    inner: S,
+    req: Req,
+    decision: Option<Decision>,
+}
+
+/// The upstream's pause being recorded, and the response that asked for it.
+struct Reporting<R> {
+    report: StoreFuture<()>,
+    pause: Duration,
+    response: Option<R>,
+    decision: Option<Decision>,
 }
 
 /// How a request ended, before the mode turns it into a response or error.
@@ -120,8 +137,11 @@ impl<S: Service<Req>, Req, M, F> ResponseFuture<S, Req, M, F> {
             start,
             State::Deciding {
                 decision,
-                inner: Some(inner),
-                req: Some(req),
+                parked: Some(Box::new(Parked {
+                    inner,
+                    req,
+                    decision: None,
+                })),
             },
         )
     }
@@ -133,7 +153,12 @@ impl<S: Service<Req>, Req, M, F> ResponseFuture<S, Req, M, F> {
         req: Req,
         decision: Option<Decision>,
     ) -> Self {
-        Self::with_state(start, State::waiting(wait, inner, req, decision))
+        let parked = Box::new(Parked {
+            inner,
+            req,
+            decision,
+        });
+        Self::with_state(start, State::waiting(wait, parked))
     }
 
     pub(crate) fn calling(start: Start<F>, fut: S::Future, decision: Option<Decision>) -> Self {
@@ -157,7 +182,7 @@ impl<S: Service<Req>, Req, M, F> ResponseFuture<S, Req, M, F> {
 }
 
 impl<S: Service<Req>, Req> State<S, Req> {
-    fn waiting(wait: Duration, inner: S, req: Req, decision: Option<Decision>) -> Self {
+    fn waiting(wait: Duration, parked: Box<Parked<S, Req>>) -> Self {
         // The wait counts from the store's "now", which came a little
         // before this reply: sleeping from here errs on the late side.
         let sleep = match Instant::now().checked_add(wait) {
@@ -167,10 +192,8 @@ impl<S: Service<Req>, Req> State<S, Req> {
             None => tokio::time::sleep(wait),
         };
         State::Waiting {
-            sleep,
-            inner: Some(inner),
-            req: Some(req),
-            decision,
+            sleep: Box::pin(sleep),
+            parked: Some(parked),
         }
     }
 }
@@ -187,50 +210,49 @@ where
         let mut this = self.project();
         loop {
             let outcome = match this.state.as_mut().project() {
-                StateProj::Deciding {
-                    decision,
-                    inner,
-                    req,
-                } => {
+                StateProj::Deciding { decision, parked } => {
                     let result = ready!(Pin::new(&mut *decision).poll(cx));
                     let latency = decision.latency();
                     let result =
                         Common::fall_back(this.common, result, this.key.as_ref(), *this.cost);
-                    let (decision, refusal) = match this.common.judge(result, latency) {
-                        Ok(decision) => (decision, None),
-                        Err(kind) => (None, Some(kind)),
-                    };
-                    match (refusal, inner.take(), req.take()) {
-                        (Some(kind), _, _) => Outcome::Rejected(kind),
-                        (None, Some(mut inner), Some(req)) => {
+                    match (this.common.judge(result, latency), parked.take()) {
+                        (Err(kind), _) => Outcome::Rejected(kind),
+                        (Ok(decision), Some(mut parked)) => {
                             let next = match this.common.wait_for(decision.as_ref()) {
-                                Some(wait) => State::waiting(wait, inner, req, decision),
-                                None => State::Calling {
-                                    fut: inner.call(req),
-                                    decision,
-                                },
+                                Some(wait) => {
+                                    parked.decision = decision;
+                                    State::waiting(wait, parked)
+                                }
+                                None => {
+                                    let Parked { mut inner, req, .. } = *parked;
+                                    State::Calling {
+                                        fut: inner.call(req),
+                                        decision,
+                                    }
+                                }
                             };
                             this.state.set(next);
                             continue;
                         }
-                        (None, _, _) => Outcome::polled_after_completion(),
+                        (Ok(_), None) => Outcome::polled_after_completion(),
                     }
                 }
-                StateProj::Waiting {
-                    sleep,
-                    inner,
-                    req,
-                    decision,
-                } => {
-                    ready!(sleep.poll(cx));
-                    match (inner.take(), req.take()) {
-                        (Some(mut inner), Some(req)) => {
-                            let fut = inner.call(req);
-                            let decision = decision.take();
-                            this.state.set(State::Calling { fut, decision });
+                StateProj::Waiting { sleep, parked } => {
+                    ready!(sleep.as_mut().poll(cx));
+                    match parked.take() {
+                        Some(parked) => {
+                            let Parked {
+                                mut inner,
+                                req,
+                                decision,
+                            } = *parked;
+                            this.state.set(State::Calling {
+                                fut: inner.call(req),
+                                decision,
+                            });
                             continue;
                         }
-                        _ => Outcome::polled_after_completion(),
+                        None => Outcome::polled_after_completion(),
                     }
                 }
                 StateProj::Calling { fut, decision } => {
@@ -249,22 +271,25 @@ where
                         (Some((pause, key)), Ok(response)) => {
                             let report = this.common.limiter.defer(key, pause);
                             this.state.set(State::Reporting {
-                                report,
-                                pause,
-                                response: Some(response),
-                                decision,
+                                report: Box::new(Reporting {
+                                    report,
+                                    pause,
+                                    response: Some(response),
+                                    decision,
+                                }),
                             });
                             continue;
                         }
                         (_, result) => Outcome::Passed(result, decision),
                     }
                 }
-                StateProj::Reporting {
-                    report,
-                    pause,
-                    response,
-                    decision,
-                } => {
+                StateProj::Reporting { report } => {
+                    let Reporting {
+                        report,
+                        pause,
+                        response,
+                        decision,
+                    } = &mut **report;
                     let recorded = ready!(Pin::new(report).poll(cx));
                     if FEEDBACK_WARNINGS.allow() {
                         let policy = this.common.limiter.policy().name();
@@ -408,5 +433,45 @@ where
 impl<S: Service<Req>, Req, M, F> fmt::Debug for ResponseFuture<S, Req, M, F> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ResponseFuture").finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::convert::Infallible;
+    use std::mem::size_of;
+
+    use http::{Request, Response};
+    use tower_layer::Layer;
+
+    use super::*;
+    use crate::{Limit, Limiter, Policy, Rate, RateLimitLayer};
+
+    fn future_size<S: Service<R>, R>(_: &S) -> usize {
+        size_of::<S::Future>()
+    }
+
+    /// Every call makes this future and the layers around it move it (axum
+    /// boxes it): a request parked for a store doing I/O, a sleep or a
+    /// recorded pause would make it several times the inner future's size
+    /// on every call, though a memory store's calls never use them.
+    #[test]
+    fn the_future_holds_the_inner_future_and_a_decision_and_little_else() {
+        let limit = Limit::builder(Rate::per_second(10)).build().unwrap();
+        let limiter = Limiter::in_memory(Policy::single("p", limit).unwrap());
+        let inner = tower::service_fn(|_: Request<String>| {
+            std::future::ready(Ok::<_, Infallible>(Response::new(String::new())))
+        });
+        let inner_size = future_size(&inner);
+        let ours = future_size(&RateLimitLayer::new(limiter).layer(inner));
+        // The state's tag, the settings, the key kept for feedback and the
+        // cost: 48 bytes today.
+        let rest = 64;
+        assert!(
+            ours <= inner_size + size_of::<Option<Decision>>() + rest,
+            "{ours} bytes around an inner future of {inner_size}"
+        );
+        // What the parked states would add, were they inline.
+        assert!(size_of::<Request<String>>() + size_of::<StoreFuture<Decision>>() > rest);
     }
 }
