@@ -307,6 +307,7 @@ impl Common {
     /// policy are applied here.
     ///
     /// `latency` is the store's, when it did I/O.
+    #[inline]
     pub(crate) fn judge(
         &self,
         result: Result<Decision, StoreError>,
