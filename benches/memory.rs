@@ -1,4 +1,4 @@
-//! `Limiter::check` on the in-process `MemoryStore`, next to governor's
+//! `Limiter::check_now` on the in-process `MemoryStore`, next to governor's
 //! keyed limiter (what tower_governor runs) in the same criterion run, on
 //! the same keys with the same limits.
 //!
@@ -6,8 +6,11 @@
 //! cargo bench --bench memory -- --warm-up-time 1 --measurement-time 2
 //! ```
 //!
-//! The memory store answers with an already-resolved future, polled once
-//! here, so no runtime is in the measurement. A third contender, for
+//! Both decide in the calling thread, with no runtime in the measurement:
+//! ours through `check_now`, its synchronous API, as governor's
+//! `check_key` (`check`, the async API, answers with an already-resolved
+//! future; `scripts/callgrind-memory.sh` counts that path too, through
+//! `FLEETGATE_BENCH_LOOP=fleetgate-check:...`). A third contender, for
 //! reading the figures, is our store on tokio's clock (`MonotonicClock`,
 //! which tests with paused time use) in place of its default (`FastClock`,
 //! the CPU's counter, as governor's). After criterion's own output the
@@ -52,10 +55,22 @@ trait Decide: Sync {
 }
 
 impl Decide for Limiter {
-    /// Decides one call by polling the store's future once: the memory
-    /// store's future is always ready.
+    /// Decides one call at once: the memory store always does.
     fn decide(&self, key: &Key) -> bool {
-        let mut fut = self.check(key, 1);
+        match self.check_now(key, 1) {
+            Some(decision) => decision.is_allowed(),
+            None => panic!("the memory store did not decide at once"),
+        }
+    }
+}
+
+/// Ours through `check`, the async API: the store's future, always
+/// ready on the memory store, polled once.
+struct Polled<'a>(&'a Limiter);
+
+impl Decide for Polled<'_> {
+    fn decide(&self, key: &Key) -> bool {
+        let mut fut = self.0.check(key, 1);
         let mut cx = Context::from_waker(Waker::noop());
         match Pin::new(&mut fut).poll(&mut cx) {
             Poll::Ready(Ok(decision)) => decision.is_allowed(),
@@ -313,8 +328,9 @@ fn paired_ratios() -> Vec<(String, f64)> {
     out
 }
 
-/// `FLEETGATE_BENCH_LOOP=<who>:<keys>:<load>:<calls>` (who: `fleetgate` or
-/// `governor`; keys: `1` or `10k`; load: `admit` or `deny`) makes no
+/// `FLEETGATE_BENCH_LOOP=<who>:<keys>:<load>:<calls>` (who: `fleetgate`,
+/// `fleetgate-check` (through `check` and its future) or `governor`; keys:
+/// `1` or `10k`; load: `admit` or `deny`) makes no
 /// measurement: it makes `calls` decisions on one thread and exits, for
 /// `scripts/callgrind-memory.sh` to count instructions under callgrind.
 fn fixed_loop(spec: &str) -> Result<(), String> {
@@ -334,10 +350,16 @@ fn fixed_loop(spec: &str) -> Result<(), String> {
         "10k" => keys(),
         _ => return Err(format!("keys {keys_spec}: want 1 or 10k")),
     };
+    let polled = Polled(&pair.ours);
     let limiter: &dyn Decide = match who {
         "fleetgate" => &pair.ours,
+        "fleetgate-check" => &polled,
         "governor" => &pair.governor,
-        _ => return Err(format!("who {who}: want fleetgate or governor")),
+        _ => {
+            return Err(format!(
+                "who {who}: want fleetgate, fleetgate-check or governor"
+            ));
+        }
     };
     let calls: u64 = calls.parse().map_err(|e| format!("calls {calls}: {e}"))?;
     for key in &keys {

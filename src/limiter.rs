@@ -70,6 +70,43 @@ impl Limiter {
         self.decide(key, cost, Duration::ZERO)
     }
 
+    /// [`check`](Self::check) at once, in the calling thread, when no I/O
+    /// is needed: always on the [`MemoryStore`], so code without an async
+    /// runtime can limit in process; on a store doing I/O (Redis), only a
+    /// cost no limit could ever admit, and `None` otherwise (call `check`
+    /// there). The decision is the one `check` would give, and is charged
+    /// the same way.
+    ///
+    /// ```
+    /// use fleetgate::{Key, Limit, Limiter, Policy, Rate};
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let policy = Policy::single("export", Limit::builder(Rate::per_hour(2)).build()?)?;
+    /// let limiter = Limiter::in_memory(policy);
+    /// let who = Key::new("user:7");
+    /// let first = limiter.check_now(&who, 1).ok_or("the memory store decides at once")?;
+    /// assert!(first.is_allowed());
+    /// # Ok(()) }
+    /// ```
+    pub fn check_now(&self, key: &Key, cost: u64) -> Option<Decision> {
+        if cost > self.policy.max_cost() {
+            return Some(self.never());
+        }
+        if self.policy.algorithm().is_window() {
+            return self.store.window_now(WindowCall {
+                policy: &self.policy,
+                key,
+                cost,
+            });
+        }
+        self.store.gcra_now(GcraCall {
+            policy: &self.policy,
+            key,
+            cost,
+            max_wait: Duration::ZERO,
+        })
+    }
+
     /// Reserve mode: admits the call if its slot comes within `max_wait`
     /// and reports in [`Decision::wait`] how long to wait before using it.
     /// The slot is taken (and charged) at once, so callers are served in
@@ -89,17 +126,22 @@ impl Limiter {
         self.decide(key, cost, max_wait.min(cap))
     }
 
+    /// The refusal of a cost above what any limit could admit (no amount
+    /// of waiting admits it), answered without asking the store.
+    fn never(&self) -> Decision {
+        let i = self
+            .policy
+            .limits()
+            .iter()
+            .enumerate()
+            .min_by_key(|(_, l)| l.burst())
+            .map_or(0, |(i, _)| i);
+        Decision::never(i)
+    }
+
     fn decide(&self, key: &Key, cost: u64, max_wait: Duration) -> StoreFuture<Decision> {
         if cost > self.policy.max_cost() {
-            // No amount of waiting admits this: answer without a round trip.
-            let i = self
-                .policy
-                .limits()
-                .iter()
-                .enumerate()
-                .min_by_key(|(_, l)| l.burst())
-                .map_or(0, |(i, _)| i);
-            return StoreFuture::ready(Ok(Decision::never(i)));
+            return StoreFuture::ready(Ok(self.never()));
         }
         if self.policy.algorithm().is_window() {
             return self.store.window(WindowCall {

@@ -269,6 +269,14 @@ impl Store for MemoryStore {
         StoreFuture::ready(Ok(self.decide_window(&call)))
     }
 
+    fn gcra_now(&self, call: GcraCall<'_>) -> Option<Decision> {
+        Some(self.decide(&call))
+    }
+
+    fn window_now(&self, call: WindowCall<'_>) -> Option<Decision> {
+        Some(self.decide_window(&call))
+    }
+
     fn kind(&self) -> &'static str {
         "memory"
     }

@@ -54,6 +54,22 @@ pub trait Store: Send + Sync + fmt::Debug + sealed::Sealed + 'static {
     /// sliding-window counter or fixed window), all windows together.
     fn window(&self, call: WindowCall<'_>) -> StoreFuture<Decision>;
 
+    /// Decides one GCRA call at once, in the calling thread, if this store
+    /// can without I/O: the [`MemoryStore`] always can (it answers what
+    /// [`gcra`](Store::gcra) would); a store doing I/O returns `None`.
+    fn gcra_now(&self, call: GcraCall<'_>) -> Option<Decision> {
+        let _ = call;
+        None
+    }
+
+    /// [`gcra_now`](Store::gcra_now) for the window algorithms: what
+    /// [`window`](Store::window) would answer, if this store can answer
+    /// at once.
+    fn window_now(&self, call: WindowCall<'_>) -> Option<Decision> {
+        let _ = call;
+        None
+    }
+
     /// A short name for logs and metrics: `"memory"` or `"redis"`.
     fn kind(&self) -> &'static str;
 
