@@ -14,6 +14,7 @@ mod common;
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -40,6 +41,8 @@ struct Sut {
     clock: ManualClock,
     store: Arc<dyn Store>,
     log: Arc<Mutex<Vec<Decision>>>,
+    /// Calls of `check` so far, which alternate between the two APIs.
+    checks: Arc<AtomicUsize>,
 }
 
 impl Sut {
@@ -51,6 +54,7 @@ impl Sut {
             clock,
             store: Arc::new(store),
             log: Arc::default(),
+            checks: Arc::default(),
         }
     }
 
@@ -68,6 +72,7 @@ impl Sut {
             clock,
             store: Arc::new(store),
             log: Arc::default(),
+            checks: Arc::default(),
         }
     }
 
@@ -85,20 +90,22 @@ impl Sut {
     /// no limit could admit.
     async fn check(&self, limiter: &Limiter, key: &str, cost: u64) -> Decision {
         let key = Key::new(key);
-        let at_once = self.log.lock().unwrap().len() % 2 == 1;
+        let at_once = self.checks.fetch_add(1, Ordering::Relaxed) % 2 == 1;
         let decision = if self.name == "memory" && at_once {
             limiter
                 .check_now(&key, cost)
                 .expect("the memory store decides at once")
         } else {
-            if self.name == "redis" {
-                let now = limiter.check_now(&key, cost);
-                assert_eq!(now.is_some(), cost > limiter.policy().max_cost());
-            }
-            limiter
+            let now = (self.name == "redis").then(|| limiter.check_now(&key, cost));
+            let decision = limiter
                 .check(&key, cost)
                 .await
-                .unwrap_or_else(|err| panic!("{}: store error: {err}", self.name))
+                .unwrap_or_else(|err| panic!("{}: store error: {err}", self.name));
+            if let Some(now) = now {
+                let impossible = cost > limiter.policy().max_cost();
+                assert_eq!(now, impossible.then(|| decision.clone()));
+            }
+            decision
         };
         self.log.lock().unwrap().push(decision.clone());
         decision

@@ -358,6 +358,20 @@ mod tests {
         }
     }
 
+    /// The table-driven writer itself (not the formatting fallback behind
+    /// it) gives every width of octet, at both ends of the text.
+    #[test]
+    fn ipv4_text_is_written_from_the_table() {
+        for (octets, text) in [
+            ([0, 0, 0, 0], "ip:0.0.0.0"),
+            ([255, 255, 255, 255], "ip:255.255.255.255"),
+            ([9, 10, 99, 100], "ip:9.10.99.100"),
+            ([100, 99, 10, 9], "ip:100.99.10.9"),
+        ] {
+            assert_eq!(Ipv4Text::new(octets).as_str(), Some(text));
+        }
+    }
+
     /// Every octet value, in every position, as std writes it.
     #[test]
     fn ipv4_keys_match_std_for_every_octet() {
