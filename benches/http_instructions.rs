@@ -7,7 +7,13 @@
 //! routers are those of `benches/http.rs` (same limits). The loader sends
 //! 300 warm-up requests on one connection, then the requests over 16
 //! keep-alive connections, then `/quit`, a route outside the layer that
-//! ends the server. Run by `cargo bench` without arguments, it does
+//! ends the server.
+//!
+//! `layer <variant> <admitted|rejected> <calls>` makes the same router
+//! answer `calls` requests in process, called as a tower `Service` and its
+//! future polled once, with no server, socket or runtime around it
+//! (`scripts/callgrind-layer.sh`): what the layer costs on its own, beside
+//! the router's own work. Run by `cargo bench` without arguments, it does
 //! nothing.
 #[path = "common/routers.rs"]
 mod routers;
@@ -15,8 +21,16 @@ mod routers;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 
+use std::future::Future;
+use std::task::{Context, Poll, Waker};
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::ConnectInfo;
+use axum::http::Request;
 use axum::routing::get;
 use fleetgate::{HeaderStyle, Limiter, MemoryStore, Policy, RateLimitLayer};
+use tower::Service;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -26,6 +40,7 @@ fn main() -> Result<(), BoxError> {
     match args.get(1).map(String::as_str) {
         Some("serve") => serve(arg(2)?, arg(3)?, arg(4)?),
         Some("load") => load(arg(2)?.parse()?, arg(3)?.parse()?),
+        Some("layer") => layer(arg(2)?, arg(3)?, arg(4)?.parse()?),
         // `cargo bench` passes `--bench`: nothing to measure by itself.
         _ => {
             eprintln!("http_instructions: run by scripts/callgrind-http.sh");
@@ -34,12 +49,13 @@ fn main() -> Result<(), BoxError> {
     }
 }
 
-fn serve(variant: &str, load: &str, port_file: &str) -> Result<(), BoxError> {
+/// The router of one case: the hello-world handler behind `variant`.
+fn app(variant: &str, load: &str) -> Result<Router, BoxError> {
     let router = routers::hello();
     let rejected = load == "rejected";
     let limit = routers::limit(rejected)?;
     let policy = Policy::single("bench0", limit)?;
-    let app = match variant {
+    Ok(match variant {
         "bare" => router,
         "memory" => router.layer(RateLimitLayer::new(Limiter::new(
             policy,
@@ -52,7 +68,37 @@ fn serve(variant: &str, load: &str, port_file: &str) -> Result<(), BoxError> {
         "governor" => routers::with_governor(router, rejected, false)?,
         "governor-headers" => routers::with_governor(router, rejected, true)?,
         _ => return Err("variant".into()),
-    };
+    })
+}
+
+/// `calls` requests from one client address through `variant`'s router,
+/// in this thread: each future is polled once (the handler and every
+/// layer measured answer at once).
+fn layer(variant: &str, load: &str, calls: usize) -> Result<(), BoxError> {
+    // Finalised as `axum::serve` does, so that no call builds its route again.
+    let mut app = app(variant, load)?.with_state(());
+    let mut cx = Context::from_waker(Waker::noop());
+    let peer = ConnectInfo(SocketAddr::from(([127, 0, 0, 1], 40000)));
+    let mut passed = 0;
+    for _ in 0..calls {
+        let mut req = Request::new(Body::empty());
+        req.extensions_mut().insert(peer);
+        if Service::<Request<Body>>::poll_ready(&mut app, &mut cx).is_pending() {
+            return Err("the router was not ready".into());
+        }
+        let fut = std::pin::pin!(app.call(req));
+        match fut.poll(&mut cx) {
+            Poll::Ready(Ok(res)) => passed += usize::from(res.status().is_success()),
+            Poll::Ready(Err(never)) => match never {},
+            Poll::Pending => return Err("a layer did not answer at once".into()),
+        }
+    }
+    eprintln!("ok={passed} other={}", calls - passed);
+    Ok(())
+}
+
+fn serve(variant: &str, load: &str, port_file: &str) -> Result<(), BoxError> {
+    let app = app(variant, load)?;
     // Added after the layer, so it is never limited.
     let app = app.route(
         "/quit",

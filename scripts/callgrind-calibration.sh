@@ -1,4 +1,4 @@
-# Sourced by scripts/callgrind-http.sh and scripts/callgrind-memory.sh.
+# Sourced by scripts/callgrind-http.sh, callgrind-layer.sh and callgrind-memory.sh.
 #
 # calibration OUT: the inclusive instructions, in the callgrind profile
 # OUT, of the clock's one-off calibration (quanta's, behind once_cell's

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Instructions per call of each layer on its own, counted by callgrind
+# (repeatable whatever else the machine is doing): the routers of
+# benches/http.rs called in process as a tower Service, each future polled
+# once, with no server, socket or runtime (benches/http_instructions.rs
+# `layer`), for N and 2N calls: (Ir(2N) - Ir(N)) / N, less the clock's
+# one-off calibration. A case's figure minus bare axum's is what its layer
+# costs per request. Quicker than scripts/callgrind-http.sh (about 30 s)
+# and without hyper's and the kernel's share. Needs valgrind.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. scripts/callgrind-calibration.sh
+command -v valgrind >/dev/null || { echo "callgrind-layer.sh: needs valgrind (apt-get install -y valgrind)" >&2; exit 1; }
+n="${FLEETGATE_CALLGRIND_CALLS:-20000}"
+cases="${FLEETGATE_CALLGRIND_CASES:-bare:admitted memory:admitted memory:rejected memory-no-headers:admitted governor:admitted governor:rejected governor-headers:admitted}"
+bin="$(cargo bench --bench http_instructions --no-run --message-format=json 2>/dev/null \
+  | sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -1)"
+[ -x "$bin" ] || { echo "callgrind-layer.sh: could not build benches/http_instructions.rs" >&2; exit 1; }
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+count() { # variant load calls -> instructions of the whole run, less the calibration
+  local out="$work/callgrind.out" total once
+  total="$(valgrind --tool=callgrind --callgrind-out-file="$out" "$bin" layer "$1" "$2" "$3" 2>&1 \
+    | sed -n 's/.*Collected : \([0-9]*\).*/\1/p')"
+  [ -n "$total" ] || { echo "callgrind-layer.sh: $1 $2 did not run" >&2; exit 1; }
+  once="$(calibration "$out")"
+  [ -n "$once" ] || [ "$1" = bare ] || echo "callgrind-layer.sh: no clock calibration (once_cell::imp::initialize_or_wait) in the profile; this figure includes it" >&2
+  echo $(( total - ${once:-0} ))
+}
+echo "| case | load | instructions / call | over bare axum |"
+echo "|---|---|---:|---:|"
+bare=""
+for case in $cases; do
+  variant="${case%%:*}" load="${case##*:}"
+  a="$(count "$variant" "$load" "$n")"
+  b="$(count "$variant" "$load" $((2 * n)))"
+  per=$(( (b - a) / n ))
+  [ "$variant" = bare ] && bare="$per"
+  if [ -n "$bare" ] && [ "$variant" != bare ]; then
+    echo "| $variant | $load | $per | +$(( per - bare )) |"
+  else
+    echo "| $variant | $load | $per | - |"
+  fi
+done
