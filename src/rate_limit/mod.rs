@@ -438,6 +438,10 @@ pub(crate) fn decision_span(
 }
 
 /// [`decision_span`], or `None` where that would be a span that is none.
+///
+/// Inlined, so that the usual answer (`None`: nobody listens) costs its
+/// callers two loads and no call; the span itself is made out of line.
+#[inline]
 pub(crate) fn wanted_decision_span(
     layer: &'static str,
     policy: &str,
@@ -454,6 +458,18 @@ pub(crate) fn wanted_decision_span(
     {
         return None;
     }
+    make_decision_span(layer, policy, tier, latency)
+}
+
+/// The body of [`wanted_decision_span`] once someone may listen.
+#[cold]
+#[inline(never)]
+fn make_decision_span(
+    layer: &'static str,
+    policy: &str,
+    tier: Option<&str>,
+    latency: Option<Duration>,
+) -> Option<tracing::Span> {
     let span = tracing::debug_span!(
         "fleetgate.decision",
         layer,
