@@ -307,7 +307,6 @@ impl Common {
     /// policy are applied here.
     ///
     /// `latency` is the store's, when it did I/O.
-    #[inline]
     pub(crate) fn judge(
         &self,
         result: Result<Decision, StoreError>,
