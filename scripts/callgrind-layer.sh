@@ -13,8 +13,7 @@ cd "$(dirname "$0")/.."
 command -v valgrind >/dev/null || { echo "callgrind-layer.sh: needs valgrind (apt-get install -y valgrind)" >&2; exit 1; }
 n="${FLEETGATE_CALLGRIND_CALLS:-20000}"
 cases="${FLEETGATE_CALLGRIND_CASES:-bare:admitted memory:admitted memory:rejected memory-no-headers:admitted governor:admitted governor:rejected governor-headers:admitted}"
-bin="$(cargo bench --bench http_instructions --no-run --message-format=json 2>/dev/null \
-  | sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -1)"
+bin="$(bench_executable http_instructions)"
 [ -x "$bin" ] || { echo "callgrind-layer.sh: could not build benches/http_instructions.rs" >&2; exit 1; }
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT

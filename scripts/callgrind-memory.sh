@@ -11,8 +11,7 @@ cd "$(dirname "$0")/.."
 . scripts/callgrind-calibration.sh
 command -v valgrind >/dev/null || { echo "callgrind-memory.sh: needs valgrind (apt-get install -y valgrind)" >&2; exit 1; }
 n="${FLEETGATE_CALLGRIND_CALLS:-100000}"
-bin="$(cargo bench --bench memory --no-run --message-format=json 2>/dev/null \
-  | sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -1)"
+bin="$(bench_executable memory)"
 [ -x "$bin" ] || { echo "callgrind-memory.sh: could not build the memory bench" >&2; exit 1; }
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
