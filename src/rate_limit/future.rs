@@ -351,21 +351,52 @@ where
     where
         S: Service<Req, Response = Response<ResBody>>,
     {
+        // The usual cases, a refusal or an inner call under way with no
+        // upstream pause to look for (no key kept), are answered here
+        // rather than through the general state machine.
+        let mut this = self.as_mut().project();
+        match this.state.as_mut().project() {
+            StateProj::Calling { fut, decision } if this.key.is_none() => {
+                let result = ready!(fut.poll(cx));
+                let decision = decision.take();
+                this.state.set(State::Done);
+                return Poll::Ready(
+                    result
+                        .map(|response| passed(this.common, response.map(body), decision.as_ref())),
+                );
+            }
+            StateProj::Rejected { kind } => {
+                if let Some(kind) = kind.take() {
+                    this.state.set(State::Done);
+                    return Poll::Ready(Ok(this.common.rejection(kind).map(full)));
+                }
+            }
+            _ => {}
+        }
         let outcome = ready!(self.as_mut().poll_outcome(cx));
         let common = &self.common;
         Poll::Ready(match outcome {
-            Outcome::Passed(result, decision) => result.map(|response| {
-                let mut response = response.map(body);
-                if let Some(decision) = decision {
-                    if common.headers.style() != HeaderStyle::None && !common.shadow {
-                        common.headers.write(response.headers_mut(), &decision);
-                    }
-                }
-                response
-            }),
+            Outcome::Passed(result, decision) => {
+                result.map(|response| passed(common, response.map(body), decision.as_ref()))
+            }
             Outcome::Rejected(kind) => Ok(common.rejection(kind).map(full)),
         })
     }
+}
+
+/// A response that passed, with the rate-limit headers of its decision
+/// (unless the style is none or the layer is in shadow mode).
+fn passed<B>(
+    common: &Common,
+    mut response: Response<B>,
+    decision: Option<&Decision>,
+) -> Response<B> {
+    if let Some(decision) = decision {
+        if common.headers.style() != HeaderStyle::None && !common.shadow {
+            common.headers.write(response.headers_mut(), decision);
+        }
+    }
+    response
 }
 
 impl<S, Req, ResBody, F> Future for ResponseFuture<S, Req, mode::Http, F>
@@ -450,6 +481,33 @@ mod tests {
 
     fn future_size<S: Service<R>, R>(_: &S) -> usize {
         size_of::<S::Future>()
+    }
+
+    /// A future polled again after it answered (a caller's bug) answers
+    /// 503, whichever way it first ended, and never panics.
+    #[test]
+    fn polled_again_after_answering_it_answers_503() {
+        use std::task::Waker;
+        // One call admitted, then refused: a burst of one per hour.
+        let limit = Limit::builder(Rate::per_hour(1)).build().unwrap();
+        let limiter = Limiter::in_memory(Policy::single("p", limit).unwrap());
+        let inner = tower::service_fn(|_: Request<String>| {
+            std::future::ready(Ok::<_, Infallible>(Response::new(String::from("ok"))))
+        });
+        let mut service = RateLimitLayer::new(limiter)
+            .key(crate::key::GlobalKey::new())
+            .layer(inner);
+        let mut cx = Context::from_waker(Waker::noop());
+        for first in [200, 429] {
+            let mut fut = Box::pin(service.call(Request::new(String::new())));
+            let status = |poll: Poll<Result<Response<String>, Infallible>>| match poll {
+                Poll::Ready(Ok(response)) => response.status().as_u16(),
+                Poll::Ready(Err(never)) => match never {},
+                Poll::Pending => 0,
+            };
+            assert_eq!(status(fut.as_mut().poll(&mut cx)), first);
+            assert_eq!(status(fut.as_mut().poll(&mut cx)), 503);
+        }
     }
 
     /// Every call makes this future and the layers around it move it (axum
