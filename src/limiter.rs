@@ -89,22 +89,11 @@ impl Limiter {
     /// # Ok(()) }
     /// ```
     pub fn check_now(&self, key: &Key, cost: u64) -> Option<Decision> {
-        if cost > self.policy.max_cost() {
-            return Some(self.never());
+        match self.call(key, cost, Duration::ZERO) {
+            Call::Never => Some(self.never()),
+            Call::Gcra(call) => self.store.gcra_now(call),
+            Call::Window(call) => self.store.window_now(call),
         }
-        if self.policy.algorithm().is_window() {
-            return self.store.window_now(WindowCall {
-                policy: &self.policy,
-                key,
-                cost,
-            });
-        }
-        self.store.gcra_now(GcraCall {
-            policy: &self.policy,
-            key,
-            cost,
-            max_wait: Duration::ZERO,
-        })
     }
 
     /// Reserve mode: admits the call if its slot comes within `max_wait`
@@ -140,23 +129,43 @@ impl Limiter {
     }
 
     fn decide(&self, key: &Key, cost: u64, max_wait: Duration) -> StoreFuture<Decision> {
+        match self.call(key, cost, max_wait) {
+            Call::Never => StoreFuture::ready(Ok(self.never())),
+            Call::Gcra(call) => self.store.gcra(call),
+            Call::Window(call) => self.store.window(call),
+        }
+    }
+
+    /// What deciding `cost` for `key` asks of the store, whether it is to
+    /// answer at once or with a future.
+    #[inline]
+    fn call<'a>(&'a self, key: &'a Key, cost: u64, max_wait: Duration) -> Call<'a> {
         if cost > self.policy.max_cost() {
-            return StoreFuture::ready(Ok(self.never()));
+            // No amount of waiting admits this: answered without the store.
+            return Call::Never;
         }
         if self.policy.algorithm().is_window() {
-            return self.store.window(WindowCall {
+            return Call::Window(WindowCall {
                 policy: &self.policy,
                 key,
                 cost,
             });
         }
-        self.store.gcra(GcraCall {
+        Call::Gcra(GcraCall {
             policy: &self.policy,
             key,
             cost,
             max_wait,
         })
     }
+}
+
+/// The store call a decision takes, if any: see [`Limiter::call`].
+enum Call<'a> {
+    /// A cost above what any limit could admit: refused without the store.
+    Never,
+    Gcra(GcraCall<'a>),
+    Window(WindowCall<'a>),
 }
 
 impl fmt::Debug for Limiter {
