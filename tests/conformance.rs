@@ -14,7 +14,7 @@ mod common;
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -84,29 +84,10 @@ impl Sut {
         self.clock.advance(by);
     }
 
-    /// Every other call on the memory store is decided with `check_now`
-    /// (at once, no future), the rest with `check`: the scenarios' exact
-    /// decisions hold for both. On Redis, `check_now` answers only a cost
-    /// no limit could admit.
+    /// Decided through `check` and `check_now` in turn
+    /// ([`common::check_both_ways`]).
     async fn check(&self, limiter: &Limiter, key: &str, cost: u64) -> Decision {
-        let key = Key::new(key);
-        let at_once = self.checks.fetch_add(1, Ordering::Relaxed) % 2 == 1;
-        let decision = if self.name == "memory" && at_once {
-            limiter
-                .check_now(&key, cost)
-                .expect("the memory store decides at once")
-        } else {
-            let now = (self.name == "redis").then(|| limiter.check_now(&key, cost));
-            let decision = limiter
-                .check(&key, cost)
-                .await
-                .unwrap_or_else(|err| panic!("{}: store error: {err}", self.name));
-            if let Some(now) = now {
-                let impossible = cost > limiter.policy().max_cost();
-                assert_eq!(now, impossible.then(|| decision.clone()));
-            }
-            decision
-        };
+        let decision = common::check_both_ways(self.name, &self.checks, limiter, key, cost).await;
         self.log.lock().unwrap().push(decision.clone());
         decision
     }
