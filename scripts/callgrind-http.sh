@@ -10,14 +10,10 @@
 # instructions. Slower.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-. scripts/callgrind-calibration.sh
-command -v valgrind >/dev/null || { echo "callgrind-http.sh: needs valgrind (apt-get install -y valgrind)" >&2; exit 1; }
+. scripts/callgrind-common.sh
 n="${FLEETGATE_CALLGRIND_REQUESTS:-8000}"
 cases="${FLEETGATE_CALLGRIND_CASES:-bare:admitted memory:admitted memory:rejected memory-no-headers:admitted governor:admitted governor:rejected governor-headers:admitted}"
-bin="$(bench_executable http_instructions)"
-[ -x "$bin" ] || { echo "callgrind-http.sh: could not build benches/http_instructions.rs" >&2; exit 1; }
-work="$(mktemp -d)"
-trap 'rm -rf "$work"' EXIT
+callgrind_setup http_instructions
 cache="${FLEETGATE_CALLGRIND_CACHE:-0}"
 sim=--cache-sim=no
 [ "$cache" = 1 ] && sim=--cache-sim=yes
@@ -30,14 +26,11 @@ count() { # variant load requests -> "instructions i1-misses" of the whole serve
   [ -s "$port_file" ] || { echo "callgrind-http.sh: the server did not start" >&2; kill "$server"; exit 1; }
   "$bin" load "$(cat "$port_file")" "$3" 2>"$work/load.err"
   wait "$server"
-  local total once i1
+  local total i1 clockless=0
   # The run's totals: Ir, and with --cache-sim then Dr Dw I1mr ...
   read -r total _ _ i1 _ <<<"$(sed -n 's/^summary: //p; s/^totals: //p' "$out" | head -1)"
-  # Without the clock's calibration, which moves N's figure by up to 1000
-  # (bare axum has no clock).
-  once="$(calibration "$out")"
-  [ -n "$once" ] || [ "$1" = bare ] || echo "callgrind-http.sh: no clock calibration (once_cell::imp::initialize_or_wait) in the profile; this figure includes it" >&2
-  echo "$(( total - ${once:-0} )) ${i1:-0}"
+  [ "$1" = bare ] && clockless=1
+  echo "$(without_calibration "$total" "$out" "$clockless") ${i1:-0}"
 }
 if [ "$cache" = 1 ]; then
   echo "| case | load | instructions / request | I1 misses / request (simulated) |"

@@ -9,22 +9,17 @@
 # and without hyper's and the kernel's share. Needs valgrind.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-. scripts/callgrind-calibration.sh
-command -v valgrind >/dev/null || { echo "callgrind-layer.sh: needs valgrind (apt-get install -y valgrind)" >&2; exit 1; }
+. scripts/callgrind-common.sh
 n="${FLEETGATE_CALLGRIND_CALLS:-20000}"
 cases="${FLEETGATE_CALLGRIND_CASES:-bare:admitted memory:admitted memory:rejected memory-no-headers:admitted governor:admitted governor:rejected governor-headers:admitted}"
-bin="$(bench_executable http_instructions)"
-[ -x "$bin" ] || { echo "callgrind-layer.sh: could not build benches/http_instructions.rs" >&2; exit 1; }
-work="$(mktemp -d)"
-trap 'rm -rf "$work"' EXIT
+callgrind_setup http_instructions
 count() { # variant load calls -> instructions of the whole run, less the calibration
-  local out="$work/callgrind.out" total once
+  local out="$work/callgrind.out" total clockless=0
   total="$(valgrind --tool=callgrind --callgrind-out-file="$out" "$bin" layer "$1" "$2" "$3" 2>&1 \
     | sed -n 's/.*Collected : \([0-9]*\).*/\1/p')"
   [ -n "$total" ] || { echo "callgrind-layer.sh: $1 $2 did not run" >&2; exit 1; }
-  once="$(calibration "$out")"
-  [ -n "$once" ] || [ "$1" = bare ] || echo "callgrind-layer.sh: no clock calibration (once_cell::imp::initialize_or_wait) in the profile; this figure includes it" >&2
-  echo $(( total - ${once:-0} ))
+  [ "$1" = bare ] && clockless=1
+  without_calibration "$total" "$out" "$clockless"
 }
 echo "| case | load | instructions / call | over bare axum |"
 echo "|---|---|---:|---:|"

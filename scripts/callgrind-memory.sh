@@ -8,22 +8,15 @@
 # ready future. Needs valgrind.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-. scripts/callgrind-calibration.sh
-command -v valgrind >/dev/null || { echo "callgrind-memory.sh: needs valgrind (apt-get install -y valgrind)" >&2; exit 1; }
+. scripts/callgrind-common.sh
 n="${FLEETGATE_CALLGRIND_CALLS:-100000}"
-bin="$(bench_executable memory)"
-[ -x "$bin" ] || { echo "callgrind-memory.sh: could not build the memory bench" >&2; exit 1; }
-work="$(mktemp -d)"
-trap 'rm -rf "$work"' EXIT
+callgrind_setup memory
 count() {
-  local out="$work/callgrind.out" total once
+  local out="$work/callgrind.out" total
   total="$(FLEETGATE_BENCH_LOOP="$1:$2:$3:$4" valgrind --tool=callgrind --callgrind-out-file="$out" "$bin" 2>&1 \
     | sed -n 's/.*Collected : \([0-9]*\).*/\1/p')"
-  # Without the clock's calibration (both limiters read quanta), which
-  # moves a figure by up to 40.
-  once="$(calibration "$out")"
-  [ -n "$once" ] || echo "callgrind-memory.sh: no clock calibration (once_cell::imp::initialize_or_wait) in the profile; this figure includes it" >&2
-  echo $(( total - ${once:-0} ))
+  # Both limiters read quanta's clock.
+  without_calibration "$total" "$out" 0
 }
 echo "| case | fleetgate | governor | ratio | fleetgate, check + poll |"
 echo "|---|---:|---:|---:|---:|"
