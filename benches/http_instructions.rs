@@ -18,10 +18,9 @@
 #[path = "common/routers.rs"]
 mod routers;
 
+use std::future::Future;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-
-use std::future::Future;
 use std::task::{Context, Poll, Waker};
 
 use axum::Router;
