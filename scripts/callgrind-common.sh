@@ -1,6 +1,10 @@
 # Sourced by scripts/callgrind-http.sh, callgrind-layer.sh and
 # callgrind-memory.sh: the helpers they share.
 
+# The cases of benches/http_instructions.rs, variant:load, both scripts
+# that run it measure by default.
+http_cases="bare:admitted memory:admitted memory:rejected memory-no-headers:admitted governor:admitted governor:rejected governor-headers:admitted"
+
 # callgrind_setup BENCH: exits unless valgrind is installed; builds
 # benches/BENCH.rs (release, as `cargo bench` does) into $bin, and makes a
 # temporary directory, $work, removed when the script exits.

@@ -12,7 +12,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/callgrind-common.sh
 n="${FLEETGATE_CALLGRIND_REQUESTS:-8000}"
-cases="${FLEETGATE_CALLGRIND_CASES:-bare:admitted memory:admitted memory:rejected memory-no-headers:admitted governor:admitted governor:rejected governor-headers:admitted}"
+cases="${FLEETGATE_CALLGRIND_CASES:-$http_cases}"
 callgrind_setup http_instructions
 cache="${FLEETGATE_CALLGRIND_CACHE:-0}"
 sim=--cache-sim=no

@@ -11,7 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/callgrind-common.sh
 n="${FLEETGATE_CALLGRIND_CALLS:-20000}"
-cases="${FLEETGATE_CALLGRIND_CASES:-bare:admitted memory:admitted memory:rejected memory-no-headers:admitted governor:admitted governor:rejected governor-headers:admitted}"
+cases="${FLEETGATE_CALLGRIND_CASES:-$http_cases}"
 callgrind_setup http_instructions
 count() { # variant load calls -> instructions of the whole run, less the calibration
   local out="$work/callgrind.out" total clockless=0
