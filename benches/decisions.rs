@@ -228,7 +228,7 @@ async fn run(server: &RedisServer, plan: &Plan) -> Result<(), BoxError> {
                 let (mut conn, sha, args) = (c.clone(), sha.clone(), args.clone());
                 let key = format!(
                     "floor:bench:{{{}}}:0",
-                    keys[(task * 157 + n) % keys.len()].as_str()
+                    keys[(task * 157 + n) % keys.len()].text()
                 );
                 async move {
                     redis::cmd("EVALSHA")

@@ -259,12 +259,12 @@ proptest! {
         let (a, b) = (hashed.extract(&req), hashed.extract(&req));
         prop_assert_eq!(&a, &b);
         if let Some(key) = a {
-            let text = key.as_str();
+            let text = key.text();
             prop_assert!(text.starts_with("h:") && text.len() == 34, "{}", text);
             prop_assert!(text[2..].bytes().all(|c| c.is_ascii_hexdigit()));
         }
         if let Some(key) = plain.extract(&req) {
-            prop_assert!(key.as_str().len() <= MAX_KEY_LEN, "{}", key.as_str().len());
+            prop_assert!(key.text().len() <= MAX_KEY_LEN, "{}", key.text().len());
         }
     }
 
@@ -274,7 +274,16 @@ proptest! {
         let mut req = Request::new(());
         req.extensions_mut().insert(SocketAddr::new(peer, port));
         let key = PeerIp.extract(&req).unwrap();
-        prop_assert_eq!(key.as_str(), format!("ip:{}", peer.to_canonical()));
+        prop_assert_eq!(&*key.text(), format!("ip:{}", peer.to_canonical()));
+    }
+
+    /// An IPv4 key's text, read back, is the same key.
+    #[test]
+    fn ipv4_key_text_is_the_same_key(octets in any::<[u8; 4]>()) {
+        let ip = IpAddr::from(octets);
+        let key = Key::from_ip(ip);
+        prop_assert_eq!(&*key.text(), format!("ip:{ip}"));
+        prop_assert_eq!(Key::new(&*key.text()), key);
     }
 
     /// Network text from configuration: parsed or refused, never a panic;
@@ -294,8 +303,9 @@ proptest! {
     #[test]
     fn keys_and_hash_tags(a in ".{0,200}", b in ".{0,8}") {
         let (ka, kb) = (Key::new(&a), Key::new(&b));
-        prop_assert!(ka.as_str().len() <= MAX_KEY_LEN);
-        let (ta, tb) = (hash_tag(ka.as_str()), hash_tag(kb.as_str()));
+        let (xa, xb) = (ka.text(), kb.text());
+        prop_assert!(xa.len() <= MAX_KEY_LEN);
+        let (ta, tb) = (hash_tag(&xa), hash_tag(&xb));
         prop_assert!(!ta.is_empty());
         prop_assert_eq!(ta == tb, ka == kb);
         for i in 0..3 {

@@ -286,7 +286,7 @@ async fn an_unreadable_key_fails_only_its_own_call() {
     let calls: Vec<_> = keys.iter().map(|k| limiter.check(k, 1)).collect();
     let results = all(calls).await;
     for (key, result) in keys.iter().zip(&results) {
-        match (key.as_str(), result) {
+        match (&*key.text(), result) {
             ("bad", Err(StoreError::Redis(text))) => assert!(text.contains("WRONGTYPE"), "{text}"),
             ("bad", other) => panic!("the list key was read as a limit: {other:?}"),
             (_, Ok(d)) => assert!(d.is_allowed()),

@@ -16,7 +16,7 @@ use super::{Key, KeyExtractor};
 /// let by_api_key = HeaderKey::new("x-api-key");
 /// let req = http::Request::get("/").header("x-api-key", "sk_live_123").body(()).unwrap();
 /// let key = by_api_key.extract(&req).unwrap();
-/// assert!(!key.as_str().contains("sk_live_123"));
+/// assert!(!key.text().contains("sk_live_123"));
 /// ```
 #[derive(Clone, Debug)]
 pub struct HeaderKey {
@@ -153,7 +153,7 @@ mod tests {
                 .unhashed()
                 .extract(&r)
                 .unwrap()
-                .as_str()
+                .text()
                 .starts_with("h:")
         );
         let t = req("x-api-key", b"acme");
@@ -162,7 +162,7 @@ mod tests {
                 .unhashed()
                 .extract(&t)
                 .unwrap()
-                .as_str(),
+                .text(),
             "hv:acme"
         );
     }

@@ -16,7 +16,7 @@ use super::{Key, KeyExtractor};
 /// use fleetgate::key::{HostKey, KeyExtractor};
 ///
 /// let req = http::Request::get("https://API.example.com/v1/items").body(()).unwrap();
-/// assert_eq!(HostKey.extract(&req).unwrap().as_str(), "host:api.example.com");
+/// assert_eq!(HostKey.extract(&req).unwrap().text(), "host:api.example.com");
 /// ```
 #[derive(Clone, Copy, Debug, Default)]
 pub struct HostKey;
@@ -49,7 +49,7 @@ mod tests {
     use super::*;
 
     fn key(req: http::Request<()>) -> Option<String> {
-        HostKey.extract(&req).map(|k| k.as_str().to_owned())
+        HostKey.extract(&req).map(|k| k.text().to_string())
     }
 
     #[test]

@@ -83,7 +83,7 @@ pub trait ClientIp<Req>: Send + Sync + 'static {
 /// let by_site = PeerIp.ipv6_prefix(64);
 /// let mut req = http::Request::new(());
 /// req.extensions_mut().insert("[2001:db8:1:2:aaaa::1]:443".parse::<SocketAddr>().unwrap());
-/// assert_eq!(by_site.extract(&req).unwrap().as_str(), "net:2001:db8:1:2::/64");
+/// assert_eq!(by_site.extract(&req).unwrap().text(), "net:2001:db8:1:2::/64");
 /// ```
 #[derive(Clone, Debug)]
 pub struct IpPrefix<E> {
@@ -242,7 +242,7 @@ impl fmt::Display for IpNet {
 ///     .body(())
 ///     .unwrap();
 /// req.extensions_mut().insert("10.0.0.1:4000".parse::<SocketAddr>().unwrap());
-/// assert_eq!(client_ip.extract(&req).unwrap().as_str(), "ip:198.51.100.7");
+/// assert_eq!(client_ip.extract(&req).unwrap().text(), "ip:198.51.100.7");
 /// # Ok::<(), fleetgate::ConfigError>(())
 /// ```
 #[derive(Clone, Debug)]
@@ -521,17 +521,17 @@ mod tests {
         assert_ne!(a, c);
         // IPv4 keeps full addresses unless asked, and then groups too.
         assert_eq!(
-            by64.extract(&req("192.0.2.7:1")).unwrap().as_str(),
+            by64.extract(&req("192.0.2.7:1")).unwrap().text(),
             "ip:192.0.2.7"
         );
         let by24 = PeerIp.ipv6_prefix(64).ipv4_prefix(24);
         assert_eq!(
-            by24.extract(&req("192.0.2.7:1")).unwrap().as_str(),
+            by24.extract(&req("192.0.2.7:1")).unwrap().text(),
             "net:192.0.2.0/24"
         );
         let all = PeerIp.ipv6_prefix(0);
         assert_eq!(
-            all.extract(&req("[2001:db8::1]:1")).unwrap().as_str(),
+            all.extract(&req("[2001:db8::1]:1")).unwrap().text(),
             "net:::/0"
         );
     }

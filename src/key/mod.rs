@@ -36,15 +36,31 @@ pub const MAX_KEY_LEN: usize = 128;
 ///
 /// Cheap to clone, and made without allocating when it is at most 23 bytes
 /// long (any IPv4 key, short IPv6 and header keys); longer keys share one
-/// allocation among their clones. The built-in extractors give their keys
+/// allocation among their clones. An IPv4 key is kept as its four bytes
+/// and written out as text (`ip:203.0.113.7`) only when asked for
+/// ([`text`](Self::text), `Display`, the Redis store): a request keyed by
+/// its peer's address costs no formatting. It is the same key, equal and
+/// with the same text, as `Key::new("ip:203.0.113.7")`.
+///
+/// The built-in extractors give their keys
 /// distinct prefixes (`ip:` addresses, `h:` hashed headers, `hv:`
 /// unhashed headers, `global`) so that they never collide. Keys you make yourself (with [`key_fn`] or
 /// [`OnMissingKey::Fallback`](crate::OnMissingKey::Fallback)) are used as
 /// given: give them a prefix of your own, such as `tenant:`, and never pass
 /// raw client input through unprefixed, or a client could send `ip:<victim>`
 /// and share a victim's limit.
-#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Key(SmolStr);
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct Key(Repr);
+
+/// A key's one representation: an IPv4 key is always `V4` (text that
+/// spells one, `ip:` and the address as std writes it, is read into it),
+/// so that equal keys are equal representations and derived equality and
+/// hashing are the keys' own.
+#[derive(Clone, PartialEq, Eq, Hash)]
+enum Repr {
+    Text(SmolStr),
+    V4([u8; 4]),
+}
 
 impl Key {
     /// A key from text. Text longer than [`MAX_KEY_LEN`] bytes is replaced by
@@ -53,8 +69,10 @@ impl Key {
         let text = text.as_ref();
         if text.len() > MAX_KEY_LEN {
             Key::digest("sha256:", text.as_bytes())
+        } else if let Some(octets) = ipv4_key_octets(text) {
+            Key(Repr::V4(octets))
         } else {
-            Key(SmolStr::new(text))
+            Key(Repr::Text(SmolStr::new(text)))
         }
     }
 
@@ -66,23 +84,45 @@ impl Key {
 
     /// A key for an IP address (`ip:203.0.113.7`).
     pub fn from_ip(ip: IpAddr) -> Self {
-        // Formatted on the stack and kept inline (IPv4 and short IPv6
-        // texts fit): no allocation on the request path.
-        if let IpAddr::V4(v4) = ip {
-            if let Some(text) = Ipv4Text::new(v4.octets()).as_str() {
-                return Key(SmolStr::new(text));
-            }
-        }
+        let v6 = match ip {
+            IpAddr::V4(v4) => return Key(Repr::V4(v4.octets())),
+            IpAddr::V6(v6) => v6,
+        };
+        // Formatted on the stack and kept inline (short IPv6 texts fit):
+        // no allocation on the request path.
         let mut text = StackText::default();
-        match write!(text, "ip:{ip}") {
-            Ok(()) => Key(SmolStr::new(text.as_str())),
-            Err(_) => Key(SmolStr::from(format!("ip:{ip}"))),
+        match write!(text, "ip:{v6}") {
+            Ok(()) => Key(Repr::Text(SmolStr::new(text.as_str()))),
+            Err(_) => Key(Repr::Text(SmolStr::from(format!("ip:{v6}")))),
         }
     }
 
-    /// The key as text.
-    pub fn as_str(&self) -> &str {
-        &self.0
+    /// The key as text: borrowed from the key, or for an IPv4 key written
+    /// on the stack. Dereferences to `&str`.
+    ///
+    /// ```
+    /// use fleetgate::key::Key;
+    ///
+    /// let key = Key::from_ip("203.0.113.7".parse().unwrap());
+    /// assert_eq!(key.text(), "ip:203.0.113.7");
+    /// assert!(key.text().starts_with("ip:"));
+    /// assert_eq!(key, Key::new("ip:203.0.113.7"));
+    /// ```
+    pub fn text(&self) -> KeyText<'_> {
+        KeyText(match &self.0 {
+            Repr::Text(text) => TextRepr::Borrowed(text),
+            Repr::V4(octets) => TextRepr::V4(Ipv4Text::new(*octets)),
+        })
+    }
+
+    /// The bytes the stores hash a key by: its text, or an IPv4 key's
+    /// four bytes (never equal to another key's, being the only
+    /// representation of that key).
+    pub(crate) fn hash_bytes(&self) -> &[u8] {
+        match &self.0 {
+            Repr::Text(text) => text.as_bytes(),
+            Repr::V4(octets) => octets,
+        }
     }
 
     fn digest(prefix: &str, bytes: &[u8]) -> Self {
@@ -94,7 +134,73 @@ impl Key {
             text.push(hex_digit(byte >> 4));
             text.push(hex_digit(byte & 0xf));
         }
-        Key(SmolStr::from(text))
+        Key(Repr::Text(SmolStr::from(text)))
+    }
+}
+
+/// The octets of an IPv4 key's text, `ip:` and the address exactly as
+/// std writes it (no leading zeros, no spaces): what [`Key::from_ip`]
+/// would make of that address.
+fn ipv4_key_octets(text: &str) -> Option<[u8; 4]> {
+    let address = text.strip_prefix("ip:")?;
+    let octets = address.parse::<std::net::Ipv4Addr>().ok()?.octets();
+    (Ipv4Text::new(octets).as_str() == Some(text)).then_some(octets)
+}
+
+/// A key's text, from [`Key::text`]: borrowed from the key, or written on
+/// the stack for an IPv4 key. Dereferences to `&str`.
+pub struct KeyText<'a>(TextRepr<'a>);
+
+enum TextRepr<'a> {
+    Borrowed(&'a str),
+    V4(Ipv4Text),
+}
+
+impl std::ops::Deref for KeyText<'_> {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        match &self.0 {
+            TextRepr::Borrowed(text) => text,
+            // Always `Some`: the table writes ASCII only.
+            TextRepr::V4(text) => text.as_str().unwrap_or_default(),
+        }
+    }
+}
+
+impl AsRef<str> for KeyText<'_> {
+    fn as_ref(&self) -> &str {
+        self
+    }
+}
+
+impl PartialEq<str> for KeyText<'_> {
+    fn eq(&self, other: &str) -> bool {
+        **self == *other
+    }
+}
+
+impl PartialEq<&str> for KeyText<'_> {
+    fn eq(&self, other: &&str) -> bool {
+        **self == **other
+    }
+}
+
+impl PartialEq<String> for KeyText<'_> {
+    fn eq(&self, other: &String) -> bool {
+        **self == **other
+    }
+}
+
+impl fmt::Debug for KeyText<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&**self, f)
+    }
+}
+
+impl fmt::Display for KeyText<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self)
     }
 }
 
@@ -190,23 +296,28 @@ fn hex_digit(nibble: u8) -> char {
     char::from_digit(u32::from(nibble), 16).unwrap_or('0')
 }
 
-/// Keys hash and compare as their text, so maps keyed by `Key` can be
-/// searched with a `&str`.
-impl std::borrow::Borrow<str> for Key {
-    fn borrow(&self) -> &str {
-        &self.0
+/// Keys order as their texts.
+impl PartialOrd for Key {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Key {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (*self.text()).cmp(&*other.text())
     }
 }
 
 impl fmt::Debug for Key {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Debug::fmt(&*self.0, f)
+        fmt::Debug::fmt(&*self.text(), f)
     }
 }
 
 impl fmt::Display for Key {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(&self.text())
     }
 }
 
@@ -319,7 +430,7 @@ impl<F> fmt::Debug for KeyFn<F> {
 ///     req.uri().path().split('/').nth(2).map(|tenant| Key::new(format!("tenant:{tenant}")))
 /// });
 /// let req = http::Request::get("/t/acme/orders").body(()).unwrap();
-/// assert_eq!(by_tenant.extract(&req).unwrap().as_str(), "tenant:acme");
+/// assert_eq!(by_tenant.extract(&req).unwrap().text(), "tenant:acme");
 /// ```
 pub fn key_fn<Req, F>(f: F) -> KeyFn<F>
 where
@@ -354,7 +465,7 @@ mod tests {
             "::ffff:255.255.255.255",
         ] {
             let ip: IpAddr = text.parse().unwrap();
-            assert_eq!(Key::from_ip(ip).as_str(), format!("ip:{text}"));
+            assert_eq!(Key::from_ip(ip).text(), format!("ip:{text}"));
         }
     }
 
@@ -380,24 +491,80 @@ mod tests {
                 let mut octets = [1, 20, 255, 7];
                 octets[position] = octet;
                 let ip = IpAddr::from(octets);
-                assert_eq!(Key::from_ip(ip).as_str(), format!("ip:{ip}"));
+                assert_eq!(Key::from_ip(ip).text(), format!("ip:{ip}"));
             }
         }
+    }
+
+    /// An IPv4 key is one key however it was made, from the address or
+    /// from its text, equal and hashed alike; text that only resembles
+    /// it stays text of its own.
+    #[test]
+    fn ipv4_keys_from_text_or_address_are_one_key() {
+        use std::hash::{BuildHasher, RandomState};
+        let hasher = RandomState::new();
+        let ip: IpAddr = "192.0.2.7".parse().unwrap();
+        let (a, b) = (Key::from_ip(ip), Key::new("ip:192.0.2.7"));
+        assert_eq!(a, b);
+        assert!(matches!(b.0, Repr::V4([192, 0, 2, 7])));
+        assert_eq!(hasher.hash_one(&a), hasher.hash_one(&b));
+        assert_eq!(a.hash_bytes(), b.hash_bytes());
+        for other in [
+            "ip:192.0.2.07",
+            "ip:192.0.2.7 ",
+            "ip: 192.0.2.7",
+            "IP:192.0.2.7",
+            "ip:192.0.2",
+            "ip:192.0.2.256",
+            "ip:::ffff:192.0.2.7",
+            "192.0.2.7",
+        ] {
+            let key = Key::new(other);
+            assert_ne!(key, a, "{other}");
+            assert_eq!(key.text(), other);
+            assert!(matches!(key.0, Repr::Text(_)), "{other}");
+        }
+    }
+
+    /// Keys order as their texts do, whichever way they are kept.
+    #[test]
+    fn keys_order_as_their_text() {
+        let mut keys = [
+            "ip:9.0.0.1",
+            "ip:10.0.0.1",
+            "h:ab",
+            "ip:10.0.0.1x",
+            "ip:1.2.3.4",
+            "ip:10.0.0.10",
+        ]
+        .map(Key::new);
+        keys.sort();
+        let texts: Vec<String> = keys.iter().map(Key::to_string).collect();
+        let mut sorted = texts.clone();
+        sorted.sort();
+        assert_eq!(texts, sorted);
+    }
+
+    /// A key stays three words (the memory store keeps one per entry,
+    /// and the response future one per call when it needs it).
+    #[test]
+    fn a_key_is_three_words() {
+        assert_eq!(std::mem::size_of::<Key>(), 24);
     }
 
     #[test]
     fn long_keys_are_digested() {
         let long = "x".repeat(1000);
         let key = Key::new(&long);
-        assert!(key.as_str().starts_with("sha256:"));
-        assert_eq!(key.as_str().len(), 7 + 32);
+        assert!(key.text().starts_with("sha256:"));
+        assert_eq!(key.text().len(), 7 + 32);
         assert_eq!(key, Key::new(&long));
     }
 
     #[test]
     fn hashed_keys_hide_the_secret() {
         let key = Key::hashed("h:", b"sk_live_secret");
-        assert!(!key.as_str().contains("secret"));
-        assert_eq!(key.as_str().len(), 2 + 32);
+        assert!(!key.text().contains("secret"));
+        assert_eq!(key.text().len(), 2 + 32);
     }
 }

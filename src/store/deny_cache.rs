@@ -132,7 +132,7 @@ impl DenyCache {
     }
 
     fn shard(&self, key: &Key) -> MutexGuard<'_, Shard> {
-        let i = self.hasher.hash_one(key.as_str()) as usize % self.shards.len();
+        let i = self.hasher.hash_one(key) as usize % self.shards.len();
         self.shards[i]
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -151,11 +151,7 @@ impl DenyCache {
         }
         let now = self.now();
         let shard = self.shard(key);
-        let entry = shard
-            .map
-            .get(key.as_str())?
-            .iter()
-            .find(|e| e.policy == *policy)?;
+        let entry = shard.map.get(key)?.iter().find(|e| e.policy == *policy)?;
         let max_wait = u64::try_from(max_wait.as_micros()).unwrap_or(u64::MAX);
         if entry.cost != cost || entry.until.saturating_sub(now) <= max_wait {
             return None;
@@ -222,7 +218,7 @@ impl DenyCache {
     /// Caches a denial in `shard`, making room when it is full.
     fn insert(&self, shard: &mut Shard, key: &Key, entry: Entry) {
         let now = self.now();
-        if let Some(slot) = shard.map.get_mut(key.as_str())
+        if let Some(slot) = shard.map.get_mut(key)
             && let Some(existing) = slot.iter_mut().find(|e| e.policy == entry.policy)
         {
             let until = entry.until;
@@ -265,14 +261,14 @@ impl DenyCache {
 
 impl Shard {
     fn remove(&mut self, policy: &Policy, key: &Key) {
-        let Some(slot) = self.map.get_mut(key.as_str()) else {
+        let Some(slot) = self.map.get_mut(key) else {
             return;
         };
         let before = slot.len();
         slot.retain(|e| e.policy != *policy);
         self.entries -= before - slot.len();
         if slot.is_empty() {
-            self.map.remove(key.as_str());
+            self.map.remove(key);
         }
     }
 

@@ -170,7 +170,8 @@ impl RedisStore {
     pub fn gcra_key(&self, policy: &Policy, key: &Key, limit: usize) -> String {
         // Made on every call: joined from its pieces, not by `format!`.
         let mut digits = itoa::Buffer::new();
-        let tag = hash_tag(key.as_str());
+        let text = key.text();
+        let tag = hash_tag(&text);
         concat(&[
             &self.inner.prefix,
             ":",
@@ -186,7 +187,8 @@ impl RedisStore {
     /// identity uses under one policy name. The identity is the cluster hash
     /// tag, so all of its keys share a slot; see [`hash_tag`].
     pub(crate) fn key_base(&self, name: &str, key: &Key) -> String {
-        let tag = hash_tag(key.as_str());
+        let text = key.text();
+        let tag = hash_tag(&text);
         concat(&[&self.inner.prefix, ":", name, ":{", &tag, "}"])
     }
 

@@ -42,7 +42,7 @@ impl Leases {
     }
 
     fn shard(&self, key: &Key) -> MutexGuard<'_, Shard> {
-        let index = self.hasher.hash_one(key.as_str()) as usize % self.shards.len();
+        let index = self.hasher.hash_one(key) as usize % self.shards.len();
         lock(&self.shards[index])
     }
 
@@ -148,7 +148,7 @@ impl Leases {
 impl Shard {
     fn find(&mut self, key: &Key, name: &str) -> Option<&mut Set> {
         self.map
-            .get_mut(key.as_str())
+            .get_mut(key)
             .and_then(|sets| sets.iter_mut().find(|s| &*s.name == name))
     }
 
@@ -156,7 +156,7 @@ impl Shard {
         if self.sets >= self.sweep_at.max(MIN_SWEEP) {
             self.sweep(now);
         }
-        match self.map.get_mut(key.as_str()) {
+        match self.map.get_mut(key) {
             Some(sets) => sets.push(set),
             None => {
                 self.map.insert(key.clone(), vec![set]);
@@ -166,12 +166,12 @@ impl Shard {
     }
 
     fn remove(&mut self, key: &Key, name: &str) {
-        if let Some(sets) = self.map.get_mut(key.as_str()) {
+        if let Some(sets) = self.map.get_mut(key) {
             let before = sets.len();
             sets.retain(|s| &*s.name != name);
             self.sets -= before - sets.len();
             if sets.is_empty() {
-                self.map.remove(key.as_str());
+                self.map.remove(key);
             }
         }
     }

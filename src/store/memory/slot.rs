@@ -33,8 +33,8 @@ impl Slot {
     }
 
     /// The identity, for rehashing.
-    pub(super) fn key(&self) -> &str {
-        self.key.as_str()
+    pub(super) fn key(&self) -> &Key {
+        &self.key
     }
 
     /// Whether this is `key`'s state under a policy of `policy`'s name.

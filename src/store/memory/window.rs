@@ -79,11 +79,11 @@ impl MemoryStore {
             return self.decide(&call.as_gcra());
         }
         let table = &self.inner.windows;
-        let index = self.inner.hasher.hash_one(call.key.as_str()) as usize % table.shards.len();
+        let index = self.inner.hasher.hash_one(call.key) as usize % table.shards.len();
         let mut shard = lock(&table.shards[index]);
         let now = self.inner.clock.now_micros();
         let policy = call.policy.name();
-        let existing = shard.map.get_mut(call.key.as_str()).and_then(|slot| {
+        let existing = shard.map.get_mut(call.key).and_then(|slot| {
             slot.iter_mut()
                 .find(|e| &*e.policy == policy && e.algorithm == algorithm)
         });
@@ -144,7 +144,7 @@ impl Shard {
         if self.entries >= self.sweep_at.max(MIN_SWEEP) {
             self.sweep(now);
         }
-        match self.map.get_mut(key.as_str()) {
+        match self.map.get_mut(key) {
             Some(slot) => slot.push(entry),
             None => {
                 self.map.insert(key.clone(), vec![entry]);
