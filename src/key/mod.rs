@@ -36,11 +36,12 @@ pub const MAX_KEY_LEN: usize = 128;
 ///
 /// Cheap to clone, and made without allocating when it is at most 23 bytes
 /// long (any IPv4 key, short IPv6 and header keys); longer keys share one
-/// allocation among their clones. An IPv4 key is kept as its four bytes
-/// and written out as text (`ip:203.0.113.7`) only when asked for
-/// ([`text`](Self::text), `Display`, the Redis store): a request keyed by
-/// its peer's address costs no formatting. It is the same key, equal and
-/// with the same text, as `Key::new("ip:203.0.113.7")`.
+/// allocation among their clones. An IP key ([`Key::from_ip`]) is kept as
+/// the address's bytes and written out as text (`ip:203.0.113.7`,
+/// `ip:2001:db8::7`) only when asked for ([`text`](Self::text), `Display`,
+/// the Redis store): a request keyed by its peer's address costs no
+/// formatting. It is the same key, equal and with the same text, as
+/// `Key::new("ip:203.0.113.7")`.
 ///
 /// The built-in extractors give their keys
 /// distinct prefixes (`ip:` addresses, `h:` hashed headers, `hv:`
@@ -52,14 +53,15 @@ pub const MAX_KEY_LEN: usize = 128;
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub struct Key(Repr);
 
-/// A key's one representation: an IPv4 key is always `V4` (text that
-/// spells one, `ip:` and the address as std writes it, is read into it),
-/// so that equal keys are equal representations and derived equality and
-/// hashing are the keys' own.
+/// A key's one representation: an IP key is always `V4` or `V6` (text
+/// that spells one, `ip:` and the address as std writes it, is read into
+/// it), so that equal keys are equal representations and derived equality
+/// and hashing are the keys' own.
 #[derive(Clone, PartialEq, Eq, Hash)]
 enum Repr {
     Text(SmolStr),
     V4([u8; 4]),
+    V6([u8; 16]),
 }
 
 impl Key {
@@ -69,8 +71,8 @@ impl Key {
         let text = text.as_ref();
         if text.len() > MAX_KEY_LEN {
             Key::digest("sha256:", text.as_bytes())
-        } else if let Some(octets) = ipv4_key_octets(text) {
-            Key(Repr::V4(octets))
+        } else if let Some(ip) = ip_key_address(text) {
+            Key::from_ip(ip)
         } else {
             Key(Repr::Text(SmolStr::new(text)))
         }
@@ -83,17 +85,11 @@ impl Key {
     }
 
     /// A key for an IP address (`ip:203.0.113.7`).
+    #[inline]
     pub fn from_ip(ip: IpAddr) -> Self {
-        let v6 = match ip {
-            IpAddr::V4(v4) => return Key(Repr::V4(v4.octets())),
-            IpAddr::V6(v6) => v6,
-        };
-        // Formatted on the stack and kept inline (short IPv6 texts fit):
-        // no allocation on the request path.
-        let mut text = StackText::default();
-        match write!(text, "ip:{v6}") {
-            Ok(()) => Key(Repr::Text(SmolStr::new(text.as_str()))),
-            Err(_) => Key(Repr::Text(SmolStr::from(format!("ip:{v6}")))),
+        match ip {
+            IpAddr::V4(v4) => Key(Repr::V4(v4.octets())),
+            IpAddr::V6(v6) => Key(Repr::V6(v6.octets())),
         }
     }
 
@@ -112,16 +108,23 @@ impl Key {
         KeyText(match &self.0 {
             Repr::Text(text) => TextRepr::Borrowed(text),
             Repr::V4(octets) => TextRepr::V4(Ipv4Text::new(*octets)),
+            Repr::V6(octets) => {
+                let mut text = StackText::default();
+                // Always fits: `ip:` and at most 45 bytes of address.
+                let _ = write!(text, "ip:{}", std::net::Ipv6Addr::from(*octets));
+                TextRepr::V6(text)
+            }
         })
     }
 
-    /// The bytes the stores hash a key by: its text, or an IPv4 key's
-    /// four bytes (never equal to another key's, being the only
-    /// representation of that key).
+    /// The bytes the stores hash a key by: its text, or an IP key's
+    /// address bytes (the only representation of that key; equal to
+    /// another key's bytes only as a hash collision would be).
     pub(crate) fn hash_bytes(&self) -> &[u8] {
         match &self.0 {
             Repr::Text(text) => text.as_bytes(),
             Repr::V4(octets) => octets,
+            Repr::V6(octets) => octets,
         }
     }
 
@@ -138,13 +141,12 @@ impl Key {
     }
 }
 
-/// The octets of an IPv4 key's text, `ip:` and the address exactly as
-/// std writes it (no leading zeros, no spaces): what [`Key::from_ip`]
-/// would make of that address.
-fn ipv4_key_octets(text: &str) -> Option<[u8; 4]> {
-    let address = text.strip_prefix("ip:")?;
-    let octets = address.parse::<std::net::Ipv4Addr>().ok()?.octets();
-    (Ipv4Text::new(octets).as_str() == Some(text)).then_some(octets)
+/// The address of an IP key's text, `ip:` and the address exactly as
+/// std writes it (no leading zeros, no spaces, IPv6 compressed and in
+/// lower case): text that [`Key::from_ip`] of that address would give.
+fn ip_key_address(text: &str) -> Option<IpAddr> {
+    let ip = text.strip_prefix("ip:")?.parse::<IpAddr>().ok()?;
+    (Key::from_ip(ip).text() == text).then_some(ip)
 }
 
 /// A key's text, from [`Key::text`]: borrowed from the key, or written on
@@ -154,6 +156,7 @@ pub struct KeyText<'a>(TextRepr<'a>);
 enum TextRepr<'a> {
     Borrowed(&'a str),
     V4(Ipv4Text),
+    V6(StackText),
 }
 
 impl std::ops::Deref for KeyText<'_> {
@@ -164,6 +167,7 @@ impl std::ops::Deref for KeyText<'_> {
             TextRepr::Borrowed(text) => text,
             // Always `Some`: the table writes ASCII only.
             TextRepr::V4(text) => text.as_str().unwrap_or_default(),
+            TextRepr::V6(text) => text.as_str(),
         }
     }
 }
@@ -516,7 +520,9 @@ mod tests {
             "IP:192.0.2.7",
             "ip:192.0.2",
             "ip:192.0.2.256",
-            "ip:::ffff:192.0.2.7",
+            "ip:2001:DB8::7",
+            "ip:2001:db8:0::7",
+            "ip:[2001:db8::7]",
             "192.0.2.7",
         ] {
             let key = Key::new(other);
@@ -524,6 +530,17 @@ mod tests {
             assert_eq!(key.text(), other);
             assert!(matches!(key.0, Repr::Text(_)), "{other}");
         }
+        // IPv6 likewise, an IPv4-mapped address included (a different
+        // key from the IPv4 address: `PeerIp` maps it first).
+        for text in ["2001:db8::7", "::ffff:192.0.2.7", "::", "fe80::1"] {
+            let ip: IpAddr = text.parse().unwrap();
+            let (a, b) = (Key::from_ip(ip), Key::new(format!("ip:{text}")));
+            assert_eq!(a, b);
+            assert!(matches!(b.0, Repr::V6(_)), "{text}");
+            assert_eq!(hasher.hash_one(&a), hasher.hash_one(&b));
+            assert_eq!(b.text(), format!("ip:{text}"));
+        }
+        assert_ne!(Key::new("ip:::ffff:192.0.2.7"), Key::new("ip:192.0.2.7"));
     }
 
     /// Keys order as their texts do, whichever way they are kept.
