@@ -1,6 +1,8 @@
 //! `Limiter::check_now` on the in-process `MemoryStore`, next to governor's
 //! keyed limiter (what tower_governor runs) in the same criterion run, on
-//! the same keys with the same limits.
+//! the same clients with the same limits: ours keyed by `Key::from_ip`
+//! (what `PeerIp` extracts), governor by the `IpAddr` (what
+//! tower_governor's peer-IP extractor gives it).
 //!
 //! ```sh
 //! cargo bench --bench memory -- --warm-up-time 1 --measurement-time 2
@@ -28,6 +30,7 @@
 
 use std::future::Future;
 use std::hint::black_box;
+use std::net::IpAddr;
 use std::num::NonZeroU32;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
@@ -52,13 +55,13 @@ const TARGET: f64 = 1.2;
 
 /// One limiter under test: ours or governor's.
 trait Decide: Sync {
-    fn decide(&self, key: &Key) -> bool;
+    fn decide(&self, id: &Identity) -> bool;
 }
 
 impl Decide for Limiter {
     /// Decides one call at once: the memory store always does.
-    fn decide(&self, key: &Key) -> bool {
-        match self.check_now(key, 1) {
+    fn decide(&self, id: &Identity) -> bool {
+        match self.check_now(&id.key, 1) {
             Some(decision) => decision.is_allowed(),
             None => panic!("the memory store did not decide at once"),
         }
@@ -70,8 +73,8 @@ impl Decide for Limiter {
 struct Polled(Limiter);
 
 impl Decide for Polled {
-    fn decide(&self, key: &Key) -> bool {
-        let mut fut = self.0.check(key, 1);
+    fn decide(&self, id: &Identity) -> bool {
+        let mut fut = self.0.check(&id.key, 1);
         let mut cx = Context::from_waker(Waker::noop());
         match Pin::new(&mut fut).poll(&mut cx) {
             Poll::Ready(Ok(decision)) => decision.is_allowed(),
@@ -81,9 +84,25 @@ impl Decide for Polled {
     }
 }
 
-impl Decide for DefaultKeyedRateLimiter<Key> {
-    fn decide(&self, key: &Key) -> bool {
-        self.check_key(key).is_ok()
+/// governor keyed as tower_governor keys it: by the peer's `IpAddr`.
+impl Decide for DefaultKeyedRateLimiter<IpAddr> {
+    fn decide(&self, id: &Identity) -> bool {
+        self.check_key(&id.ip).is_ok()
+    }
+}
+
+/// One client: its address, and our key for it (`Key::from_ip`, what
+/// `PeerIp` extracts).
+struct Identity {
+    key: Key,
+    ip: IpAddr,
+}
+
+fn identity(ip: impl Into<IpAddr>) -> Identity {
+    let ip = ip.into();
+    Identity {
+        key: Key::from_ip(ip),
+        ip,
     }
 }
 
@@ -93,7 +112,7 @@ struct Contenders {
     ours: Limiter,
     ours_check: Polled,
     ours_tokio: Limiter,
-    governor: DefaultKeyedRateLimiter<Key>,
+    governor: DefaultKeyedRateLimiter<IpAddr>,
 }
 
 impl Contenders {
@@ -143,16 +162,16 @@ fn deny() -> Contenders {
     )
 }
 
-fn keys() -> Vec<Key> {
+fn keys() -> Vec<Identity> {
     (0..KEYS)
-        .map(|i| Key::new(format!("ip:10.0.{}.{}", i / 256, i % 256)))
+        .map(|i| identity([10, 0, (i / 256) as u8, (i % 256) as u8]))
         .collect()
 }
 
 /// Prints what share of `calls` round-robin calls a limiter admits after
 /// one call per key, so the "admit" and "deny" cases are shown to be what
 /// they say (not measured).
-fn report_share(name: &str, limiter: &dyn Decide, keys: &[Key], calls: usize) {
+fn report_share(name: &str, limiter: &dyn Decide, keys: &[Identity], calls: usize) {
     for key in keys {
         limiter.decide(key);
     }
@@ -166,10 +185,10 @@ fn report_share(name: &str, limiter: &dyn Decide, keys: &[Key], calls: usize) {
 }
 
 /// One way of running decisions: on one thread or split over two.
-type Run = fn(&dyn Decide, &[Key], u64) -> Duration;
+type Run = fn(&dyn Decide, &[Identity], u64) -> Duration;
 
 /// Runs `iters` decisions on one thread, cycling through `keys`.
-fn one_thread(limiter: &dyn Decide, keys: &[Key], iters: u64) -> Duration {
+fn one_thread(limiter: &dyn Decide, keys: &[Identity], iters: u64) -> Duration {
     let start = Instant::now();
     let mut i = 0;
     for _ in 0..iters {
@@ -185,7 +204,7 @@ fn one_thread(limiter: &dyn Decide, keys: &[Key], iters: u64) -> Duration {
 /// Runs `iters` decisions split over two threads, each cycling through
 /// `keys` from its own half, and returns the wall time from a common start
 /// to the last one finishing: aggregate throughput, not per-thread latency.
-fn two_threads(limiter: &dyn Decide, keys: &[Key], iters: u64) -> Duration {
+fn two_threads(limiter: &dyn Decide, keys: &[Identity], iters: u64) -> Duration {
     let barrier = Barrier::new(3);
     let half = iters.div_ceil(2);
     std::thread::scope(|s| {
@@ -216,7 +235,7 @@ fn two_threads(limiter: &dyn Decide, keys: &[Key], iters: u64) -> Duration {
 
 /// The cases of one group: 1 and 2 threads, admit and deny, ours and
 /// governor's side by side.
-fn cases(group: &mut BenchmarkGroup<'_, WallTime>, label: &str, keys: &[Key]) {
+fn cases(group: &mut BenchmarkGroup<'_, WallTime>, label: &str, keys: &[Identity]) {
     let (admit, deny) = (admit(), deny());
     for (load, pair) in [("admit", &admit), ("deny", &deny)] {
         for (who, limiter) in pair.each() {
@@ -235,7 +254,7 @@ fn cases(group: &mut BenchmarkGroup<'_, WallTime>, label: &str, keys: &[Key]) {
 }
 
 fn hot_key(c: &mut Criterion) {
-    let hot = [Key::new("ip:192.0.2.1")];
+    let hot = [identity([192, 0, 2, 1])];
     let mut group = c.benchmark_group("hot_key");
     group.throughput(Throughput::Elements(1));
     cases(&mut group, "hot key", &hot);
@@ -278,7 +297,7 @@ fn reference(c: &mut Criterion) {
 /// the machine's load between criterion's measurements (one contender
 /// after the other, seconds apart) moves its ratio; a pair of runs
 /// milliseconds apart sees the same load.
-fn paired_ratio(pair: &Contenders, keys: &[Key], run: Run) -> f64 {
+fn paired_ratio(pair: &Contenders, keys: &[Identity], run: Run) -> f64 {
     let (rounds, iters) = if common::measuring() {
         (31, 100_000)
     } else {
@@ -302,7 +321,7 @@ fn paired_ratio(pair: &Contenders, keys: &[Key], run: Run) -> f64 {
 
 /// The paired ratios of the target cases, by `"<group> <threads> <load>"`.
 fn paired_ratios() -> Vec<(String, f64)> {
-    let hot = [Key::new("ip:192.0.2.1")];
+    let hot = [identity([192, 0, 2, 1])];
     let many = keys();
     let mut out = Vec::new();
     for (group, keys, threads) in [
@@ -350,7 +369,7 @@ fn fixed_loop(spec: &str) -> Result<(), String> {
         _ => return Err(format!("load {load}: want admit or deny")),
     };
     let keys = match keys_spec {
-        "1" => vec![Key::new("ip:192.0.2.1")],
+        "1" => vec![identity([192, 0, 2, 1])],
         "10k" => keys(),
         _ => return Err(format!("keys {keys_spec}: want 1 or 10k")),
     };

@@ -208,12 +208,11 @@ impl Shard {
     }
 }
 
-/// A key's hash under the store's randomly keyed SipHash: the key's bytes
-/// alone (an IPv4 key's four), without the terminator byte and the
-/// variant that hashing a `str` or a `Key` adds (needed only where several
-/// values are hashed one after another). About a quarter fewer
-/// instructions than `hash_one(&str)`, and the same resistance to crafted
-/// collisions.
+/// A key's hash under the store's randomly keyed SipHash: its bytes (the
+/// text, or an IP key's address) alone, without the terminator byte that
+/// hashing a `str` adds (needed only where several values are hashed one
+/// after another). About a quarter fewer instructions than
+/// `hash_one(&str)`, and the same resistance to crafted collisions.
 #[inline]
 fn hash_key(hasher: &RandomState, key: &Key) -> u64 {
     let mut state = hasher.build_hasher();
