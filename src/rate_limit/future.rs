@@ -357,13 +357,14 @@ where
         let mut this = self.as_mut().project();
         match this.state.as_mut().project() {
             StateProj::Calling { fut, decision } if this.key.is_none() => {
-                let result = ready!(fut.poll(cx));
-                let decision = decision.take();
+                let mut result = ready!(fut.poll(cx));
+                // The headers are written where the response lies, from the
+                // decision where it lies: neither is moved for them.
+                if let Ok(response) = &mut result {
+                    write_headers(this.common, response, decision.as_ref());
+                }
                 this.state.set(State::Done);
-                return Poll::Ready(
-                    result
-                        .map(|response| passed(this.common, response.map(body), decision.as_ref())),
-                );
+                return Poll::Ready(result.map(|response| response.map(body)));
             }
             StateProj::Rejected { kind } => {
                 if let Some(kind) = kind.take() {
@@ -376,27 +377,25 @@ where
         let outcome = ready!(self.as_mut().poll_outcome(cx));
         let common = &self.common;
         Poll::Ready(match outcome {
-            Outcome::Passed(result, decision) => {
-                result.map(|response| passed(common, response.map(body), decision.as_ref()))
+            Outcome::Passed(mut result, decision) => {
+                if let Ok(response) = &mut result {
+                    write_headers(common, response, decision.as_ref());
+                }
+                result.map(|response| response.map(body))
             }
             Outcome::Rejected(kind) => Ok(common.rejection(kind).map(full)),
         })
     }
 }
 
-/// A response that passed, with the rate-limit headers of its decision
+/// Gives a response that passed the rate-limit headers of its decision
 /// (unless the style is none or the layer is in shadow mode).
-fn passed<B>(
-    common: &Common,
-    mut response: Response<B>,
-    decision: Option<&Decision>,
-) -> Response<B> {
+fn write_headers<B>(common: &Common, response: &mut Response<B>, decision: Option<&Decision>) {
     if let Some(decision) = decision {
         if common.headers.style() != HeaderStyle::None && !common.shadow {
             common.headers.write(response.headers_mut(), decision);
         }
     }
-    response
 }
 
 impl<S, Req, ResBody, F> Future for ResponseFuture<S, Req, mode::Http, F>
