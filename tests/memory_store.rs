@@ -129,10 +129,10 @@ async fn two_policies_on_one_key_are_two_entries() {
     assert_eq!(store.len(), 2);
 }
 
-/// A key's state is found by its text, whichever `Key` value carries it:
-/// keys built separately (inline ones, made from an address or from text,
-/// and long ones, each with its own allocation) share one state, and a
-/// key differing in one byte does not.
+/// A key's state is found by the key, whichever `Key` value carries it:
+/// keys built separately (IPv4 and IPv6 keys made from the address or from
+/// its text, and long ones, each with its own allocation) share one state,
+/// and another key does not, even one hashed alike.
 #[tokio::test(start_paused = true)]
 async fn equal_keys_built_apart_share_one_state() {
     let store = paused_store();
@@ -144,6 +144,18 @@ async fn equal_keys_built_apart_share_one_state() {
             Key::from_ip("192.0.2.7".parse().unwrap()),
             Key::new("ip:192.0.2.7"),
             Key::new("ip:192.0.2.8"),
+        ),
+        (
+            Key::from_ip("2001:db8::7".parse().unwrap()),
+            Key::new("ip:2001:db8::7"),
+            Key::new("ip:2001:db8::8"),
+        ),
+        // An IP key and a text of the same bytes hash alike in the store;
+        // they are still two identities.
+        (
+            Key::from_ip("97.98.99.100".parse().unwrap()),
+            Key::new("ip:97.98.99.100"),
+            Key::new("abcd"),
         ),
         (
             Key::new(long),

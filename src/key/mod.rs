@@ -35,9 +35,9 @@ pub const MAX_KEY_LEN: usize = 128;
 
 /// An identity to limit: an IP, a hashed API key, a user id.
 ///
-/// Cheap to clone, and made without allocating when it is at most 23 bytes
-/// long (any IPv4 key, short IPv6 and header keys); longer keys share one
-/// allocation among their clones. An IP key ([`Key::from_ip`]) is kept as
+/// Cheap to clone, and made without allocating when it is an IP key or a
+/// text of at most 23 bytes; longer texts (such as the 34-byte `h:` keys of
+/// hashed headers) share one allocation among their clones. An IP key ([`Key::from_ip`]) is kept as
 /// the address's bytes and written out as text (`ip:203.0.113.7`,
 /// `ip:2001:db8::7`) only when asked for ([`text`](Self::text), `Display`,
 /// the Redis store): a request keyed by its peer's address costs no
@@ -94,7 +94,7 @@ impl Key {
         }
     }
 
-    /// The key as text: borrowed from the key, or for an IPv4 key written
+    /// The key as text: borrowed from the key, or for an IP key written
     /// on the stack. Dereferences to `&str`.
     ///
     /// ```
@@ -119,8 +119,9 @@ impl Key {
     }
 
     /// The bytes the memory store hashes a key by: its text, or an IP
-    /// key's address bytes (the only representation of that key; equal to
-    /// another key's bytes only as a hash collision would be).
+    /// key's address bytes. A text of the same bytes (`"abcd"` and
+    /// 97.98.99.100) hashes alike, always: the store tells such keys apart
+    /// by comparing them whole, as any two keys in one bucket.
     #[inline]
     pub(crate) fn hash_bytes(&self) -> &[u8] {
         match &self.0 {
@@ -152,7 +153,7 @@ fn ip_key_address(text: &str) -> Option<IpAddr> {
 }
 
 /// A key's text, from [`Key::text`]: borrowed from the key, or written on
-/// the stack for an IPv4 key. Dereferences to `&str`.
+/// the stack for an IP key. Dereferences to `&str`.
 pub struct KeyText<'a>(TextRepr<'a>);
 
 enum TextRepr<'a> {
@@ -536,6 +537,10 @@ mod tests {
             "ip:2001:DB8::7",
             "ip:2001:db8:0::7",
             "ip:[2001:db8::7]",
+            // std writes these in hex, and parses no zone.
+            "ip:::1.2.3.4",
+            "ip:2001:db8::192.0.2.7",
+            "ip:fe80::1%eth0",
             "192.0.2.7",
         ] {
             let key = Key::new(other);
@@ -566,6 +571,9 @@ mod tests {
             "ip:10.0.0.1x",
             "ip:1.2.3.4",
             "ip:10.0.0.10",
+            "ip:2001:db8::7",
+            "ip:::1",
+            "ip:::ffff:10.0.0.1",
         ]
         .map(Key::new);
         keys.sort();

@@ -145,6 +145,7 @@ impl<S, K, C, M, F> RateLimit<S, K, C, M, F> {
                 Some(kind) => ResponseFuture::rejected(start, kind),
                 None => ResponseFuture::calling(start, self.inner.call(req), None),
             },
+            // `Fallback` is decided by the caller, with its key; never here.
             OnMissingKey::Fallback(_) | OnMissingKey::Allow => {
                 ResponseFuture::calling(start, self.inner.call(req), None)
             }

@@ -18,7 +18,7 @@ pub(super) type SlotMap = HashTable<Slot>;
 
 /// One identity's state under one policy.
 pub(super) struct Slot {
-    /// The identity, its text inline when short (any IPv4 key), so that
+    /// The identity, inline when an IP key or a short text, so that
     /// comparing it reads no other memory.
     key: Key,
     /// The policy the state was made for, held for its name: a thin
