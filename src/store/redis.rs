@@ -168,16 +168,31 @@ impl RedisStore {
     /// The Redis key that holds the GCRA state of limit number `limit` of
     /// `policy` for `key`: `{prefix}:{policy}:{{key}}:{limit}`.
     pub fn gcra_key(&self, policy: &Policy, key: &Key, limit: usize) -> String {
-        // Made on every call: joined from its pieces, not by `format!`.
-        let mut digits = itoa::Buffer::new();
+        let text = key.text();
+        self.tagged_gcra_key(policy, &hash_tag(&text), limit)
+    }
+
+    /// Passes `each` the [`gcra_key`](Self::gcra_key) of every limit of
+    /// `policy`, in order, the key's text (written out for an IP key) and
+    /// hash tag made once for them all.
+    pub(crate) fn each_gcra_key(&self, policy: &Policy, key: &Key, mut each: impl FnMut(String)) {
         let text = key.text();
         let tag = hash_tag(&text);
+        for limit in 0..policy.limits().len() {
+            each(self.tagged_gcra_key(policy, &tag, limit));
+        }
+    }
+
+    /// [`gcra_key`](Self::gcra_key), from the identity's hash tag.
+    fn tagged_gcra_key(&self, policy: &Policy, tag: &str, limit: usize) -> String {
+        // Made on every call: joined from its pieces, not by `format!`.
+        let mut digits = itoa::Buffer::new();
         concat(&[
             &self.inner.prefix,
             ":",
             policy.name(),
             ":{",
-            &tag,
+            tag,
             "}:",
             digits.format(limit),
         ])
@@ -280,9 +295,9 @@ impl RedisStore {
         let mut cmd = self.inner.gcra.call(keys, 2 + 3 * count + 2 * keys);
         // Each call's keys, one per limit.
         for (policy, key, ..) in calls.clone() {
-            for i in 0..policy.limits().len() {
-                cmd.arg(self.gcra_key(policy, key, i));
-            }
+            self.each_gcra_key(policy, key, |name| {
+                cmd.arg(name);
+            });
         }
         // "Now": empty for the server's clock; with the caller's, `sent_at`.
         let sent_at = self.sent_at();

@@ -27,9 +27,8 @@ impl RedisStore {
             args.push(limit.emission_us().to_string());
             args.push(limit.tolerance_us().to_string());
         }
-        let keys: Vec<String> = (0..limits.len())
-            .map(|i| self.gcra_key(call.policy, call.key, i))
-            .collect();
+        let mut keys = Vec::with_capacity(limits.len());
+        self.each_gcra_key(call.policy, call.key, |name| keys.push(name));
         let store = self.clone();
         let count = limits.len();
         StoreFuture::pending(async move {
