@@ -303,15 +303,13 @@ fn hex_digit(nibble: u8) -> char {
     char::from_digit(u32::from(nibble), 16).unwrap_or('0')
 }
 
-/// A text key hashes as its text, an IP key as its address's bytes in one
-/// write: equal keys are equal representations, so they hash alike.
+/// A key hashes as its [`hash_bytes`](Key::hash_bytes) and, as a `str`
+/// does, a terminating `0xff` (a text key hashes as its text): equal keys
+/// are equal representations, so they hash alike.
 impl Hash for Key {
     fn hash<H: Hasher>(&self, state: &mut H) {
-        match &self.0 {
-            Repr::Text(text) => text.hash(state),
-            Repr::V4(octets) => state.write(octets),
-            Repr::V6(octets) => state.write(octets),
-        }
+        state.write(self.hash_bytes());
+        state.write_u8(0xff);
     }
 }
 

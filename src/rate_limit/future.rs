@@ -360,9 +360,7 @@ where
                 let mut result = ready!(fut.poll(cx));
                 // The headers are written where the response lies, from the
                 // decision where it lies: neither is moved for them.
-                if let Ok(response) = &mut result {
-                    write_headers(this.common, response, decision.as_ref());
-                }
+                write_headers(this.common, &mut result, decision.as_ref());
                 this.state.set(State::Done);
                 return Poll::Ready(result.map(|response| response.map(body)));
             }
@@ -378,9 +376,7 @@ where
         let common = &self.common;
         Poll::Ready(match outcome {
             Outcome::Passed(mut result, decision) => {
-                if let Ok(response) = &mut result {
-                    write_headers(common, response, decision.as_ref());
-                }
+                write_headers(common, &mut result, decision.as_ref());
                 result.map(|response| response.map(body))
             }
             Outcome::Rejected(kind) => Ok(common.rejection(kind).map(full)),
@@ -390,8 +386,12 @@ where
 
 /// Gives a response that passed the rate-limit headers of its decision
 /// (unless the style is none or the layer is in shadow mode).
-fn write_headers<B>(common: &Common, response: &mut Response<B>, decision: Option<&Decision>) {
-    if let Some(decision) = decision {
+fn write_headers<B, E>(
+    common: &Common,
+    result: &mut Result<Response<B>, E>,
+    decision: Option<&Decision>,
+) {
+    if let (Ok(response), Some(decision)) = (result, decision) {
         if common.headers.style() != HeaderStyle::None && !common.shadow {
             common.headers.write(response.headers_mut(), decision);
         }

@@ -98,7 +98,11 @@ impl<S, K, C, M, F> RateLimit<S, K, C, M, F> {
             Some(key) => key,
             None => match &common.on_missing {
                 OnMissingKey::Fallback(key) => key.clone(),
-                _ => return self.without_key(req, common, feedback),
+                OnMissingKey::Reject(status) => {
+                    let status = *status;
+                    return self.without_key(req, common, feedback, Some(status));
+                }
+                OnMissingKey::Allow => return self.without_key(req, common, feedback, None),
             },
         };
         let cost = self.shared.cost.cost(&req);
@@ -128,27 +132,24 @@ impl<S, K, C, M, F> RateLimit<S, K, C, M, F> {
     }
 
     /// A request without a key, where no fallback key is configured:
-    /// refused, or let through unlimited.
+    /// refused with `reject` (unless in shadow mode), or, without one, let
+    /// through unlimited.
     #[inline(never)]
     fn without_key<Req>(
         &mut self,
         req: Req,
         common: Arc<Common>,
         feedback: F,
+        reject: Option<http::StatusCode>,
     ) -> ResponseFuture<S, Req, M, F>
     where
         S: Service<Req>,
     {
-        let start = Start::new(common.clone(), feedback);
-        match &common.on_missing {
-            OnMissingKey::Reject(status) => match common.missing_key(*status) {
-                Some(kind) => ResponseFuture::rejected(start, kind),
-                None => ResponseFuture::calling(start, self.inner.call(req), None),
-            },
-            // `Fallback` is decided by the caller, with its key; never here.
-            OnMissingKey::Fallback(_) | OnMissingKey::Allow => {
-                ResponseFuture::calling(start, self.inner.call(req), None)
-            }
+        let refusal = reject.and_then(|status| common.missing_key(status));
+        let start = Start::new(common, feedback);
+        match refusal {
+            Some(kind) => ResponseFuture::rejected(start, kind),
+            None => ResponseFuture::calling(start, self.inner.call(req), None),
         }
     }
 
