@@ -303,9 +303,9 @@ fn hex_digit(nibble: u8) -> char {
     char::from_digit(u32::from(nibble), 16).unwrap_or('0')
 }
 
-/// A key hashes as its [`hash_bytes`](Key::hash_bytes) and, as a `str`
-/// does, a terminating `0xff` (a text key hashes as its text): equal keys
-/// are equal representations, so they hash alike.
+/// A key hashes as its text or, for an IP key, its address bytes, with a
+/// terminating `0xff` as a `str` has (a text key hashes as its text):
+/// equal keys are equal representations, so they hash alike.
 impl Hash for Key {
     fn hash<H: Hasher>(&self, state: &mut H) {
         state.write(self.hash_bytes());
