@@ -168,34 +168,15 @@ impl RedisStore {
     /// The Redis key that holds the GCRA state of limit number `limit` of
     /// `policy` for `key`: `{prefix}:{policy}:{{key}}:{limit}`.
     pub fn gcra_key(&self, policy: &Policy, key: &Key, limit: usize) -> String {
-        let text = key.text();
-        self.tagged_gcra_key(policy, &hash_tag(&text), limit)
+        limit_key(&self.key_base(policy.name(), key), limit)
     }
 
-    /// Passes `each` the [`gcra_key`](Self::gcra_key) of every limit of
-    /// `policy`, in order, the key's text (written out for an IP key) and
-    /// hash tag made once for them all.
-    pub(crate) fn each_gcra_key(&self, policy: &Policy, key: &Key, mut each: impl FnMut(String)) {
-        let text = key.text();
-        let tag = hash_tag(&text);
-        for limit in 0..policy.limits().len() {
-            each(self.tagged_gcra_key(policy, &tag, limit));
-        }
-    }
-
-    /// [`gcra_key`](Self::gcra_key), from the identity's hash tag.
-    fn tagged_gcra_key(&self, policy: &Policy, tag: &str, limit: usize) -> String {
-        // Made on every call: joined from its pieces, not by `format!`.
-        let mut digits = itoa::Buffer::new();
-        concat(&[
-            &self.inner.prefix,
-            ":",
-            policy.name(),
-            ":{",
-            tag,
-            "}:",
-            digits.format(limit),
-        ])
+    /// The [`gcra_key`](Self::gcra_key) of every limit of `policy`, in
+    /// order, from one [`key_base`](Self::key_base): the key's text
+    /// (written out for an IP key) and hash tag are made once for them all.
+    pub(crate) fn gcra_keys(&self, policy: &Policy, key: &Key) -> impl Iterator<Item = String> {
+        let base = self.key_base(policy.name(), key);
+        (0..policy.limits().len()).map(move |limit| limit_key(&base, limit))
     }
 
     /// `{prefix}:{name}:{{key}}`, the start of every Redis key that one
@@ -295,9 +276,9 @@ impl RedisStore {
         let mut cmd = self.inner.gcra.call(keys, 2 + 3 * count + 2 * keys);
         // Each call's keys, one per limit.
         for (policy, key, ..) in calls.clone() {
-            self.each_gcra_key(policy, key, |name| {
+            for name in self.gcra_keys(policy, key) {
                 cmd.arg(name);
-            });
+            }
         }
         // "Now": empty for the server's clock; with the caller's, `sent_at`.
         let sent_at = self.sent_at();
@@ -383,6 +364,14 @@ pub(crate) fn hash_tag(identity: &str) -> std::borrow::Cow<'_, str> {
     } else {
         identity.into()
     }
+}
+
+/// `{base}:{limit}`: the Redis key of one limit's GCRA state, after
+/// [`RedisStore::key_base`]. Made on every call: joined from its pieces,
+/// not by `format!`.
+fn limit_key(base: &str, limit: usize) -> String {
+    let mut digits = itoa::Buffer::new();
+    concat(&[base, ":", digits.format(limit)])
 }
 
 /// The one reply in a script's list of replies, for a script of one call.

@@ -27,8 +27,7 @@ impl RedisStore {
             args.push(limit.emission_us().to_string());
             args.push(limit.tolerance_us().to_string());
         }
-        let mut keys = Vec::with_capacity(limits.len());
-        self.each_gcra_key(call.policy, call.key, |name| keys.push(name));
+        let keys: Vec<String> = self.gcra_keys(call.policy, call.key).collect();
         let store = self.clone();
         let count = limits.len();
         StoreFuture::pending(async move {
