@@ -24,19 +24,27 @@
 //! ```no_run
 //! use std::net::SocketAddr;
 //! use axum::{routing::get, Router};
-//! use fleetgate::key::{HeaderKey, PeerIp};
+//! use fleetgate::key::{ExtensionKey, PeerIp};
 //! use fleetgate::{Limit, Limiter, Policy, Rate, RateLimitLayer, RedisStore};
+//!
+//! /// Put in the request by your authentication layer.
+//! #[derive(Clone)]
+//! struct Account(u64);
+//! impl std::fmt::Display for Account {
+//!     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result { self.0.fmt(f) }
+//! }
 //!
 //! #[tokio::main]
 //! async fn main() -> Result<(), Box<dyn std::error::Error>> {
-//!     // 100 per second per API key, bursts of 500.
+//!     // 100 per second per account, bursts of 500; calls without a
+//!     // verified account share one budget per client IP.
 //!     let policy = Policy::single("api", Limit::builder(Rate::per_second(100)).burst(500).build()?)?;
 //!     let store = RedisStore::connect("redis://127.0.0.1:6379").await?;
 //!     let app = Router::new()
 //!         .route("/api/ping", get(|| async { "pong" }))
 //!         .route_layer(
 //!             RateLimitLayer::new(Limiter::new(policy, store))
-//!                 .key(HeaderKey::new("x-api-key").or(PeerIp)),
+//!                 .key(ExtensionKey::<Account>::new("account").or(PeerIp)),
 //!         );
 //!     let listener = tokio::net::TcpListener::bind("127.0.0.1:3000").await?;
 //!     // Connect info gives PeerIp the client's address.
@@ -44,6 +52,10 @@
 //!     Ok(())
 //! }
 //! ```
+//!
+//! Key by what a client cannot choose: a header such as `x-api-key` keyed
+//! as it comes ([`HeaderKey`](key::HeaderKey)) gives every made-up key a
+//! budget of its own; see [`key`] for the safe pattern.
 //!
 //! # A rate-limited client
 //!

@@ -5,14 +5,24 @@
 //! |---|---|---|
 //! | [`PeerIp`] | the TCP peer's address (axum `ConnectInfo`); `.ipv6_prefix(64)` groups IPv6 clients by /64 | server not started with connect info |
 //! | [`ForwardedIp`] | the client address from `X-Forwarded-For` / `Forwarded`, trusted only from configured proxies | never (falls back to the peer) unless the peer is missing |
-//! | [`HeaderKey`] | a header such as `x-api-key` or a bearer token, hashed | header absent or empty |
+//! | [`ExtensionKey`] | an identity your authentication layer put in the request's extensions | no such extension |
+//! | [`HeaderKey`] | a header such as `x-api-key` or a bearer token, hashed: **any value a client sends** | header absent or empty |
 //! | [`GlobalKey`] | one key for everyone | never |
 //! | [`HostKey`] | the host a client request goes to (`host:api.example.com`) | no URI authority and no `Host` header |
 //! | [`key_fn`] | whatever your closure returns | closure returns `None` |
 //!
-//! Chain extractors with `.or(...)`: `HeaderKey::new("x-api-key").or(PeerIp)`
-//! limits per API key and falls back to the client address.
+//! Chain extractors with `.or(...)`: `ExtensionKey::<Account>::new("account").or(PeerIp)`
+//! limits per verified account and falls back to the client address.
+//!
+//! **A key a client can choose is a budget a client can multiply.**
+//! `HeaderKey::new("x-api-key").or(PeerIp)` gives every made-up API key a
+//! budget of its own, so one address sending a new key per call is never
+//! limited. Use it only behind a layer that refuses unknown keys, or key by
+//! what that layer verified with [`ExtensionKey`], falling back to the
+//! client IP: then unauthenticated traffic, invented keys included, shares
+//! one budget per address (see [`ExtensionKey`] for the pattern).
 
+mod extension;
 mod header;
 mod host;
 mod ip;
@@ -25,6 +35,7 @@ use std::sync::Arc;
 use sha2::{Digest, Sha256};
 use smol_str::SmolStr;
 
+pub use self::extension::ExtensionKey;
 pub use self::header::HeaderKey;
 pub use self::host::HostKey;
 pub use self::ip::{ClientIp, ForwardedIp, IpNet, IpPrefix, PeerIp};
@@ -385,6 +396,7 @@ chainable!(
     [E] IpPrefix<E>,
     [A, B] Or<A, B>,
     [] HostKey,
+    [T] ExtensionKey<T>,
 );
 
 /// Tries one extractor, then another; see [`HeaderKey::or`].
