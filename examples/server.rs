@@ -10,18 +10,29 @@
 //! - `REDIS_URL`: when set, limits live in that Redis, so every instance
 //!   pointed at it shares the same counts.
 //! - `RUST_LOG`: log filter (default `info`; `fleetgate=debug` shows denials).
-//! - `FLEETGATE_FAILURE_POLICY`: what `/api/ping` does when Redis is down or
-//!   slow (every call times out after 50 ms): `open` (default) answers
-//!   `pong` unlimited, `closed` answers 503 with `Retry-After: 1`, `local`
-//!   limits each instance to half the limit on its own (`local:0.25` to a
-//!   quarter: one of four instances). The demo
-//!   starts even while Redis is down and reconnects by itself when it is
-//!   back; failures are logged at `warn`, at most once a second.
+//! - `FLEETGATE_FAILURE_POLICY`: what every limited route (`/api/ping`,
+//!   `/api/window`, `/api/slow`, `/api/report`) does when Redis is down or
+//!   slow (every call times out after 50 ms): `open` (default) lets the
+//!   call through unlimited, `closed` answers 503 with `Retry-After`,
+//!   `local` limits each instance to half the limit on its own
+//!   (`local:0.25` to a quarter: one of four instances). `/api/charge` is
+//!   critical and never shed, whatever the policy. The demo starts even
+//!   while Redis is down and reconnects by itself when it is back; failures
+//!   are logged at `warn`, at most once a second.
+//! - `FLEETGATE_API_KEYS`: comma-separated API keys. When set, only these
+//!   `x-api-key` values are identities with budgets of their own; a request
+//!   with any other value (or none) is limited by its client IP, so keys
+//!   made up on the fly share one budget per address. When unset, any
+//!   `x-api-key` value is trusted as an identity (logged at start-up).
 //! - `FLEETGATE_POLICIES`: a TOML policy file (see `examples/policies.toml`)
 //!   whose routes and policies replace the built-in rate limits of
 //!   `/api/ping` and `/api/window`: limits change without a rebuild.
 //! - `FLEETGATE_SHED_WORKERS`: the worker capacity of the worker-utilization
 //!   shedder in front of `/api/charge` and `/api/report` (default 64).
+//!
+//! On SIGTERM or SIGINT (Ctrl-C) the demo stops accepting connections, lets
+//! the requests in flight finish (for at most 10 s), gives back their
+//! leases and exits with status 0.
 //!
 //! Routes:
 //! - `GET /` lists the routes and their limits.
@@ -49,17 +60,22 @@
 //! and `for i in 1 2 3; do curl -s -w ' %{http_code}\n' 'localhost:3000/api/slow?ms=3000' & done; wait`
 //! and `for i in 1 2 3 4; do curl -s -w ' %{http_code}\n' 'localhost:3000/api/report?ms=3000' & done; curl -s -w ' %{http_code}\n' -X POST localhost:3000/api/charge; wait`
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::fmt;
 use std::net::SocketAddr;
+use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
-use axum::extract::Query;
+use axum::body::Body;
+use axum::extract::{Query, Request};
 use axum::http::{Method, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::Response;
 use axum::routing::{get, post};
 use fleetgate::concurrency::{ConcurrencyLimitLayer, ConcurrencyLimiter, ConcurrencyPolicy};
-use fleetgate::key::{HeaderKey, PeerIp};
+use fleetgate::key::{ExtensionKey, HeaderKey, KeyExtractor, PeerIp};
 use fleetgate::rate_limit::RoutePolicies;
 use fleetgate::shed::{
     FleetShedLayer, FleetShedPolicy, FleetShedder, RouteTiers, Tiers, UtilizationShedLayer,
@@ -85,8 +101,43 @@ GET /api/report?ms=N  answers after N ms (default 1000); low priority: 503 beyon
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-#[tokio::main]
-async fn main() -> Result<(), BoxError> {
+/// How long in-flight requests may take to finish after SIGTERM or SIGINT.
+const DRAIN: Duration = Duration::from_secs(10);
+
+/// The identity of the API-key extractor, shared by every limited route.
+type ApiKey = Arc<dyn KeyExtractor<Request<Body>>>;
+
+/// An `x-api-key` value found in `FLEETGATE_API_KEYS`, put in the request
+/// by [`check_api_key`]: a client cannot set it.
+#[derive(Clone, Debug)]
+struct ApiClient(Arc<str>);
+
+impl fmt::Display for ApiClient {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Errors are printed as their messages (`?` in `main` would print their
+/// `Debug` form), and the exit status says whether the demo failed.
+fn main() -> ExitCode {
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            eprintln!("Error: tokio runtime: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("Error: {err}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run() -> Result<(), BoxError> {
     tracing_subscriber::fmt()
         .with_env_filter(
             EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
@@ -101,7 +152,9 @@ async fn main() -> Result<(), BoxError> {
     let failure = match std::env::var("FLEETGATE_FAILURE_POLICY").as_deref() {
         Err(_) | Ok("" | "open") => FailurePolicy::Open,
         Ok("closed") => FailurePolicy::Closed,
-        Ok("local") => FailurePolicy::local(0.5)?,
+        Ok("local") => {
+            FailurePolicy::local(0.5).map_err(|err| format!("FLEETGATE_FAILURE_POLICY: {err}"))?
+        }
         Ok(other) => match other.strip_prefix("local:").map(str::parse::<f64>) {
             Some(Ok(share)) => FailurePolicy::local(share)
                 .map_err(|err| format!("FLEETGATE_FAILURE_POLICY: {err}"))?,
@@ -118,6 +171,17 @@ async fn main() -> Result<(), BoxError> {
     let metrics = metrics_exporter_prometheus::PrometheusBuilder::new()
         .install_recorder()
         .map_err(|err| format!("metrics recorder: {err}"))?;
+    // The recorder keeps every histogram sample until its upkeep runs:
+    // without a timer, memory would grow with every request while nobody
+    // scrapes /metrics.
+    let upkeep = metrics.clone();
+    tokio::spawn(async move {
+        let mut every = tokio::time::interval(Duration::from_secs(5));
+        loop {
+            every.tick().await;
+            upkeep.run_upkeep();
+        }
+    });
 
     let (store, store_name): (Arc<dyn Store>, String) = match std::env::var("REDIS_URL") {
         Ok(url) if !url.is_empty() => {
@@ -141,6 +205,8 @@ async fn main() -> Result<(), BoxError> {
         }
         _ => (Arc::new(MemoryStore::new()), "memory".to_owned()),
     };
+
+    let (api_key, api_keys) = api_key_extractor()?;
 
     let ping = Policy::single(
         "ping",
@@ -168,7 +234,7 @@ async fn main() -> Result<(), BoxError> {
                 .route("/api/window", get(|| async { "window\n" }))
                 .layer(
                     RateLimitLayer::per_route(routes)?
-                        .key(HeaderKey::new("x-api-key").or(PeerIp))
+                        .key(api_key.clone())
                         .on_store_error(failure),
                 )
         }
@@ -176,14 +242,15 @@ async fn main() -> Result<(), BoxError> {
             .route("/api/ping", get(|| async { "pong\n" }))
             .route_layer(
                 RateLimitLayer::new(Limiter::new(ping, store.clone()))
-                    .key(HeaderKey::new("x-api-key").or(PeerIp))
+                    .key(api_key.clone())
                     .on_store_error(failure),
             )
             .route(
                 "/api/window",
                 get(|| async { "window\n" }).layer(
                     RateLimitLayer::new(Limiter::new(window, store.clone()))
-                        .key(HeaderKey::new("x-api-key").or(PeerIp)),
+                        .key(api_key.clone())
+                        .on_store_error(failure),
                 ),
             ),
     };
@@ -193,9 +260,13 @@ async fn main() -> Result<(), BoxError> {
             .parse()
             .map_err(|err| format!("FLEETGATE_SHED_WORKERS {n:?}: {err}"))?,
     };
+    let local = UtilizationShedder::workers(workers)
+        .name("workers")
+        .build()
+        .map_err(|err| format!("FLEETGATE_SHED_WORKERS {workers}: {err}"))?;
     let app = limited
-        .merge(slow_routes(store.clone())?)
-        .merge(shed_routes(store.clone(), workers)?)
+        .merge(slow_routes(store.clone(), api_key, failure)?)
+        .merge(shed_routes(store.clone(), local, failure)?)
         .route("/", get(|| async { ROUTES }))
         .route("/healthz", get(|| async { "ok\n" }))
         .route(
@@ -207,20 +278,115 @@ async fn main() -> Result<(), BoxError> {
                     metrics.render()
                 }
             }),
-        );
+        )
+        // Outermost, so that every limit sees the identity it verified.
+        .layer(middleware::from_fn_with_state(api_keys, check_api_key));
 
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let local = listener.local_addr()?;
     println!("fleetgate demo listening on http://{local} (store: {store_name})");
-    axum::serve(
+    let (stopping, stop) = tokio::sync::watch::channel(false);
+    let server = axum::serve(
         listener,
         app.into_make_service_with_connect_info::<SocketAddr>(),
     )
-    .with_graceful_shutdown(async {
-        let _ = tokio::signal::ctrl_c().await;
-    })
-    .await?;
+    .with_graceful_shutdown(async move {
+        let mut stop = stop;
+        let _ = stop.wait_for(|stop| *stop).await;
+    });
+    let mut server = std::pin::pin!(server.into_future());
+    tokio::select! {
+        served = &mut server => return served.map_err(Into::into),
+        signal = shutdown_signal() => {
+            println!("{signal}: draining in-flight requests (at most {} s)", DRAIN.as_secs());
+        }
+    }
+    let _ = stopping.send(true);
+    match tokio::time::timeout(DRAIN, &mut server).await {
+        Ok(served) => served?,
+        Err(_) => println!(
+            "requests still in flight after {} s; stopping anyway",
+            DRAIN.as_secs()
+        ),
+    }
+    println!("fleetgate demo stopped");
     Ok(())
+}
+
+/// Waits for SIGTERM (what orchestrators send on every deploy) or SIGINT
+/// (Ctrl-C); names the one that came.
+async fn shutdown_signal() -> &'static str {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => tokio::select! {
+                _ = term.recv() => "SIGTERM",
+                _ = tokio::signal::ctrl_c() => "SIGINT",
+            },
+            Err(err) => {
+                tracing::warn!(error = %err, "cannot listen for SIGTERM; only Ctrl-C stops the demo");
+                let _ = tokio::signal::ctrl_c().await;
+                "SIGINT"
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+        "Ctrl-C"
+    }
+}
+
+/// The key every limited route is kept by, and the API keys
+/// [`check_api_key`] accepts (none: every key is trusted).
+fn api_key_extractor() -> Result<(ApiKey, Arc<HashSet<String>>), BoxError> {
+    let keys: HashSet<String> = std::env::var("FLEETGATE_API_KEYS")
+        .unwrap_or_default()
+        .split(',')
+        .map(str::trim)
+        .filter(|key| !key.is_empty())
+        .map(str::to_owned)
+        .collect();
+    if keys.is_empty() {
+        println!(
+            "FLEETGATE_API_KEYS is not set: any x-api-key value is trusted as an identity \
+             (a client inventing keys gets a budget per key)"
+        );
+        return Ok((
+            Arc::new(HeaderKey::new("x-api-key").or(PeerIp)),
+            Arc::new(keys),
+        ));
+    }
+    println!(
+        "api keys: {} known; any other x-api-key is limited by client IP",
+        keys.len()
+    );
+    Ok((
+        Arc::new(ExtensionKey::<ApiClient>::new("client").hashed().or(PeerIp)),
+        Arc::new(keys),
+    ))
+}
+
+/// Marks a request whose `x-api-key` is one of `keys` with its
+/// [`ApiClient`]. Anything else passes unmarked, to be limited by its
+/// client IP.
+async fn check_api_key(
+    axum::extract::State(keys): axum::extract::State<Arc<HashSet<String>>>,
+    mut req: Request,
+    next: Next,
+) -> Response {
+    let known = req
+        .headers()
+        .get("x-api-key")
+        .and_then(|value| value.to_str().ok())
+        .map(str::trim)
+        .filter(|value| keys.contains(*value))
+        .map(Arc::<str>::from);
+    if let Some(key) = known {
+        req.extensions_mut().insert(ApiClient(key));
+    }
+    next.run(req).await
 }
 
 /// One line naming each route's policy, for the start-up message.
@@ -248,7 +414,11 @@ fn describe(file: &PolicyFile) -> String {
 }
 
 /// `GET /api/slow`: at most 2 in flight per API key (or client IP).
-fn slow_routes(store: Arc<dyn Store>) -> Result<Router, BoxError> {
+fn slow_routes(
+    store: Arc<dyn Store>,
+    api_key: ApiKey,
+    failure: FailurePolicy,
+) -> Result<Router, BoxError> {
     let slow = ConcurrencyPolicy::builder("slow", 2)
         .lease_ttl(Duration::from_secs(30))
         .build()?;
@@ -259,23 +429,25 @@ fn slow_routes(store: Arc<dyn Store>) -> Result<Router, BoxError> {
         )
         .route_layer(
             ConcurrencyLimitLayer::new(ConcurrencyLimiter::new(slow, store))
-                .key(HeaderKey::new("x-api-key").or(PeerIp)),
+                .key(api_key)
+                .on_store_error(failure),
         ))
 }
 
 /// `POST /api/charge` (critical) and `GET /api/report` (low priority)
 /// behind a fleet load shedder of 4 in flight, of which reports may use
 /// half, and a worker-utilization shedder for this process.
-fn shed_routes(store: Arc<dyn Store>, workers: u64) -> Result<Router, BoxError> {
+fn shed_routes(
+    store: Arc<dyn Store>,
+    local: UtilizationShedder,
+    failure: FailurePolicy,
+) -> Result<Router, BoxError> {
     let tiers = Tiers::default();
     let routes = RouteTiers::new(&tiers)
         .route(Some(Method::POST), "/api/charge", "critical")?
         .route(Some(Method::GET), "/api/report", "low")?;
     let fleet = FleetShedPolicy::builder("fleet", 4)
         .share("low", 0.5)
-        .build()?;
-    let local = UtilizationShedder::workers(workers)
-        .name("workers")
         .build()?;
     Ok(Router::new()
         .route(
@@ -288,7 +460,11 @@ fn shed_routes(store: Arc<dyn Store>, workers: u64) -> Result<Router, BoxError> 
         )
         // The last layer added runs first: the local shedder decides
         // before the fleet's count is asked.
-        .route_layer(FleetShedLayer::new(FleetShedder::new(fleet, store)).classify(routes.clone()))
+        .route_layer(
+            FleetShedLayer::new(FleetShedder::new(fleet, store))
+                .classify(routes.clone())
+                .on_store_error(failure),
+        )
         .route_layer(UtilizationShedLayer::new(local).classify(routes)))
 }
 

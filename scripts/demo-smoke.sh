@@ -17,25 +17,40 @@ demo=target/debug/examples/server
 tmp=$(mktemp -d)
 pids=()
 cleanup() {
+  local status=$? left
   for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
   rm -rf "$tmp"
+  # Every demo this run started (each carries its mark) stops with it.
+  left=$(grep -lzx "FLEETGATE_SMOKE_RUN=$$" /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3 | tr '\n' ' ')
+  if [ -n "$left" ]; then
+    echo "FAIL: demos still running after the smoke test: $left" >&2
+    kill $left 2>/dev/null || true
+    exit 1
+  fi
+  exit "$status"
 }
 trap cleanup EXIT
 
-# Starts the demo on a free port; prints its base URL.
-start_demo() {
-  local log="$tmp/demo-$#-$RANDOM.log"
-  FLEETGATE_ADDR=127.0.0.1:0 "$@" "$demo" >"$log" 2>&1 &
-  pids+=($!)
+# Starts the demo on a free port and sets the variable named $1 to its base
+# URL, demo_pid to its process and demo_log to its output. Runs in this
+# shell, not in $(...), so that cleanup knows every process it started.
+start_demo() { # variable, env assignments...
+  local var=$1 found
+  shift
+  demo_log="$tmp/demo-$#-$RANDOM.log"
+  FLEETGATE_ADDR=127.0.0.1:0 FLEETGATE_SMOKE_RUN=$$ "$@" "$demo" >"$demo_log" 2>&1 &
+  demo_pid=$!
+  pids+=("$demo_pid")
   for _ in $(seq 100); do
-    if url=$(grep -o 'listening on http://[0-9.:]*' "$log" 2>/dev/null); then
-      echo "${url#listening on }"
+    if found=$(grep -o 'listening on http://[0-9.:]*' "$demo_log" 2>/dev/null); then
+      printf -v "$var" '%s' "${found#listening on }"
       return 0
     fi
     sleep 0.1
   done
   echo "demo did not start:" >&2
-  cat "$log" >&2
+  cat "$demo_log" >&2
   return 1
 }
 
@@ -45,12 +60,35 @@ codes() { # url, count, [api key]
   done
 }
 
-url=$(start_demo env)
+start_demo url env
 got=$(codes "$url" 8)
 echo "memory store: $got"
 case "$got" in
   "200 200 200 200 200 429 429 429 ") ;;
   *) echo "FAIL: expected five 200 then 429s" >&2; exit 1 ;;
+esac
+
+if ! grep -q "FLEETGATE_API_KEYS is not set: any x-api-key value is trusted" "$demo_log"; then
+  echo "FAIL: without FLEETGATE_API_KEYS the demo must say that any key is trusted" >&2
+  exit 1
+fi
+
+# FLEETGATE_API_KEYS: only those keys are identities. Twenty made-up keys
+# from one address share that address's budget (burst 5), a known key has
+# its own, and on /api/slow a third made-up key in flight is refused.
+start_demo keyed env FLEETGATE_API_KEYS="known-1, known-2"
+got=""
+for i in $(seq 20); do got+=$(codes "$keyed" 1 "made-up-$i-$RANDOM"); done
+echo "FLEETGATE_API_KEYS, 20 made-up keys: $got"
+case "$got" in
+  "200 200 200 200 200 429 429 429 429 429 429 429 429 429 429 429 429 429 429 429 ") ;;
+  *) echo "FAIL: made-up keys must share their address's budget" >&2; exit 1 ;;
+esac
+got=$(codes "$keyed" 6 known-1)
+echo "FLEETGATE_API_KEYS, a known key: $got"
+case "$got" in
+  "200 200 200 200 200 429 ") ;;
+  *) echo "FAIL: a known key has a budget of its own" >&2; exit 1 ;;
 esac
 
 # /metrics: the burst above shows as counters, in Prometheus' format.
@@ -66,7 +104,7 @@ fi
 
 # Policies from a file (FLEETGATE_POLICIES) replace the built-in limits.
 sed 's/ping = "1\/s burst 5"/ping = "1\/min burst 2"/' examples/policies.toml >"$tmp/policies.toml"
-filed=$(start_demo env FLEETGATE_POLICIES="$tmp/policies.toml")
+start_demo filed env FLEETGATE_POLICIES="$tmp/policies.toml"
 got=$(codes "$filed" 4)
 echo "policies from a file (ping = 1/min burst 2): $got"
 case "$got" in
@@ -113,21 +151,25 @@ wait_admitted() { # url, count
 
 # Two slow calls of one key in flight (on $1 and $2); a third of that key
 # (on $3) is refused, another key's call passes.
-check_slow() { # label, url of 1st call, url of 2nd, url of 3rd
+# The three calls use one key, or keys 1 to 3 of $5 (a space-separated
+# list, whose 4th is the other key).
+check_slow() { # label, url of 1st call, url of 2nd, url of 3rd, [keys]
   local key="slow-$RANDOM"
+  local keys=("$key" "$key" "$key" "other-$key")
+  if [ $# -ge 5 ]; then read -r -a keys <<<"$5"; fi
   local before
   before=$(slow_admitted "$2")
-  slow "$2" "$key" 4000 >"$tmp/slow1" &
+  slow "$2" "${keys[0]}" 4000 >"$tmp/slow1" &
   local p1=$!
   # Each call is admitted (and holds its slot 4 s) before the next starts.
   wait_admitted "$2" $((before + 1))
   before=$(slow_admitted "$3")
-  slow "$3" "$key" 4000 >"$tmp/slow2" &
+  slow "$3" "${keys[1]}" 4000 >"$tmp/slow2" &
   local p2=$!
   wait_admitted "$3" $((before + 1))
   local third other
-  third=$(slow "$4" "$key" 0)
-  other=$(slow "$4" "other-$key" 0)
+  third=$(slow "$4" "${keys[2]}" 0)
+  other=$(slow "$4" "${keys[3]}" 0)
   wait "$p1" "$p2"
   local got
   got="$(cat "$tmp/slow1") $(cat "$tmp/slow2") third=$third other=$other"
@@ -138,6 +180,8 @@ check_slow() { # label, url of 1st call, url of 2nd, url of 3rd
   esac
 }
 check_slow "memory store /api/slow" "$url" "$url" "$url"
+check_slow "FLEETGATE_API_KEYS /api/slow, 3 made-up keys" "$keyed" "$keyed" "$keyed" \
+  "made-up-a made-up-b made-up-c known-2"
 
 # Reports this instance has in flight, from /metrics (the fleet shedder's
 # per-tier gauge); waits until there are $2, so that the probes below run
@@ -207,8 +251,9 @@ for _ in 1 2 3 4 5; do
   port=$((20000 + RANDOM % 40000))
   if start_redis "$port"; then break; fi
 done
-a=$(start_demo env REDIS_URL="redis://127.0.0.1:$port")
-b=$(start_demo env REDIS_URL="redis://127.0.0.1:$port")
+start_demo a env REDIS_URL="redis://127.0.0.1:$port"
+a_pid=$demo_pid
+start_demo b env REDIS_URL="redis://127.0.0.1:$port"
 got=""
 for i in 1 2 3 4 5 6; do
   if [ $((i % 2)) -eq 1 ]; then u=$a; else u=$b; fi
@@ -228,8 +273,8 @@ window_check "$a" smoke-window-redis
 # closed, and with half the limit (burst 2) of its own when told to fall
 # back locally. A demo started while Redis is down starts all the same.
 { kill -9 "$rpid" && wait "$rpid"; } 2>/dev/null || true
-closed=$(start_demo env REDIS_URL="redis://127.0.0.1:$port" FLEETGATE_FAILURE_POLICY=closed)
-local_demo=$(start_demo env REDIS_URL="redis://127.0.0.1:$port" FLEETGATE_FAILURE_POLICY=local)
+start_demo closed env REDIS_URL="redis://127.0.0.1:$port" FLEETGATE_FAILURE_POLICY=closed
+start_demo local_demo env REDIS_URL="redis://127.0.0.1:$port" FLEETGATE_FAILURE_POLICY=local
 timed() { # url, key: prints "<status> <seconds>"
   curl -s -o /dev/null --max-time 5 -w '%{http_code} %{time_total}' -H "x-api-key: $2" "$1/api/ping"
 }
@@ -276,4 +321,54 @@ echo "redis back: fail-open demo enforcing again (attempt $open_back); fail-clos
 enforcing_again "$local_demo" local-back ||
   { echo "FAIL: the local-fallback demo did not return to Redis" >&2; exit 1; }
 echo "redis back: local-fallback demo decided by Redis again (attempt $back)"
+# Redis stopped (SIGSTOP: the connection stays open and nothing answers).
+# Failing closed, every limited route answers 503 with Retry-After (the
+# critical /api/charge is never shed); each recovers once Redis resumes.
+closed_routes() { # url
+  local route
+  for route in "GET /api/ping" "GET /api/window" "GET /api/slow?ms=0" "GET /api/report?ms=0" "POST /api/charge?ms=0"; do
+    printf '%s=%s ' "${route#* }" "$(curl -s -o /dev/null --max-time 5 -X "${route%% *}" \
+      -w '%{http_code}/%header{retry-after}' -H "x-api-key: stopped-$RANDOM" "$1${route#* }")"
+  done
+}
+kill -STOP "$rpid"
+got=$(closed_routes "$closed")
+kill -CONT "$rpid"
+echo "redis stopped, fail closed: $got"
+if ! [[ "$got" =~ ^/api/ping=503/[1-9][0-9]*\ /api/window=503/[1-9][0-9]*\ /api/slow\?ms=0=503/[1-9][0-9]*\ /api/report\?ms=0=503/[1-9][0-9]*\ /api/charge\?ms=0=200/\ $ ]]; then
+  echo "FAIL: expected 503 with Retry-After on every limited route, the charge passing" >&2
+  exit 1
+fi
+enforcing_again "$closed" stop-back || { echo "FAIL: the fail-closed demo did not recover from SIGSTOP" >&2; exit 1; }
+got=$(closed_routes "$closed")
+echo "redis resumed, fail closed: $got"
+case "$got" in
+  "/api/ping=200/ /api/window=200/ /api/slow?ms=0=200/ /api/report?ms=0=200/ /api/charge?ms=0=200/ ") ;;
+  *) echo "FAIL: every route must answer again once Redis resumes" >&2; exit 1 ;;
+esac
+
+# SIGTERM, as orchestrators send on every deploy: the demo stops
+# accepting, lets its two /api/slow calls in flight finish, gives their
+# leases back to Redis and exits 0. Instance b then has both slots of
+# that key at once.
+key="term-$RANDOM"
+before=$(slow_admitted "$a")
+slow "$a" "$key" 1500 >"$tmp/term1" &
+t1=$!
+slow "$a" "$key" 1500 >"$tmp/term2" &
+t2=$!
+wait_admitted "$a" $((before + 2))
+kill -TERM "$a_pid"
+for _ in $(seq 150); do kill -0 "$a_pid" 2>/dev/null || break; sleep 0.1; done
+status=0
+wait "$a_pid" || status=$?
+wait "$t1" "$t2" || true
+got="exit=$status calls=$(cat "$tmp/term1") $(cat "$tmp/term2")"
+echo "SIGTERM with two calls in flight: $got"
+if [ "$got" != "exit=0 calls=200 200" ]; then
+  echo "FAIL: expected the in-flight calls to finish and the demo to exit 0" >&2
+  exit 1
+fi
+check_slow "after SIGTERM, the same key on another instance" "$b" "$b" "$b" "$key $key $key other-$key"
+
 echo "demo smoke test passed"
