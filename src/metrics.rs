@@ -25,6 +25,33 @@
 //! Handles are resolved on a layer's first decision, so install the
 //! recorder before the first request. Without the `metrics` feature nothing
 //! is recorded and nothing is paid.
+//!
+//! **Keep the recorder's memory bounded.** A recorder that keeps histogram
+//! samples until it is drained grows with every request while nobody
+//! scrapes it: `metrics-exporter-prometheus`'s recorder from
+//! `install_recorder()` keeps `fleetgate_store_duration_seconds` samples
+//! until `PrometheusHandle::run_upkeep` runs. Either install it with
+//! `PrometheusBuilder::install()` (its own listener runs the upkeep on a
+//! timer, `upkeep_timeout`), or run the upkeep yourself on a timer, as the
+//! demo does:
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use metrics_exporter_prometheus::PrometheusBuilder;
+//!
+//! # #[tokio::main] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let handle = PrometheusBuilder::new().install_recorder()?;
+//! let upkeep = handle.clone();
+//! tokio::spawn(async move {
+//!     let mut every = tokio::time::interval(Duration::from_secs(5));
+//!     loop {
+//!         every.tick().await;
+//!         upkeep.run_upkeep();
+//!     }
+//! });
+//! // Serve `handle.render()` on your own /metrics route.
+//! # Ok(()) }
+//! ```
 
 use std::sync::Arc;
 use std::time::Duration;
