@@ -264,9 +264,22 @@ async fn run() -> Result<(), BoxError> {
         .name("workers")
         .build()
         .map_err(|err| format!("FLEETGATE_SHED_WORKERS {workers}: {err}"))?;
+    // Kept to wait for their lease releases on shutdown.
+    let slow = ConcurrencyLimiter::new(
+        ConcurrencyPolicy::builder("slow", 2)
+            .lease_ttl(Duration::from_secs(30))
+            .build()?,
+        store.clone(),
+    );
+    let fleet = FleetShedder::new(
+        FleetShedPolicy::builder("fleet", 4)
+            .share("low", 0.5)
+            .build()?,
+        store.clone(),
+    );
     let app = limited
-        .merge(slow_routes(store.clone(), api_key, failure)?)
-        .merge(shed_routes(store.clone(), local, failure)?)
+        .merge(slow_routes(slow.clone(), api_key, failure))
+        .merge(shed_routes(fleet.clone(), local, failure)?)
         .route("/", get(|| async { ROUTES }))
         .route("/healthz", get(|| async { "ok\n" }))
         .route(
@@ -308,6 +321,15 @@ async fn run() -> Result<(), BoxError> {
             "requests still in flight after {} s; stopping anyway",
             DRAIN.as_secs()
         ),
+    }
+    // The leases of the requests that finished are being given back on
+    // spawned tasks: let them reach the store before the runtime stops.
+    let settled = async { tokio::join!(slow.releases_settled(), fleet.releases_settled()) };
+    if tokio::time::timeout(DRAIN, settled).await.is_err() {
+        println!(
+            "lease releases still pending after {} s; they expire with their TTL",
+            DRAIN.as_secs()
+        );
     }
     println!("fleetgate demo stopped");
     Ok(())
@@ -414,31 +436,24 @@ fn describe(file: &PolicyFile) -> String {
 }
 
 /// `GET /api/slow`: at most 2 in flight per API key (or client IP).
-fn slow_routes(
-    store: Arc<dyn Store>,
-    api_key: ApiKey,
-    failure: FailurePolicy,
-) -> Result<Router, BoxError> {
-    let slow = ConcurrencyPolicy::builder("slow", 2)
-        .lease_ttl(Duration::from_secs(30))
-        .build()?;
-    Ok(Router::new()
+fn slow_routes(slow: ConcurrencyLimiter, api_key: ApiKey, failure: FailurePolicy) -> Router {
+    Router::new()
         .route(
             "/api/slow",
             get(|q: Query<HashMap<String, String>>| answer_after(q, "slept")),
         )
         .route_layer(
-            ConcurrencyLimitLayer::new(ConcurrencyLimiter::new(slow, store))
+            ConcurrencyLimitLayer::new(slow)
                 .key(api_key)
                 .on_store_error(failure),
-        ))
+        )
 }
 
 /// `POST /api/charge` (critical) and `GET /api/report` (low priority)
 /// behind a fleet load shedder of 4 in flight, of which reports may use
 /// half, and a worker-utilization shedder for this process.
 fn shed_routes(
-    store: Arc<dyn Store>,
+    fleet: FleetShedder,
     local: UtilizationShedder,
     failure: FailurePolicy,
 ) -> Result<Router, BoxError> {
@@ -446,9 +461,6 @@ fn shed_routes(
     let routes = RouteTiers::new(&tiers)
         .route(Some(Method::POST), "/api/charge", "critical")?
         .route(Some(Method::GET), "/api/report", "low")?;
-    let fleet = FleetShedPolicy::builder("fleet", 4)
-        .share("low", 0.5)
-        .build()?;
     Ok(Router::new()
         .route(
             "/api/charge",
@@ -461,7 +473,7 @@ fn shed_routes(
         // The last layer added runs first: the local shedder decides
         // before the fleet's count is asked.
         .route_layer(
-            FleetShedLayer::new(FleetShedder::new(fleet, store))
+            FleetShedLayer::new(fleet)
                 .classify(routes.clone())
                 .on_store_error(failure),
         )

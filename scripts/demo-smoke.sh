@@ -145,7 +145,7 @@ wait_admitted() { # url, count
     if [ "$(slow_admitted "$1")" -ge "$2" ]; then return 0; fi
     sleep 0.02
   done
-  echo "FAIL: $1 never admitted /api/slow call number $2" >&2
+  echo "FAIL: $1 never admitted /api/slow call number $2 (admitted: $(slow_admitted "$1"); first call: $(cat "$tmp/slow1" 2>/dev/null))" >&2
   exit 1
 }
 
@@ -351,6 +351,7 @@ esac
 # accepting, lets its two /api/slow calls in flight finish, gives their
 # leases back to Redis and exits 0. Instance b then has both slots of
 # that key at once.
+enforcing_again "$b" b-back || { echo "FAIL: instance b did not return to Redis" >&2; exit 1; }
 key="term-$RANDOM"
 before=$(slow_admitted "$a")
 slow "$a" "$key" 1500 >"$tmp/term1" &
