@@ -10,6 +10,7 @@ use super::deny_cache::{DenyCache, DenyCacheStats, RealClock};
 mod batch;
 mod defer;
 mod lease;
+mod release;
 mod window;
 
 use super::{DeferCall, GcraCall, LeaseCall, LeaseGrant, Store, StoreFuture, WindowCall};
@@ -134,6 +135,8 @@ struct Inner {
     deny: Option<DenyCache>,
     windows: window::Scripts,
     leases: lease::Scripts,
+    /// Releases that failed on the way, being retried.
+    releases: release::Retries,
 }
 
 impl RedisStore {
@@ -656,6 +659,7 @@ impl RedisStoreBuilder {
                 deny,
                 windows: window::Scripts::new(),
                 leases: lease::Scripts::new(),
+                releases: release::Retries::default(),
             }),
         })
     }
