@@ -6,7 +6,7 @@ use std::time::Duration;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Arg, Cmd, ErrorKind, ServerErrorKind, Value};
 
-use super::connection::Conn;
+use super::connection::{Conn, Refusals};
 use super::deny_cache::{DenyCache, DenyCacheStats, RealClock};
 mod batch;
 mod defer;
@@ -133,10 +133,13 @@ impl TimeSource {
 /// once (`SCRIPT LOAD`, shared by every call that found it missing
 /// meanwhile) and the call sent again. Every call is bounded by the store's
 /// timeout (default 50 ms); what the layers do on timeout is their
-/// [`FailurePolicy`](crate::FailurePolicy). Denials are remembered, so a
-/// client over its limit is refused locally until its retry time passes
-/// ([`RedisStoreBuilder::deny_cache`]). With the `cluster` feature the same
-/// store runs on a Redis Cluster (`RedisStoreBuilder::connect_cluster`).
+/// [`FailurePolicy`](crate::FailurePolicy). While Redis refuses connections
+/// (down, restarting) calls fail at once rather than wait out the timeout;
+/// one call every 100 ms tries again, which reconnects in the background.
+/// Denials are remembered, so a client over its limit is refused locally
+/// until its retry time passes ([`RedisStoreBuilder::deny_cache`]). With
+/// the `cluster` feature the same store runs on a Redis Cluster
+/// (`RedisStoreBuilder::connect_cluster`).
 ///
 /// ```no_run
 /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -169,6 +172,9 @@ struct Inner {
     leases: lease::Scripts,
     /// Releases that failed on the way, being retried.
     releases: release::Retries,
+    /// Whether the server refused the connection lately; `None` on a
+    /// cluster.
+    refusals: Option<Refusals>,
 }
 
 impl RedisStore {
@@ -360,6 +366,12 @@ impl RedisStore {
     /// [`run`](Self::run), timed but with a failure left for the caller to
     /// count: a batch counts one failure per call still waiting for it.
     async fn exchange(&self, script: &LuaScript, call: Cmd) -> Result<Value, StoreError> {
+        let refusals = self.inner.refusals.as_ref();
+        if refusals.is_some_and(|r| !r.admit()) {
+            return Err(StoreError::Redis(
+                "Redis refused the connection; reconnecting in the background".into(),
+            ));
+        }
         let mut conn = self.inner.conn.clone();
         let exchange = async {
             let seen = script.loaded.load(Ordering::Acquire);
@@ -384,11 +396,18 @@ impl RedisStore {
         };
         let started = std::time::Instant::now();
         let result = match tokio::time::timeout(self.inner.timeout, exchange).await {
-            Ok(Ok(reply)) => Ok(reply),
-            // A timeout reported by the client (a `with_connection` manager
-            // configured with its own).
-            Ok(Err(err)) if err.is_timeout() => Err(StoreError::Timeout(self.inner.timeout)),
-            Ok(Err(err)) => Err(err.into()),
+            Ok(result) => {
+                if let Some(refusals) = refusals {
+                    refusals.observe(&result);
+                }
+                match result {
+                    Ok(reply) => Ok(reply),
+                    // A timeout reported by the client (a `with_connection`
+                    // manager configured with its own).
+                    Err(err) if err.is_timeout() => Err(StoreError::Timeout(self.inner.timeout)),
+                    Err(err) => Err(err.into()),
+                }
+            }
             Err(_) => Err(StoreError::Timeout(self.inner.timeout)),
         };
         script.metrics.timed(started.elapsed());
@@ -658,11 +677,14 @@ impl RedisStoreBuilder {
         // exchange (NOSCRIPT retry and reconnect waits included) with one
         // timer, and a second one per request cost about 15% of the
         // requests per second of a Redis-backed layer (benches/http.rs).
+        // One attempt per reconnection, with no backoff inside it: calls
+        // wait for a reconnection in flight, so a refused attempt must end
+        // at once; how often a refusing server is tried again is the
+        // store's business (`Refusals`).
         ConnectionManagerConfig::new()
             .set_response_timeout(None)
             .set_connection_timeout(Some(self.connect_timeout))
-            .set_number_of_retries(1)
-            .set_max_delay(Duration::from_secs(2))
+            .set_number_of_retries(0)
     }
 
     /// Like [`connect`](Self::connect), from a configured client.
@@ -687,6 +709,7 @@ impl RedisStoreBuilder {
             };
             DenyCache::new(self.deny_cache, clock)
         });
+        let refusals = matches!(conn, Conn::Single(_)).then(Refusals::new);
         let batcher = match conn {
             Conn::Single(_) if self.max_in_flight < usize::MAX => {
                 Some(batch::Batcher::new(self.max_in_flight, self.max_batch))
@@ -705,6 +728,7 @@ impl RedisStoreBuilder {
                 windows: window::Scripts::new(),
                 leases: lease::Scripts::new(),
                 releases: release::Retries::default(),
+                refusals,
             }),
         })
     }
