@@ -135,3 +135,34 @@ impl Refusals {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refused() -> redis::RedisResult<()> {
+        Err(std::io::Error::from(std::io::ErrorKind::ConnectionRefused).into())
+    }
+
+    #[test]
+    fn a_refusal_fails_calls_until_the_server_answers() {
+        let refusals = Refusals::new();
+        assert!(refusals.admit());
+        refusals.observe(&refused());
+        assert!(!refusals.admit(), "a refused server is tried again at once");
+        // A reset connection says nothing about refusals.
+        refusals.observe::<()>(&Err(
+            std::io::Error::from(std::io::ErrorKind::BrokenPipe).into()
+        ));
+        assert!(!refusals.admit());
+        // Any answer of the server's own, an error too, ends it.
+        refusals.observe::<()>(&Err(redis::RedisError::from((
+            redis::ErrorKind::Server(redis::ServerErrorKind::NoScript),
+            "NOSCRIPT",
+        ))));
+        assert!(refusals.admit());
+        refusals.observe(&refused());
+        refusals.observe(&Ok(()));
+        assert!(refusals.admit());
+    }
+}

@@ -202,3 +202,52 @@ impl Draining {
         self.finished = true;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn retry(
+        id: &str,
+        expired_at: Instant,
+    ) -> (Retry, oneshot::Receiver<Result<bool, StoreError>>) {
+        let (done, outcome) = oneshot::channel();
+        let retry = Retry {
+            key: "k".into(),
+            id: id.into(),
+            expired_at,
+            last_error: StoreError::Redis("broken pipe".into()),
+            done,
+        };
+        (retry, outcome)
+    }
+
+    #[test]
+    fn a_failed_retry_goes_last_and_expired_ones_are_given_up() {
+        let now = Instant::now();
+        let retries = Retries::default();
+        let (a, _a) = retry("a", now + Duration::from_secs(60));
+        let (b, mut b_outcome) = retry("b", now + Duration::from_secs(1));
+        let (c, _c) = retry("c", now + Duration::from_secs(60));
+        retries.lock().queue.extend([b, c]);
+        retries.failed(a, now);
+        let order: Vec<String> = retries.lock().queue.iter().map(|r| r.id.clone()).collect();
+        assert_eq!(order, ["b", "c", "a"]);
+        assert!(
+            b_outcome.try_recv().is_err(),
+            "given up before its lease expired"
+        );
+
+        let first = retries.next().unwrap();
+        retries.failed(first, now + Duration::from_secs(2));
+        match b_outcome.try_recv() {
+            Ok(Err(StoreError::Redis(text))) => assert!(text.contains("broken pipe"), "{text}"),
+            other => panic!("{other:?}"),
+        }
+        let order: Vec<String> = retries.lock().queue.iter().map(|r| r.id.clone()).collect();
+        assert_eq!(order, ["c", "a"]);
+        assert!(retries.next().is_some() && retries.next().is_some());
+        assert!(retries.next().is_none());
+        assert!(!retries.lock().draining);
+    }
+}
