@@ -15,9 +15,11 @@ use std::time::Duration;
 use common::RedisServer;
 use common::stats::{command_calls, reset_stats, scripts_in};
 use fleetgate::clock::ManualClock;
+use fleetgate::concurrency::{ConcurrencyLimiter, ConcurrencyPolicy};
 use fleetgate::store::StoreFuture;
 use fleetgate::{
-    Decision, Key, Limit, Limiter, MemoryStore, Policy, Rate, RedisStore, StoreError, TimeSource,
+    Algorithm, Decision, Key, Limit, Limiter, MemoryStore, Policy, Rate, RedisStore, StoreError,
+    TimeSource,
 };
 
 fn limit(rate: Rate, burst: u64) -> Limit {
@@ -359,4 +361,64 @@ async fn unbounded_in_flight_sends_one_script_per_call() {
     assert_eq!(decisions.iter().filter(|d| d.is_allowed()).count(), 10);
     let calls = command_calls(&mut admin).await;
     assert_eq!(scripts_in(&calls), 40, "{calls:?}");
+}
+
+/// The first calls after a start all find their script missing from
+/// Redis' cache at once. They load it once between them (`SCRIPT LOAD`),
+/// not each with its own `EVAL` of the whole source: per script (GCRA, a
+/// window, a lease), one load, then every call by SHA.
+#[tokio::test]
+async fn calls_that_find_their_script_missing_load_it_once() {
+    let server = RedisServer::start();
+    // One script per call, so that every call is in flight at once.
+    let store = uncached_store(&server, usize::MAX, Duration::from_secs(5)).await;
+    let mut admin = server.admin().await;
+    let gcra = Limiter::new(
+        Policy::single("gcra", limit(Rate::per_hour(10), 10)).unwrap(),
+        store.clone(),
+    );
+    let window = Limiter::new(
+        Policy::builder("window")
+            .algorithm(Algorithm::SlidingLog)
+            .limit(Limit::builder(Rate::per_hour(10)).build().unwrap())
+            .build()
+            .unwrap(),
+        store.clone(),
+    );
+    let leases = ConcurrencyLimiter::new(
+        ConcurrencyPolicy::builder("leases", 100)
+            .no_renewal()
+            .build()
+            .unwrap(),
+        store,
+    );
+    let calls = 30;
+    let mut checks = Vec::new();
+    for i in 0..calls {
+        let key = Key::new(format!("k{i}"));
+        checks.push(gcra.check(&key, 1));
+        checks.push(window.check(&key, 1));
+    }
+    let mut acquires: Vec<_> = (0..calls).map(|_| leases.acquire(&Key::new("k"))).collect();
+    // Every call is sent before any answer is read.
+    let checks: Vec<_> = checks.into_iter().map(start).collect();
+    for acquire in &mut acquires {
+        let first = Pin::new(acquire).poll(&mut Context::from_waker(Waker::noop()));
+        assert!(first.is_pending());
+    }
+    for check in checks {
+        assert!(check.await.expect("decided").is_allowed());
+    }
+    let mut guards = Vec::new();
+    for acquire in acquires {
+        guards.push(acquire.await.expect("acquired"));
+    }
+    let counts = command_calls(&mut admin).await;
+    assert_eq!(counts.get("eval"), None, "{counts:?}");
+    assert_eq!(counts.get("script|load"), Some(&3), "{counts:?}");
+    // Each call run once by SHA, after at most one `NOSCRIPT`.
+    let by_sha = counts.get("evalsha").copied().unwrap_or(0);
+    assert!((3 * calls..=2 * 3 * calls).contains(&by_sha), "{counts:?}");
+    drop(guards);
+    leases.releases_settled().await;
 }

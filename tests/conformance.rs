@@ -879,18 +879,19 @@ async fn redis_one_round_trip_per_decision_and_noscript_fallback() {
         assert_eq!(d.remaining(), k);
     }
     assert!(!single.check(&Key::new("b"), 1).await.unwrap().is_allowed());
-    // Six decisions: six EVALSHA, the first refused with NOSCRIPT, and one
-    // EVAL that reloaded the script; five admitted calls wrote.
+    // Six decisions: seven EVALSHA, the first refused with NOSCRIPT, then
+    // one SCRIPT LOAD and the first one again; five admitted calls wrote.
     let expected = stats(&[
-        ("evalsha", 6, 1),
-        ("eval", 1, 0),
+        ("evalsha", 7, 1),
         ("time", 6, 0),
         ("get", 6, 0),
         ("set", 5, 0),
     ]);
+    let commands = command_stats(&mut conn).await;
     assert_eq!(
-        store_commands(&command_stats(&mut conn).await),
+        store_commands(&commands),
         expected,
         "commands after SCRIPT FLUSH"
     );
+    assert_eq!(commands.get("script|load"), Some(&(1, 0)), "{commands:?}");
 }

@@ -380,7 +380,10 @@ async fn sigkill_then_restart_on_the_same_port() {
         .await
         .unwrap();
     let calls = command_calls(&mut admin).await;
-    assert!(calls.get("eval").copied().unwrap_or(0) >= 1, "{calls:?}");
+    assert!(
+        calls.get("script|load").copied().unwrap_or(0) >= 1,
+        "{calls:?}"
+    );
     load.run_for(Duration::from_millis(300)).await;
     let records = load.finish().await;
 
@@ -464,15 +467,15 @@ async fn script_flush_mid_run_costs_no_decision() {
     let records = load.finish().await;
 
     let slowest = check_run(&records);
-    // Every request was decided: NOSCRIPT is answered by resending the
-    // script, within the same decision.
+    // Every request was decided: NOSCRIPT is answered by loading the
+    // script again, within the same decision.
     let end = records.iter().map(|r| r.ended).max().unwrap();
     check_healthy(&records, end);
     let calls = command_calls(&mut admin).await;
-    let evals = calls.get("eval").copied().unwrap_or(0);
-    assert!(evals >= 5, "script reloaded {evals} times after 5 flushes");
+    let loads = calls.get("script|load").copied().unwrap_or(0);
+    assert!(loads >= 5, "script reloaded {loads} times after 5 flushes");
     println!(
-        "script flush: {} requests, slowest {slowest:?}, {evals} reloads",
+        "script flush: {} requests, slowest {slowest:?}, {loads} reloads",
         records.len()
     );
 }

@@ -204,10 +204,12 @@ async fn a_vanished_holder_frees_its_slot_on_redis_time() {
         .unwrap();
     let key = Key::new("k");
     let crashed = ConcurrencyLimiter::new(policy.clone(), store.clone());
+    // Redis counts the TTL from the moment the script runs, which is after
+    // this: the slot cannot be free before `sent + ttl`.
+    let sent = Instant::now();
     let Admission::Acquired(guard) = crashed.acquire(&key).await.unwrap() else {
         panic!("first lease refused");
     };
-    let taken = Instant::now();
     std::mem::forget(guard);
 
     let survivor = ConcurrencyLimiter::new(policy, store.clone());
@@ -222,8 +224,12 @@ async fn a_vanished_holder_frees_its_slot_on_redis_time() {
         .query_async(&mut conn)
         .await
         .unwrap();
-    assert!((1..=300).contains(&pttl), "lease set PTTL {pttl}");
-    let deadline = taken + Duration::from_secs(10);
+    // Gone already (-2) only if the whole TTL has passed on a slow machine.
+    assert!(
+        (1..=300).contains(&pttl) || (pttl == -2 && sent.elapsed() >= ttl),
+        "lease set PTTL {pttl}"
+    );
+    let deadline = sent + Duration::from_secs(10);
     loop {
         let admitted = matches!(
             survivor.acquire(&key).await.unwrap(),
@@ -238,9 +244,9 @@ async fn a_vanished_holder_frees_its_slot_on_redis_time() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert!(
-        taken.elapsed() >= ttl,
+        sent.elapsed() >= ttl,
         "freed before the TTL: {:?}",
-        taken.elapsed()
+        sent.elapsed()
     );
     // The admitted lease was released when its guard dropped; once that
     // is done nothing is left.
@@ -313,42 +319,85 @@ async fn one_round_trip_per_acquire_and_per_release() {
 }
 
 /// A release never waits for Redis: with Redis hung, dropping the guard
-/// returns at once and hands the release to a task. The lease is free
-/// again once Redis answers (the queued release runs) or its TTL passes.
+/// returns at once and hands the release to a task. Releases that time out
+/// are retried while the lease lives, and land once Redis answers again:
+/// the slots are free long before the TTL, and a release that timed out
+/// after it had landed is no failure.
 #[tokio::test]
 async fn release_does_not_wait_for_a_hung_redis() {
+    let server = RedisServer::start();
+    let timeout = Duration::from_millis(100);
+    let store = RedisStore::builder()
+        .timeout(timeout)
+        .connect(&server.url())
+        .await
+        .unwrap();
+    let policy = ConcurrencyPolicy::builder("hung", 2)
+        .lease_ttl(Duration::from_secs(60))
+        .no_renewal()
+        .build()
+        .unwrap();
+    let limiter = ConcurrencyLimiter::new(policy, store.clone());
+    let key = Key::new("k");
+    let mut guards = Vec::new();
+    for _ in 0..2 {
+        let Admission::Acquired(guard) = limiter.acquire(&key).await.unwrap() else {
+            panic!("refused");
+        };
+        guards.push(guard);
+    }
+    let kept = guards.pop().unwrap();
+    server.pause();
+    drop(guards);
+    assert_eq!(limiter.pending_releases(), 1, "release not handed off");
+    let released = tokio::spawn(lease(&kept).release());
+    // Many timeouts later, the releases still wait for Redis.
+    let hung = tokio::time::timeout(10 * timeout, limiter.releases_settled()).await;
+    assert!(hung.is_err(), "releases given up while their leases live");
+    assert_eq!(limiter.pending_releases(), 2);
+    server.resume();
+    tokio::time::timeout(Duration::from_secs(20), limiter.releases_settled())
+        .await
+        .expect("the releases land once Redis answers");
+    let outcome = released.await.unwrap();
+    assert!(outcome.is_ok(), "{outcome:?}");
+    assert_eq!(server.leases_held().await, 0);
+    for _ in 0..2 {
+        let admitted = limiter.acquire(&key).await.unwrap();
+        assert!(
+            matches!(admitted, Admission::Acquired(_)),
+            "slot still taken"
+        );
+        std::mem::forget(admitted);
+    }
+    std::mem::forget(kept);
+}
+
+/// Retrying stops once the lease has expired anyway: with Redis hung for
+/// longer than the TTL, the release is given up, and reported as failed.
+#[tokio::test]
+async fn a_release_is_given_up_once_its_lease_has_expired() {
     let server = RedisServer::start();
     let store = RedisStore::builder()
         .timeout(Duration::from_millis(100))
         .connect(&server.url())
         .await
         .unwrap();
-    let policy = ConcurrencyPolicy::builder("hung", 1)
-        .lease_ttl(Duration::from_millis(800))
+    let policy = ConcurrencyPolicy::builder("expired", 1)
+        .lease_ttl(Duration::from_millis(300))
         .no_renewal()
         .build()
         .unwrap();
     let limiter = ConcurrencyLimiter::new(policy, store.clone());
-    let key = Key::new("k");
-    let Admission::Acquired(guard) = limiter.acquire(&key).await.unwrap() else {
+    let Admission::Acquired(guard) = limiter.acquire(&Key::new("k")).await.unwrap() else {
         panic!("refused");
     };
-    signal(server.pid(), "-STOP");
-    drop(guard);
-    assert_eq!(limiter.pending_releases(), 1, "release not handed off");
-    // The release gives up after the store's timeout, with Redis still hung.
-    limiter.releases_settled().await;
-    assert_eq!(limiter.pending_releases(), 0);
-    signal(server.pid(), "-CONT");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        if let Ok(Admission::Acquired(_)) = limiter.acquire(&key).await {
-            break;
-        }
-        assert!(Instant::now() < deadline, "lease never freed");
-        // Waiting on Redis' clock (or reconnection): nothing to await.
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    server.pause();
+    let outcome = tokio::time::timeout(Duration::from_secs(20), lease(&guard).release()).await;
+    server.resume();
+    let outcome = outcome.expect("the release is given up while Redis hangs");
+    assert!(outcome.is_err(), "{outcome:?}");
+    std::mem::forget(guard);
 }
 
 /// A guard dropped where there is no tokio runtime cannot release: the
@@ -369,10 +418,11 @@ async fn without_a_runtime_the_lease_expires_after_its_ttl() {
         .unwrap();
     let limiter = ConcurrencyLimiter::new(policy, store.clone());
     let key = Key::new("k");
+    // Before the acquire is sent: Redis counts the TTL from later.
+    let sent = Instant::now();
     let Admission::Acquired(guard) = limiter.acquire(&key).await.unwrap() else {
         panic!("refused");
     };
-    let taken = Instant::now();
     std::thread::spawn(move || drop(guard)).join().unwrap();
     assert_eq!(limiter.pending_releases(), 0);
     let mut conn = server
@@ -396,15 +446,11 @@ async fn without_a_runtime_the_lease_expires_after_its_ttl() {
         assert!(Instant::now() < deadline, "lease never expired");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert!(taken.elapsed() >= ttl);
-}
-
-fn signal(pid: u32, sig: &str) {
-    let status = std::process::Command::new("kill")
-        .args([sig, &pid.to_string()])
-        .status()
-        .expect("kill runs");
-    assert!(status.success());
+    assert!(
+        sent.elapsed() >= ttl,
+        "freed before the TTL: {:?}",
+        sent.elapsed()
+    );
 }
 
 /// Leases of keys never seen again do not pile up in the memory store:
@@ -444,4 +490,76 @@ fn the_memory_store_sweeps_expired_leases() {
     clock.advance(S);
     store.sweep();
     assert_eq!(store.lease_count(), 0);
+}
+
+/// A release cut off by a reset of the store's connection (Redis staying
+/// up) still reaches Redis once the store has reconnected: the slot is free
+/// again long before the lease's TTL.
+#[tokio::test]
+async fn a_release_on_a_killed_connection_still_frees_the_slot() {
+    let server = RedisServer::start();
+    let store = RedisStore::builder()
+        .timeout(Duration::from_secs(5))
+        .connect(&server.url())
+        .await
+        .unwrap();
+    let policy = ConcurrencyPolicy::builder("killed", 1)
+        .lease_ttl(Duration::from_secs(60))
+        .no_renewal()
+        .build()
+        .unwrap();
+    let limiter = ConcurrencyLimiter::new(policy, store.clone());
+    let key = Key::new("k");
+    let mut admin = server.admin().await;
+    let Admission::Acquired(guard) = limiter.acquire(&key).await.unwrap() else {
+        panic!("refused");
+    };
+    // Writes are held at the server while it is paused for them: the
+    // release is sent and waits there, on the connection about to die.
+    let () = redis::cmd("CLIENT")
+        .arg(&["PAUSE", "60000", "WRITE"])
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    drop(guard);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let clients: String = redis::cmd("CLIENT")
+            .arg("LIST")
+            .query_async(&mut admin)
+            .await
+            .unwrap();
+        if clients.lines().any(|c| c.contains(" flags=b ")) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "release never reached Redis");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Every connection but the admin's own.
+    let killed: u64 = redis::cmd("CLIENT")
+        .arg(&["KILL", "TYPE", "normal"])
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    assert!(killed >= 1);
+    let () = redis::cmd("CLIENT")
+        .arg("UNPAUSE")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let killed_at = Instant::now();
+    tokio::time::timeout(Duration::from_secs(20), limiter.releases_settled())
+        .await
+        .expect("the release settles");
+    let settled = killed_at.elapsed();
+    assert_eq!(
+        server.leases_held().await,
+        0,
+        "the release was lost with its connection"
+    );
+    assert!(
+        matches!(limiter.acquire(&key).await, Ok(Admission::Acquired(_))),
+        "slot still taken"
+    );
+    eprintln!("release landed {settled:?} after the connection was killed");
 }

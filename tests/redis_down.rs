@@ -95,3 +95,26 @@ fn lazy_store_outside_a_runtime_is_an_error_not_a_panic() {
     );
     assert!(err.to_string().contains("tokio runtime"), "{err}");
 }
+
+/// Nothing listens where Redis should be: calls fail at once with a store
+/// error, rather than waiting out the store's timeout (or a reconnection's
+/// backoff), while the store keeps trying to connect in the background
+/// (see the lazy store's test above for the reconnection).
+#[tokio::test]
+async fn a_refused_connection_fails_at_once() {
+    let timeout = Duration::from_secs(5);
+    let store = common::unreachable_store(timeout);
+    let limit = Limit::builder(Rate::per_hour(1)).burst(1).build().unwrap();
+    let limiter = Limiter::new(Policy::single("refused", limit).unwrap(), store);
+    let started = Instant::now();
+    for i in 0..40 {
+        let result = limiter.check(&Key::new(format!("k{i}")), 1).await;
+        assert!(matches!(result, Err(StoreError::Redis(_))), "{result:?}");
+    }
+    // Far below one timeout for all of them, however loaded the machine.
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_secs(1),
+        "40 refused calls took {took:?}"
+    );
+}

@@ -106,7 +106,9 @@ impl ConcurrencyLimiter {
 
     /// Resolves once every release handed to a spawned task has reached the
     /// store (or failed): call it on shutdown so that no lease outlives the
-    /// process until its TTL.
+    /// process until its TTL. A release a Redis store retries is pending
+    /// until it lands or its lease's TTL passes (see [`lease`](crate::lease)),
+    /// so bound this wait with a timeout.
     pub async fn releases_settled(&self) {
         self.pending.settled().await;
     }

@@ -16,8 +16,10 @@ static LEASE_WARNINGS: LogGate = LogGate::new();
 ///
 /// Dropping never waits: a release that the store has not finished at once
 /// (any Redis release) is handed to a spawned tokio task. Without a tokio
-/// runtime, or when that release fails, the lease stays until its TTL runs
-/// out. Dropping during a panic's unwinding releases too.
+/// runtime, or when the store gives that release up (see the
+/// [module docs](crate::lease) for when a Redis store retries), the lease
+/// stays until its TTL runs out. Dropping during a panic's unwinding
+/// releases too.
 #[must_use = "dropping the guard releases the lease at once"]
 pub struct LeaseGuard<L: Lease> {
     lease: Option<Arc<L>>,

@@ -14,9 +14,20 @@
 //!
 //! Releasing never blocks the response path: a release that is not already
 //! done when the guard drops (every Redis release) runs on a spawned tokio
-//! task. Without a tokio runtime at that point, or if the release fails
-//! (Redis down), the lease is not given back and simply expires after its
-//! TTL.
+//! task. Without a tokio runtime at that point the lease is not given back
+//! and simply expires after its TTL.
+//!
+//! A [`RedisStore`](crate::RedisStore) release that fails on its way (the
+//! connection reset while Redis stays up, a timeout, Redis down) is
+//! retried, by one task per store: at once, then, while Redis stays
+//! unreachable, with a delay that doubles up to half a second, until the
+//! release reaches Redis or the lease's TTL has passed (by then the lease
+//! has expired anyway). A retry that finds the lease already gone (the
+//! attempt that timed out had landed after all) is a release like any
+//! other. A release is given up, and logged at `warn`, only when its TTL
+//! has passed or 10,000 releases of the store already wait for a retry.
+//! A release being retried counts as pending until it lands or is given
+//! up ([`ConcurrencyLimiter::releases_settled`](crate::concurrency::ConcurrencyLimiter::releases_settled)).
 //!
 //! ```
 //! use std::time::Duration;

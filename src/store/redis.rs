@@ -1,15 +1,17 @@
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Arg, Cmd, ErrorKind, ServerErrorKind, Value};
 
-use super::connection::Conn;
+use super::connection::{Conn, Refusals};
 use super::deny_cache::{DenyCache, DenyCacheStats, RealClock};
 mod batch;
 mod defer;
 mod lease;
+mod release;
 mod window;
 
 use super::{DeferCall, GcraCall, LeaseCall, LeaseGrant, Store, StoreFuture, WindowCall};
@@ -25,9 +27,16 @@ use crate::text::concat;
 /// and its name for metrics.
 #[derive(Debug)]
 pub(crate) struct LuaScript {
+    name: &'static str,
     source: &'static str,
     sha: String,
     metrics: ScriptMetrics,
+    /// How many times this script has been loaded (`SCRIPT LOAD`), and the
+    /// lock of whoever loads it now: the calls that all found it missing at
+    /// once share one load.
+    loads: tokio::sync::Mutex<u64>,
+    /// A copy of the count, read without the lock as each call is sent.
+    loaded: AtomicU64,
 }
 
 impl LuaScript {
@@ -35,10 +44,33 @@ impl LuaScript {
     /// `op` label of its metrics (`gcra`, `lease_acquire`, ...).
     pub(crate) fn new(name: &'static str, source: &'static str) -> Self {
         LuaScript {
+            name,
             source,
             sha: redis::Script::new(source).get_hash().to_owned(),
             metrics: ScriptMetrics::new(name),
+            loads: tokio::sync::Mutex::new(0),
+            loaded: AtomicU64::new(0),
         }
+    }
+
+    /// Loads the script after a call sent when it had been loaded `seen`
+    /// times found it missing, unless another call has loaded it since:
+    /// many calls in flight find it missing together, and one `SCRIPT
+    /// LOAD` serves them all. On a cluster the load goes to every node.
+    async fn load(&self, conn: &mut Conn, seen: u64) -> redis::RedisResult<()> {
+        let mut loads = self.loads.lock().await;
+        if *loads != seen {
+            return Ok(());
+        }
+        tracing::debug!(script = self.name, "script cache empty, loading the script");
+        let _: Value = redis::cmd("SCRIPT")
+            .arg("LOAD")
+            .arg(self.source)
+            .query_async(conn)
+            .await?;
+        *loads += 1;
+        self.loaded.store(*loads, Ordering::Release);
+        Ok(())
     }
 
     /// `EVALSHA <sha> <keys>`, for the caller to add the keys and then the
@@ -50,7 +82,7 @@ impl LuaScript {
     }
 
     /// The same call with the whole script (`EVAL`, which also caches it),
-    /// for a server that has lost it.
+    /// for a server that has lost it again, or refused to load it.
     fn with_source(&self, call: &Cmd) -> Cmd {
         let mut cmd = redis::cmd("EVAL");
         cmd.arg(self.source);
@@ -96,14 +128,18 @@ impl TimeSource {
 /// a multi-limit script touches a single node. Each key expires once its
 /// limit has refilled, so idle identities cost nothing.
 ///
-/// Scripts are sent by SHA (`EVALSHA`); when Redis answers `NOSCRIPT` (after
-/// a restart or `SCRIPT FLUSH`) the call is retried once with the full
-/// script, which also reloads it. Every call is bounded by the store's
+/// Scripts are sent by SHA (`EVALSHA`); when Redis answers `NOSCRIPT` (at
+/// the first calls, after a restart or `SCRIPT FLUSH`) the script is loaded
+/// once (`SCRIPT LOAD`, shared by every call that found it missing
+/// meanwhile) and the call sent again. Every call is bounded by the store's
 /// timeout (default 50 ms); what the layers do on timeout is their
-/// [`FailurePolicy`](crate::FailurePolicy). Denials are remembered, so a
-/// client over its limit is refused locally until its retry time passes
-/// ([`RedisStoreBuilder::deny_cache`]). With the `cluster` feature the same
-/// store runs on a Redis Cluster (`RedisStoreBuilder::connect_cluster`).
+/// [`FailurePolicy`](crate::FailurePolicy). While Redis refuses connections
+/// (down, restarting) calls fail at once rather than wait out the timeout;
+/// one call every 100 ms tries again, which reconnects in the background.
+/// Denials are remembered, so a client over its limit is refused locally
+/// until its retry time passes ([`RedisStoreBuilder::deny_cache`]). With
+/// the `cluster` feature the same store runs on a Redis Cluster
+/// (`RedisStoreBuilder::connect_cluster`).
 ///
 /// ```no_run
 /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -134,6 +170,11 @@ struct Inner {
     deny: Option<DenyCache>,
     windows: window::Scripts,
     leases: lease::Scripts,
+    /// Releases that failed on the way, being retried.
+    releases: release::Retries,
+    /// Whether the server refused the connection lately; `None` on a
+    /// cluster.
+    refusals: Option<Refusals>,
 }
 
 impl RedisStore {
@@ -299,8 +340,8 @@ impl RedisStore {
         (cmd, sent_at)
     }
 
-    /// `EVALSHA`, falling back to `EVAL` (which also caches the script) when
-    /// the server has lost it; the whole exchange is bounded by the timeout.
+    /// `EVALSHA`, loading the script when the server has lost it (see
+    /// [`LuaScript::load`]); the whole exchange is bounded by the timeout.
     pub(crate) async fn eval(
         &self,
         script: &LuaScript,
@@ -325,11 +366,26 @@ impl RedisStore {
     /// [`run`](Self::run), timed but with a failure left for the caller to
     /// count: a batch counts one failure per call still waiting for it.
     async fn exchange(&self, script: &LuaScript, call: Cmd) -> Result<Value, StoreError> {
+        let refusals = self.inner.refusals.as_ref();
+        if refusals.is_some_and(|r| !r.admit()) {
+            return Err(StoreError::Redis(
+                "Redis refused the connection; reconnecting in the background".into(),
+            ));
+        }
         let mut conn = self.inner.conn.clone();
         let exchange = async {
+            let seen = script.loaded.load(Ordering::Acquire);
             match call.query_async::<Value>(&mut conn).await {
-                Err(err) if err.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                    tracing::debug!("script cache empty, sending the script");
+                Err(err) if is_noscript(&err) => {
+                    // The script's source once per server, not once per
+                    // call in flight; if loading fails, or the script is
+                    // gone again at once, the source goes with this call.
+                    if script.load(&mut conn, seen).await.is_ok() {
+                        match call.query_async::<Value>(&mut conn).await {
+                            Err(err) if is_noscript(&err) => {}
+                            other => return other,
+                        }
+                    }
                     script
                         .with_source(&call)
                         .query_async::<Value>(&mut conn)
@@ -340,16 +396,27 @@ impl RedisStore {
         };
         let started = std::time::Instant::now();
         let result = match tokio::time::timeout(self.inner.timeout, exchange).await {
-            Ok(Ok(reply)) => Ok(reply),
-            // A timeout reported by the client (a `with_connection` manager
-            // configured with its own).
-            Ok(Err(err)) if err.is_timeout() => Err(StoreError::Timeout(self.inner.timeout)),
-            Ok(Err(err)) => Err(err.into()),
+            Ok(result) => {
+                if let Some(refusals) = refusals {
+                    refusals.observe(&result);
+                }
+                match result {
+                    Ok(reply) => Ok(reply),
+                    // A timeout reported by the client (a `with_connection`
+                    // manager configured with its own).
+                    Err(err) if err.is_timeout() => Err(StoreError::Timeout(self.inner.timeout)),
+                    Err(err) => Err(err.into()),
+                }
+            }
             Err(_) => Err(StoreError::Timeout(self.inner.timeout)),
         };
         script.metrics.timed(started.elapsed());
         result
     }
+}
+
+fn is_noscript(err: &redis::RedisError) -> bool {
+    err.kind() == ErrorKind::Server(ServerErrorKind::NoScript)
 }
 
 /// The identity as a hash tag. Redis hashes the text between the first `{`
@@ -610,11 +677,14 @@ impl RedisStoreBuilder {
         // exchange (NOSCRIPT retry and reconnect waits included) with one
         // timer, and a second one per request cost about 15% of the
         // requests per second of a Redis-backed layer (benches/http.rs).
+        // One attempt per reconnection, with no backoff inside it: calls
+        // wait for a reconnection in flight, so a refused attempt must end
+        // at once; how often a refusing server is tried again is the
+        // store's business (`Refusals`).
         ConnectionManagerConfig::new()
             .set_response_timeout(None)
             .set_connection_timeout(Some(self.connect_timeout))
-            .set_number_of_retries(1)
-            .set_max_delay(Duration::from_secs(2))
+            .set_number_of_retries(0)
     }
 
     /// Like [`connect`](Self::connect), from a configured client.
@@ -639,6 +709,7 @@ impl RedisStoreBuilder {
             };
             DenyCache::new(self.deny_cache, clock)
         });
+        let refusals = matches!(conn, Conn::Single(_)).then(Refusals::new);
         let batcher = match conn {
             Conn::Single(_) if self.max_in_flight < usize::MAX => {
                 Some(batch::Batcher::new(self.max_in_flight, self.max_batch))
@@ -656,6 +727,8 @@ impl RedisStoreBuilder {
                 deny,
                 windows: window::Scripts::new(),
                 leases: lease::Scripts::new(),
+                releases: release::Retries::default(),
+                refusals,
             }),
         })
     }
@@ -714,7 +787,7 @@ impl RedisStoreBuilder {
     /// the one master that owns that slot; the cluster client follows
     /// `MOVED` and `ASK` redirections and refreshes its slot map by itself.
     /// A script missing on a node (`NOSCRIPT` after a restart or failover)
-    /// is resent to that node. The store's timeout bounds each decision,
+    /// is loaded again on every node. The store's timeout bounds each decision,
     /// redirections included.
     ///
     /// ```no_run

@@ -9,7 +9,10 @@ use crate::error::StoreError;
 use crate::store::{DeferCall, StoreFuture};
 
 /// Held here rather than in the store's `Inner`, so that the script is
-/// hashed once per process and this operation stays in its own file.
+/// hashed once per process and this operation stays in its own file. Its
+/// load count is shared by every store of the process: a call that finds
+/// the script missing just after another store loaded it on its own server
+/// sends it with `EVAL` (see [`LuaScript::load`]).
 static GCRA_DEFER: LazyLock<LuaScript> =
     LazyLock::new(|| LuaScript::new("gcra_defer", include_str!("../../../lua/gcra_defer.lua")));
 

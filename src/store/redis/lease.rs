@@ -2,11 +2,11 @@
 //! script per operation (`lua/lease_*.lua`), each one round trip through
 //! [`RedisStore::eval`].
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use redis::Value;
 
-use super::{LuaScript, RedisStore, TimeSource};
+use super::{LuaScript, RedisStore, TimeSource, release};
 use crate::error::StoreError;
 use crate::key::Key;
 use crate::store::{LeaseCall, LeaseGrant, StoreFuture};
@@ -65,16 +65,34 @@ impl RedisStore {
         })
     }
 
+    /// One attempt, and if that fails on the way (a reset connection, a
+    /// timeout), retries until the release reaches Redis or the lease has
+    /// expired anyway (see [`release`](super::release)). The future
+    /// resolves when the release has landed or been given up on.
     pub(super) fn run_lease_release(&self, call: LeaseCall<'_>) -> StoreFuture<bool> {
-        let keys = [self.lease_key(call.name, call.key)];
-        let args = [call.id.as_str().to_owned()];
+        let key = self.lease_key(call.name, call.key);
+        let id = call.id.as_str().to_owned();
+        let ttl = call.ttl;
         let store = self.clone();
         StoreFuture::pending(async move {
-            let reply = store
-                .eval(&store.inner.leases.release, &keys, &args)
-                .await?;
-            decode_flag(&reply)
+            // The lease expires at most a TTL after it was last acquired or
+            // renewed, which was before now.
+            let expired_at = Instant::now() + ttl;
+            match store.release_once(&key, &id).await {
+                Err(err) if release::worth_retrying(&err) => {
+                    store.retry_release(key, id, expired_at, err).await
+                }
+                done => done,
+            }
         })
+    }
+
+    /// Removes lease `id` from the set `key`: `true` if it was held.
+    pub(super) async fn release_once(&self, key: &str, id: &str) -> Result<bool, StoreError> {
+        let script = &self.inner.leases.release;
+        let mut cmd = script.call(1, 1);
+        cmd.arg(key).arg(id);
+        decode_flag(&self.run(script, cmd).await?)
     }
 
     pub(super) fn run_lease_renew(&self, call: LeaseCall<'_>) -> StoreFuture<bool> {

@@ -1,0 +1,253 @@
+//! Lease releases that did not get through (a connection reset while Redis
+//! stays up, a timeout, Redis down), retried until they reach Redis or
+//! their lease has expired anyway.
+//!
+//! One queue per store, bounded, drained by one task that exists only while
+//! the queue has something in it: while Redis is away, one release at a
+//! time probes it, with a growing delay, and once one lands the rest
+//! follow at once. Releasing is idempotent (removing an id that is not
+//! held does nothing), so a release that timed out after it had landed is
+//! simply sent again and answers "not held".
+
+use std::collections::VecDeque;
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use tokio::runtime::Handle;
+use tokio::sync::oneshot;
+
+use super::RedisStore;
+use crate::error::StoreError;
+
+/// The most releases a store keeps for retrying; past that a failed release
+/// is given up at once. A release waiting here costs a few hundred bytes.
+const CAPACITY: usize = 10_000;
+
+/// The delay after the first failed retry; it doubles with every failure in
+/// a row, up to [`MAX_DELAY`], and starts over once a release lands.
+const FIRST_DELAY: Duration = Duration::from_millis(5);
+
+/// The longest delay between two retries while Redis stays unreachable: a
+/// bound on how long a release waits after Redis is back.
+const MAX_DELAY: Duration = Duration::from_millis(500);
+
+/// The store's queue of releases to retry.
+#[derive(Debug, Default)]
+pub(super) struct Retries {
+    state: Mutex<State>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    queue: VecDeque<Retry>,
+    /// Whether a task is draining the queue.
+    draining: bool,
+}
+
+/// One release to retry, and whoever waits for its outcome.
+#[derive(Debug)]
+struct Retry {
+    key: String,
+    id: String,
+    /// When the lease has surely expired: retrying past it frees nothing.
+    expired_at: Instant,
+    last_error: StoreError,
+    done: oneshot::Sender<Result<bool, StoreError>>,
+}
+
+impl Retry {
+    fn give_up(self) {
+        let error = StoreError::Redis(format!(
+            "lease release did not reach Redis before the lease expired: {}",
+            self.last_error
+        ));
+        // Whoever waited may be gone; the outcome is then nobody's concern.
+        let _ = self.done.send(Err(error));
+    }
+}
+
+/// Whether a failed release may succeed if sent again: the connection or
+/// the server failed, not the reply.
+pub(super) fn worth_retrying(err: &StoreError) -> bool {
+    matches!(err, StoreError::Timeout(_) | StoreError::Redis(_))
+}
+
+impl Retries {
+    /// The queue is consistent after every step: a panic elsewhere while it
+    /// was held changes nothing.
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The next release to send; `None`, and the drainer stops, when the
+    /// queue is empty.
+    fn next(&self) -> Option<Retry> {
+        let mut state = self.lock();
+        let next = state.queue.pop_front();
+        if next.is_none() {
+            state.draining = false;
+        }
+        next
+    }
+
+    /// Puts `retry`, which failed again, back at the end (a release that
+    /// keeps failing while others would land holds none of them up), and
+    /// gives up on every release whose lease has expired by `now`.
+    fn failed(&self, retry: Retry, now: Instant) {
+        let expired = {
+            let mut state = self.lock();
+            state.queue.push_back(retry);
+            let (expired, live) = std::mem::take(&mut state.queue)
+                .into_iter()
+                .partition(|r| r.expired_at <= now);
+            state.queue = live;
+            expired
+        };
+        // Outside the lock: a waiter woken here may enqueue at once.
+        expired.into_iter().for_each(Retry::give_up);
+    }
+}
+
+/// The task draining a store's queue. Dropped before the queue is empty
+/// (its runtime shut down), it clears the draining flag, so that the next
+/// failed release starts another.
+struct Draining {
+    store: RedisStore,
+    finished: bool,
+}
+
+impl Drop for Draining {
+    fn drop(&mut self) {
+        if !self.finished {
+            self.store.inner.releases.lock().draining = false;
+        }
+    }
+}
+
+impl RedisStore {
+    /// Sends the release of lease `id` from the set `key` once more, and
+    /// again after each failure, until it reaches Redis or `expired_at`
+    /// passes. `error` is why the first attempt failed: the answer when no
+    /// retry is possible (no tokio runtime here, the queue full, the
+    /// runtime shutting down).
+    pub(super) async fn retry_release(
+        &self,
+        key: String,
+        id: String,
+        expired_at: Instant,
+        error: StoreError,
+    ) -> Result<bool, StoreError> {
+        let Ok(runtime) = Handle::try_current() else {
+            return Err(error);
+        };
+        let (done, outcome) = oneshot::channel();
+        {
+            let mut state = self.inner.releases.lock();
+            if state.queue.len() >= CAPACITY {
+                return Err(StoreError::Redis(format!(
+                    "lease release failed and {CAPACITY} releases already wait for a retry: {error}"
+                )));
+            }
+            state.queue.push_back(Retry {
+                key,
+                id,
+                expired_at,
+                last_error: error.clone(),
+                done,
+            });
+            if !state.draining {
+                state.draining = true;
+                runtime.spawn(
+                    Draining {
+                        store: self.clone(),
+                        finished: false,
+                    }
+                    .drain(),
+                );
+            }
+        }
+        outcome.await.unwrap_or(Err(error))
+    }
+}
+
+impl Draining {
+    /// Sends the queued releases in order until none is left, waiting
+    /// after each failure.
+    async fn drain(mut self) {
+        let store = self.store.clone();
+        let retries = &store.inner.releases;
+        let mut delay = FIRST_DELAY;
+        while let Some(mut retry) = retries.next() {
+            if Instant::now() >= retry.expired_at {
+                retry.give_up();
+                continue;
+            }
+            match store.release_once(&retry.key, &retry.id).await {
+                Err(err) if worth_retrying(&err) => {
+                    retry.last_error = err;
+                    retries.failed(retry, Instant::now());
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(MAX_DELAY);
+                }
+                result => {
+                    let _ = retry.done.send(result);
+                    delay = FIRST_DELAY;
+                }
+            }
+        }
+        // `next` cleared the flag; a drainer started since then is not
+        // this one's to clear.
+        self.finished = true;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn retry(
+        id: &str,
+        expired_at: Instant,
+    ) -> (Retry, oneshot::Receiver<Result<bool, StoreError>>) {
+        let (done, outcome) = oneshot::channel();
+        let retry = Retry {
+            key: "k".into(),
+            id: id.into(),
+            expired_at,
+            last_error: StoreError::Redis("broken pipe".into()),
+            done,
+        };
+        (retry, outcome)
+    }
+
+    #[test]
+    fn a_failed_retry_goes_last_and_expired_ones_are_given_up() {
+        let now = Instant::now();
+        let retries = Retries::default();
+        let (a, _a) = retry("a", now + Duration::from_secs(60));
+        let (b, mut b_outcome) = retry("b", now + Duration::from_secs(1));
+        let (c, _c) = retry("c", now + Duration::from_secs(60));
+        retries.lock().queue.extend([b, c]);
+        retries.failed(a, now);
+        let order: Vec<String> = retries.lock().queue.iter().map(|r| r.id.clone()).collect();
+        assert_eq!(order, ["b", "c", "a"]);
+        assert!(
+            b_outcome.try_recv().is_err(),
+            "given up before its lease expired"
+        );
+
+        let first = retries.next().unwrap();
+        retries.failed(first, now + Duration::from_secs(2));
+        match b_outcome.try_recv() {
+            Ok(Err(StoreError::Redis(text))) => assert!(text.contains("broken pipe"), "{text}"),
+            other => panic!("{other:?}"),
+        }
+        let order: Vec<String> = retries.lock().queue.iter().map(|r| r.id.clone()).collect();
+        assert_eq!(order, ["c", "a"]);
+        assert!(retries.next().is_some() && retries.next().is_some());
+        assert!(retries.next().is_none());
+        assert!(!retries.lock().draining);
+    }
+}
