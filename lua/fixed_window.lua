@@ -15,7 +15,11 @@
 --
 -- Returns {allowed (1/0), deciding window (1-based), remaining, reset_us,
 --          retry_after_us (0 when allowed)}, then, for several windows,
---          remaining and reset_us of each window in order.
+--          remaining and reset_us of each window in order, then hold_us:
+--          when denied, how long every figure of the reply stays true
+--          while nobody else writes (the resets counting down), at most
+--          the retry; 0 when allowed. The deny cache of the Redis store
+--          answers the same call from it (src/store/deny_cache.rs).
 
 local now
 if ARGV[1] == '' then
@@ -63,7 +67,7 @@ end
 
 -- The reply: the deciding window's figures, then every window's when there
 -- are several.
-local function reply(allowed, i, retry_us)
+local function reply(allowed, i, retry_us, hold_us)
   local out = {allowed, i, remaining[i], reset[i], retry_us}
   if n > 1 then
     -- A denied call charges nothing: every window's figures of now.
@@ -74,6 +78,7 @@ local function reply(allowed, i, retry_us)
       out[#out + 1] = t[j]
     end
   end
+  out[#out + 1] = hold_us
   return out
 end
 
@@ -93,7 +98,13 @@ for i = 1, n do
   end
 end
 if worst > 0 then
-  return reply(0, worst, reset[worst])
+  -- Every figure holds until the first window ends (the resets counting
+  -- down), then that window's count starts again.
+  local hold = reset[worst]
+  for i = 1, n do
+    if reset[i] < hold then hold = reset[i] end
+  end
+  return reply(0, worst, reset[worst], hold)
 end
 
 for i = 1, n do
@@ -103,4 +114,4 @@ for i = 1, n do
   local value = string.format('%d:%d', starts[i], used[i] + cost)
   redis.call('SET', KEYS[i], value, 'PX', ttl_ms)
 end
-return reply(1, tight, 0)
+return reply(1, tight, 0, 0)
