@@ -24,12 +24,19 @@
 --          the retry; 0 when allowed. The deny cache of the Redis store
 --          answers the same call from it (src/store/deny_cache.rs).
 
-local now
+-- With the caller's clock, keys still expire on Redis' own: each lives a
+-- minute (slack_ms) past the moment its state stops mattering, so that a
+-- caller's clock that falls behind Redis' (another instance's lags, a test
+-- clock stands still) by less than that never finds its state gone early.
+-- Keep it equal in every script; see TimeSource::Client in src/store/redis.rs.
+local now, slack_ms
 if ARGV[1] == '' then
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  slack_ms = 0
 else
   now = tonumber(ARGV[1])
+  slack_ms = 60000
 end
 local cost = tonumber(ARGV[2])
 local n = #KEYS
@@ -167,6 +174,6 @@ for i = 1, n do
   local ttl_ms = math.ceil((starts[i] + 2 * length - now) / 1000)
   if ttl_ms < 1 then ttl_ms = 1 end
   local value = string.format('%d:%d:%d', starts[i], currs[i] + cost, prevs[i])
-  redis.call('SET', KEYS[i], value, 'PX', ttl_ms)
+  redis.call('SET', KEYS[i], value, 'PX', ttl_ms + slack_ms)
 end
 return reply(1, tight, 0, 0)
