@@ -160,6 +160,12 @@ pub enum FailurePolicy {
     /// `fallback_denied`. Its state is kept per layer (the layer's clones
     /// and routes share it) in a [`MemoryStore`](crate::MemoryStore), so it
     /// stays bounded. Build it with [`FailurePolicy::local`].
+    ///
+    /// A window policy is decided locally on the same algorithm, each
+    /// window as long as before and holding its share of the count. For
+    /// every algorithm, the local state knows only the calls decided locally: what Redis admitted
+    /// earlier in a window is not counted against the local share, and what
+    /// the local limiter admitted is not counted in Redis once it is back.
     Local(LocalShare),
 }
 
