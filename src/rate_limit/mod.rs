@@ -171,7 +171,7 @@ pub enum FailurePolicy {
 
 impl FailurePolicy {
     /// [`FailurePolicy::Local`] with `share` of each limit; refused unless
-    /// `0 < share <= 1`.
+    /// `1e-6 <= share <= 1` (see [`LocalShare`]).
     ///
     /// ```
     /// use fleetgate::FailurePolicy;
@@ -179,6 +179,9 @@ impl FailurePolicy {
     /// // Four instances: each enforces a quarter of the limit while Redis is down.
     /// let policy = FailurePolicy::local(0.25)?;
     /// assert!(FailurePolicy::local(0.0).is_err());
+    /// // So small that it would decide nothing: refused, naming the share.
+    /// let err = FailurePolicy::local(1e-300).unwrap_err();
+    /// assert!(err.to_string().contains("1e-300"));
     /// # Ok::<(), fleetgate::ConfigError>(())
     /// ```
     pub fn local(share: f64) -> Result<Self, ConfigError> {
