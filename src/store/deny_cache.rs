@@ -28,12 +28,15 @@
 //! remaining only grows with time (an entry leaves the log, the previous
 //! window weighs less, a fixed window ends); each window script therefore
 //! also says how long every figure of its denial stays true (`hold_us`),
-//! and the cache answers locally only that long, which is the whole retry
-//! time for the usual case (one window, cost 1) and shorter where another
+//! and the cache answers locally only that long (the sliding counter's to
+//! the microsecond its doubles round to, as its retry is), which is the
+//! whole retry time for the usual case (one window, cost 1) and shorter
+//! where another
 //! window's figures move first: then Redis is asked again, and its newer
 //! denial is cached. Other instances' calls in between can only make
-//! Redis' figures smaller (less remaining, a later reset or retry) than the
-//! cached ones. With the server's clock, times are counted on this
+//! Redis' answer stricter than the cached one (less remaining, a later
+//! reset or retry, or another limit naming a later retry), never admit
+//! sooner. With the server's clock, times are counted on this
 //! instance's clock from the moment the call was sent, so a local answer
 //! runs ahead of Redis' by the call's one-way latency at most: it ends that
 //! much early, never late.
