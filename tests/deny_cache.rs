@@ -425,3 +425,84 @@ async fn local_window_denials_equal_redis_denials() {
         );
     }
 }
+
+/// Through an axum router, for every window algorithm on a policy of two
+/// windows (the caller's clock, so that both answers come at the same
+/// instant): a 429 answered locally carries the same status,
+/// `Retry-After` and rate-limit headers (every window's) as the one Redis
+/// decided, and costs no script.
+#[tokio::test]
+async fn local_window_429s_carry_the_same_headers() {
+    let server = RedisServer::start();
+    let mut admin = server.admin().await;
+    let clock = ManualClock::new(Duration::from_secs(1_700_000_000));
+    let store = RedisStore::builder()
+        .prefix("deny-http")
+        .time_source(TimeSource::Client(Arc::new(clock.clone())))
+        .timeout(Duration::from_secs(2))
+        .connect(&server.url())
+        .await
+        .unwrap();
+    for (hour, algorithm) in [
+        Algorithm::SlidingLog,
+        Algorithm::SlidingWindow,
+        Algorithm::FixedWindow,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        // The start of an hour (so of a minute), where fixed windows start.
+        clock.set(Duration::from_secs(1_699_999_200 + 3600 * hour as u64));
+        let policy = Policy::builder(format!("http-{algorithm}"))
+            .algorithm(algorithm)
+            .limit(Limit::new(Rate::per_minute(2)).unwrap())
+            .limit(Limit::new(Rate::per_hour(5)).unwrap())
+            .build()
+            .unwrap();
+        let app = Router::new()
+            .route("/api/window", get(|| async { "ok" }))
+            .route_layer(
+                RateLimitLayer::new(Limiter::new(policy, store.clone()))
+                    .headers(fleetgate::HeaderStyle::Both),
+            );
+        let send = |app: Router| async move {
+            let mut req = Request::get("/api/window").body(Body::empty()).unwrap();
+            let addr: SocketAddr = "192.0.2.45:5000".parse().unwrap();
+            req.extensions_mut().insert(ConnectInfo(addr));
+            app.oneshot(req).await.unwrap()
+        };
+        for _ in 0..2 {
+            assert_eq!(send(app.clone()).await.status(), StatusCode::OK);
+            clock.advance(Duration::from_secs(7));
+        }
+        reset_stats(&mut admin).await;
+        let from_redis = send(app.clone()).await;
+        assert_eq!(script_calls(&mut admin).await, 1, "{algorithm}");
+        let local = send(app.clone()).await;
+        assert_eq!(
+            script_calls(&mut admin).await,
+            1,
+            "{algorithm}: the second 429 was local"
+        );
+        assert_eq!(from_redis.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(local.status(), StatusCode::TOO_MANY_REQUESTS);
+        for name in [
+            "retry-after",
+            "ratelimit",
+            "ratelimit-policy",
+            "x-ratelimit-limit",
+            "x-ratelimit-remaining",
+            "x-ratelimit-reset",
+        ] {
+            assert!(
+                from_redis.headers().contains_key(name),
+                "{algorithm}: {name} missing"
+            );
+            assert_eq!(
+                from_redis.headers().get(name),
+                local.headers().get(name),
+                "{algorithm}: {name}"
+            );
+        }
+    }
+}
