@@ -15,14 +15,25 @@
 --
 -- Returns {allowed (1/0), deciding window (1-based), remaining, reset_us,
 --          retry_after_us (0 when allowed)}, then, for several windows,
---          remaining and reset_us of each window in order.
+--          remaining and reset_us of each window in order, then hold_us:
+--          when denied, how long every figure of the reply stays true
+--          while nobody else writes (the resets counting down), at most
+--          the retry; 0 when allowed. The deny cache of the Redis store
+--          answers the same call from it (src/store/deny_cache.rs).
 
-local now
+-- With the caller's clock, keys still expire on Redis' own: each lives a
+-- minute (slack_ms) past the moment its state stops mattering, so that a
+-- caller's clock that falls behind Redis' (another instance's lags, a test
+-- clock stands still) by less than that never finds its state gone early.
+-- Keep it equal in every script; see TimeSource::Client in src/store/redis.rs.
+local now, slack_ms
 if ARGV[1] == '' then
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  slack_ms = 0
 else
   now = tonumber(ARGV[1])
+  slack_ms = 60000
 end
 local cost = tonumber(ARGV[2])
 local n = #KEYS
@@ -63,7 +74,7 @@ end
 
 -- The reply: the deciding window's figures, then every window's when there
 -- are several.
-local function reply(allowed, i, retry_us)
+local function reply(allowed, i, retry_us, hold_us)
   local out = {allowed, i, remaining[i], reset[i], retry_us}
   if n > 1 then
     -- A denied call charges nothing: every window's figures of now.
@@ -74,6 +85,7 @@ local function reply(allowed, i, retry_us)
       out[#out + 1] = t[j]
     end
   end
+  out[#out + 1] = hold_us
   return out
 end
 
@@ -93,7 +105,13 @@ for i = 1, n do
   end
 end
 if worst > 0 then
-  return reply(0, worst, reset[worst])
+  -- Every figure holds until the first window ends (the resets counting
+  -- down), then that window's count starts again.
+  local hold = reset[worst]
+  for i = 1, n do
+    if reset[i] < hold then hold = reset[i] end
+  end
+  return reply(0, worst, reset[worst], hold)
 end
 
 for i = 1, n do
@@ -101,6 +119,6 @@ for i = 1, n do
   local ttl_ms = math.ceil(reset[i] / 1000)
   if ttl_ms < 1 then ttl_ms = 1 end
   local value = string.format('%d:%d', starts[i], used[i] + cost)
-  redis.call('SET', KEYS[i], value, 'PX', ttl_ms)
+  redis.call('SET', KEYS[i], value, 'PX', ttl_ms + slack_ms)
 end
-return reply(1, tight, 0)
+return reply(1, tight, 0, 0)

@@ -22,12 +22,19 @@
 -- Times stay integral microseconds, below 2^53, so Lua's doubles hold them
 -- exactly; stored values are formatted with %d to keep every digit.
 
-local now
+-- With the caller's clock, keys still expire on Redis' own: each lives a
+-- minute (slack_ms) past the moment its state stops mattering, so that a
+-- caller's clock that falls behind Redis' (another instance's lags, a test
+-- clock stands still) by less than that never finds its state gone early.
+-- Keep it equal in every script; see TimeSource::Client in src/store/redis.rs.
+local now, slack_ms
 if ARGV[1] == '' then
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  slack_ms = 0
 else
   now = tonumber(ARGV[1])
+  slack_ms = 60000
 end
 
 -- floor(a / b) for non-negative integers, immune to division rounding.
@@ -119,6 +126,6 @@ for key in pairs(dirty) do
   -- Expire the key when the limit has refilled: the state means nothing then.
   local ttl_ms = math.ceil((tat - now) / 1000)
   if ttl_ms < 1 then ttl_ms = 1 end
-  redis.call('SET', key, string.format('%d', tat), 'PX', ttl_ms)
+  redis.call('SET', key, string.format('%d', tat), 'PX', ttl_ms + slack_ms)
 end
 return replies

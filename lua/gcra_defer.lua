@@ -15,12 +15,19 @@
 -- Returns how many limits were moved (0 when every limit already reached
 -- past the pause).
 
-local now
+-- With the caller's clock, keys still expire on Redis' own: each lives a
+-- minute (slack_ms) past the moment its state stops mattering, so that a
+-- caller's clock that falls behind Redis' (another instance's lags, a test
+-- clock stands still) by less than that never finds its state gone early.
+-- Keep it equal in every script; see TimeSource::Client in src/store/redis.rs.
+local now, slack_ms
 if ARGV[1] == '' then
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  slack_ms = 0
 else
   now = tonumber(ARGV[1])
+  slack_ms = 60000
 end
 local pause = tonumber(ARGV[2])
 
@@ -33,7 +40,7 @@ for i = 1, #KEYS do
   if tat < floor then
     local ttl_ms = math.ceil((floor - now) / 1000)
     if ttl_ms < 1 then ttl_ms = 1 end
-    redis.call('SET', KEYS[i], string.format('%d', floor), 'PX', ttl_ms)
+    redis.call('SET', KEYS[i], string.format('%d', floor), 'PX', ttl_ms + slack_ms)
     moved = moved + 1
   end
 end

@@ -18,14 +18,25 @@
 --
 -- Returns {allowed (1/0), deciding window (1-based), remaining, reset_us,
 --          retry_after_us (0 when allowed)}, then, for several windows,
---          remaining and reset_us of each window in order.
+--          remaining and reset_us of each window in order, then hold_us:
+--          when denied, how long every figure of the reply stays true
+--          while nobody else writes (the resets counting down), at most
+--          the retry; 0 when allowed. The deny cache of the Redis store
+--          answers the same call from it (src/store/deny_cache.rs).
 
-local now
+-- With the caller's clock, keys still expire on Redis' own: each lives a
+-- minute (slack_ms) past the moment its state stops mattering, so that a
+-- caller's clock that falls behind Redis' (another instance's lags, a test
+-- clock stands still) by less than that never finds its state gone early.
+-- Keep it equal in every script; see TimeSource::Client in src/store/redis.rs.
+local now, slack_ms
 if ARGV[1] == '' then
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  slack_ms = 0
 else
   now = tonumber(ARGV[1])
+  slack_ms = 60000
 end
 local cost = tonumber(ARGV[2])
 local n = #KEYS
@@ -35,6 +46,30 @@ local function idiv(a, b)
   local q = math.floor(a / b)
   if q * b > a then q = q - 1 elseif (q + 1) * b <= a then q = q + 1 end
   return q
+end
+
+-- How long until a call of `cost` fits in a window of `length` and `count`
+-- holding curr and prev, with r left of its fixed window, where it does not
+-- fit now: while the previous window weighs too much, until it weighs
+-- little enough, prev * (r - d) / W <= room; otherwise in the next window,
+-- where curr becomes the previous one: curr * (W - e) / W <= count - cost.
+local function wait_for(r, length, count, curr, prev, cost)
+  local room = count - curr - cost
+  local wait
+  if room >= 0 then
+    local x = room * length / prev
+    wait = math.ceil(r - x)
+  else
+    local room2 = count - cost
+    if curr <= room2 then
+      wait = r
+    else
+      local x = room2 * length / curr
+      wait = r + math.ceil(length - x)
+    end
+  end
+  if wait < 1 then wait = 1 end
+  return wait
 end
 
 -- remaining0 and reset0: each window's figures of now, before the call.
@@ -78,28 +113,14 @@ for i = 1, n do
     retry[i] = 0
   else
     admits[i] = false
-    local wait
-    if room >= 0 then
-      local x = room * length / prev
-      wait = math.ceil(r - x)
-    else
-      local room2 = count - cost
-      if curr <= room2 then
-        wait = r
-      else
-        local x = room2 * length / curr
-        wait = r + math.ceil(length - x)
-      end
-    end
-    if wait < 1 then wait = 1 end
-    retry[i] = wait
+    retry[i] = wait_for(r, length, count, curr, prev, cost)
     remaining[i], reset[i] = remaining0[i], reset0[i]
   end
 end
 
 -- The reply: the deciding window's figures, then every window's when there
 -- are several.
-local function reply(allowed, i, retry_us)
+local function reply(allowed, i, retry_us, hold_us)
   local out = {allowed, i, remaining[i], reset[i], retry_us}
   if n > 1 then
     -- A denied call charges nothing: every window's figures of now.
@@ -110,6 +131,7 @@ local function reply(allowed, i, retry_us)
       out[#out + 1] = t[j]
     end
   end
+  out[#out + 1] = hold_us
   return out
 end
 
@@ -129,7 +151,21 @@ for i = 1, n do
   end
 end
 if worst > 0 then
-  return reply(0, worst, retry[worst])
+  -- A window's remaining grows as its previous window weighs less; it
+  -- reaches m + 1 when a call of cost m + 1 would fit. Until the first
+  -- window gets there only the resets move, counting down.
+  local hold = retry[worst]
+  for i = 1, n do
+    local length = tonumber(ARGV[1 + 2 * i])
+    local count = tonumber(ARGV[2 + 2 * i])
+    local curr, prev = currs[i], prevs[i]
+    if remaining0[i] < count and (curr > 0 or prev > 0) then
+      local r = starts[i] + length - now
+      local h = wait_for(r, length, count, curr, prev, remaining0[i] + 1)
+      if h < hold then hold = h end
+    end
+  end
+  return reply(0, worst, retry[worst], hold)
 end
 
 for i = 1, n do
@@ -138,6 +174,6 @@ for i = 1, n do
   local ttl_ms = math.ceil((starts[i] + 2 * length - now) / 1000)
   if ttl_ms < 1 then ttl_ms = 1 end
   local value = string.format('%d:%d:%d', starts[i], currs[i] + cost, prevs[i])
-  redis.call('SET', KEYS[i], value, 'PX', ttl_ms)
+  redis.call('SET', KEYS[i], value, 'PX', ttl_ms + slack_ms)
 end
-return reply(1, tight, 0)
+return reply(1, tight, 0, 0)

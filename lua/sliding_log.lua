@@ -17,14 +17,25 @@
 --
 -- Returns {allowed (1/0), deciding window (1-based), remaining, reset_us,
 --          retry_after_us (0 when allowed)}, then, for several windows,
---          remaining and reset_us of each window in order.
+--          remaining and reset_us of each window in order, then hold_us:
+--          when denied, how long every figure of the reply stays true
+--          while nobody else writes (the resets counting down), at most
+--          the retry; 0 when allowed. The deny cache of the Redis store
+--          answers the same call from it (src/store/deny_cache.rs).
 
-local now
+-- With the caller's clock, keys still expire on Redis' own: each lives a
+-- minute (slack_ms) past the moment its state stops mattering, so that a
+-- caller's clock that falls behind Redis' (another instance's lags, a test
+-- clock stands still) by less than that never finds its state gone early.
+-- Keep it equal in every script; see TimeSource::Client in src/store/redis.rs.
+local now, slack_ms
 if ARGV[1] == '' then
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  slack_ms = 0
 else
   now = tonumber(ARGV[1])
+  slack_ms = 60000
 end
 local cost = tonumber(ARGV[2])
 local key = KEYS[1]
@@ -77,7 +88,7 @@ end
 
 -- The reply: the deciding window's figures, then every window's when there
 -- are several.
-local function reply(allowed, i, retry_us)
+local function reply(allowed, i, retry_us, hold_us)
   local out = {allowed, i, remaining[i], reset[i], retry_us}
   if n > 1 then
     -- A denied call charges nothing: every window's figures of now.
@@ -88,6 +99,7 @@ local function reply(allowed, i, retry_us)
       out[#out + 1] = t[j]
     end
   end
+  out[#out + 1] = hold_us
   return out
 end
 
@@ -107,7 +119,19 @@ for i = 1, n do
   end
 end
 if worst > 0 then
-  return reply(0, worst, retry[worst])
+  -- A window's remaining changes when its oldest entry leaves it; until
+  -- then only the resets move, counting down.
+  local hold = retry[worst]
+  for i = 1, n do
+    local length = tonumber(ARGV[1 + 2 * i])
+    local oldest = redis.call('ZRANGEBYSCORE', key, '(' .. fmt(now - length), '+inf',
+      'WITHSCORES', 'LIMIT', 0, 1)
+    if oldest[2] then
+      local leaves = tonumber(oldest[2]) + length - now
+      if leaves < hold then hold = leaves end
+    end
+  end
+  return reply(0, worst, retry[worst], hold)
 end
 
 redis.call('ZREMRANGEBYSCORE', key, '-inf', fmt(now - longest))
@@ -126,5 +150,5 @@ end
 -- Once the newest entry has left the longest window the log means nothing.
 local ttl_ms = math.ceil((top + longest - now) / 1000)
 if ttl_ms < 1 then ttl_ms = 1 end
-redis.call('PEXPIRE', key, ttl_ms)
-return reply(1, tight, 0)
+redis.call('PEXPIRE', key, ttl_ms + slack_ms)
+return reply(1, tight, 0, 0)

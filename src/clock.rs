@@ -125,6 +125,11 @@ impl Clock for SystemClock {
 
 /// A clock set by hand, for tests. Clones share the same time.
 ///
+/// Given to a [`RedisStore`](crate::RedisStore) as its
+/// [`TimeSource::Client`](crate::TimeSource::Client), it must not fall
+/// more than a minute behind real time between two calls on one identity:
+/// Redis expires keys on its own clock (see there).
+///
 /// ```
 /// use fleetgate::clock::{Clock, ManualClock};
 /// use std::time::Duration;

@@ -206,8 +206,10 @@ pub enum ConfigError {
         /// `max_in_flight` or `max_batch`.
         setting: &'static str,
     },
-    /// A [`LocalShare`](crate::LocalShare) outside `0 < share <= 1`.
-    #[error("local share {share} is outside 0 < share <= 1")]
+    /// A [`LocalShare`](crate::LocalShare) outside `1e-6 <= share <= 1`
+    /// (not a number, zero or less, more than the whole, or less than a
+    /// millionth).
+    #[error("local share {share} is outside 1e-6 <= share <= 1")]
     InvalidShare {
         /// The offending share, as given.
         share: String,

@@ -5,15 +5,20 @@ use std::fmt;
 
 use crate::error::ConfigError;
 
-/// One instance's share of a limit, `0 < share <= 1`: what
+/// One instance's share of a limit, from a millionth to the whole
+/// (`1e-6 <= share <= 1`): what
 /// [`FailurePolicy::Local`](crate::FailurePolicy::Local) scales every limit
 /// by while the store cannot decide. With `n` instances behind a load
 /// balancer, `1/n` ([`LocalShare::one_of`]) keeps the fleet near its limit.
 ///
+/// A smaller share is refused: every count below a million would scale to
+/// less than one (held at one, see below), so the share would decide
+/// nothing, and no fleet has that many instances; such a setting is a
+/// mistake (`local:1e-300`), not a choice.
+///
 /// The share is held as a fraction, so that scaling is exact: a decimal
 /// share is taken as the nearest fraction whose denominator is at most a
-/// million (`0.29` is 29/100, `1.0 / 3.0` is 1/3; a share below a
-/// millionth is `1/round(1/share)`). Counts are scaled by
+/// million (`0.29` is 29/100, `1.0 / 3.0` is 1/3). Counts are scaled by
 /// [`scale`](LocalShare::scale): multiplied by the share and rounded down,
 /// never below 1, so that `n` instances at `1/n` admit no more than the
 /// limit together (unless the limit is below `n`: each instance still
@@ -33,7 +38,9 @@ use crate::error::ConfigError;
 /// assert!(LocalShare::new(0.0).is_err());
 /// assert!(LocalShare::new(1.5).is_err());
 /// assert!(LocalShare::new(f64::NAN).is_err());
+/// assert!(LocalShare::new(1e-300).is_err());
 /// assert!(LocalShare::one_of(0).is_err());
+/// assert!(LocalShare::one_of(2_000_000).is_err());
 /// # Ok::<(), fleetgate::ConfigError>(())
 /// ```
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
@@ -42,29 +49,34 @@ pub struct LocalShare {
     denom: u64,
 }
 
-/// The largest denominator a decimal share is approximated with.
+/// The largest denominator of a share: a share is at least its inverse,
+/// and a decimal share is approximated with denominators up to it.
 const MAX_DENOM: u64 = 1_000_000;
 
 impl LocalShare {
-    /// `share` of each limit; refused unless `0 < share <= 1`.
+    /// `share` of each limit; refused (naming the share) unless
+    /// `1e-6 <= share <= 1`.
     pub fn new(share: f64) -> Result<Self, ConfigError> {
-        if !(share > 0.0 && share <= 1.0) {
+        // Written so that NaN fails too.
+        if !(share * MAX_DENOM as f64 >= 1.0 && share <= 1.0) {
             return Err(ConfigError::InvalidShare {
-                share: share.to_string(),
+                share: format!("{share:?}"),
             });
         }
-        let (numer, denom) = match nearest_fraction(share) {
-            (0, _) => (1, (1.0 / share).round() as u64),
-            fraction => fraction,
-        };
-        Ok(LocalShare { numer, denom })
+        match nearest_fraction(share) {
+            (0, _) => Err(ConfigError::InvalidShare {
+                share: format!("{share:?}"),
+            }),
+            (numer, denom) => Ok(LocalShare { numer, denom }),
+        }
     }
 
-    /// One of `instances` equal shares: `1/instances`; refused for 0.
+    /// One of `instances` equal shares: `1/instances`; refused for 0 and
+    /// for more than a million.
     pub fn one_of(instances: u64) -> Result<Self, ConfigError> {
-        if instances == 0 {
+        if instances == 0 || instances > MAX_DENOM {
             return Err(ConfigError::InvalidShare {
-                share: "1/0".to_owned(),
+                share: format!("1/{instances}"),
             });
         }
         Ok(LocalShare {
@@ -92,7 +104,7 @@ impl LocalShare {
     }
 }
 
-/// The last continued-fraction convergent of `x` (in `(0, 1]`) whose
+/// The last continued-fraction convergent of `x` (in `[1e-6, 1]`) whose
 /// denominator is at most [`MAX_DENOM`], stopping early once it matches `x`
 /// to twelve digits; `(0, 1)` when `x` is below a millionth.
 fn nearest_fraction(x: f64) -> (u64, u64) {
@@ -143,14 +155,15 @@ mod tests {
         assert_eq!(s(0.5).scale(5), 2);
         assert_eq!(s(0.29).scale(100), 29);
         assert_eq!(s(0.1).scale(30), 3);
-        assert_eq!(s(1e-12).scale(10), 1);
+        assert_eq!(s(1e-6).scale(10), 1);
         assert_eq!(s(0.5).scale(u64::MAX), u64::MAX / 2);
         assert_eq!(LocalShare::one_of(7).unwrap().scale(700), 100);
         assert_eq!(LocalShare::one_of(1).unwrap(), s(1.0));
         assert_eq!(s(1.0 / 7.0), LocalShare::one_of(7).unwrap());
         assert_eq!(s(0.123_456).to_string(), "1929/15625");
-        assert_eq!(s(1e-7).to_string(), "1/10000000");
-        assert_eq!(s(f64::MIN_POSITIVE).to_string(), format!("1/{}", u64::MAX));
+        assert_eq!(s(1e-6).to_string(), "1/1000000");
+        assert_eq!(s(1.5e-6).to_string(), "1/666667");
+        assert_eq!(LocalShare::one_of(1_000_000).unwrap(), s(1e-6));
     }
 
     proptest::proptest! {
@@ -169,7 +182,7 @@ mod tests {
         }
 
         #[test]
-        fn scaled_counts_stay_within_one_and_the_product(count in 1u64.., share in 1e-12f64..=1.0) {
+        fn scaled_counts_stay_within_one_and_the_product(count in 1u64.., share in 1e-6f64..=1.0) {
             let share = LocalShare::new(share).unwrap();
             let scaled = share.scale(count);
             proptest::prop_assert!((1..=count).contains(&scaled));
@@ -190,15 +203,30 @@ mod tests {
 
     #[test]
     fn invalid_shares_are_errors() {
-        for bad in [0.0, -0.1, 1.000_001, f64::INFINITY, f64::NAN] {
+        for bad in [
+            0.0,
+            -0.1,
+            1.000_001,
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+            f64::NAN,
+            1e-300,
+            f64::MIN_POSITIVE,
+            5e-324,
+            9.999e-7,
+            1e-12,
+        ] {
             let err = LocalShare::new(bad).unwrap_err();
             assert!(matches!(err, ConfigError::InvalidShare { .. }), "{bad}");
+            // The error names the share as given.
+            assert!(err.to_string().contains(&format!("{bad:?}")), "{err}");
         }
-        assert!(
-            LocalShare::one_of(0)
-                .unwrap_err()
-                .to_string()
-                .contains("1/0")
-        );
+        for instances in [0, 1_000_001, u64::MAX] {
+            let err = LocalShare::one_of(instances).unwrap_err();
+            assert!(err.to_string().contains(&format!("1/{instances}")), "{err}");
+        }
+        // The smallest shares that are accepted.
+        assert!(LocalShare::new(1e-6).is_ok());
+        assert!(LocalShare::one_of(1_000_000).is_ok());
     }
 }

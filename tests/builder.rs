@@ -316,15 +316,24 @@ fn local_share_outside_zero_to_one() {
         f64::NAN,
         f64::INFINITY,
         f64::NEG_INFINITY,
+        // So small that every limit below a million would scale to nothing.
+        1e-300,
+        f64::MIN_POSITIVE,
+        9e-7,
     ] {
         let err = FailurePolicy::local(share).unwrap_err();
         assert!(matches!(err, ConfigError::InvalidShare { .. }), "{share}");
-        says(&err, &["share", "0 < share <= 1"]);
+        says(
+            &err,
+            &["share", "1e-6 <= share <= 1", &format!("{share:?}")],
+        );
     }
     let err = LocalShare::one_of(0).unwrap_err();
     says(&err, &["1/0", "share"]);
-    // The bounds themselves: the smallest positive share and the whole.
-    for share in [f64::MIN_POSITIVE, 1.0] {
+    let err = LocalShare::one_of(1_000_001).unwrap_err();
+    says(&err, &["1/1000001", "share"]);
+    // The bounds themselves: the smallest share, a millionth, and the whole.
+    for share in [1e-6, 1.0] {
         let policy = FailurePolicy::local(share).unwrap();
         assert_eq!(
             policy,
@@ -333,7 +342,7 @@ fn local_share_outside_zero_to_one() {
     }
     // However small the share, every scaled limit still admits something,
     // a period of 68 years included.
-    let tiny = LocalShare::new(f64::MIN_POSITIVE).unwrap();
+    let tiny = LocalShare::new(1e-6).unwrap();
     for (rate, burst) in [
         (Rate::new(1_000_000, Duration::from_secs(1000)), 1_000_000),
         (Rate::new(1 << 20, Duration::from_secs(1 << 31)), 1),

@@ -191,7 +191,19 @@ where
     let server = RedisServer::start();
     let prefix = format!("conf-{}", std::process::id());
     let redis = Sut::redis(&server, &prefix, start).await;
+    // The manual clock stands still between a scenario's steps while Redis'
+    // clock, on which keys expire, runs on: it falls behind by at most the
+    // real time the scenario takes. With the caller's clock every key lives
+    // a minute past the moment its state stops mattering
+    // (`TimeSource::Client`), so none can expire under the scenario unless
+    // it takes that long; this makes sure it did not come near.
+    let started = Instant::now();
     scenario(redis.clone()).await;
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_secs(30),
+        "the Redis run took {took:?}: its keys may have expired under the manual clock"
+    );
 
     let (memory, redis) = (memory.log(), redis.log());
     assert!(!memory.is_empty(), "the scenario decided nothing");
@@ -579,6 +591,35 @@ conformance! {
     ties at UNIX_NOW;
     isolation at UNIX_NOW;
     same_name_other_shape at UNIX_NOW;
+}
+
+/// With the caller's clock, keys still expire on Redis' clock: a caller's
+/// clock that falls behind Redis' real time (a test's manual clock on a
+/// slow machine, an instance whose clock lags another's) must not find its
+/// state expired while it still matters. Here the manual clock stands still
+/// while real time runs far past the key's state (20 ms): the state is
+/// still there and the next call is denied, as the memory store would.
+#[tokio::test]
+async fn state_outlives_a_client_clock_that_falls_behind() {
+    let server = RedisServer::start();
+    let s = Sut::redis(&server, "behind", UNIX_NOW).await;
+    // T = 10 ms, burst 2: the state matters for 20 ms after two calls.
+    let l = s.limiter(&single(
+        "behind",
+        Rate::new(2, Duration::from_millis(20)),
+        2,
+    ));
+    let t = Duration::from_millis(10);
+    let d = s.check(&l, "k", 1).await;
+    s.expect(&d, allowed(0, 1, t));
+    let d = s.check(&l, "k", 1).await;
+    s.expect(&d, allowed(0, 0, 2 * t));
+    let written = Instant::now();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(written.elapsed() >= 10 * 2 * t);
+    s.advance(US);
+    let d = s.check(&l, "k", 1).await;
+    s.expect(&d, denied(0, 0, 2 * t - US, t - US));
 }
 
 /// The memory store forgets expired state: it holds nothing once every

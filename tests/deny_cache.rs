@@ -1,7 +1,8 @@
 //! Denied keys are answered locally until their retry time passes: a client
 //! hammering past its limit costs Redis about the admitted rate plus one
 //! call per instance and retry period, and the local answers are the ones
-//! Redis would give, headers included.
+//! Redis would give, headers included. GCRA and the window algorithms
+//! alike.
 mod common;
 
 use std::net::SocketAddr;
@@ -15,7 +16,9 @@ use axum::routing::get;
 use common::RedisServer;
 use common::stats::{reset_stats, script_calls};
 use fleetgate::clock::ManualClock;
-use fleetgate::{Key, Limit, Limiter, Policy, Rate, RateLimitLayer, RedisStore, TimeSource};
+use fleetgate::{
+    Algorithm, Key, Limit, Limiter, Policy, Rate, RateLimitLayer, RedisStore, TimeSource,
+};
 use http::{Request, StatusCode};
 use tower::ServiceExt;
 
@@ -247,5 +250,259 @@ async fn local_429s_carry_the_same_headers() {
             local.headers().get(name),
             "{name}"
         );
+    }
+}
+
+/// A denial of `key` from Redis with at least `min_retry` to wait (a fixed
+/// window denied just before its end is tried again in the next one), and
+/// the instants just before the call was sent and just after its answer.
+async fn denial(
+    limiter: &Limiter,
+    key: &Key,
+    min_retry: Duration,
+) -> (fleetgate::Decision, Instant, Instant) {
+    let count = limiter.policy().limits()[0].rate().count();
+    for _ in 0..20 {
+        let mut admitted = 0;
+        loop {
+            let sent = Instant::now();
+            let d = limiter.check(key, 1).await.expect("store error");
+            let answered = Instant::now();
+            if d.is_allowed() {
+                admitted += 1;
+                assert!(admitted <= 2 * count, "never denied: {d:?}");
+                continue;
+            }
+            let retry = d.retry_after().expect("a retry time");
+            if retry >= min_retry {
+                return (d, sent, answered);
+            }
+            tokio::time::sleep_until((answered + retry).into()).await;
+            break;
+        }
+    }
+    panic!("no denial with {min_retry:?} to wait");
+}
+
+/// Every window algorithm, on Redis' clock: once Redis has denied a call,
+/// the same call is denied locally (no script reaches Redis) until the
+/// retry time Redis gave, counted from before the call was sent; the
+/// first call after it, counted from when the answer came, goes to Redis
+/// and is admitted.
+#[tokio::test]
+async fn window_denials_are_local_until_the_retry_then_redis_admits() {
+    let server = RedisServer::start();
+    let mut admin = server.admin().await;
+    let store = store(&server, 100).await;
+    for algorithm in [
+        Algorithm::SlidingLog,
+        Algorithm::SlidingWindow,
+        Algorithm::FixedWindow,
+    ] {
+        let policy = Policy::builder(format!("{algorithm:?}").to_lowercase())
+            .algorithm(algorithm)
+            .limit(Limit::new(Rate::new(3, Duration::from_millis(600))).unwrap())
+            .build()
+            .unwrap();
+        let limiter = Limiter::new(policy, store.clone());
+        let key = Key::new("ip:203.0.113.7");
+        let (first, sent, answered) = denial(&limiter, &key, Duration::from_millis(150)).await;
+        let retry = first.retry_after().unwrap();
+        reset_stats(&mut admin).await;
+        let hits = store.deny_cache_stats().hits;
+        let mut local = 0u64;
+        let late = loop {
+            let before = store.deny_cache_stats().hits;
+            let d = limiter.check(&key, 1).await.unwrap();
+            if Instant::now() >= sent + retry {
+                // This call may have been looked up after the retry time:
+                // it proves nothing either way, but may have run a script.
+                break 1 - (store.deny_cache_stats().hits - before);
+            }
+            assert!(!d.is_allowed(), "{algorithm:?}: admitted before the retry");
+            assert_eq!(
+                store.deny_cache_stats().hits,
+                before + 1,
+                "{algorithm:?}: a denial before the retry went to Redis"
+            );
+            local += 1;
+        };
+        assert!(local >= 10, "{algorithm:?}: only {local} local denials");
+        assert_eq!(
+            script_calls(&mut admin).await,
+            late,
+            "{algorithm:?}: {local} denials before the retry, scripts run"
+        );
+        assert_eq!(store.deny_cache_stats().hits, hits + local + (1 - late));
+
+        // Past the retry time as Redis counted it: Redis decides, and admits.
+        tokio::time::sleep_until((answered + retry + Duration::from_millis(5)).into()).await;
+        reset_stats(&mut admin).await;
+        let hits = store.deny_cache_stats().hits;
+        let d = limiter.check(&key, 1).await.unwrap();
+        assert!(
+            d.is_allowed(),
+            "{algorithm:?}: denied after the retry: {d:?}"
+        );
+        assert_eq!(script_calls(&mut admin).await, 1, "{algorithm:?}");
+        assert_eq!(store.deny_cache_stats().hits, hits, "{algorithm:?}");
+    }
+}
+
+/// A small deterministic generator of steps (no dependency, no seed file).
+struct Steps(u64);
+
+impl Steps {
+    fn next(&mut self, below: u64) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        (self.0 >> 33) % below
+    }
+}
+
+/// With the caller's clock, every window algorithm's local denials equal,
+/// field by field (every window's figures included), what Redis answers a
+/// store without the cache at the same instants, over a long run of calls
+/// of cost 1 and 2 at irregular times on a policy of two windows; and the
+/// cache answers a good part of the denials (fewer where the longer
+/// window's figures keep moving: the sliding counter's).
+#[tokio::test]
+async fn local_window_denials_equal_redis_denials() {
+    let server = RedisServer::start();
+    let clock = ManualClock::new(Duration::from_secs(1_700_000_000));
+    let url = server.url();
+    let build = |prefix: &'static str, cache: usize| {
+        RedisStore::builder()
+            .prefix(prefix)
+            .time_source(TimeSource::Client(Arc::new(clock.clone())))
+            .timeout(Duration::from_secs(2))
+            .deny_cache(cache)
+            .connect(&url)
+    };
+    let (cached, direct) = (
+        build("cached", 100).await.unwrap(),
+        build("direct", 0).await.unwrap(),
+    );
+    for algorithm in [
+        Algorithm::SlidingLog,
+        Algorithm::SlidingWindow,
+        Algorithm::FixedWindow,
+    ] {
+        let policy = Policy::builder("eq")
+            .algorithm(algorithm)
+            .limit(Limit::new(Rate::new(4, Duration::from_secs(1))).unwrap())
+            .limit(Limit::new(Rate::new(10, Duration::from_secs(5))).unwrap())
+            .build()
+            .unwrap();
+        let (a, b) = (
+            Limiter::new(policy.clone(), cached.clone()),
+            Limiter::new(policy, direct.clone()),
+        );
+        let key = Key::new(format!("user:{algorithm:?}"));
+        let hits = cached.deny_cache_stats().hits;
+        let mut steps = Steps(7);
+        let mut denials = 0;
+        for i in 0..600 {
+            // Mostly short steps (a client hammering), some long ones.
+            let step = match steps.next(10) {
+                0 => steps.next(3_000_000),
+                _ => steps.next(60_000),
+            };
+            clock.advance(Duration::from_micros(step));
+            let cost = 1 + steps.next(4) / 3;
+            let local = a.check(&key, cost).await.unwrap();
+            let remote = b.check(&key, cost).await.unwrap();
+            assert_eq!(local, remote, "{algorithm:?}: call {i}, cost {cost}");
+            denials += u64::from(!remote.is_allowed());
+        }
+        let hits = cached.deny_cache_stats().hits - hits;
+        println!("{algorithm:?}: {hits} of {denials} denials answered locally");
+        assert!(
+            denials > 200 && hits * 3 > denials,
+            "{algorithm:?}: {hits} of {denials} denials answered locally"
+        );
+    }
+}
+
+/// Through an axum router, for every window algorithm on a policy of two
+/// windows (the caller's clock, so that both answers come at the same
+/// instant): a 429 answered locally carries the same status,
+/// `Retry-After` and rate-limit headers (every window's) as the one Redis
+/// decided, and costs no script.
+#[tokio::test]
+async fn local_window_429s_carry_the_same_headers() {
+    let server = RedisServer::start();
+    let mut admin = server.admin().await;
+    let clock = ManualClock::new(Duration::from_secs(1_700_000_000));
+    let store = RedisStore::builder()
+        .prefix("deny-http")
+        .time_source(TimeSource::Client(Arc::new(clock.clone())))
+        .timeout(Duration::from_secs(2))
+        .connect(&server.url())
+        .await
+        .unwrap();
+    for (hour, algorithm) in [
+        Algorithm::SlidingLog,
+        Algorithm::SlidingWindow,
+        Algorithm::FixedWindow,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        // The start of an hour (so of a minute), where fixed windows start.
+        clock.set(Duration::from_secs(1_699_999_200 + 3600 * hour as u64));
+        let policy = Policy::builder(format!("http-{algorithm}"))
+            .algorithm(algorithm)
+            .limit(Limit::new(Rate::per_minute(2)).unwrap())
+            .limit(Limit::new(Rate::per_hour(5)).unwrap())
+            .build()
+            .unwrap();
+        let app = Router::new()
+            .route("/api/window", get(|| async { "ok" }))
+            .route_layer(
+                RateLimitLayer::new(Limiter::new(policy, store.clone()))
+                    .headers(fleetgate::HeaderStyle::Both),
+            );
+        let send = |app: Router| async move {
+            let mut req = Request::get("/api/window").body(Body::empty()).unwrap();
+            let addr: SocketAddr = "192.0.2.45:5000".parse().unwrap();
+            req.extensions_mut().insert(ConnectInfo(addr));
+            app.oneshot(req).await.unwrap()
+        };
+        for _ in 0..2 {
+            assert_eq!(send(app.clone()).await.status(), StatusCode::OK);
+            clock.advance(Duration::from_secs(7));
+        }
+        reset_stats(&mut admin).await;
+        let from_redis = send(app.clone()).await;
+        assert_eq!(script_calls(&mut admin).await, 1, "{algorithm}");
+        let local = send(app.clone()).await;
+        assert_eq!(
+            script_calls(&mut admin).await,
+            1,
+            "{algorithm}: the second 429 was local"
+        );
+        assert_eq!(from_redis.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(local.status(), StatusCode::TOO_MANY_REQUESTS);
+        for name in [
+            "retry-after",
+            "ratelimit",
+            "ratelimit-policy",
+            "x-ratelimit-limit",
+            "x-ratelimit-remaining",
+            "x-ratelimit-reset",
+        ] {
+            assert!(
+                from_redis.headers().contains_key(name),
+                "{algorithm}: {name} missing"
+            );
+            assert_eq!(
+                from_redis.headers().get(name),
+                local.headers().get(name),
+                "{algorithm}: {name}"
+            );
+        }
     }
 }

@@ -14,8 +14,8 @@ use common::redis_server::free_port;
 use fleetgate::concurrency::{ConcurrencyLimitLayer, ConcurrencyLimiter, ConcurrencyPolicy};
 use fleetgate::key::GlobalKey;
 use fleetgate::{
-    BoxError, ConcurrencyLimitError, FailurePolicy, Limit, Limiter, MemoryStore, Policy, Rate,
-    RateLimitError, RateLimitLayer, RedisStore,
+    Algorithm, BoxError, ConcurrencyLimitError, FailurePolicy, Limit, Limiter, MemoryStore, Policy,
+    Rate, RateLimitError, RateLimitLayer, RedisStore,
 };
 use http::{Request, StatusCode};
 use tokio::sync::oneshot;
@@ -36,12 +36,17 @@ fn lazy_store(port: u16) -> RedisStore {
 /// `GET /` limited fleet-wide to 8 per hour (burst 8); a quarter of that,
 /// 2, per instance while the store fails.
 fn rate_app(limiter: Limiter) -> Router {
+    app_with(limiter, FailurePolicy::local(0.25).unwrap())
+}
+
+/// `GET /` limited by `limiter`, with `failure` when the store fails.
+fn app_with(limiter: Limiter, failure: FailurePolicy) -> Router {
     Router::new()
         .route("/", get(|| async { "ok" }))
         .route_layer(
             RateLimitLayer::new(limiter)
                 .key(GlobalKey::new())
-                .on_store_error(FailurePolicy::local(0.25).unwrap()),
+                .on_store_error(failure),
         )
 }
 
@@ -49,6 +54,21 @@ fn eight_per_hour() -> Policy {
     let limit = Limit::builder(Rate::per_hour(8)).burst(8).build().unwrap();
     Policy::single("local", limit).unwrap()
 }
+
+/// 8 per hour as a window of each algorithm.
+fn eight_per_hour_window(algorithm: Algorithm) -> Policy {
+    Policy::builder(format!("local-{algorithm}"))
+        .algorithm(algorithm)
+        .limit(Limit::new(Rate::per_hour(8)).unwrap())
+        .build()
+        .unwrap()
+}
+
+const WINDOWS: [Algorithm; 3] = [
+    Algorithm::SlidingLog,
+    Algorithm::SlidingWindow,
+    Algorithm::FixedWindow,
+];
 
 /// The status and the quota the response advertises (`q=` of
 /// `RateLimit-Policy`): 8 when Redis decided, 2 when the local fallback did.
@@ -108,6 +128,91 @@ async fn rate_limit_falls_back_to_its_share_while_redis_is_down_then_redis_decid
     // A call that timed out after Redis ran it was charged there but
     // answered locally: Redis may admit fewer than 8, never more.
     assert!((1..=8).contains(&redis_admitted), "{redis_admitted}");
+}
+
+/// Window policies follow the failure policy exactly as GCRA does. Closed:
+/// while Redis is hung (SIGSTOP), every call answers 503 with
+/// `Retry-After`, and Redis decides again once it resumes.
+#[tokio::test]
+async fn window_policies_fail_closed_while_redis_is_hung() {
+    let server = RedisServer::start();
+    let store = RedisStore::builder()
+        .timeout(Duration::from_millis(200))
+        .connect(&server.url())
+        .await
+        .unwrap();
+    let apps: Vec<Router> = WINDOWS
+        .into_iter()
+        .map(|a| {
+            let limiter = Limiter::new(eight_per_hour_window(a), store.clone());
+            app_with(limiter, FailurePolicy::Closed)
+        })
+        .collect();
+    for app in &apps {
+        assert_eq!(get_quota(app).await, (StatusCode::OK, Some(8)));
+    }
+    server.pause();
+    for (app, algorithm) in apps.iter().zip(WINDOWS) {
+        let response = app
+            .clone()
+            .oneshot(Request::get("/").body(Body::empty()).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(
+            response.status(),
+            StatusCode::SERVICE_UNAVAILABLE,
+            "{algorithm}"
+        );
+        assert!(
+            response.headers().contains_key("retry-after"),
+            "{algorithm}"
+        );
+    }
+    server.resume();
+    for (app, algorithm) in apps.iter().zip(WINDOWS) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            assert!(
+                Instant::now() < deadline,
+                "{algorithm}: Redis never decided again"
+            );
+            match get_quota(app).await {
+                (StatusCode::OK, Some(8)) => break,
+                (StatusCode::SERVICE_UNAVAILABLE, _) => {}
+                other => panic!("{algorithm}: {other:?}"),
+            }
+        }
+    }
+}
+
+/// Local share: while Redis is gone, each window policy is decided in
+/// process on the same algorithm with its share of the window (a quarter
+/// of 8 per hour: 2), answered with that quota's headers and 429s.
+#[tokio::test]
+async fn window_policies_fall_back_to_their_share_while_redis_is_down() {
+    let server = RedisServer::start();
+    let store = RedisStore::builder()
+        .timeout(TIMEOUT)
+        .connect(&server.url())
+        .await
+        .unwrap();
+    let apps: Vec<Router> = WINDOWS
+        .into_iter()
+        .map(|a| rate_app(Limiter::new(eight_per_hour_window(a), store.clone())))
+        .collect();
+    for app in &apps {
+        assert_eq!(get_quota(app).await, (StatusCode::OK, Some(8)));
+    }
+    server.stop();
+    let ok = (StatusCode::OK, Some(2));
+    let limited = (StatusCode::TOO_MANY_REQUESTS, Some(2));
+    for (app, algorithm) in apps.iter().zip(WINDOWS) {
+        let mut local = Vec::new();
+        for _ in 0..4 {
+            local.push(get_quota(app).await);
+        }
+        assert_eq!(local, [ok, ok, limited, limited], "{algorithm}");
+    }
 }
 
 #[tokio::test]

@@ -160,12 +160,18 @@ pub enum FailurePolicy {
     /// `fallback_denied`. Its state is kept per layer (the layer's clones
     /// and routes share it) in a [`MemoryStore`](crate::MemoryStore), so it
     /// stays bounded. Build it with [`FailurePolicy::local`].
+    ///
+    /// A window policy is decided locally on the same algorithm, each
+    /// window as long as before and holding its share of the count. For
+    /// every algorithm, the local state knows only the calls decided locally: what Redis admitted
+    /// earlier in a window is not counted against the local share, and what
+    /// the local limiter admitted is not counted in Redis once it is back.
     Local(LocalShare),
 }
 
 impl FailurePolicy {
     /// [`FailurePolicy::Local`] with `share` of each limit; refused unless
-    /// `0 < share <= 1`.
+    /// `1e-6 <= share <= 1` (see [`LocalShare`]).
     ///
     /// ```
     /// use fleetgate::FailurePolicy;
@@ -173,6 +179,9 @@ impl FailurePolicy {
     /// // Four instances: each enforces a quarter of the limit while Redis is down.
     /// let policy = FailurePolicy::local(0.25)?;
     /// assert!(FailurePolicy::local(0.0).is_err());
+    /// // So small that it would decide nothing: refused, naming the share.
+    /// let err = FailurePolicy::local(1e-300).unwrap_err();
+    /// assert!(err.to_string().contains("1e-300"));
     /// # Ok::<(), fleetgate::ConfigError>(())
     /// ```
     pub fn local(share: f64) -> Result<Self, ConfigError> {

@@ -2,20 +2,51 @@
 //! denied a call, the same call is denied here, without a round trip, until
 //! its retry time has passed.
 //!
-//! This is exact, not an approximation. A GCRA denial stores nothing, and
-//! every write to a key (by this instance or any other) only moves its state
-//! later, so until the cached retry time the script would deny the same call
-//! again, naming the same limit; the retry, reset and remaining are
-//! recomputed here from the cached state. Only a wipe of the key's state (a
-//! Redis restart without persistence, `FLUSHALL`, a hand-made `DEL`) makes
-//! Redis admit sooner: a client denied just before waits out the retry time
-//! it was already told.
+//! This is exact, not an approximation, for every algorithm. A denial
+//! stores nothing (GCRA and the three window scripts all return before
+//! their first write when they deny), and every write to a key, by this
+//! instance or any other, only spends more of the limit:
+//!
+//! - GCRA: a write only moves the TAT later;
+//! - sliding log: a write adds entries at its own now, and trims only
+//!   entries that have left every window; the entries that made Redis deny
+//!   stay in the window until the retry time it gave;
+//! - fixed window and sliding counter: a write adds to the current fixed
+//!   window's count; the counts that made Redis deny stay until the retry
+//!   time (the sliding counter's previous window weighs less and less, and
+//!   the retry is the instant it weighs little enough).
+//!
+//! So until the cached retry time the script would deny the same call
+//! again, naming the same limit or window (the one with the longest retry
+//! still has it). Only a wipe of the key's state (a Redis restart without
+//! persistence, `FLUSHALL`, a hand-made `DEL`) makes Redis admit sooner: a
+//! client denied just before waits out the retry time it was already told.
+//!
+//! The figures of a local denial are those Redis would give if nobody else
+//! had written since: the retry and the resets count down from Redis'
+//! answer; GCRA's remaining is recomputed from the cached TAT. A window's
+//! remaining only grows with time (an entry leaves the log, the previous
+//! window weighs less, a fixed window ends); each window script therefore
+//! also says how long every figure of its denial stays true (`hold_us`),
+//! and the cache answers locally only that long (the sliding counter's to
+//! the microsecond its doubles round to, as its retry is), which is the
+//! whole retry time for the usual case (one window, cost 1) and shorter
+//! where another
+//! window's figures move first: then Redis is asked again, and its newer
+//! denial is cached. Other instances' calls in between can only make
+//! Redis' answer stricter than the cached one (less remaining, a later
+//! reset or retry, or another limit naming a later retry), never admit
+//! sooner. With the server's clock, times are counted on this
+//! instance's clock from the moment the call was sent, so a local answer
+//! runs ahead of Redis' by the call's one-way latency at most: it ends that
+//! much early, never late.
 //!
 //! What is cached is one entry per (policy, identity): the cost that was
-//! denied, when it will pass, and the deciding limit's state. Only calls of
-//! exactly that cost are answered from it (another cost has another retry
-//! time); any other answer from Redis for the same policy and identity
-//! replaces or removes the entry.
+//! denied, when it will pass, and the deciding limit's state (every
+//! window's, for a policy of several windows). Only calls of exactly that
+//! cost are answered from it (another cost has another retry time); any
+//! other answer from Redis for the same policy and identity replaces or
+//! removes the entry.
 //!
 //! Bounded: the cache holds at most its capacity, split over shards. When a
 //! shard is full, its expired entries are dropped; if that frees less than a
@@ -104,9 +135,25 @@ struct Entry {
     cost: u64,
     /// Local time (µs) at which the denied call would pass.
     until: u64,
-    /// Local time (µs) of the deciding limit's theoretical arrival time.
-    tat: u64,
+    /// Local time (µs) from which the entry answers nothing: `until`, or
+    /// earlier where a window's figures change first.
+    expires: u64,
     limit: usize,
+    figures: Figures,
+}
+
+/// What a cached denial reports, by algorithm.
+enum Figures {
+    /// The local time (µs) of the deciding limit's theoretical arrival
+    /// time, from which its remaining and reset follow.
+    Gcra { tat: u64 },
+    /// The deciding window's remaining and the local time (µs) its reset
+    /// counts down to, and the same of every window for a policy of several.
+    Window {
+        remaining: u64,
+        reset_at: u64,
+        each: Option<Box<[(u64, u64)]>>,
+    },
 }
 
 impl DenyCache {
@@ -153,13 +200,37 @@ impl DenyCache {
         let shard = self.shard(key);
         let entry = shard.map.get(key)?.iter().find(|e| e.policy == *policy)?;
         let max_wait = u64::try_from(max_wait.as_micros()).unwrap_or(u64::MAX);
-        if entry.cost != cost || entry.until.saturating_sub(now) <= max_wait {
+        if entry.cost != cost || now >= entry.expires || entry.until.saturating_sub(now) <= max_wait
+        {
             return None;
         }
-        let limit = policy.limits().get(entry.limit)?;
-        // As the script computes it: whole calls of cost 1 that fit now.
-        let reset = entry.tat.saturating_sub(now);
-        let remaining = limit.tolerance_us().saturating_sub(reset) / limit.emission_us().max(1);
+        let (remaining, reset, each) = match &entry.figures {
+            Figures::Gcra { tat } => {
+                let limit = policy.limits().get(entry.limit)?;
+                // As the script computes it: whole calls of cost 1 that fit now.
+                let reset = tat.saturating_sub(now);
+                let remaining =
+                    limit.tolerance_us().saturating_sub(reset) / limit.emission_us().max(1);
+                (remaining, reset, None)
+            }
+            Figures::Window {
+                remaining,
+                reset_at,
+                each,
+            } => {
+                let each = each.as_ref().map(|each| {
+                    each.iter()
+                        .map(|&(remaining, reset_at)| {
+                            (
+                                remaining,
+                                Duration::from_micros(reset_at.saturating_sub(now)),
+                            )
+                        })
+                        .collect()
+                });
+                (*remaining, reset_at.saturating_sub(now), each)
+            }
+        };
         let decision = Decision {
             allowed: false,
             limit: entry.limit,
@@ -167,14 +238,14 @@ impl DenyCache {
             reset_us: reset,
             retry_us: Some(entry.until - now),
             wait_us: 0,
-            each: None,
+            each,
         };
         drop(shard);
         self.hits.fetch_add(1, Ordering::Relaxed);
         Some(decision)
     }
 
-    /// Records Redis' answer to a call sent at local time `sent_at`: a
+    /// Records Redis' answer to a GCRA call sent at local time `sent_at`: a
     /// denial is cached, anything else forgets what was cached.
     pub(crate) fn record(
         &self,
@@ -184,8 +255,24 @@ impl DenyCache {
         sent_at: u64,
         decision: &Decision,
     ) {
+        self.record_held(policy, key, cost, sent_at, decision, u64::MAX);
+    }
+
+    /// [`record`](Self::record), for an answer whose figures hold for
+    /// `hold_us` from `sent_at` at most (a window script's `hold_us`): a
+    /// denial is answered locally until its retry time or that, whichever
+    /// comes first.
+    pub(crate) fn record_held(
+        &self,
+        policy: &Policy,
+        key: &Key,
+        cost: u64,
+        sent_at: u64,
+        decision: &Decision,
+        hold_us: u64,
+    ) {
         let denial = match decision.retry_us {
-            Some(retry) if !decision.allowed && retry > 0 => Some(retry),
+            Some(retry) if !decision.allowed && retry > 0 && hold_us > 0 => Some(retry),
             _ => None,
         };
         if denial.is_none() && self.held.load(Ordering::Relaxed) == 0 {
@@ -195,12 +282,33 @@ impl DenyCache {
         let before = shard.entries;
         match denial {
             Some(denial) => {
+                let figures = if policy.algorithm().is_window() {
+                    Figures::Window {
+                        remaining: decision.remaining,
+                        reset_at: sent_at.saturating_add(decision.reset_us),
+                        each: decision.each.as_ref().map(|each| {
+                            each.iter()
+                                .map(|&(remaining, reset)| {
+                                    let reset =
+                                        u64::try_from(reset.as_micros()).unwrap_or(u64::MAX);
+                                    (remaining, sent_at.saturating_add(reset))
+                                })
+                                .collect()
+                        }),
+                    }
+                } else {
+                    Figures::Gcra {
+                        tat: sent_at.saturating_add(decision.reset_us),
+                    }
+                };
+                let until = sent_at.saturating_add(denial);
                 let entry = Entry {
                     policy: policy.clone(),
                     cost,
-                    until: sent_at.saturating_add(denial),
-                    tat: sent_at.saturating_add(decision.reset_us),
+                    until,
+                    expires: sent_at.saturating_add(hold_us).min(until),
                     limit: decision.limit,
+                    figures,
                 };
                 self.insert(&mut shard, key, entry);
             }
@@ -221,9 +329,9 @@ impl DenyCache {
         if let Some(slot) = shard.map.get_mut(key)
             && let Some(existing) = slot.iter_mut().find(|e| e.policy == entry.policy)
         {
-            let until = entry.until;
+            let expires = entry.expires;
             *existing = entry;
-            shard.earliest = shard.earliest.min(until);
+            shard.earliest = shard.earliest.min(expires);
             return;
         }
         if shard.entries >= self.per_shard {
@@ -231,9 +339,9 @@ impl DenyCache {
             self.evictions.fetch_add(evicted, Ordering::Relaxed);
         }
         shard.earliest = if shard.entries == 0 {
-            entry.until
+            entry.expires
         } else {
-            shard.earliest.min(entry.until)
+            shard.earliest.min(entry.expires)
         };
         shard.map.entry(key.clone()).or_default().push(entry);
         shard.entries += 1;
@@ -277,18 +385,18 @@ impl Shard {
     /// so the cost of sweeping is constant per insert on average.
     fn make_room(&mut self, now: u64, capacity: usize) -> u64 {
         if now >= self.earliest {
-            self.retain(|e| e.until > now);
+            self.retain(|e| e.expires > now);
         }
         // Keep at most three quarters, and always leave room for one.
         let keep = capacity - (capacity / 4).max(1);
         if self.entries <= keep {
             return 0;
         }
-        let mut untils: Vec<u64> = self.map.values().flatten().map(|e| e.until).collect();
+        let mut expiries: Vec<u64> = self.map.values().flatten().map(|e| e.expires).collect();
         let excess = self.entries - keep;
-        let (_, &mut cut, _) = untils.select_nth_unstable(excess - 1);
+        let (_, &mut cut, _) = expiries.select_nth_unstable(excess - 1);
         let before = self.entries;
-        self.retain(|e| e.until > cut);
+        self.retain(|e| e.expires > cut);
         (before - self.entries) as u64
     }
 
@@ -302,7 +410,7 @@ impl Shard {
             .map
             .values()
             .flatten()
-            .map(|e| e.until)
+            .map(|e| e.expires)
             .min()
             .unwrap_or(u64::MAX);
         if self.map.capacity() > 4 * self.map.len().max(64) {
@@ -373,6 +481,45 @@ mod tests {
         assert!(cache.lookup(&p, &k, 1, Duration::ZERO).is_none());
         assert_eq!(cache.stats().entries, 0);
         assert_eq!(cache.stats().hits, 2);
+    }
+
+    /// A window denial is answered until its hold, which may end before
+    /// its retry; the resets count down, each window's included.
+    #[test]
+    fn window_denials_hold_as_long_as_their_figures() {
+        let clock = ManualClock::new(Duration::from_secs(100));
+        let cache = DenyCache::new(100, Arc::new(clock.clone()));
+        let p = Policy::builder("w")
+            .algorithm(crate::Algorithm::SlidingLog)
+            .limit(Limit::new(Rate::per_second(2)).unwrap())
+            .limit(Limit::new(Rate::per_minute(5)).unwrap())
+            .build()
+            .unwrap();
+        let k = Key::new("k");
+        let each: Arc<[(u64, Duration)]> =
+            Arc::from([(0, Duration::from_micros(S)), (3, Duration::ZERO)]);
+        let d = Decision {
+            each: Some(each),
+            ..denied(S / 2, S)
+        };
+        cache.record_held(&p, &k, 1, cache.now(), &d, S / 4);
+        assert_eq!(cache.lookup(&p, &k, 1, Duration::ZERO), Some(d));
+        clock.advance(Duration::from_micros(S / 4 - 1));
+        let later = cache.lookup(&p, &k, 1, Duration::ZERO).unwrap();
+        assert_eq!(later.retry_after(), Some(Duration::from_micros(S / 4 + 1)));
+        assert_eq!(later.reset(), Duration::from_micros(3 * S / 4 + 1));
+        assert_eq!(
+            later.reset_of(0),
+            Some(Duration::from_micros(3 * S / 4 + 1))
+        );
+        assert_eq!(later.remaining_of(1), Some(3));
+        assert_eq!(later.reset_of(1), Some(Duration::ZERO));
+        // The hold has passed, the retry not yet: Redis is asked.
+        clock.advance(Duration::from_micros(1));
+        assert!(cache.lookup(&p, &k, 1, Duration::ZERO).is_none());
+        // A denial that holds for nothing is not cached.
+        cache.record_held(&p, &k, 1, cache.now(), &denied(S, S), 0);
+        assert_eq!(cache.stats().entries, 0);
     }
 
     #[test]

@@ -108,6 +108,17 @@ pub enum TimeSource {
     /// The caller's clock, passed to the script: for hosted Redis services
     /// that refuse `TIME` in scripts. Instances then agree only as far as
     /// their clocks do ([`SystemClock`] is wall-clock time).
+    ///
+    /// The clock must run in real time, and near the other instances'
+    /// clocks: key expiries still run on Redis' own clock. So that a clock
+    /// that falls somewhat behind (another instance's lags this one's, a
+    /// process stalls, a test's clock stands still between steps) never
+    /// finds its state expired while it still matters, every key then lives
+    /// one minute longer than with the server's clock, which costs Redis
+    /// memory for that minute. A clock that falls further behind Redis'
+    /// than that, between two calls on one identity, may find the state
+    /// gone and admit as if the identity were new: more than the limit, for
+    /// that identity, once. A clock that runs ahead only keeps keys longer.
     Client(Arc<dyn Clock>),
 }
 

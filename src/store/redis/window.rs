@@ -1,9 +1,14 @@
 //! The Redis store's window algorithms: one script per algorithm, one
 //! round trip per decision, every key of one identity under one hash tag.
 
+use std::time::Duration;
+
+use redis::Value;
+
 use super::{LuaScript, RedisStore, TimeSource, decode_decision};
 use crate::algorithm::Algorithm;
 use crate::decision::Decision;
+use crate::error::StoreError;
 use crate::key::Key;
 use crate::limit::Policy;
 use crate::store::{StoreFuture, WindowCall};
@@ -58,6 +63,9 @@ impl RedisStore {
             .collect()
     }
 
+    /// Answers from the deny cache, or sends the call: one script, one
+    /// round trip. A denial is remembered for as long as the script says
+    /// its figures hold (see [`DenyCache`](crate::store::DenyCache)).
     pub(super) fn run_window(&self, call: WindowCall<'_>) -> StoreFuture<Decision> {
         let algorithm = call.policy.algorithm();
         if !algorithm.is_window() {
@@ -65,14 +73,21 @@ impl RedisStore {
             // it as what it is.
             return self.run_gcra(call.as_gcra());
         }
+        if let Some(cache) = &self.inner.deny {
+            if let Some(denied) = cache.lookup(call.policy, call.key, call.cost, Duration::ZERO) {
+                return StoreFuture::ready(Ok(denied));
+            }
+        }
         let limits = call.policy.limits();
         let keys = self.window_keys(call.policy, call.key);
         let script = self.inner.windows.script(algorithm);
         let mut cmd = script.call(keys.len(), 2 + 2 * limits.len());
         cmd.arg(&keys);
-        match &self.inner.time {
-            TimeSource::Server => cmd.arg(""),
-            TimeSource::Client(clock) => cmd.arg(clock.now_micros()),
+        // "Now": empty for the server's clock; with the caller's, `sent_at`.
+        let sent_at = self.sent_at();
+        match (&self.inner.time, sent_at) {
+            (TimeSource::Client(_), Some(now)) => cmd.arg(now),
+            _ => cmd.arg(""),
         };
         cmd.arg(call.cost);
         for limit in limits {
@@ -80,32 +95,50 @@ impl RedisStore {
             cmd.arg(w.length).arg(w.count);
         }
         let store = self.clone();
-        let count = limits.len();
+        let (policy, key, cost) = (call.policy.clone(), call.key.clone(), call.cost);
         StoreFuture::pending(async move {
             let reply = store
                 .run(store.inner.windows.script(algorithm), cmd)
                 .await?;
-            // GCRA's reply shape, with 0 where GCRA puts the wait, then
-            // every window's remaining and reset.
-            decode_decision(&reply, count, true)
+            let (decision, hold_us) = decode_window(&reply, policy.limits().len())?;
+            if let (Some(cache), Some(sent_at)) = (&store.inner.deny, sent_at) {
+                cache.record_held(&policy, &key, cost, sent_at, &decision, hold_us);
+            }
+            Ok(decision)
         })
     }
 }
 
+/// Decodes a window script's reply: GCRA's shape, with 0 where GCRA puts
+/// the wait, then every window's remaining and reset (for several), then
+/// how long a denial's figures hold, in µs.
+fn decode_window(reply: &Value, limits: usize) -> Result<(Decision, u64), StoreError> {
+    let unexpected = || StoreError::UnexpectedReply(format!("{reply:?}"));
+    let Value::Array(items) = reply else {
+        return Err(unexpected());
+    };
+    let Some((Value::Int(hold), figures)) = items.split_last() else {
+        return Err(unexpected());
+    };
+    let hold = u64::try_from(*hold).map_err(|_| unexpected())?;
+    let decision = decode_decision(&Value::Array(figures.to_vec()), limits, true)?;
+    Ok((decision, hold))
+}
+
 #[cfg(test)]
 mod tests {
-    use redis::Value;
-
     use super::*;
 
     #[test]
     fn odd_window_replies_are_errors() {
         for reply in [
             Value::Nil,
-            Value::Array(vec![Value::Int(1); 4]),
+            Value::Array(vec![]),
+            Value::Array(vec![Value::Int(1); 5]),
             Value::Array(vec![
                 Value::Int(1),
                 Value::Int(3),
+                Value::Int(0),
                 Value::Int(0),
                 Value::Int(0),
                 Value::Int(0),
@@ -116,9 +149,44 @@ mod tests {
                 Value::SimpleString("x".into()),
                 Value::Int(0),
                 Value::Int(0),
+                Value::Int(0),
+            ]),
+            // No hold, or a hold that is not a count of microseconds.
+            Value::Array(vec![
+                Value::Int(0),
+                Value::Int(1),
+                Value::Int(0),
+                Value::Int(5),
+                Value::Int(5),
+            ]),
+            Value::Array(vec![
+                Value::Int(0),
+                Value::Int(1),
+                Value::Int(0),
+                Value::Int(5),
+                Value::Int(5),
+                Value::Int(-1),
             ]),
         ] {
-            assert!(decode_decision(&reply, 2, true).is_err(), "{reply:?}");
+            assert!(decode_window(&reply, 1).is_err(), "{reply:?}");
         }
+        let ok = Value::Array(vec![
+            Value::Int(0),
+            Value::Int(2),
+            Value::Int(0),
+            Value::Int(5),
+            Value::Int(7),
+            Value::Int(1),
+            Value::Int(9),
+            Value::Int(0),
+            Value::Int(5),
+            Value::Int(4),
+        ]);
+        let (d, hold) = decode_window(&ok, 2).unwrap();
+        assert!(!d.is_allowed());
+        assert_eq!(d.limit_index(), 1);
+        assert_eq!(d.retry_after(), Some(Duration::from_micros(7)));
+        assert_eq!(d.reset_of(0), Some(Duration::from_micros(9)));
+        assert_eq!(hold, 4);
     }
 }
