@@ -13,12 +13,16 @@
 -- Times stay integral microseconds below 2^53, exact in Lua's doubles and
 -- in ZSET scores; they are written with %d to keep every digit.
 
-local now
+-- With the caller's clock the set still expires on Redis' own: it lives a
+-- minute (slack_ms) past its longest lease, as in gcra.lua.
+local now, slack_ms
 if ARGV[1] == '' then
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  slack_ms = 0
 else
   now = tonumber(ARGV[1])
+  slack_ms = 60000
 end
 local capacity = tonumber(ARGV[2])
 local ttl = tonumber(ARGV[3])
@@ -36,7 +40,7 @@ end
 
 redis.call('ZADD', KEYS[1], string.format('%d', now + ttl), ARGV[4])
 -- The set lives as long as its longest lease.
-local ttl_ms = math.ceil(ttl / 1000)
+local ttl_ms = math.ceil(ttl / 1000) + slack_ms
 if redis.call('PTTL', KEYS[1]) < ttl_ms then
   redis.call('PEXPIRE', KEYS[1], ttl_ms)
 end

@@ -10,12 +10,16 @@
 --
 -- Returns 1 if renewed, 0 if the lease is not held (any more).
 
-local now
+-- With the caller's clock the set still expires on Redis' own: it lives a
+-- minute (slack_ms) past its longest lease, as in gcra.lua.
+local now, slack_ms
 if ARGV[1] == '' then
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  slack_ms = 0
 else
   now = tonumber(ARGV[1])
+  slack_ms = 60000
 end
 local ttl = tonumber(ARGV[2])
 
@@ -26,7 +30,7 @@ if tonumber(expiry) <= now then
   return 0
 end
 redis.call('ZADD', KEYS[1], string.format('%d', now + ttl), ARGV[3])
-local ttl_ms = math.ceil(ttl / 1000)
+local ttl_ms = math.ceil(ttl / 1000) + slack_ms
 if redis.call('PTTL', KEYS[1]) < ttl_ms then
   redis.call('PEXPIRE', KEYS[1], ttl_ms)
 end

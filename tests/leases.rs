@@ -164,6 +164,23 @@ async fn both_stores_agree_on_the_lease_lifecycle() {
     assert_eq!(memory, redis, "the stores answered differently");
 }
 
+/// With the caller's clock, a lease set outlives real time running ahead
+/// of that clock (a lagging instance, a test clock standing still): the
+/// lease still holds its slot by the caller's clock after its TTL has
+/// passed in real time.
+#[tokio::test]
+async fn a_lease_outlives_a_client_clock_that_falls_behind() {
+    let server = RedisServer::start();
+    let s = Sut::redis(&server).await;
+    let l = s.limiter("behind", 1, Duration::from_millis(20));
+    let _held = s.acquire(&l, "k").await.expect("the first lease");
+    let taken = Instant::now();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(taken.elapsed() >= Duration::from_millis(200));
+    s.clock.advance(Duration::from_millis(1));
+    refused(s.acquire(&l, "k").await, 1, Duration::from_millis(19));
+}
+
 /// A crashed instance (a lease taken and never released, nor renewed)
 /// holds its slot until the TTL, then frees it: on a manual clock for both
 /// stores, exactly at the TTL.
