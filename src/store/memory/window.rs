@@ -4,7 +4,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::hash::BuildHasher;
 
-use super::{MIN_SWEEP, MemoryStore};
+use super::{MIN_CAPACITY, MemoryStore, eviction_cut, keep_after_eviction};
 use crate::algorithm::Algorithm;
 use crate::decision::Decision;
 use crate::key::Key;
@@ -17,11 +17,14 @@ pub(super) struct Table {
     shards: Box<[std::sync::Mutex<Shard>]>,
 }
 
-#[derive(Default)]
 struct Shard {
     map: HashMap<Key, Vec<Entry>>,
     entries: usize,
-    sweep_at: usize,
+    /// The most entries this shard holds: its part of the bound.
+    cap: usize,
+    /// No entry expires before then (an entry's `idle_at` only moves
+    /// later), so that a sweep before then has nothing to drop.
+    earliest: u64,
 }
 
 /// One identity's state under one policy name and algorithm, as the Redis
@@ -32,6 +35,11 @@ struct Entry {
     state: State,
     /// From then on the state means nothing.
     idle_at: u64,
+    /// Its place in the eviction order, lowest first: the later of
+    /// `idle_at` and how long a call can matter (one longest window, two
+    /// for the sliding counter) after the identity's last call, so that an
+    /// identity that keeps calling (even denied) keeps its state.
+    rank: u64,
 }
 
 enum State {
@@ -42,10 +50,19 @@ enum State {
 }
 
 impl Table {
-    pub(super) fn new(shards: usize) -> Self {
+    /// A table of one shard per part of the bound in `caps`.
+    pub(super) fn new(caps: &[usize]) -> Self {
         Table {
-            shards: (0..shards)
-                .map(|_| std::sync::Mutex::new(Shard::default()))
+            shards: caps
+                .iter()
+                .map(|&cap| {
+                    std::sync::Mutex::new(Shard {
+                        map: HashMap::new(),
+                        entries: 0,
+                        cap,
+                        earliest: u64::MAX,
+                    })
+                })
                 .collect(),
         }
     }
@@ -54,8 +71,15 @@ impl Table {
         self.shards.iter().map(|s| lock(s).entries).sum()
     }
 
-    pub(super) fn sweep(&self, now: u64) {
-        for shard in self.shards.iter() {
+    /// How many entries the shards' maps have room for.
+    #[cfg(test)]
+    pub(super) fn capacity(&self) -> usize {
+        self.shards.iter().map(|s| lock(s).map.capacity()).sum()
+    }
+
+    /// Drops the expired entries of shard `index`.
+    pub(super) fn sweep_shard(&self, index: usize, now: u64) {
+        if let Some(shard) = self.shards.get(index) {
             lock(shard).sweep(now);
         }
     }
@@ -73,15 +97,24 @@ impl MemoryStore {
         }
         let windows = &windows[..limits.len()];
         let algorithm = call.policy.algorithm();
+        // How long one call's count can matter: a window, or two for the
+        // sliding counter (the previous window's count weighs in).
+        let longest = windows.iter().map(|w| w.length).max().unwrap_or(0);
+        let horizon = if algorithm == Algorithm::SlidingWindow {
+            longest.saturating_mul(2)
+        } else {
+            longest
+        };
         if !algorithm.is_window() {
             // Only reached through a GCRA policy handed to `window`: decide
             // it as what it is.
             return self.decide(&call.as_gcra());
         }
+        let now = self.inner.clock.now_micros();
+        self.inner.tick(now);
         let table = &self.inner.windows;
         let index = self.inner.hasher.hash_one(call.key) as usize % table.shards.len();
         let mut shard = lock(&table.shards[index]);
-        let now = self.inner.clock.now_micros();
         let policy = call.policy.name();
         let existing = shard.map.get_mut(call.key).and_then(|slot| {
             slot.iter_mut()
@@ -92,6 +125,10 @@ impl MemoryStore {
             if let Some(idle_at) = idle_at {
                 entry.idle_at = entry.idle_at.max(idle_at);
             }
+            entry.rank = entry
+                .rank
+                .max(entry.idle_at)
+                .max(now.saturating_add(horizon));
             return decision;
         }
         let mut state = match algorithm {
@@ -105,8 +142,11 @@ impl MemoryStore {
                 algorithm,
                 state,
                 idle_at,
+                rank: idle_at.max(now.saturating_add(horizon)),
             };
-            shard.insert(call.key, entry, now);
+            let evicted = shard.insert(call.key, entry, now);
+            drop(shard);
+            self.inner.evicted(evicted, "window");
         }
         decision
     }
@@ -140,10 +180,11 @@ fn decide(
 }
 
 impl Shard {
-    fn insert(&mut self, key: &Key, entry: Entry, now: u64) {
-        if self.entries >= self.sweep_at.max(MIN_SWEEP) {
-            self.sweep(now);
-        }
+    /// Adds an entry, making room first in a full shard; returns how many
+    /// live entries that evicted.
+    fn insert(&mut self, key: &Key, entry: Entry, now: u64) -> u64 {
+        let evicted = self.make_room(now);
+        self.earliest = self.earliest.min(entry.idle_at);
         match self.map.get_mut(key) {
             Some(slot) => slot.push(entry),
             None => {
@@ -151,18 +192,63 @@ impl Shard {
             }
         }
         self.entries += 1;
+        evicted
     }
 
+    /// Makes room for one more entry in a full shard: drops expired
+    /// entries, then, if that left more than seven eighths, the live ones
+    /// ranked lowest. Returns how many live entries went.
+    fn make_room(&mut self, now: u64) -> u64 {
+        if self.entries < self.cap {
+            return 0;
+        }
+        self.sweep(now);
+        let keep = keep_after_eviction(self.cap);
+        if self.entries <= keep {
+            return 0;
+        }
+        let mut ranks: Vec<u64> = self.map.values().flatten().map(|e| e.rank).collect();
+        let (cut, mut ties) = eviction_cut(&mut ranks, keep);
+        let before = self.entries;
+        self.retain(|e| {
+            e.rank > cut
+                || (e.rank == cut
+                    && (ties == 0 || {
+                        ties -= 1;
+                        false
+                    }))
+        });
+        (before - self.entries) as u64
+    }
+
+    /// Drops the entries whose windows have all passed, and shrinks the
+    /// map when it has become mostly empty.
     fn sweep(&mut self, now: u64) {
+        if now < self.earliest {
+            return;
+        }
+        self.retain(|e| e.idle_at > now);
+        let floor = (2 * self.map.len()).max(MIN_CAPACITY);
+        if self.map.capacity() > 2 * floor {
+            self.map.shrink_to(floor);
+        }
+    }
+
+    /// Keeps the entries `keep` says to keep, and counts them again.
+    fn retain(&mut self, mut keep: impl FnMut(&Entry) -> bool) {
+        let mut earliest = u64::MAX;
         self.map.retain(|_, slot| {
-            slot.retain(|entry| entry.idle_at > now);
+            slot.retain(|e| {
+                let kept = keep(e);
+                if kept {
+                    earliest = earliest.min(e.idle_at);
+                }
+                kept
+            });
             !slot.is_empty()
         });
         self.entries = self.map.values().map(Vec::len).sum();
-        self.sweep_at = self.entries.saturating_mul(2);
-        if self.map.capacity() > self.sweep_at.max(MIN_SWEEP) * 2 {
-            self.map.shrink_to(self.sweep_at.max(MIN_SWEEP));
-        }
+        self.earliest = earliest;
     }
 }
 
