@@ -40,8 +40,8 @@ async fn memory_stays_bounded_under_many_distinct_keys() {
         peak = peak.max(store.len());
         tokio::time::advance(Duration::from_millis(1500)).await;
     }
-    // Live state is at most one round; sweeping at doubling keeps the rest
-    // within a small factor of it.
+    // Live state is at most one round; the sweeps that calls drive (and a
+    // full shard's own) keep the rest within a small factor of it.
     assert!(peak <= 4 * per_round, "store grew to {peak} entries");
     store.sweep();
     assert_eq!(store.len(), 0, "every entry had expired");

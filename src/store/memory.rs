@@ -106,6 +106,8 @@ struct Inner {
     windows: window::Table,
     leases: lease::Leases,
     sweeper: Sweeper,
+    /// The bound of each kind of state, as configured.
+    max_keys: usize,
     /// Live entries evicted to stay within the bound.
     evictions: AtomicU64,
     /// Lease acquires refused because their shard was full of held leases.
@@ -481,10 +483,7 @@ impl fmt::Debug for MemoryStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("MemoryStore")
             .field("shards", &self.inner.shards.len())
-            .field(
-                "max_keys",
-                &self.inner.shards.iter().map(|s| read(s).cap).sum::<usize>(),
-            )
+            .field("max_keys", &self.inner.max_keys)
             .field("clock", &self.inner.clock)
             .finish()
     }
@@ -634,6 +633,7 @@ impl MemoryStoreBuilder {
                     cursor: Mutex::new(0),
                     step: (SWEEP_PERIOD / shards as u64).max(1),
                 },
+                max_keys,
                 evictions: AtomicU64::new(0),
                 lease_refusals: AtomicU64::new(0),
             }),
