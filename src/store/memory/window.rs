@@ -97,6 +97,11 @@ impl MemoryStore {
         }
         let windows = &windows[..limits.len()];
         let algorithm = call.policy.algorithm();
+        if !algorithm.is_window() {
+            // Only reached through a GCRA policy handed to `window`: decide
+            // it as what it is.
+            return self.decide(&call.as_gcra());
+        }
         // How long one call's count can matter: a window, or two for the
         // sliding counter (the previous window's count weighs in).
         let longest = windows.iter().map(|w| w.length).max().unwrap_or(0);
@@ -105,18 +110,33 @@ impl MemoryStore {
         } else {
             longest
         };
-        if !algorithm.is_window() {
-            // Only reached through a GCRA policy handed to `window`: decide
-            // it as what it is.
-            return self.decide(&call.as_gcra());
-        }
-        let now = self.inner.clock.now_micros();
-        self.inner.tick(now);
         let table = &self.inner.windows;
         let index = self.inner.hasher.hash_one(call.key) as usize % table.shards.len();
         let mut shard = lock(&table.shards[index]);
+        // Read under the lock: a key's calls then see time in order, as
+        // the sliding log (kept ascending) needs.
+        let now = self.inner.clock.now_micros();
+        let (decision, evicted) = shard.decide(call, algorithm, windows, horizon, now);
+        drop(shard);
+        self.inner.evicted(evicted, "window");
+        self.inner.tick(now);
+        decision
+    }
+}
+
+impl Shard {
+    /// Decides `call` on its entry in this shard, made if it is admitted;
+    /// returns the decision and how many live entries making it evicted.
+    fn decide(
+        &mut self,
+        call: &WindowCall<'_>,
+        algorithm: Algorithm,
+        windows: &[Window],
+        horizon: u64,
+        now: u64,
+    ) -> (Decision, u64) {
         let policy = call.policy.name();
-        let existing = shard.map.get_mut(call.key).and_then(|slot| {
+        let existing = self.map.get_mut(call.key).and_then(|slot| {
             slot.iter_mut()
                 .find(|e| &*e.policy == policy && e.algorithm == algorithm)
         });
@@ -129,26 +149,24 @@ impl MemoryStore {
                 .rank
                 .max(entry.idle_at)
                 .max(now.saturating_add(horizon));
-            return decision;
+            return (decision, 0);
         }
         let mut state = match algorithm {
             Algorithm::SlidingLog => State::Log(VecDeque::new()),
             _ => State::Counters(vec![Counter::default(); windows.len()].into_boxed_slice()),
         };
         let (decision, idle_at) = decide(algorithm, windows, &mut state, now, call.cost);
-        if let Some(idle_at) = idle_at {
-            let entry = Entry {
-                policy: call.policy.name_arc(),
-                algorithm,
-                state,
-                idle_at,
-                rank: idle_at.max(now.saturating_add(horizon)),
-            };
-            let evicted = shard.insert(call.key, entry, now);
-            drop(shard);
-            self.inner.evicted(evicted, "window");
-        }
-        decision
+        let Some(idle_at) = idle_at else {
+            return (decision, 0);
+        };
+        let entry = Entry {
+            policy: call.policy.name_arc(),
+            algorithm,
+            state,
+            idle_at,
+            rank: idle_at.max(now.saturating_add(horizon)),
+        };
+        (decision, self.insert(call.key, entry, now))
     }
 }
 
