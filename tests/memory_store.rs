@@ -415,3 +415,32 @@ async fn a_client_that_keeps_calling_keeps_its_limit_during_a_flood() {
         );
     }
 }
+
+/// Threads inserting distinct identities at once: the bound holds, and
+/// every identity is either held or counted as evicted.
+#[test]
+fn the_bound_holds_across_threads() {
+    let store = MemoryStore::builder()
+        .shards(4)
+        .max_keys(1000)
+        .unwrap()
+        .build();
+    let limiter = Limiter::new(
+        policy_of("flood", Algorithm::Gcra, 5, Duration::from_secs(3600)),
+        store.clone(),
+    );
+    std::thread::scope(|s| {
+        for t in 0..2 {
+            let limiter = &limiter;
+            s.spawn(move || {
+                for i in 0..25_000 {
+                    let key = Key::new(format!("t{t}:{i}"));
+                    let decision = limiter.check_now(&key, 1).unwrap();
+                    assert!(decision.is_allowed());
+                }
+            });
+        }
+    });
+    assert!(store.len() <= 1000, "{} entries", store.len());
+    assert_eq!(store.stats().evictions + store.len() as u64, 50_000);
+}
