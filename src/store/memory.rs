@@ -646,6 +646,7 @@ mod tests {
     use super::*;
     use crate::clock::ManualClock;
     use crate::limit::Rate;
+    use crate::store::LeaseId;
     use std::time::Duration;
 
     fn store(max_keys: usize, shards: usize, clock: &ManualClock) -> MemoryStore {
@@ -811,7 +812,7 @@ mod tests {
         );
     }
 
-    /// Evictions reach the metrics too.
+    /// Evictions and lease refusals reach the metrics too.
     #[cfg(feature = "metrics")]
     #[test]
     fn evictions_are_counted_in_metrics() {
@@ -826,29 +827,50 @@ mod tests {
             for i in 0..1000 {
                 check(&store, &policy, &Key::new(format!("k{i}")));
             }
+            for i in 0..1000 {
+                let id = LeaseId::generate();
+                let call = LeaseCall {
+                    name: "slow",
+                    key: &Key::new(format!("k{i}")),
+                    id: &id,
+                    capacity: 1,
+                    ttl: Duration::from_secs(30),
+                };
+                let _ = store.lease_acquire(call).take_ready();
+            }
         });
-        let evictions = store.stats().evictions;
-        assert!(evictions >= 1000 - 64, "{evictions}");
-        let counted: Vec<_> = snapshotter
+        let stats = store.stats();
+        assert!(stats.evictions >= 1000 - 64, "{stats:?}");
+        assert_eq!(stats.lease_refusals, 1000 - 64, "{stats:?}");
+        let mut counted: Vec<_> = snapshotter
             .snapshot()
             .into_vec()
             .into_iter()
-            .filter(|(key, ..)| key.key().name() == "fleetgate_memory_evictions_total")
+            .filter(|(key, ..)| key.key().name().starts_with("fleetgate_memory_"))
             .map(|(key, _, _, value)| {
                 let labels: Vec<_> = key
                     .key()
                     .labels()
-                    .map(|l| (l.key().to_owned(), l.value().to_owned()))
+                    .map(|l| format!("{}={}", l.key(), l.value()))
                     .collect();
-                (labels, value)
+                (key.key().name().to_owned(), labels, value)
             })
             .collect();
+        counted.sort_by(|a, b| a.0.cmp(&b.0));
         assert_eq!(
             counted,
-            [(
-                vec![("state".to_owned(), "gcra".to_owned())],
-                DebugValue::Counter(evictions)
-            )]
+            [
+                (
+                    "fleetgate_memory_evictions_total".to_owned(),
+                    vec!["state=gcra".to_owned()],
+                    DebugValue::Counter(stats.evictions)
+                ),
+                (
+                    "fleetgate_memory_lease_refusals_total".to_owned(),
+                    vec![],
+                    DebugValue::Counter(stats.lease_refusals)
+                ),
+            ]
         );
     }
 }
