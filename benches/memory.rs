@@ -391,7 +391,118 @@ fn fixed_loop(spec: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// `FLEETGATE_BENCH_FOOTPRINT=<algorithm>:<keys>:<max_keys>` (algorithm:
+/// `gcra`, `sliding_log`, `fixed_window`, `sliding_window` or `lease`)
+/// makes no measurement of time: it floods a store bounded to `max_keys`
+/// with `keys` distinct identities, each calling once on a limit of ten a
+/// second (a lease held until the flood ends), and prints the process' resident
+/// memory (Linux) before, after the flood, and after one identity has
+/// kept calling for two seconds more, when the flood's state has expired.
+fn footprint(spec: &str) -> Result<(), String> {
+    use fleetgate::Algorithm;
+    use fleetgate::concurrency::{Admission, ConcurrencyLimiter, ConcurrencyPolicy};
+
+    let parts: Vec<&str> = spec.split(':').collect();
+    let [algorithm, keys, max_keys] = parts[..] else {
+        return Err(format!(
+            "FLEETGATE_BENCH_FOOTPRINT={spec}: want algorithm:keys:max_keys"
+        ));
+    };
+    let keys: usize = keys.parse().map_err(|e| format!("keys {keys}: {e}"))?;
+    let max_keys: usize = max_keys
+        .parse()
+        .map_err(|e| format!("max_keys {max_keys}: {e}"))?;
+    let rss = || {
+        std::fs::read_to_string("/proc/self/statm")
+            .ok()
+            .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
+            .map_or_else(
+                || "n/a".to_owned(),
+                |pages| format!("{:.1} MB", pages as f64 * 4096.0 / 1e6),
+            )
+    };
+    println!("before: {}", rss());
+    let store = MemoryStore::builder()
+        .max_keys(max_keys)
+        .map_err(|e| e.to_string())?
+        .build();
+    let started = Instant::now();
+    let mut regular: Box<dyn FnMut()> = if algorithm == "lease" {
+        let policy = ConcurrencyPolicy::builder("footprint", 1)
+            .lease_ttl(Duration::from_secs(1))
+            .no_renewal()
+            .build()
+            .map_err(|e| e.to_string())?;
+        let limiter = ConcurrencyLimiter::new(policy, store.clone());
+        let mut held = Vec::new();
+        for i in 0..keys {
+            if let Some(Ok(Admission::Acquired(guard))) = limiter
+                .acquire(&Key::new(format!("flood:{i}")))
+                .take_ready()
+            {
+                held.push(guard);
+            }
+        }
+        // Held until the first call after the flood: released then, as
+        // their requests would finish.
+        let mut held = Some(held);
+        Box::new(move || {
+            drop(held.take());
+            drop(limiter.acquire(&Key::new("regular")).take_ready());
+        })
+    } else {
+        let algorithm = match algorithm {
+            "gcra" => Algorithm::Gcra,
+            "sliding_log" => Algorithm::SlidingLog,
+            "fixed_window" => Algorithm::FixedWindow,
+            "sliding_window" => Algorithm::SlidingWindow,
+            _ => {
+                return Err(format!(
+                    "algorithm {algorithm}: see FLEETGATE_BENCH_FOOTPRINT"
+                ));
+            }
+        };
+        let policy = Policy::builder("footprint")
+            .algorithm(algorithm)
+            .limit(Limit::new(Rate::per_second(10)).map_err(|e| e.to_string())?)
+            .build()
+            .map_err(|e| e.to_string())?;
+        let limiter = Limiter::new(policy, store.clone());
+        for i in 0..keys {
+            limiter.check_now(&Key::new(format!("flood:{i}")), 1);
+        }
+        Box::new(move || drop(limiter.check_now(&Key::new("regular"), 1)))
+    };
+    let flood = started.elapsed();
+    println!(
+        "after {keys} keys in {flood:.2?}: {} ({} entries, {} leases, {:?})",
+        rss(),
+        store.len(),
+        store.lease_count(),
+        store.stats()
+    );
+    let quiet = Instant::now();
+    while quiet.elapsed() < Duration::from_secs(3) {
+        regular();
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    println!(
+        "after 3 s of one identity calling: {} ({} entries, {} leases)",
+        rss(),
+        store.len(),
+        store.lease_count()
+    );
+    Ok(())
+}
+
 fn main() {
+    if let Ok(spec) = std::env::var("FLEETGATE_BENCH_FOOTPRINT") {
+        if let Err(err) = footprint(&spec) {
+            eprintln!("{err}");
+            std::process::exit(2);
+        }
+        return;
+    }
     if let Ok(spec) = std::env::var("FLEETGATE_BENCH_LOOP") {
         if let Err(err) = fixed_loop(&spec) {
             eprintln!("{err}");

@@ -206,6 +206,9 @@ pub enum ConfigError {
         /// `max_in_flight` or `max_batch`.
         setting: &'static str,
     },
+    /// A [`MemoryStore`](crate::MemoryStore) bound of zero entries.
+    #[error("a memory store's max_keys must be at least 1")]
+    ZeroMaxKeys,
     /// A [`LocalShare`](crate::LocalShare) outside `1e-6 <= share <= 1`
     /// (not a number, zero or less, more than the whole, or less than a
     /// millionth).

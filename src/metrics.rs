@@ -11,6 +11,8 @@
 //! | `fleetgate_shed_total` | counter | `layer`, `policy`, `tier` | load shedders: requests of the tier shed (by the fleet shedder's local fallback too) |
 //! | `fleetgate_store_duration_seconds` | histogram | `store`, `op` | one Redis round trip, timeouts and errors included |
 //! | `fleetgate_store_errors_total` | counter | `store`, `op`, `error` | Redis calls that failed: `timeout`, `redis`, `reply` |
+//! | `fleetgate_memory_evictions_total` | counter | `state` | [`MemoryStore`](crate::MemoryStore): live entries evicted to stay within its bound; `state` is `gcra` or `window` |
+//! | `fleetgate_memory_lease_refusals_total` | counter | | [`MemoryStore`](crate::MemoryStore): lease acquires refused because their shard was full of held leases |
 //!
 //! `layer` is the kind of layer (`rate_limit`, `concurrency`, `fleet_shed`,
 //! `utilization_shed`), `tier` a load shedder's tier name, `policy`
@@ -228,6 +230,21 @@ impl ScriptMetrics {
                 .record(took.as_secs_f64());
         }
     }
+}
+
+/// Counts `count` live entries of the memory store's `state` (`gcra`,
+/// `window`) evicted at its bound (in batches: the series is resolved per
+/// batch).
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+pub(crate) fn memory_evicted(state: &'static str, count: u64) {
+    #[cfg(feature = "metrics")]
+    ::metrics::counter!("fleetgate_memory_evictions_total", "state" => state).increment(count);
+}
+
+/// Counts one lease acquire the memory store refused for want of room.
+pub(crate) fn memory_lease_refused() {
+    #[cfg(feature = "metrics")]
+    ::metrics::counter!("fleetgate_memory_lease_refusals_total").increment(1);
 }
 
 /// Whether an admitted call left at most a tenth of the burst.

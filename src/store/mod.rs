@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 pub use self::defer::DeferCall;
 pub use self::lease::{LeaseCall, LeaseGrant, LeaseId};
-pub use self::memory::{MemoryStore, MemoryStoreBuilder};
+pub use self::memory::{DEFAULT_MAX_KEYS, MemoryStore, MemoryStoreBuilder, MemoryStoreStats};
 pub use self::redis::{RedisStore, RedisStoreBuilder, TimeSource};
 
 pub use self::deny_cache::DenyCacheStats;

@@ -11,20 +11,30 @@ use std::time::Duration;
 use crate::key::Key;
 use crate::store::{LeaseCall, LeaseGrant, LeaseId};
 
-/// A shard sweeps expired leases once it holds this many sets, and after
-/// that whenever their number has doubled since the last sweep.
-const MIN_SWEEP: usize = 1024;
+use super::MIN_CAPACITY;
 
 pub(super) struct Leases {
     shards: Box<[Mutex<Shard>]>,
     hasher: RandomState,
 }
 
-#[derive(Default)]
 struct Shard {
     map: HashMap<Key, Vec<Set>>,
     sets: usize,
-    sweep_at: usize,
+    /// The most sets this shard holds: its part of the bound.
+    cap: usize,
+    /// No lease expires before then (a lease's expiry only moves later),
+    /// so that a sweep before then has nothing to drop.
+    earliest: u64,
+}
+
+/// What an acquire did.
+pub(super) enum Acquired {
+    /// Decided by the set's capacity.
+    Grant(LeaseGrant),
+    /// Refused without looking at a capacity: the call needed a new set in
+    /// a shard full of held leases.
+    Full(LeaseGrant),
 }
 
 /// The leases one key holds under one limit name.
@@ -34,9 +44,20 @@ struct Set {
 }
 
 impl Leases {
-    pub(super) fn new(shards: usize) -> Self {
+    /// Leases in one shard per part of the bound in `caps`.
+    pub(super) fn new(caps: &[usize]) -> Self {
         Leases {
-            shards: (0..shards).map(|_| Mutex::new(Shard::default())).collect(),
+            shards: caps
+                .iter()
+                .map(|&cap| {
+                    Mutex::new(Shard {
+                        map: HashMap::new(),
+                        sets: 0,
+                        cap,
+                        earliest: u64::MAX,
+                    })
+                })
+                .collect(),
             hasher: RandomState::new(),
         }
     }
@@ -46,7 +67,7 @@ impl Leases {
         lock(&self.shards[index])
     }
 
-    pub(super) fn acquire(&self, call: &LeaseCall<'_>, now: u64) -> LeaseGrant {
+    pub(super) fn acquire(&self, call: &LeaseCall<'_>, now: u64) -> Acquired {
         let mut shard = self.shard(call.key);
         let expiry = now.saturating_add(call.ttl_us());
         if let Some(set) = shard.find(call.key, call.name) {
@@ -54,25 +75,35 @@ impl Leases {
             let held = set.leases.len() as u64;
             if held >= call.capacity {
                 let oldest = set.leases.iter().map(|(_, e)| *e).min().unwrap_or(now);
-                return LeaseGrant {
+                return Acquired::Grant(LeaseGrant {
                     acquired: false,
                     in_flight: held,
-                    oldest_expires_in: Some(Duration::from_micros(oldest - now)),
-                };
+                    oldest_expires_in: Some(Duration::from_micros(oldest.saturating_sub(now))),
+                });
             }
             set.leases.push((call.id.clone(), expiry));
-            return LeaseGrant {
+            shard.earliest = shard.earliest.min(expiry);
+            return Acquired::Grant(LeaseGrant {
                 acquired: true,
                 in_flight: held + 1,
                 oldest_expires_in: None,
-            };
+            });
         }
         if call.capacity == 0 {
-            return LeaseGrant {
+            return Acquired::Grant(LeaseGrant {
                 acquired: false,
                 in_flight: 0,
                 oldest_expires_in: Some(Duration::ZERO),
-            };
+            });
+        }
+        if !shard.make_room(now) {
+            // Every set here holds a live lease: evicting one would let its
+            // key past its limit unnoticed, so the new key waits instead.
+            return Acquired::Full(LeaseGrant {
+                acquired: false,
+                in_flight: 0,
+                oldest_expires_in: Some(Duration::from_micros(shard.earliest.saturating_sub(now))),
+            });
         }
         shard.insert(
             call.key,
@@ -80,13 +111,13 @@ impl Leases {
                 name: call.name.into(),
                 leases: vec![(call.id.clone(), expiry)],
             },
-            now,
+            expiry,
         );
-        LeaseGrant {
+        Acquired::Grant(LeaseGrant {
             acquired: true,
             in_flight: 1,
             oldest_expires_in: None,
-        }
+        })
     }
 
     pub(super) fn release(&self, call: &LeaseCall<'_>) -> bool {
@@ -138,8 +169,9 @@ impl Leases {
             .sum()
     }
 
-    pub(super) fn sweep(&self, now: u64) {
-        for shard in self.shards.iter() {
+    /// Drops the expired leases of shard `index`.
+    pub(super) fn sweep_shard(&self, index: usize, now: u64) {
+        if let Some(shard) = self.shards.get(index) {
             lock(shard).sweep(now);
         }
     }
@@ -152,10 +184,19 @@ impl Shard {
             .and_then(|sets| sets.iter_mut().find(|s| &*s.name == name))
     }
 
-    fn insert(&mut self, key: &Key, set: Set, now: u64) {
-        if self.sets >= self.sweep_at.max(MIN_SWEEP) {
-            self.sweep(now);
+    /// Whether the shard has room for one more set, after dropping expired
+    /// leases if it was full.
+    fn make_room(&mut self, now: u64) -> bool {
+        if self.sets < self.cap {
+            return true;
         }
+        self.sweep(now);
+        self.sets < self.cap
+    }
+
+    /// Adds a set holding one lease that expires at `expiry`.
+    fn insert(&mut self, key: &Key, set: Set, expiry: u64) {
+        self.earliest = self.earliest.min(expiry);
         match self.map.get_mut(key) {
             Some(sets) => sets.push(set),
             None => {
@@ -180,17 +221,28 @@ impl Shard {
     /// holder's leases do not outlive their TTL by much, even for keys
     /// never seen again.
     fn sweep(&mut self, now: u64) {
+        if now < self.earliest {
+            return;
+        }
+        let mut earliest = u64::MAX;
         self.map.retain(|_, sets| {
             sets.retain_mut(|set| {
-                set.leases.retain(|(_, e)| *e > now);
+                set.leases.retain(|&(_, e)| {
+                    let keep = e > now;
+                    if keep {
+                        earliest = earliest.min(e);
+                    }
+                    keep
+                });
                 !set.leases.is_empty()
             });
             !sets.is_empty()
         });
         self.sets = self.map.values().map(Vec::len).sum();
-        self.sweep_at = self.sets.saturating_mul(2);
-        if self.map.capacity() > self.sweep_at.max(MIN_SWEEP) * 2 {
-            self.map.shrink_to(self.sweep_at.max(MIN_SWEEP));
+        self.earliest = earliest;
+        let floor = (2 * self.map.len()).max(MIN_CAPACITY);
+        if self.map.capacity() > 2 * floor {
+            self.map.shrink_to(floor);
         }
     }
 }

@@ -4,7 +4,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::hash::BuildHasher;
 
-use super::{MIN_SWEEP, MemoryStore};
+use super::{MIN_CAPACITY, MemoryStore, eviction_cut, keep_after_eviction};
 use crate::algorithm::Algorithm;
 use crate::decision::Decision;
 use crate::key::Key;
@@ -17,11 +17,14 @@ pub(super) struct Table {
     shards: Box<[std::sync::Mutex<Shard>]>,
 }
 
-#[derive(Default)]
 struct Shard {
     map: HashMap<Key, Vec<Entry>>,
     entries: usize,
-    sweep_at: usize,
+    /// The most entries this shard holds: its part of the bound.
+    cap: usize,
+    /// No entry expires before then (an entry's `idle_at` only moves
+    /// later), so that a sweep before then has nothing to drop.
+    earliest: u64,
 }
 
 /// One identity's state under one policy name and algorithm, as the Redis
@@ -32,6 +35,11 @@ struct Entry {
     state: State,
     /// From then on the state means nothing.
     idle_at: u64,
+    /// Its place in the eviction order, lowest first: the later of
+    /// `idle_at` and how long a call can matter (one longest window, two
+    /// for the sliding counter) after the identity's last call, so that an
+    /// identity that keeps calling (even denied) keeps its state.
+    rank: u64,
 }
 
 enum State {
@@ -42,10 +50,19 @@ enum State {
 }
 
 impl Table {
-    pub(super) fn new(shards: usize) -> Self {
+    /// A table of one shard per part of the bound in `caps`.
+    pub(super) fn new(caps: &[usize]) -> Self {
         Table {
-            shards: (0..shards)
-                .map(|_| std::sync::Mutex::new(Shard::default()))
+            shards: caps
+                .iter()
+                .map(|&cap| {
+                    std::sync::Mutex::new(Shard {
+                        map: HashMap::new(),
+                        entries: 0,
+                        cap,
+                        earliest: u64::MAX,
+                    })
+                })
                 .collect(),
         }
     }
@@ -54,8 +71,15 @@ impl Table {
         self.shards.iter().map(|s| lock(s).entries).sum()
     }
 
-    pub(super) fn sweep(&self, now: u64) {
-        for shard in self.shards.iter() {
+    /// How many entries the shards' maps have room for.
+    #[cfg(test)]
+    pub(super) fn capacity(&self) -> usize {
+        self.shards.iter().map(|s| lock(s).map.capacity()).sum()
+    }
+
+    /// Drops the expired entries of shard `index`.
+    pub(super) fn sweep_shard(&self, index: usize, now: u64) {
+        if let Some(shard) = self.shards.get(index) {
             lock(shard).sweep(now);
         }
     }
@@ -78,12 +102,41 @@ impl MemoryStore {
             // it as what it is.
             return self.decide(&call.as_gcra());
         }
+        // How long one call's count can matter: a window, or two for the
+        // sliding counter (the previous window's count weighs in).
+        let longest = windows.iter().map(|w| w.length).max().unwrap_or(0);
+        let horizon = if algorithm == Algorithm::SlidingWindow {
+            longest.saturating_mul(2)
+        } else {
+            longest
+        };
         let table = &self.inner.windows;
         let index = self.inner.hasher.hash_one(call.key) as usize % table.shards.len();
         let mut shard = lock(&table.shards[index]);
+        // Read under the lock: a key's calls then see time in order, as
+        // the sliding log (kept ascending) needs.
         let now = self.inner.clock.now_micros();
+        let (decision, evicted) = shard.decide(call, algorithm, windows, horizon, now);
+        drop(shard);
+        self.inner.evicted(evicted, "window");
+        self.inner.tick(now);
+        decision
+    }
+}
+
+impl Shard {
+    /// Decides `call` on its entry in this shard, made if it is admitted;
+    /// returns the decision and how many live entries making it evicted.
+    fn decide(
+        &mut self,
+        call: &WindowCall<'_>,
+        algorithm: Algorithm,
+        windows: &[Window],
+        horizon: u64,
+        now: u64,
+    ) -> (Decision, u64) {
         let policy = call.policy.name();
-        let existing = shard.map.get_mut(call.key).and_then(|slot| {
+        let existing = self.map.get_mut(call.key).and_then(|slot| {
             slot.iter_mut()
                 .find(|e| &*e.policy == policy && e.algorithm == algorithm)
         });
@@ -92,23 +145,28 @@ impl MemoryStore {
             if let Some(idle_at) = idle_at {
                 entry.idle_at = entry.idle_at.max(idle_at);
             }
-            return decision;
+            entry.rank = entry
+                .rank
+                .max(entry.idle_at)
+                .max(now.saturating_add(horizon));
+            return (decision, 0);
         }
         let mut state = match algorithm {
             Algorithm::SlidingLog => State::Log(VecDeque::new()),
             _ => State::Counters(vec![Counter::default(); windows.len()].into_boxed_slice()),
         };
         let (decision, idle_at) = decide(algorithm, windows, &mut state, now, call.cost);
-        if let Some(idle_at) = idle_at {
-            let entry = Entry {
-                policy: call.policy.name_arc(),
-                algorithm,
-                state,
-                idle_at,
-            };
-            shard.insert(call.key, entry, now);
-        }
-        decision
+        let Some(idle_at) = idle_at else {
+            return (decision, 0);
+        };
+        let entry = Entry {
+            policy: call.policy.name_arc(),
+            algorithm,
+            state,
+            idle_at,
+            rank: idle_at.max(now.saturating_add(horizon)),
+        };
+        (decision, self.insert(call.key, entry, now))
     }
 }
 
@@ -140,10 +198,11 @@ fn decide(
 }
 
 impl Shard {
-    fn insert(&mut self, key: &Key, entry: Entry, now: u64) {
-        if self.entries >= self.sweep_at.max(MIN_SWEEP) {
-            self.sweep(now);
-        }
+    /// Adds an entry, making room first in a full shard; returns how many
+    /// live entries that evicted.
+    fn insert(&mut self, key: &Key, entry: Entry, now: u64) -> u64 {
+        let evicted = self.make_room(now);
+        self.earliest = self.earliest.min(entry.idle_at);
         match self.map.get_mut(key) {
             Some(slot) => slot.push(entry),
             None => {
@@ -151,18 +210,63 @@ impl Shard {
             }
         }
         self.entries += 1;
+        evicted
     }
 
+    /// Makes room for one more entry in a full shard: drops expired
+    /// entries, then, if that left more than seven eighths, the live ones
+    /// ranked lowest. Returns how many live entries went.
+    fn make_room(&mut self, now: u64) -> u64 {
+        if self.entries < self.cap {
+            return 0;
+        }
+        self.sweep(now);
+        let keep = keep_after_eviction(self.cap);
+        if self.entries <= keep {
+            return 0;
+        }
+        let mut ranks: Vec<u64> = self.map.values().flatten().map(|e| e.rank).collect();
+        let (cut, mut ties) = eviction_cut(&mut ranks, keep);
+        let before = self.entries;
+        self.retain(|e| {
+            e.rank > cut
+                || (e.rank == cut
+                    && (ties == 0 || {
+                        ties -= 1;
+                        false
+                    }))
+        });
+        (before - self.entries) as u64
+    }
+
+    /// Drops the entries whose windows have all passed, and shrinks the
+    /// map when it has become mostly empty.
     fn sweep(&mut self, now: u64) {
+        if now < self.earliest {
+            return;
+        }
+        self.retain(|e| e.idle_at > now);
+        let floor = (2 * self.map.len()).max(MIN_CAPACITY);
+        if self.map.capacity() > 2 * floor {
+            self.map.shrink_to(floor);
+        }
+    }
+
+    /// Keeps the entries `keep` says to keep, and counts them again.
+    fn retain(&mut self, mut keep: impl FnMut(&Entry) -> bool) {
+        let mut earliest = u64::MAX;
         self.map.retain(|_, slot| {
-            slot.retain(|entry| entry.idle_at > now);
+            slot.retain(|e| {
+                let kept = keep(e);
+                if kept {
+                    earliest = earliest.min(e.idle_at);
+                }
+                kept
+            });
             !slot.is_empty()
         });
         self.entries = self.map.values().map(Vec::len).sum();
-        self.sweep_at = self.entries.saturating_mul(2);
-        if self.map.capacity() > self.sweep_at.max(MIN_SWEEP) * 2 {
-            self.map.shrink_to(self.sweep_at.max(MIN_SWEEP));
-        }
+        self.earliest = earliest;
     }
 }
 
