@@ -27,6 +27,9 @@
 //! - `FLEETGATE_POLICIES`: a TOML policy file (see `examples/policies.toml`)
 //!   whose routes and policies replace the built-in rate limits of
 //!   `/api/ping` and `/api/window`: limits change without a rebuild.
+//! - `FLEETGATE_MEMORY_MAX_KEYS`: without `REDIS_URL`, the most identities
+//!   the in-process store keeps per kind of state (default 100000); past
+//!   it, expired state and then the state closest to expiry is evicted.
 //! - `FLEETGATE_SHED_WORKERS`: the worker capacity of the worker-utilization
 //!   shedder in front of `/api/charge` and `/api/report` (default 64).
 //!
@@ -203,7 +206,30 @@ async fn run() -> Result<(), BoxError> {
                 format!("redis {url}, {when_down} when Redis is down"),
             )
         }
-        _ => (Arc::new(MemoryStore::new()), "memory".to_owned()),
+        _ => {
+            let max_keys = match std::env::var("FLEETGATE_MEMORY_MAX_KEYS") {
+                Err(_) => 100_000,
+                Ok(n) => n
+                    .parse()
+                    .map_err(|err| format!("FLEETGATE_MEMORY_MAX_KEYS {n:?}: {err}"))?,
+            };
+            let store = MemoryStore::builder()
+                .max_keys(max_keys)
+                .map_err(|err| format!("FLEETGATE_MEMORY_MAX_KEYS {max_keys}: {err}"))?
+                .build();
+            // Calls sweep expired state as they come; the timer gives the
+            // memory of a flood back even when no call follows it.
+            let swept = store.clone();
+            tokio::spawn(async move {
+                let mut every = tokio::time::interval(Duration::from_secs(5));
+                loop {
+                    every.tick().await;
+                    swept.sweep();
+                }
+            });
+            println!("memory store: at most {max_keys} identities per kind of state");
+            (Arc::new(store), "memory".to_owned())
+        }
     };
 
     let (api_key, api_keys) = api_key_extractor()?;

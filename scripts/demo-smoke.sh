@@ -60,6 +60,18 @@ codes() { # url, count, [api key]
   done
 }
 
+# Bad settings: the demo refuses to start, naming the variable.
+for bad in FLEETGATE_SHED_WORKERS=0 FLEETGATE_FAILURE_POLICY=local:1e-300 \
+  FLEETGATE_MEMORY_MAX_KEYS=0 FLEETGATE_ADDR=nowhere; do
+  if out=$(env FLEETGATE_SMOKE_RUN=$$ "$bad" timeout 10 "$demo" 2>&1); then
+    echo "FAIL: the demo started with $bad" >&2; exit 1
+  fi
+  case "$out" in
+    *"Error: ${bad%%=*}"*) echo "refused $bad: ${out##*Error: }" ;;
+    *) echo "FAIL: $bad: expected an error naming ${bad%%=*}, got: $out" >&2; exit 1 ;;
+  esac
+done
+
 start_demo url env
 got=$(codes "$url" 8)
 echo "memory store: $got"
