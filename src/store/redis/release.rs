@@ -8,6 +8,11 @@
 //! follow at once. Releasing is idempotent (removing an id that is not
 //! held does nothing), so a release that timed out after it had landed is
 //! simply sent again and answers "not held".
+//!
+//! The drainer runs on the runtime of the release that started it. If that
+//! runtime shuts down (the drainer is dropped), the releases still queued
+//! are given up: their leases expire after their TTL, and nobody waits on
+//! a release no task will send.
 
 use std::collections::VecDeque;
 use std::sync::{Mutex, MutexGuard};
@@ -56,15 +61,17 @@ struct Retry {
 }
 
 impl Retry {
-    fn give_up(self) {
+    fn give_up(self, why: &str) {
         let error = StoreError::Redis(format!(
-            "lease release did not reach Redis before the lease expired: {}",
+            "lease release given up ({why}): {}",
             self.last_error
         ));
         // Whoever waited may be gone; the outcome is then nobody's concern.
         let _ = self.done.send(Err(error));
     }
 }
+
+const EXPIRED: &str = "the lease has expired by now";
 
 /// Whether a failed release may succeed if sent again: the connection or
 /// the server failed, not the reply.
@@ -94,25 +101,26 @@ impl Retries {
 
     /// Puts `retry`, which failed again, back at the end (a release that
     /// keeps failing while others would land holds none of them up), and
-    /// gives up on every release whose lease has expired by `now`.
-    fn failed(&self, retry: Retry, now: Instant) {
-        let expired = {
+    /// takes out every release whose lease has expired by `now`, for the
+    /// caller to give up outside the lock (a waiter woken then may enqueue
+    /// at once).
+    fn failed(&self, retry: Retry, now: Instant) -> VecDeque<Retry> {
+        {
             let mut state = self.lock();
             state.queue.push_back(retry);
-            let (expired, live) = std::mem::take(&mut state.queue)
+            let (expired, live): (VecDeque<Retry>, _) = std::mem::take(&mut state.queue)
                 .into_iter()
                 .partition(|r| r.expired_at <= now);
             state.queue = live;
             expired
-        };
-        // Outside the lock: a waiter woken here may enqueue at once.
-        expired.into_iter().for_each(Retry::give_up);
+        }
     }
 }
 
 /// The task draining a store's queue. Dropped before the queue is empty
-/// (its runtime shut down), it clears the draining flag, so that the next
-/// failed release starts another.
+/// (its runtime shut down, or would not take it), it gives up the queued
+/// releases, which no task would send, and clears the draining flag, so
+/// that the next failed release starts another.
 struct Draining {
     store: RedisStore,
     finished: bool,
@@ -120,8 +128,17 @@ struct Draining {
 
 impl Drop for Draining {
     fn drop(&mut self) {
-        if !self.finished {
-            self.store.inner.releases.lock().draining = false;
+        if self.finished {
+            return;
+        }
+        let queue = {
+            let mut state = self.store.inner.releases.lock();
+            state.draining = false;
+            std::mem::take(&mut state.queue)
+        };
+        // Outside the lock, as in `failed`.
+        for retry in queue {
+            retry.give_up("the runtime retrying it shut down");
         }
     }
 }
@@ -143,7 +160,7 @@ impl RedisStore {
             return Err(error);
         };
         let (done, outcome) = oneshot::channel();
-        {
+        let start = {
             let mut state = self.inner.releases.lock();
             if state.queue.len() >= CAPACITY {
                 return Err(StoreError::Redis(format!(
@@ -157,16 +174,18 @@ impl RedisStore {
                 last_error: error.clone(),
                 done,
             });
-            if !state.draining {
-                state.draining = true;
-                runtime.spawn(
-                    Draining {
-                        store: self.clone(),
-                        finished: false,
-                    }
-                    .drain(),
-                );
-            }
+            !std::mem::replace(&mut state.draining, true)
+        };
+        // Outside the lock: a runtime shutting down drops the task here, at
+        // once, and the drainer's drop takes the lock.
+        if start {
+            runtime.spawn(
+                Draining {
+                    store: self.clone(),
+                    finished: false,
+                }
+                .drain(),
+            );
         }
         outcome.await.unwrap_or(Err(error))
     }
@@ -181,13 +200,15 @@ impl Draining {
         let mut delay = FIRST_DELAY;
         while let Some(mut retry) = retries.next() {
             if Instant::now() >= retry.expired_at {
-                retry.give_up();
+                retry.give_up(EXPIRED);
                 continue;
             }
             match store.release_once(&retry.key, &retry.id).await {
                 Err(err) if worth_retrying(&err) => {
                     retry.last_error = err;
-                    retries.failed(retry, Instant::now());
+                    for expired in retries.failed(retry, Instant::now()) {
+                        expired.give_up(EXPIRED);
+                    }
                     tokio::time::sleep(delay).await;
                     delay = (delay * 2).min(MAX_DELAY);
                 }
@@ -206,6 +227,7 @@ impl Draining {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::future::Future;
 
     fn retry(
         id: &str,
@@ -230,7 +252,7 @@ mod tests {
         let (b, mut b_outcome) = retry("b", now + Duration::from_secs(1));
         let (c, _c) = retry("c", now + Duration::from_secs(60));
         retries.lock().queue.extend([b, c]);
-        retries.failed(a, now);
+        assert!(retries.failed(a, now).is_empty());
         let order: Vec<String> = retries.lock().queue.iter().map(|r| r.id.clone()).collect();
         assert_eq!(order, ["b", "c", "a"]);
         assert!(
@@ -239,15 +261,63 @@ mod tests {
         );
 
         let first = retries.next().unwrap();
-        retries.failed(first, now + Duration::from_secs(2));
-        match b_outcome.try_recv() {
-            Ok(Err(StoreError::Redis(text))) => assert!(text.contains("broken pipe"), "{text}"),
-            other => panic!("{other:?}"),
-        }
+        let expired: Vec<String> = retries
+            .failed(first, now + Duration::from_secs(2))
+            .into_iter()
+            .map(|r| r.id)
+            .collect();
+        assert_eq!(expired, ["b"]);
         let order: Vec<String> = retries.lock().queue.iter().map(|r| r.id.clone()).collect();
         assert_eq!(order, ["c", "a"]);
         assert!(retries.next().is_some() && retries.next().is_some());
         assert!(retries.next().is_none());
         assert!(!retries.lock().draining);
+    }
+
+    /// A runtime shutting down drops a task spawned on it at once, on the
+    /// spawning thread: the drainer's drop must not find the queue locked
+    /// by that thread, and the release it would have sent is given up
+    /// rather than left waiting for a task that never runs.
+    #[test]
+    fn a_runtime_shutting_down_gives_the_queued_release_up() {
+        let live = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let store = live
+            .block_on(async { RedisStore::builder().connect_lazy("redis://127.0.0.1:1") })
+            .unwrap();
+        let dead = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let handle = dead.handle().clone();
+        drop(dead);
+        let (answered, answer) = std::sync::mpsc::channel();
+        // On a thread of its own: were it to deadlock, the test fails
+        // rather than hangs.
+        std::thread::spawn(move || {
+            let _entered = handle.enter();
+            let release = store.retry_release(
+                "k".into(),
+                "a".into(),
+                Instant::now() + Duration::from_secs(60),
+                StoreError::Timeout(Duration::from_millis(1)),
+            );
+            let mut release = std::pin::pin!(release);
+            let poll = release
+                .as_mut()
+                .poll(&mut std::task::Context::from_waker(std::task::Waker::noop()));
+            let given_up = matches!(&poll, std::task::Poll::Ready(Err(StoreError::Redis(text)))
+                if text.contains("shut down"));
+            let state = store.inner.releases.lock();
+            let cleared = state.queue.is_empty() && !state.draining;
+            drop(state);
+            let _ = answered.send((given_up && cleared, format!("{poll:?}, cleared: {cleared}")));
+        });
+        match answer.recv_timeout(Duration::from_secs(30)) {
+            Ok((given_up, poll)) => assert!(given_up, "{poll}"),
+            Err(_) => panic!("deadlocked: the drainer was dropped under the queue's lock"),
+        }
     }
 }
