@@ -580,3 +580,36 @@ async fn a_release_on_a_killed_connection_still_frees_the_slot() {
     );
     eprintln!("release landed {settled:?} after the connection was killed");
 }
+
+/// A release that Redis answers with an error of the call's own (here the
+/// lease set replaced by a string: `WRONGTYPE`) cannot succeed when sent
+/// again: it is given up at once, not retried until the lease's TTL.
+#[tokio::test]
+async fn a_release_redis_refuses_is_given_up_at_once() {
+    let server = RedisServer::start();
+    let store = common::redis_store(&server).await;
+    let ttl = Duration::from_secs(120);
+    let policy = ConcurrencyPolicy::builder("wrongtype", 1)
+        .lease_ttl(ttl)
+        .no_renewal()
+        .build()
+        .unwrap();
+    let limiter = ConcurrencyLimiter::new(policy, store.clone());
+    let key = Key::new("k");
+    let Admission::Acquired(guard) = limiter.acquire(&key).await.unwrap() else {
+        panic!("refused");
+    };
+    let mut admin = server.admin().await;
+    let () = redis::cmd("SET")
+        .arg(store.lease_key("wrongtype", &key))
+        .arg("not a lease set")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    drop(guard);
+    // Far below the TTL, however loaded the machine.
+    tokio::time::timeout(Duration::from_secs(20), limiter.releases_settled())
+        .await
+        .expect("the release is retried though Redis refuses it");
+    assert_eq!(limiter.pending_releases(), 0);
+}

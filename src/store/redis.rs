@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{Arg, Cmd, ErrorKind, ServerErrorKind, Value};
+use redis::{Arg, Cmd, ErrorKind, ServerErrorKind, ToRedisArgs, Value};
 
 use super::connection::{Conn, Refusals};
 use super::deny_cache::{DenyCache, DenyCacheStats, RealClock};
@@ -71,6 +71,13 @@ impl LuaScript {
         *loads += 1;
         self.loaded.store(*loads, Ordering::Release);
         Ok(())
+    }
+
+    /// `EVALSHA <sha> <keys> <args>`.
+    fn command<T: ToRedisArgs>(&self, keys: &[T], args: &[T]) -> Cmd {
+        let mut cmd = self.call(keys.len(), args.len());
+        cmd.arg(keys).arg(args);
+        cmd
     }
 
     /// `EVALSHA <sha> <keys>`, for the caller to add the keys and then the
@@ -359,9 +366,7 @@ impl RedisStore {
         keys: &[String],
         args: &[String],
     ) -> Result<Value, StoreError> {
-        let mut cmd = script.call(keys.len(), args.len());
-        cmd.arg(keys).arg(args);
-        self.run(script, cmd).await
+        self.run(script, script.command(keys, args)).await
     }
 
     /// Sends `call`, built by [`LuaScript::call`], as [`RedisStore::eval`]
@@ -377,11 +382,20 @@ impl RedisStore {
     /// [`run`](Self::run), timed but with a failure left for the caller to
     /// count: a batch counts one failure per call still waiting for it.
     async fn exchange(&self, script: &LuaScript, call: Cmd) -> Result<Value, StoreError> {
+        self.try_exchange(script, call).await.map_err(|f| f.error)
+    }
+
+    /// [`exchange`](Self::exchange), telling a failure that sending the
+    /// call again may cure from one it cannot.
+    async fn try_exchange(&self, script: &LuaScript, call: Cmd) -> Result<Value, Failure> {
         let refusals = self.inner.refusals.as_ref();
         if refusals.is_some_and(|r| !r.admit()) {
-            return Err(StoreError::Redis(
-                "Redis refused the connection; reconnecting in the background".into(),
-            ));
+            return Err(Failure {
+                error: StoreError::Redis(
+                    "Redis refused the connection; reconnecting in the background".into(),
+                ),
+                transient: true,
+            });
         }
         let mut conn = self.inner.conn.clone();
         let exchange = async {
@@ -406,6 +420,10 @@ impl RedisStore {
             }
         };
         let started = std::time::Instant::now();
+        let timed_out = || Failure {
+            error: StoreError::Timeout(self.inner.timeout),
+            transient: true,
+        };
         let result = match tokio::time::timeout(self.inner.timeout, exchange).await {
             Ok(result) => {
                 if let Some(refusals) = refusals {
@@ -415,14 +433,45 @@ impl RedisStore {
                     Ok(reply) => Ok(reply),
                     // A timeout reported by the client (a `with_connection`
                     // manager configured with its own).
-                    Err(err) if err.is_timeout() => Err(StoreError::Timeout(self.inner.timeout)),
-                    Err(err) => Err(err.into()),
+                    Err(err) if err.is_timeout() => Err(timed_out()),
+                    Err(err) => Err(Failure {
+                        transient: is_transient(&err),
+                        error: err.into(),
+                    }),
                 }
             }
-            Err(_) => Err(StoreError::Timeout(self.inner.timeout)),
+            Err(_) => Err(timed_out()),
         };
         script.metrics.timed(started.elapsed());
         result
+    }
+}
+
+/// A failed call, and whether the same call sent again may succeed.
+#[derive(Debug)]
+pub(super) struct Failure {
+    pub(super) error: StoreError,
+    /// The connection failed, or the server could not run the call for now
+    /// (loading its data, busy with a script, a failover); not the call
+    /// itself (no permission, a key of another type, a script error).
+    pub(super) transient: bool,
+}
+
+fn is_transient(err: &redis::RedisError) -> bool {
+    if err.is_io_error() || err.is_connection_dropped() || err.is_timeout() {
+        return true;
+    }
+    match err.kind() {
+        ErrorKind::Server(
+            ServerErrorKind::BusyLoading
+            | ServerErrorKind::TryAgain
+            | ServerErrorKind::ClusterDown
+            | ServerErrorKind::MasterDown
+            | ServerErrorKind::ReadOnly,
+        )
+        | ErrorKind::ClusterConnectionNotFound => true,
+        // A script running past its time limit: not a code the client names.
+        _ => err.code() == Some("BUSY"),
     }
 }
 

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use redis::Value;
 
-use super::{LuaScript, RedisStore, TimeSource, release};
+use super::{Failure, LuaScript, RedisStore, TimeSource};
 use crate::error::StoreError;
 use crate::key::Key;
 use crate::store::{LeaseCall, LeaseGrant, StoreFuture};
@@ -79,20 +79,37 @@ impl RedisStore {
             // renewed, which was before now.
             let expired_at = Instant::now() + ttl;
             match store.release_once(&key, &id).await {
-                Err(err) if release::worth_retrying(&err) => {
-                    store.retry_release(key, id, expired_at, err).await
+                Ok(held) => Ok(held),
+                Err(failure) => {
+                    store.count_release_failure(&failure.error);
+                    if failure.transient {
+                        store
+                            .retry_release(key, id, expired_at, failure.error)
+                            .await
+                    } else {
+                        Err(failure.error)
+                    }
                 }
-                done => done,
             }
         })
     }
 
-    /// Removes lease `id` from the set `key`: `true` if it was held.
-    pub(super) async fn release_once(&self, key: &str, id: &str) -> Result<bool, StoreError> {
+    /// Counts a release that failed, in the metrics of its script.
+    pub(super) fn count_release_failure(&self, error: &StoreError) {
+        self.inner.leases.release.metrics.failed(error);
+    }
+
+    /// Removes lease `id` from the set `key`: `true` if it was held. A
+    /// failure is left for the caller to count.
+    pub(super) async fn release_once(&self, key: &str, id: &str) -> Result<bool, Failure> {
         let script = &self.inner.leases.release;
-        let mut cmd = script.call(1, 1);
-        cmd.arg(key).arg(id);
-        decode_flag(&self.run(script, cmd).await?)
+        let reply = self
+            .try_exchange(script, script.command(&[key], &[id]))
+            .await?;
+        decode_flag(&reply).map_err(|error| Failure {
+            error,
+            transient: false,
+        })
     }
 
     pub(super) fn run_lease_renew(&self, call: LeaseCall<'_>) -> StoreFuture<bool> {

@@ -9,6 +9,13 @@
 //! held does nothing), so a release that timed out after it had landed is
 //! simply sent again and answers "not held".
 //!
+//! Only failures that sending again may cure are retried (see
+//! [`Failure`]): an error of the call's own (no permission, a key of
+//! another type) is given up at once. In metrics, a release counts one
+//! failure when its first attempt fails and one more if it is given up;
+//! the retries in between count nothing, so an outage shows up as many
+//! failures as releases, not as many as attempts.
+//!
 //! The drainer runs on the runtime of the release that started it. If that
 //! runtime shuts down (the drainer is dropped), the releases still queued
 //! are given up: their leases expire after their TTL, and nobody waits on
@@ -21,7 +28,7 @@ use std::time::{Duration, Instant};
 use tokio::runtime::Handle;
 use tokio::sync::oneshot;
 
-use super::RedisStore;
+use super::{Failure, RedisStore};
 use crate::error::StoreError;
 
 /// The most releases a store keeps for retrying; past that a failed release
@@ -61,23 +68,18 @@ struct Retry {
 }
 
 impl Retry {
-    fn give_up(self, why: &str) {
+    fn give_up(self, store: &RedisStore, why: &str) {
         let error = StoreError::Redis(format!(
             "lease release given up ({why}): {}",
             self.last_error
         ));
+        store.count_release_failure(&error);
         // Whoever waited may be gone; the outcome is then nobody's concern.
         let _ = self.done.send(Err(error));
     }
 }
 
 const EXPIRED: &str = "the lease has expired by now";
-
-/// Whether a failed release may succeed if sent again: the connection or
-/// the server failed, not the reply.
-pub(super) fn worth_retrying(err: &StoreError) -> bool {
-    matches!(err, StoreError::Timeout(_) | StoreError::Redis(_))
-}
 
 impl Retries {
     /// The queue is consistent after every step: a panic elsewhere while it
@@ -138,7 +140,7 @@ impl Drop for Draining {
         };
         // Outside the lock, as in `failed`.
         for retry in queue {
-            retry.give_up("the runtime retrying it shut down");
+            retry.give_up(&self.store, "the runtime retrying it shut down");
         }
     }
 }
@@ -200,20 +202,28 @@ impl Draining {
         let mut delay = FIRST_DELAY;
         while let Some(mut retry) = retries.next() {
             if Instant::now() >= retry.expired_at {
-                retry.give_up(EXPIRED);
+                retry.give_up(&store, EXPIRED);
                 continue;
             }
             match store.release_once(&retry.key, &retry.id).await {
-                Err(err) if worth_retrying(&err) => {
-                    retry.last_error = err;
+                Err(Failure {
+                    error,
+                    transient: true,
+                }) => {
+                    retry.last_error = error;
                     for expired in retries.failed(retry, Instant::now()) {
-                        expired.give_up(EXPIRED);
+                        expired.give_up(&store, EXPIRED);
                     }
                     tokio::time::sleep(delay).await;
                     delay = (delay * 2).min(MAX_DELAY);
                 }
-                result => {
-                    let _ = retry.done.send(result);
+                Err(Failure { error, .. }) => {
+                    retry.last_error = error;
+                    retry.give_up(&store, "Redis refused it");
+                    delay = FIRST_DELAY;
+                }
+                Ok(held) => {
+                    let _ = retry.done.send(Ok(held));
                     delay = FIRST_DELAY;
                 }
             }
