@@ -388,15 +388,20 @@ impl RedisStore {
     /// [`exchange`](Self::exchange), telling a failure that sending the
     /// call again may cure from one it cannot.
     async fn try_exchange(&self, script: &LuaScript, call: Cmd) -> Result<Value, Failure> {
-        let refusals = self.inner.refusals.as_ref();
-        if refusals.is_some_and(|r| !r.admit()) {
-            return Err(Failure {
-                error: StoreError::Redis(
-                    "Redis refused the connection; reconnecting in the background".into(),
-                ),
-                transient: true,
-            });
-        }
+        let gate = match &self.inner.refusals {
+            Some(refusals) => match refusals.admit(refusals.now()) {
+                Some(admitted) => Some((refusals, admitted)),
+                None => {
+                    return Err(Failure {
+                        error: StoreError::Redis(
+                            "Redis refused the connection; reconnecting in the background".into(),
+                        ),
+                        transient: true,
+                    });
+                }
+            },
+            None => None,
+        };
         let mut conn = self.inner.conn.clone();
         let exchange = async {
             let seen = script.loaded.load(Ordering::Acquire);
@@ -426,8 +431,8 @@ impl RedisStore {
         };
         let result = match tokio::time::timeout(self.inner.timeout, exchange).await {
             Ok(result) => {
-                if let Some(refusals) = refusals {
-                    refusals.observe(&result);
+                if let Some((refusals, admitted)) = gate {
+                    refusals.observe(admitted, &result, refusals.now());
                 }
                 match result {
                     Ok(reply) => Ok(reply),
