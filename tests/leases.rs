@@ -613,3 +613,63 @@ async fn a_release_redis_refuses_is_given_up_at_once() {
         .expect("the release is retried though Redis refuses it");
     assert_eq!(limiter.pending_releases(), 0);
 }
+
+/// A user who may not load scripts (`SCRIPT` denied by an ACL): the first
+/// calls find their script missing, loading it fails, and they are
+/// answered with the script's source (`EVAL`) within their timeout. One
+/// load is tried for all the calls that found the script missing together,
+/// not one per call.
+#[tokio::test]
+async fn calls_are_answered_when_the_script_cannot_be_loaded() {
+    let server = RedisServer::start();
+    let mut admin = server.admin().await;
+    let () = redis::cmd("ACL")
+        .arg(&[
+            "SETUSER", "noscript", "on", ">secret", "~*", "+@all", "-script",
+        ])
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let store = RedisStore::builder()
+        .timeout(Duration::from_secs(5))
+        .connect(&format!(
+            "redis://noscript:secret@127.0.0.1:{}",
+            server.port()
+        ))
+        .await
+        .unwrap();
+    let policy = ConcurrencyPolicy::builder("noload", 1)
+        .lease_ttl(Duration::from_secs(60))
+        .no_renewal()
+        .build()
+        .unwrap();
+    let limiter = ConcurrencyLimiter::new(policy, store.clone());
+    const CALLS: usize = 20;
+    // On the test's one thread, each call is sent before any reply is read.
+    let mut calls = tokio::task::JoinSet::new();
+    for i in 0..CALLS {
+        let limiter = limiter.clone();
+        calls.spawn(async move { limiter.acquire(&Key::new(format!("k{i}"))).await });
+    }
+    while let Some(admission) = calls.join_next().await {
+        match admission.unwrap() {
+            Ok(Admission::Acquired(guard)) => std::mem::forget(guard),
+            other => panic!("{other:?}"),
+        }
+    }
+    let stats: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let loads = stats
+        .lines()
+        .find(|l| l.starts_with("cmdstat_script|load:"))
+        .and_then(|l| l.split(',').find_map(|f| f.strip_prefix("rejected_calls=")))
+        .and_then(|n| n.parse::<usize>().ok())
+        .unwrap_or_else(|| panic!("no rejected SCRIPT LOAD in {stats}"));
+    assert_eq!(
+        loads, 1,
+        "SCRIPT LOAD tried {loads} times for {CALLS} calls"
+    );
+}
