@@ -673,3 +673,41 @@ async fn calls_are_answered_when_the_script_cannot_be_loaded() {
         "SCRIPT LOAD tried {loads} times for {CALLS} calls"
     );
 }
+
+/// Many releases cut off by a hung Redis (their first attempts time out)
+/// all land once it answers again, long before their leases' TTL.
+#[tokio::test]
+async fn releases_queued_during_an_outage_all_land_after_it() {
+    let server = RedisServer::start();
+    let timeout = Duration::from_millis(100);
+    let store = RedisStore::builder()
+        .timeout(timeout)
+        .connect(&server.url())
+        .await
+        .unwrap();
+    let policy = ConcurrencyPolicy::builder("outage", 1)
+        .lease_ttl(Duration::from_secs(120))
+        .no_renewal()
+        .build()
+        .unwrap();
+    let limiter = ConcurrencyLimiter::new(policy, store.clone());
+    const LEASES: usize = 40;
+    let mut guards = Vec::new();
+    for i in 0..LEASES {
+        match limiter.acquire(&Key::new(format!("k{i}"))).await.unwrap() {
+            Admission::Acquired(guard) => guards.push(guard),
+            Admission::Refused(grant) => panic!("{grant:?}"),
+        }
+    }
+    server.pause();
+    drop(guards);
+    // A call sent after the releases, with the same timeout: once it has
+    // timed out, so have their first attempts.
+    let probe = limiter.acquire(&Key::new("probe")).await;
+    assert!(probe.is_err(), "{probe:?}");
+    server.resume();
+    tokio::time::timeout(Duration::from_secs(30), limiter.releases_settled())
+        .await
+        .expect("the releases settle");
+    assert_eq!(server.leases_held().await, 0, "a release was lost");
+}

@@ -5,7 +5,7 @@
 //! One queue per store, bounded, drained by one task that exists only while
 //! the queue has something in it: while Redis is away, one release at a
 //! time probes it, with a growing delay, and once one lands the rest
-//! follow at once. Releasing is idempotent (removing an id that is not
+//! follow, several at a time. Releasing is idempotent (removing an id that is not
 //! held does nothing), so a release that timed out after it had landed is
 //! simply sent again and answers "not held".
 //!
@@ -22,7 +22,10 @@
 //! a release no task will send.
 
 use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Mutex, MutexGuard};
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use tokio::runtime::Handle;
@@ -90,15 +93,21 @@ impl Retries {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// The next release to send; `None`, and the drainer stops, when the
-    /// queue is empty.
+    #[cfg(test)]
     fn next(&self) -> Option<Retry> {
+        self.take(1).pop()
+    }
+
+    /// The next (up to) `count` releases to send; none, and the drainer
+    /// stops, when the queue is empty.
+    fn take(&self, count: usize) -> Vec<Retry> {
         let mut state = self.lock();
-        let next = state.queue.pop_front();
-        if next.is_none() {
+        let end = count.min(state.queue.len());
+        let taken: Vec<Retry> = state.queue.drain(..end).collect();
+        if taken.is_empty() {
             state.draining = false;
         }
-        next
+        taken
     }
 
     /// Puts `retry`, which failed again, back at the end (a release that
@@ -194,50 +203,111 @@ impl RedisStore {
 }
 
 impl Draining {
-    /// Sends the queued releases in order until none is left, waiting
-    /// after each failure.
+    /// Sends the queued releases in order until none is left: one at a
+    /// time while they fail, waiting after each failure, and up to
+    /// [`BURST`] at once while they land.
     async fn drain(mut self) {
         let store = self.store.clone();
         let retries = &store.inner.releases;
         let mut delay = FIRST_DELAY;
-        while let Some(mut retry) = retries.next() {
-            if Instant::now() >= retry.expired_at {
-                retry.give_up(&store, EXPIRED);
-                continue;
+        let mut width = 1;
+        loop {
+            let group = retries.take(width);
+            if group.is_empty() {
+                break;
             }
-            match store.release_once(&retry.key, &retry.id).await {
-                Err(Failure {
-                    error,
-                    transient: true,
-                }) => {
-                    retry.last_error = error;
-                    for expired in retries.failed(retry, Instant::now()) {
-                        expired.give_up(&store, EXPIRED);
-                    }
-                    tokio::time::sleep(delay).await;
-                    delay = (delay * 2).min(MAX_DELAY);
-                }
-                Err(Failure { error, .. }) => {
-                    retry.last_error = error;
-                    retry.give_up(&store, "Redis refused it");
-                    delay = FIRST_DELAY;
-                }
-                Ok(held) => {
-                    let _ = retry.done.send(Ok(held));
-                    delay = FIRST_DELAY;
-                }
+            let sent = join_all(group.into_iter().map(|retry| store.send_retry(retry))).await;
+            if sent.contains(&Sent::Failed) {
+                width = 1;
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(MAX_DELAY);
+            } else if sent.contains(&Sent::Reached) {
+                width = BURST;
+                delay = FIRST_DELAY;
             }
         }
-        // `next` cleared the flag; a drainer started since then is not
+        // `take` cleared the flag; a drainer started since then is not
         // this one's to clear.
         self.finished = true;
     }
 }
 
+/// How many releases the drainer sends at once while they land: enough
+/// that a backlog clears in a few round trips once Redis is back, few
+/// enough not to crowd out the decisions sharing the connection.
+const BURST: usize = 16;
+
+/// What became of one retry.
+#[derive(Debug, PartialEq, Eq)]
+enum Sent {
+    /// Redis answered it (a release, or an error of its own).
+    Reached,
+    /// It failed on the way again, and is queued once more.
+    Failed,
+    /// Its lease had expired: not sent.
+    Expired,
+}
+
+impl RedisStore {
+    async fn send_retry(&self, mut retry: Retry) -> Sent {
+        if Instant::now() >= retry.expired_at {
+            retry.give_up(self, EXPIRED);
+            return Sent::Expired;
+        }
+        match self.release_once(&retry.key, &retry.id).await {
+            Err(Failure {
+                error,
+                transient: true,
+            }) => {
+                retry.last_error = error;
+                for expired in self.inner.releases.failed(retry, Instant::now()) {
+                    expired.give_up(self, EXPIRED);
+                }
+                Sent::Failed
+            }
+            Err(Failure { error, .. }) => {
+                retry.last_error = error;
+                retry.give_up(self, "Redis refused it");
+                Sent::Reached
+            }
+            Ok(held) => {
+                let _ = retry.done.send(Ok(held));
+                Sent::Reached
+            }
+        }
+    }
+}
+
+/// Runs `futures` together, each polled when woken; their outputs in order.
+async fn join_all<F: Future>(futures: impl Iterator<Item = F>) -> Vec<F::Output> {
+    let mut running: Vec<Option<Pin<Box<F>>>> = futures.map(|f| Some(Box::pin(f))).collect();
+    let mut outputs: Vec<Option<F::Output>> = running.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (slot, output) in running.iter_mut().zip(outputs.iter_mut()) {
+            if let Some(future) = slot {
+                match future.as_mut().poll(cx) {
+                    Poll::Ready(value) => {
+                        *output = Some(value);
+                        *slot = None;
+                    }
+                    Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            Poll::Pending
+        } else {
+            Poll::Ready(())
+        }
+    })
+    .await;
+    outputs.into_iter().flatten().collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::future::Future;
 
     fn retry(
         id: &str,
