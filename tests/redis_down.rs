@@ -121,7 +121,7 @@ async fn a_refused_connection_fails_at_once() {
 
 /// While Redis refuses connections, the store does not knock on it once
 /// per call: calls fail without reaching the connection, and about one per
-/// refusal window (a tenth of a second) goes through to try again. A call
+/// refusal window goes through to try again. A call
 /// that went through fails with the connection's own error; the others
 /// with the store's "refused" error.
 #[tokio::test]

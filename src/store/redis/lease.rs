@@ -100,7 +100,7 @@ impl RedisStore {
     /// lease was last acquired or renewed before now, for at most `ttl`
     /// from when Redis ran that script, which may be up to the store's
     /// timeout later still (a renewal in flight). With the caller's clock,
-    /// the scripts keep the set a minute longer than its leases (their
+    /// the scripts keep the set longer than its leases (their
     /// `slack_ms`), so a clock that lags Redis' may still count the lease
     /// as held that much longer.
     fn release_deadline(&self, ttl: Duration) -> Duration {
