@@ -422,3 +422,34 @@ async fn calls_that_find_their_script_missing_load_it_once() {
     drop(guards);
     leases.releases_settled().await;
 }
+
+/// A long queue while Redis refuses connections: every batch fails at
+/// once, and the slot goes on to the next one, however many there are,
+/// without the stack growing with the queue.
+#[tokio::test]
+async fn a_long_queue_drains_while_redis_refuses() {
+    let store = RedisStore::builder()
+        .timeout(Duration::from_secs(20))
+        .max_in_flight(1)
+        .max_batch(1)
+        .connect_lazy("redis://127.0.0.1:1")
+        .unwrap();
+    let limiter = Limiter::new(
+        Policy::single("long", limit(Rate::per_hour(1), 1)).unwrap(),
+        store,
+    );
+    const CALLS: usize = 50_000;
+    // On the test's one thread: the first call takes the slot and waits on
+    // its connection attempt while every other one queues behind it.
+    let mut calls = tokio::task::JoinSet::new();
+    for i in 0..CALLS {
+        let limiter = limiter.clone();
+        calls.spawn(async move { limiter.check(&Key::new(format!("k{i}")), 1).await });
+    }
+    let mut failed = 0;
+    while let Some(result) = calls.join_next().await {
+        assert!(matches!(result.unwrap(), Err(StoreError::Redis(_))));
+        failed += 1;
+    }
+    assert_eq!(failed, CALLS);
+}

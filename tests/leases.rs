@@ -580,3 +580,134 @@ async fn a_release_on_a_killed_connection_still_frees_the_slot() {
     );
     eprintln!("release landed {settled:?} after the connection was killed");
 }
+
+/// A release that Redis answers with an error of the call's own (here the
+/// lease set replaced by a string: `WRONGTYPE`) cannot succeed when sent
+/// again: it is given up at once, not retried until the lease's TTL.
+#[tokio::test]
+async fn a_release_redis_refuses_is_given_up_at_once() {
+    let server = RedisServer::start();
+    let store = common::redis_store(&server).await;
+    let ttl = Duration::from_secs(120);
+    let policy = ConcurrencyPolicy::builder("wrongtype", 1)
+        .lease_ttl(ttl)
+        .no_renewal()
+        .build()
+        .unwrap();
+    let limiter = ConcurrencyLimiter::new(policy, store.clone());
+    let key = Key::new("k");
+    let Admission::Acquired(guard) = limiter.acquire(&key).await.unwrap() else {
+        panic!("refused");
+    };
+    let mut admin = server.admin().await;
+    let () = redis::cmd("SET")
+        .arg(store.lease_key("wrongtype", &key))
+        .arg("not a lease set")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    drop(guard);
+    // Far below the TTL, however loaded the machine.
+    tokio::time::timeout(Duration::from_secs(20), limiter.releases_settled())
+        .await
+        .expect("the release is retried though Redis refuses it");
+    assert_eq!(limiter.pending_releases(), 0);
+}
+
+/// A user who may not load scripts (`SCRIPT` denied by an ACL): the first
+/// calls find their script missing, loading it fails, and they are
+/// answered with the script's source (`EVAL`) within their timeout. One
+/// load is tried for all the calls that found the script missing together,
+/// not one per call.
+#[tokio::test]
+async fn calls_are_answered_when_the_script_cannot_be_loaded() {
+    let server = RedisServer::start();
+    let mut admin = server.admin().await;
+    let () = redis::cmd("ACL")
+        .arg(&[
+            "SETUSER", "noscript", "on", ">secret", "~*", "+@all", "-script",
+        ])
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let store = RedisStore::builder()
+        .timeout(Duration::from_secs(5))
+        .connect(&format!(
+            "redis://noscript:secret@127.0.0.1:{}",
+            server.port()
+        ))
+        .await
+        .unwrap();
+    let policy = ConcurrencyPolicy::builder("noload", 1)
+        .lease_ttl(Duration::from_secs(60))
+        .no_renewal()
+        .build()
+        .unwrap();
+    let limiter = ConcurrencyLimiter::new(policy, store.clone());
+    const CALLS: usize = 20;
+    // On the test's one thread, each call is sent before any reply is read.
+    let mut calls = tokio::task::JoinSet::new();
+    for i in 0..CALLS {
+        let limiter = limiter.clone();
+        calls.spawn(async move { limiter.acquire(&Key::new(format!("k{i}"))).await });
+    }
+    while let Some(admission) = calls.join_next().await {
+        match admission.unwrap() {
+            Ok(Admission::Acquired(guard)) => std::mem::forget(guard),
+            other => panic!("{other:?}"),
+        }
+    }
+    let stats: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let loads = stats
+        .lines()
+        .find(|l| l.starts_with("cmdstat_script|load:"))
+        .and_then(|l| l.split(',').find_map(|f| f.strip_prefix("rejected_calls=")))
+        .and_then(|n| n.parse::<usize>().ok())
+        .unwrap_or_else(|| panic!("no rejected SCRIPT LOAD in {stats}"));
+    assert_eq!(
+        loads, 1,
+        "SCRIPT LOAD tried {loads} times for {CALLS} calls"
+    );
+}
+
+/// Many releases cut off by a hung Redis (their first attempts time out)
+/// all land once it answers again, long before their leases' TTL.
+#[tokio::test]
+async fn releases_queued_during_an_outage_all_land_after_it() {
+    let server = RedisServer::start();
+    let timeout = Duration::from_millis(100);
+    let store = RedisStore::builder()
+        .timeout(timeout)
+        .connect(&server.url())
+        .await
+        .unwrap();
+    let policy = ConcurrencyPolicy::builder("outage", 1)
+        .lease_ttl(Duration::from_secs(120))
+        .no_renewal()
+        .build()
+        .unwrap();
+    let limiter = ConcurrencyLimiter::new(policy, store.clone());
+    const LEASES: usize = 40;
+    let mut guards = Vec::new();
+    for i in 0..LEASES {
+        match limiter.acquire(&Key::new(format!("k{i}"))).await.unwrap() {
+            Admission::Acquired(guard) => guards.push(guard),
+            Admission::Refused(grant) => panic!("{grant:?}"),
+        }
+    }
+    server.pause();
+    drop(guards);
+    // A call sent after the releases, with the same timeout: once it has
+    // timed out, so have their first attempts.
+    let probe = limiter.acquire(&Key::new("probe")).await;
+    assert!(probe.is_err(), "{probe:?}");
+    server.resume();
+    tokio::time::timeout(Duration::from_secs(30), limiter.releases_settled())
+        .await
+        .expect("the releases settle");
+    assert_eq!(server.leases_held().await, 0, "a release was lost");
+}

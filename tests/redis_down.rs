@@ -118,3 +118,36 @@ async fn a_refused_connection_fails_at_once() {
         "40 refused calls took {took:?}"
     );
 }
+
+/// While Redis refuses connections, the store does not knock on it once
+/// per call: calls fail without reaching the connection, and about one per
+/// refusal window goes through to try again. A call
+/// that went through fails with the connection's own error; the others
+/// with the store's "refused" error.
+#[tokio::test]
+async fn a_refusing_server_is_tried_about_once_per_window() {
+    let store = common::unreachable_store(Duration::from_secs(5));
+    let limit = Limit::builder(Rate::per_hour(1)).burst(1).build().unwrap();
+    let limiter = Limiter::new(Policy::single("knock", limit).unwrap(), store);
+    let started = Instant::now();
+    let (mut calls, mut tried) = (0u64, 0u64);
+    while started.elapsed() < Duration::from_millis(600) {
+        match limiter.check(&Key::new("k"), 1).await {
+            Err(StoreError::Redis(text)) if text.contains("reconnecting in the background") => {}
+            Err(StoreError::Redis(_)) => tried += 1,
+            other => panic!("{other:?}"),
+        }
+        calls += 1;
+        // Let the connection's own tasks run.
+        tokio::task::yield_now().await;
+    }
+    let windows = started.elapsed().as_millis() as u64 / 100;
+    assert!(
+        calls > 4 * (windows + 2),
+        "only {calls} calls: too few to tell"
+    );
+    assert!(
+        tried <= windows + 2,
+        "{tried} of {calls} calls went to a refusing server in {windows} windows"
+    );
+}

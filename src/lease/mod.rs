@@ -18,16 +18,20 @@
 //! and simply expires after its TTL.
 //!
 //! A [`RedisStore`](crate::RedisStore) release that fails on its way (the
-//! connection reset while Redis stays up, a timeout, Redis down) is
-//! retried, by one task per store: at once, then, while Redis stays
-//! unreachable, with a delay that doubles up to half a second, until the
-//! release reaches Redis or the lease's TTL has passed (by then the lease
-//! has expired anyway). A retry that finds the lease already gone (the
-//! attempt that timed out had landed after all) is a release like any
-//! other. A release is given up, and logged at `warn`, only when its TTL
-//! has passed or 10,000 releases of the store already wait for a retry.
-//! A release being retried counts as pending until it lands or is given
-//! up ([`ConcurrencyLimiter::releases_settled`](crate::concurrency::ConcurrencyLimiter::releases_settled)).
+//! connection reset while Redis stays up, a timeout, Redis down or busy
+//! loading its data) is retried, by one task per store: at once, then,
+//! while Redis stays unreachable, with a growing delay, until the release
+//! reaches Redis or its lease cannot hold its slot any more (its TTL has
+//! passed, with a margin for a renewal in flight and, with the caller's
+//! clock, for that clock's slack). A retry that finds the lease already
+//! gone (the attempt that timed out had landed after all) is a release
+//! like any other. A release is given up, and logged at `warn`, when that
+//! time has passed, when Redis answers it with an error of its own (no
+//! permission, a key of another type), when the store's queue of releases
+//! to retry is full, or when the runtime that retries them shuts down; its
+//! lease then expires after its TTL. A release being retried counts as
+//! pending until it lands or is given up
+//! ([`ConcurrencyLimiter::releases_settled`](crate::concurrency::ConcurrencyLimiter::releases_settled)).
 //!
 //! ```
 //! use std::time::Duration;

@@ -71,15 +71,30 @@ const REFUSED_FOR: Duration = Duration::from_millis(100);
 /// of waiting on connection attempts; one call per [`REFUSED_FOR`] goes
 /// through, which has the connection manager try again in the background.
 ///
+/// A refusal reported by a call that was sent before some other call got
+/// an answer is stale (it used a connection attempt older than the one
+/// that works now) and leaves the gate as it is: so the gate never closes
+/// on a server that answers.
+///
 /// Not used on a cluster, whose client follows each node by itself: one
 /// node refusing says nothing about the others.
 #[derive(Debug)]
 pub(crate) struct Refusals {
-    /// The zero of `until`.
+    /// The zero of [`now`](Self::now).
     start: Instant,
-    /// Microseconds after `start` until which calls fail at once; 0 while
-    /// the server is not known to refuse.
+    /// The instant (of [`now`](Self::now)) until which calls fail at once;
+    /// 0 while the server is not known to refuse.
     until: AtomicU64,
+    /// How many answers the server has given: the generation a call is
+    /// admitted in, to tell its refusal stale.
+    answers: AtomicU64,
+}
+
+/// A call let through by [`Refusals::admit`], to be reported to
+/// [`Refusals::observe`].
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Admitted {
+    answers: u64,
 }
 
 impl Refusals {
@@ -87,49 +102,76 @@ impl Refusals {
         Refusals {
             start: Instant::now(),
             until: AtomicU64::new(0),
+            answers: AtomicU64::new(0),
         }
     }
 
-    /// Never 0, which means "not refused".
-    fn now(&self) -> u64 {
+    /// Microseconds since the gate was made, never 0 (which means "not
+    /// refused"). The gate takes its time as a parameter, so that its tests
+    /// do not depend on how fast the machine runs them.
+    pub(crate) fn now(&self) -> u64 {
         u64::try_from(self.start.elapsed().as_micros())
             .unwrap_or(u64::MAX - 1)
             .saturating_add(1)
     }
 
-    fn later(&self) -> u64 {
+    fn later(now: u64) -> u64 {
         let wait = u64::try_from(REFUSED_FOR.as_micros()).unwrap_or(u64::MAX);
-        self.now().saturating_add(wait)
+        now.saturating_add(wait)
     }
 
-    /// Whether a call may go to the server now: always, unless it refused
-    /// lately; then only the first call after [`REFUSED_FOR`], which tries
-    /// again.
-    pub(crate) fn admit(&self) -> bool {
-        let until = self.until.load(Ordering::Relaxed);
-        if until == 0 {
-            return true;
-        }
-        if self.now() < until {
-            return false;
-        }
-        self.until
-            .compare_exchange(until, self.later(), Ordering::Relaxed, Ordering::Relaxed)
-            .is_ok()
+    /// Whether a call may go to the server at `now`: always, unless it
+    /// refused lately; then only the first call after [`REFUSED_FOR`],
+    /// which tries again.
+    pub(crate) fn admit(&self, now: u64) -> Option<Admitted> {
+        let admitted = Admitted {
+            answers: self.answers.load(Ordering::SeqCst),
+        };
+        let until = self.until.load(Ordering::SeqCst);
+        let open = until == 0 || (now >= until && self.take_turn(until, now));
+        open.then_some(admitted)
     }
 
-    /// Takes note of how a call that went to the server ended: a refused
-    /// connection makes the next calls fail at once; an answer from the
-    /// server (a reply, or an error of its own) ends that.
-    pub(crate) fn observe<T>(&self, result: &redis::RedisResult<T>) {
+    /// Whether this call, which found the window that began with `until`
+    /// over, is the one that tries again: the first to move the window on,
+    /// or any call once an answer has opened the gate meanwhile.
+    fn take_turn(&self, until: u64, now: u64) -> bool {
+        match self.until.compare_exchange(
+            until,
+            Self::later(now),
+            Ordering::SeqCst,
+            Ordering::SeqCst,
+        ) {
+            Ok(_) | Err(0) => true,
+            Err(_) => false,
+        }
+    }
+
+    /// Takes note of how a call admitted as `admitted` ended at `now`: a
+    /// refused connection makes the next calls fail at once, unless the
+    /// server has answered since the call was admitted; an answer from the
+    /// server (a reply, or an error of its own) opens the gate.
+    pub(crate) fn observe<T>(&self, admitted: Admitted, result: &redis::RedisResult<T>, now: u64) {
         match result {
             Err(err) if err.is_connection_refusal() => {
-                self.until.store(self.later(), Ordering::Relaxed);
+                if self.answers.load(Ordering::SeqCst) != admitted.answers {
+                    return;
+                }
+                let until = Self::later(now);
+                self.until.store(until, Ordering::SeqCst);
+                // An answer counted between the check and the store may
+                // have found the gate still open and left it so: undo.
+                if self.answers.load(Ordering::SeqCst) != admitted.answers {
+                    let _ =
+                        self.until
+                            .compare_exchange(until, 0, Ordering::SeqCst, Ordering::SeqCst);
+                }
             }
             Err(err) if err.is_io_error() || err.is_timeout() => {}
             _ => {
-                if self.until.load(Ordering::Relaxed) != 0 {
-                    self.until.store(0, Ordering::Relaxed);
+                self.answers.fetch_add(1, Ordering::SeqCst);
+                if self.until.load(Ordering::SeqCst) != 0 {
+                    self.until.store(0, Ordering::SeqCst);
                 }
             }
         }
@@ -144,25 +186,88 @@ mod tests {
         Err(std::io::Error::from(std::io::ErrorKind::ConnectionRefused).into())
     }
 
+    fn answered() -> redis::RedisResult<()> {
+        Ok(())
+    }
+
+    const WAIT: u64 = REFUSED_FOR.as_micros() as u64;
+
     #[test]
     fn a_refusal_fails_calls_until_the_server_answers() {
-        let refusals = Refusals::new();
-        assert!(refusals.admit());
-        refusals.observe(&refused());
-        assert!(!refusals.admit(), "a refused server is tried again at once");
+        let gate = Refusals::new();
+        let t = 1;
+        let call = gate.admit(t).expect("open at first");
+        gate.observe(call, &refused(), t);
+        assert!(
+            gate.admit(t).is_none(),
+            "a refused server is tried again at once"
+        );
         // A reset connection says nothing about refusals.
-        refusals.observe::<()>(&Err(
-            std::io::Error::from(std::io::ErrorKind::BrokenPipe).into()
-        ));
-        assert!(!refusals.admit());
+        let broken: redis::RedisResult<()> =
+            Err(std::io::Error::from(std::io::ErrorKind::BrokenPipe).into());
+        gate.observe(call, &broken, t);
+        assert!(gate.admit(t + 1).is_none());
         // Any answer of the server's own, an error too, ends it.
-        refusals.observe::<()>(&Err(redis::RedisError::from((
+        let noscript: redis::RedisResult<()> = Err(redis::RedisError::from((
             redis::ErrorKind::Server(redis::ServerErrorKind::NoScript),
             "NOSCRIPT",
-        ))));
-        assert!(refusals.admit());
-        refusals.observe(&refused());
-        refusals.observe(&Ok(()));
-        assert!(refusals.admit());
+        )));
+        gate.observe(call, &noscript, t + 2);
+        assert!(gate.admit(t + 3).is_some());
+        let call = gate.admit(t + 3).expect("open");
+        gate.observe(call, &refused(), t + 4);
+        gate.observe(call, &answered(), t + 5);
+        assert!(gate.admit(t + 6).is_some());
+    }
+
+    #[test]
+    fn one_call_per_window_tries_again() {
+        let gate = Refusals::new();
+        let t = 1;
+        let call = gate.admit(t).expect("open at first");
+        gate.observe(call, &refused(), t);
+        assert!(gate.admit(t + WAIT - 1).is_none(), "within the window");
+        let probe = gate
+            .admit(t + WAIT)
+            .expect("the first call after the window");
+        assert!(gate.admit(t + WAIT).is_none(), "a second call at once");
+        assert!(gate.admit(t + 2 * WAIT - 1).is_none());
+        gate.observe(probe, &refused(), t + WAIT + 1);
+        assert!(
+            gate.admit(t + 2 * WAIT).is_none(),
+            "the probe's refusal restarts it"
+        );
+        assert!(gate.admit(t + 2 * WAIT + 1).is_some());
+    }
+
+    #[test]
+    fn a_stale_refusal_leaves_an_answering_server_open() {
+        let gate = Refusals::new();
+        let t = 1;
+        // Two calls in flight; one is answered, then the other, sent on an
+        // older connection attempt, reports a refusal.
+        let stale = gate.admit(t).expect("open");
+        let fresh = gate.admit(t).expect("open");
+        gate.observe(fresh, &answered(), t + 1);
+        gate.observe(stale, &refused(), t + 2);
+        assert!(gate.admit(t + 3).is_some(), "closed by a stale refusal");
+        // A call admitted after that answer still closes it.
+        let call = gate.admit(t + 3).expect("open");
+        gate.observe(call, &refused(), t + 4);
+        assert!(gate.admit(t + 5).is_none());
+    }
+
+    #[test]
+    fn a_gate_opened_while_a_call_takes_its_turn_admits_it() {
+        let gate = Refusals::new();
+        let t = 1;
+        let call = gate.admit(t).expect("open");
+        gate.observe(call, &refused(), t);
+        // The call that finds the window over has read `until`, then an
+        // answer opens the gate before it takes its turn: it goes through.
+        let until = gate.until.load(Ordering::SeqCst);
+        gate.observe(call, &answered(), t + 1);
+        assert!(gate.take_turn(until, t + WAIT), "refused on an open gate");
+        assert!(gate.admit(t + WAIT).is_some());
     }
 }

@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{Arg, Cmd, ErrorKind, ServerErrorKind, Value};
+use redis::{Arg, Cmd, ErrorKind, ServerErrorKind, ToRedisArgs, Value};
 
 use super::connection::{Conn, Refusals};
 use super::deny_cache::{DenyCache, DenyCacheStats, RealClock};
@@ -31,12 +31,14 @@ pub(crate) struct LuaScript {
     source: &'static str,
     sha: String,
     metrics: ScriptMetrics,
-    /// How many times this script has been loaded (`SCRIPT LOAD`), and the
-    /// lock of whoever loads it now: the calls that all found it missing at
-    /// once share one load.
-    loads: tokio::sync::Mutex<u64>,
-    /// A copy of the count, read without the lock as each call is sent.
-    loaded: AtomicU64,
+    /// How many times loading this script (`SCRIPT LOAD`) was tried,
+    /// doubled, plus one if the last attempt failed: read as each call is
+    /// sent, so that a call that finds the script missing knows whether
+    /// some other call has tried to load it since.
+    loads: AtomicU64,
+    /// Held by the call that loads the script; the calls that found it
+    /// missing meanwhile wait for that outcome instead of repeating it.
+    loading: tokio::sync::Mutex<()>,
 }
 
 impl LuaScript {
@@ -48,29 +50,53 @@ impl LuaScript {
             source,
             sha: redis::Script::new(source).get_hash().to_owned(),
             metrics: ScriptMetrics::new(name),
-            loads: tokio::sync::Mutex::new(0),
-            loaded: AtomicU64::new(0),
+            loads: AtomicU64::new(0),
+            loading: tokio::sync::Mutex::new(()),
         }
     }
 
-    /// Loads the script after a call sent when it had been loaded `seen`
-    /// times found it missing, unless another call has loaded it since:
-    /// many calls in flight find it missing together, and one `SCRIPT
-    /// LOAD` serves them all. On a cluster the load goes to every node.
-    async fn load(&self, conn: &mut Conn, seen: u64) -> redis::RedisResult<()> {
-        let mut loads = self.loads.lock().await;
-        if *loads != seen {
-            return Ok(());
+    /// The load attempts so far, for [`load`](Self::load).
+    fn loads(&self) -> u64 {
+        self.loads.load(Ordering::Acquire)
+    }
+
+    /// Loads the script after a call sent when [`loads`](Self::loads) was
+    /// `seen` found it missing, unless another call has tried since: many
+    /// calls in flight find it missing together, and one `SCRIPT LOAD`
+    /// serves them all. Whether the script is now loaded: if not (loading
+    /// failed, here or in the call that tried since), the call carries the
+    /// script's source instead.
+    async fn load(&self, conn: &mut Conn, seen: u64) -> bool {
+        let _loading = self.loading.lock().await;
+        let loads = self.loads();
+        if loads != seen {
+            return loads & 1 == 0;
         }
         tracing::debug!(script = self.name, "script cache empty, loading the script");
-        let _: Value = redis::cmd("SCRIPT")
+        let result: redis::RedisResult<Value> = redis::cmd("SCRIPT")
             .arg("LOAD")
             .arg(self.source)
             .query_async(conn)
-            .await?;
-        *loads += 1;
-        self.loaded.store(*loads, Ordering::Release);
-        Ok(())
+            .await;
+        if let Err(err) = &result {
+            // Not an error of the call's own: it goes on with the source.
+            tracing::debug!(
+                script = self.name,
+                error = %err,
+                "loading the script failed; sending its source instead"
+            );
+        }
+        let failed = u64::from(result.is_err());
+        self.loads
+            .store((seen & !1) + 2 + failed, Ordering::Release);
+        result.is_ok()
+    }
+
+    /// `EVALSHA <sha> <keys> <args>`.
+    fn command<T: ToRedisArgs>(&self, keys: &[T], args: &[T]) -> Cmd {
+        let mut cmd = self.call(keys.len(), args.len());
+        cmd.arg(keys).arg(args);
+        cmd
     }
 
     /// `EVALSHA <sha> <keys>`, for the caller to add the keys and then the
@@ -142,7 +168,10 @@ impl TimeSource {
 /// Scripts are sent by SHA (`EVALSHA`); when Redis answers `NOSCRIPT` (at
 /// the first calls, after a restart or `SCRIPT FLUSH`) the script is loaded
 /// once (`SCRIPT LOAD`, shared by every call that found it missing
-/// meanwhile) and the call sent again. Every call is bounded by the store's
+/// meanwhile) and the call sent again; if loading fails (a user without
+/// the `SCRIPT` command), those calls carry the script's source (`EVAL`),
+/// which the server caches too. On a cluster a missing script always goes
+/// with its source, to the node that owns the key. Every call is bounded by the store's
 /// timeout (default 50 ms); what the layers do on timeout is their
 /// [`FailurePolicy`](crate::FailurePolicy). While Redis refuses connections
 /// (down, restarting) calls fail at once rather than wait out the timeout;
@@ -359,9 +388,7 @@ impl RedisStore {
         keys: &[String],
         args: &[String],
     ) -> Result<Value, StoreError> {
-        let mut cmd = script.call(keys.len(), args.len());
-        cmd.arg(keys).arg(args);
-        self.run(script, cmd).await
+        self.run(script, script.command(keys, args)).await
     }
 
     /// Sends `call`, built by [`LuaScript::call`], as [`RedisStore::eval`]
@@ -377,21 +404,38 @@ impl RedisStore {
     /// [`run`](Self::run), timed but with a failure left for the caller to
     /// count: a batch counts one failure per call still waiting for it.
     async fn exchange(&self, script: &LuaScript, call: Cmd) -> Result<Value, StoreError> {
-        let refusals = self.inner.refusals.as_ref();
-        if refusals.is_some_and(|r| !r.admit()) {
-            return Err(StoreError::Redis(
-                "Redis refused the connection; reconnecting in the background".into(),
-            ));
-        }
+        self.try_exchange(script, call).await.map_err(|f| f.error)
+    }
+
+    /// [`exchange`](Self::exchange), telling a failure that sending the
+    /// call again may cure from one it cannot.
+    async fn try_exchange(&self, script: &LuaScript, call: Cmd) -> Result<Value, Failure> {
+        let gate = match &self.inner.refusals {
+            Some(refusals) => match refusals.admit(refusals.now()) {
+                Some(admitted) => Some((refusals, admitted)),
+                None => {
+                    return Err(Failure {
+                        error: StoreError::Redis(
+                            "Redis refused the connection; reconnecting in the background".into(),
+                        ),
+                        transient: true,
+                    });
+                }
+            },
+            None => None,
+        };
+        // On a cluster `SCRIPT LOAD` would go to every node, and one node
+        // failing would fail it for all: `EVAL` goes to the key's owner.
+        let shared_load = matches!(self.inner.conn, Conn::Single(_));
         let mut conn = self.inner.conn.clone();
         let exchange = async {
-            let seen = script.loaded.load(Ordering::Acquire);
+            let seen = script.loads();
             match call.query_async::<Value>(&mut conn).await {
                 Err(err) if is_noscript(&err) => {
                     // The script's source once per server, not once per
                     // call in flight; if loading fails, or the script is
                     // gone again at once, the source goes with this call.
-                    if script.load(&mut conn, seen).await.is_ok() {
+                    if shared_load && script.load(&mut conn, seen).await {
                         match call.query_async::<Value>(&mut conn).await {
                             Err(err) if is_noscript(&err) => {}
                             other => return other,
@@ -406,23 +450,58 @@ impl RedisStore {
             }
         };
         let started = std::time::Instant::now();
+        let timed_out = || Failure {
+            error: StoreError::Timeout(self.inner.timeout),
+            transient: true,
+        };
         let result = match tokio::time::timeout(self.inner.timeout, exchange).await {
             Ok(result) => {
-                if let Some(refusals) = refusals {
-                    refusals.observe(&result);
+                if let Some((refusals, admitted)) = gate {
+                    refusals.observe(admitted, &result, refusals.now());
                 }
                 match result {
                     Ok(reply) => Ok(reply),
                     // A timeout reported by the client (a `with_connection`
                     // manager configured with its own).
-                    Err(err) if err.is_timeout() => Err(StoreError::Timeout(self.inner.timeout)),
-                    Err(err) => Err(err.into()),
+                    Err(err) if err.is_timeout() => Err(timed_out()),
+                    Err(err) => Err(Failure {
+                        transient: is_transient(&err),
+                        error: err.into(),
+                    }),
                 }
             }
-            Err(_) => Err(StoreError::Timeout(self.inner.timeout)),
+            Err(_) => Err(timed_out()),
         };
         script.metrics.timed(started.elapsed());
         result
+    }
+}
+
+/// A failed call, and whether the same call sent again may succeed.
+#[derive(Debug)]
+pub(super) struct Failure {
+    pub(super) error: StoreError,
+    /// The connection failed, or the server could not run the call for now
+    /// (loading its data, busy with a script, a failover); not the call
+    /// itself (no permission, a key of another type, a script error).
+    pub(super) transient: bool,
+}
+
+fn is_transient(err: &redis::RedisError) -> bool {
+    if err.is_io_error() || err.is_connection_dropped() || err.is_timeout() {
+        return true;
+    }
+    match err.kind() {
+        ErrorKind::Server(
+            ServerErrorKind::BusyLoading
+            | ServerErrorKind::TryAgain
+            | ServerErrorKind::ClusterDown
+            | ServerErrorKind::MasterDown
+            | ServerErrorKind::ReadOnly,
+        )
+        | ErrorKind::ClusterConnectionNotFound => true,
+        // A script running past its time limit: not a code the client names.
+        _ => err.code() == Some("BUSY"),
     }
 }
 
@@ -798,8 +877,9 @@ impl RedisStoreBuilder {
     /// the one master that owns that slot; the cluster client follows
     /// `MOVED` and `ASK` redirections and refreshes its slot map by itself.
     /// A script missing on a node (`NOSCRIPT` after a restart or failover)
-    /// is loaded again on every node. The store's timeout bounds each decision,
-    /// redirections included.
+    /// is sent with its source (`EVAL`) to that node, which caches it
+    /// again: a node that cannot answer fails only its own keys' calls.
+    /// The store's timeout bounds each decision, redirections included.
     ///
     /// ```no_run
     /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {

@@ -110,7 +110,10 @@ impl FleetShedder {
     }
 
     /// Resolves once every release handed to a spawned task has reached the
-    /// store (or failed): call it on shutdown.
+    /// store (or failed): call it on shutdown. A release a Redis store
+    /// retries stays pending while Redis is unreachable, for as long as its
+    /// lease may still hold (see [`lease`](crate::lease)), so bound this
+    /// wait with a timeout.
     pub async fn releases_settled(&self) {
         self.limiter.releases_settled().await;
     }

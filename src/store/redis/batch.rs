@@ -79,6 +79,24 @@ pub(super) enum Entry {
 /// One of the store's script slots, held while its script is in flight.
 pub(super) struct Permit {
     store: RedisStore,
+    /// Whether dropping the permit gives the slot back; not once `leave`
+    /// has handed the slot on itself.
+    armed: bool,
+}
+
+impl Permit {
+    fn new(store: &RedisStore) -> Self {
+        Permit {
+            store: store.clone(),
+            armed: true,
+        }
+    }
+
+    /// Lets go of the permit without giving its slot back: the caller
+    /// keeps the slot.
+    fn disarm(mut self) {
+        self.armed = false;
+    }
 }
 
 impl Batcher {
@@ -110,9 +128,7 @@ impl Batcher {
         let mut state = self.state();
         if state.in_flight < self.max_in_flight {
             state.in_flight += 1;
-            return Entry::Send(Permit {
-                store: store.clone(),
-            });
+            return Entry::Send(Permit::new(store));
         }
         let (answer, receiver) = oneshot::channel();
         state.queue.push_back(Queued {
@@ -147,41 +163,45 @@ impl Batcher {
             state.in_flight -= 1;
             return;
         };
-        // Declared before the lock is taken, so that were the first poll
-        // below to panic, the lock is released before the permit's drop
-        // takes it again.
-        let permit;
-        let mut state = self.state();
-        let mut batch = Vec::new();
-        while batch.len() < self.max_batch {
-            let Some(call) = state.queue.pop_front() else {
-                break;
-            };
-            if !call.answer.is_closed() {
-                batch.push(call);
+        // One batch after another while each is answered at once (a closed
+        // connection, Redis refusing): in a loop, not through each permit's
+        // drop, so that a long queue does not grow the stack.
+        loop {
+            // Declared before the lock is taken, so that were the first poll
+            // below to panic, the lock is released before the permit's drop
+            // takes it again.
+            let permit;
+            let mut state = self.state();
+            let mut batch = Vec::new();
+            while batch.len() < self.max_batch {
+                let Some(call) = state.queue.pop_front() else {
+                    break;
+                };
+                if !call.answer.is_closed() {
+                    batch.push(call);
+                }
             }
-        }
-        if batch.is_empty() {
-            state.in_flight -= 1;
-            return;
-        }
-        // The slot passes to the batch.
-        permit = Permit {
-            store: store.clone(),
-        };
-        let mut sending = Box::pin(send(store.clone(), batch));
-        let written = sending
-            .as_mut()
-            .poll(&mut Context::from_waker(Waker::noop()));
-        drop(state);
-        match written {
-            // Answered at once (a closed connection): the slot goes on.
-            Poll::Ready(()) => drop(permit),
-            Poll::Pending => {
-                runtime.spawn(async move {
-                    sending.await;
-                    drop(permit);
-                });
+            if batch.is_empty() {
+                state.in_flight -= 1;
+                return;
+            }
+            // The slot passes to the batch.
+            permit = Permit::new(store);
+            let mut sending = Box::pin(send(store.clone(), batch));
+            let written = sending
+                .as_mut()
+                .poll(&mut Context::from_waker(Waker::noop()));
+            drop(state);
+            match written {
+                // Answered at once: the slot goes on to the next batch.
+                Poll::Ready(()) => permit.disarm(),
+                Poll::Pending => {
+                    runtime.spawn(async move {
+                        sending.await;
+                        drop(permit);
+                    });
+                    return;
+                }
             }
         }
     }
@@ -189,6 +209,9 @@ impl Batcher {
 
 impl Drop for Permit {
     fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
         if let Some(batcher) = &self.store.inner.batcher {
             batcher.leave(&self.store);
         }

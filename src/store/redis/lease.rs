@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use redis::Value;
 
-use super::{LuaScript, RedisStore, TimeSource, release};
+use super::{Failure, LuaScript, RedisStore, TimeSource};
 use crate::error::StoreError;
 use crate::key::Key;
 use crate::store::{LeaseCall, LeaseGrant, StoreFuture};
@@ -14,6 +14,10 @@ use crate::store::{LeaseCall, LeaseGrant, StoreFuture};
 const ACQUIRE_LUA: &str = include_str!("../../../lua/lease_acquire.lua");
 const RELEASE_LUA: &str = include_str!("../../../lua/lease_release.lua");
 const RENEW_LUA: &str = include_str!("../../../lua/lease_renew.lua");
+
+/// How much longer than its TTL a lease may count as held with the
+/// caller's clock: the `slack_ms` of `lua/lease_*.lua`.
+const CLIENT_CLOCK_SLACK: Duration = Duration::from_secs(60);
 
 /// The lease scripts, hashed once per store.
 #[derive(Debug)]
@@ -72,27 +76,57 @@ impl RedisStore {
     pub(super) fn run_lease_release(&self, call: LeaseCall<'_>) -> StoreFuture<bool> {
         let key = self.lease_key(call.name, call.key);
         let id = call.id.as_str().to_owned();
-        let ttl = call.ttl;
+        let expired_at = Instant::now() + self.release_deadline(call.ttl);
         let store = self.clone();
         StoreFuture::pending(async move {
-            // The lease expires at most a TTL after it was last acquired or
-            // renewed, which was before now.
-            let expired_at = Instant::now() + ttl;
             match store.release_once(&key, &id).await {
-                Err(err) if release::worth_retrying(&err) => {
-                    store.retry_release(key, id, expired_at, err).await
+                Ok(held) => Ok(held),
+                Err(failure) => {
+                    store.count_release_failure(&failure.error);
+                    if failure.transient {
+                        store
+                            .retry_release(key, id, expired_at, failure.error)
+                            .await
+                    } else {
+                        Err(failure.error)
+                    }
                 }
-                done => done,
             }
         })
     }
 
-    /// Removes lease `id` from the set `key`: `true` if it was held.
-    pub(super) async fn release_once(&self, key: &str, id: &str) -> Result<bool, StoreError> {
+    /// How long from now a lease of `ttl` may still hold its slot, by this
+    /// process's clock: retrying its release past that frees nothing. The
+    /// lease was last acquired or renewed before now, for at most `ttl`
+    /// from when Redis ran that script, which may be up to the store's
+    /// timeout later still (a renewal in flight). With the caller's clock,
+    /// the scripts keep the set longer than its leases (their
+    /// `slack_ms`), so a clock that lags Redis' may still count the lease
+    /// as held that much longer.
+    fn release_deadline(&self, ttl: Duration) -> Duration {
+        let slack = match self.inner.time {
+            TimeSource::Server => Duration::ZERO,
+            TimeSource::Client(_) => CLIENT_CLOCK_SLACK,
+        };
+        ttl.saturating_add(self.inner.timeout).saturating_add(slack)
+    }
+
+    /// Counts a release that failed, in the metrics of its script.
+    pub(super) fn count_release_failure(&self, error: &StoreError) {
+        self.inner.leases.release.metrics.failed(error);
+    }
+
+    /// Removes lease `id` from the set `key`: `true` if it was held. A
+    /// failure is left for the caller to count.
+    pub(super) async fn release_once(&self, key: &str, id: &str) -> Result<bool, Failure> {
         let script = &self.inner.leases.release;
-        let mut cmd = script.call(1, 1);
-        cmd.arg(key).arg(id);
-        decode_flag(&self.run(script, cmd).await?)
+        let reply = self
+            .try_exchange(script, script.command(&[key], &[id]))
+            .await?;
+        decode_flag(&reply).map_err(|error| Failure {
+            error,
+            transient: false,
+        })
     }
 
     pub(super) fn run_lease_renew(&self, call: LeaseCall<'_>) -> StoreFuture<bool> {
@@ -179,5 +213,32 @@ mod tests {
             assert!(decode_flag(&reply).is_err(), "{reply:?}");
         }
         assert!(decode_flag(&Value::Int(1)).unwrap());
+    }
+
+    #[test]
+    fn the_client_clock_slack_is_the_scripts_own() {
+        let slack = format!("slack_ms = {}", CLIENT_CLOCK_SLACK.as_millis());
+        for script in [ACQUIRE_LUA, RENEW_LUA] {
+            assert!(script.contains(&slack), "{script}");
+        }
+    }
+
+    /// A release is retried as long as its lease may still hold its slot:
+    /// past its TTL by the store's timeout (a renewal in flight), and with
+    /// the caller's clock by the scripts' slack too.
+    #[tokio::test]
+    async fn a_release_is_retried_while_its_lease_may_hold() {
+        let (timeout, ttl) = (Duration::from_millis(300), Duration::from_secs(10));
+        let server_clock = RedisStore::builder()
+            .timeout(timeout)
+            .connect_lazy("redis://127.0.0.1:1")
+            .unwrap();
+        assert!(server_clock.release_deadline(ttl) >= ttl + timeout);
+        let client_clock = RedisStore::builder()
+            .timeout(timeout)
+            .time_source(TimeSource::system_clock())
+            .connect_lazy("redis://127.0.0.1:1")
+            .unwrap();
+        assert!(client_clock.release_deadline(ttl) >= ttl + timeout + CLIENT_CLOCK_SLACK);
     }
 }

@@ -5,18 +5,33 @@
 //! One queue per store, bounded, drained by one task that exists only while
 //! the queue has something in it: while Redis is away, one release at a
 //! time probes it, with a growing delay, and once one lands the rest
-//! follow at once. Releasing is idempotent (removing an id that is not
+//! follow, several at a time. Releasing is idempotent (removing an id that is not
 //! held does nothing), so a release that timed out after it had landed is
 //! simply sent again and answers "not held".
+//!
+//! Only failures that sending again may cure are retried (see
+//! [`Failure`]): an error of the call's own (no permission, a key of
+//! another type) is given up at once. In metrics, a release counts one
+//! failure when its first attempt fails and one more if it is given up;
+//! the retries in between count nothing, so an outage shows up as many
+//! failures as releases, not as many as attempts.
+//!
+//! The drainer runs on the runtime of the release that started it. If that
+//! runtime shuts down (the drainer is dropped), the releases still queued
+//! are given up: their leases expire after their TTL, and nobody waits on
+//! a release no task will send.
 
 use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Mutex, MutexGuard};
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use tokio::runtime::Handle;
 use tokio::sync::oneshot;
 
-use super::RedisStore;
+use super::{Failure, RedisStore};
 use crate::error::StoreError;
 
 /// The most releases a store keeps for retrying; past that a failed release
@@ -56,21 +71,18 @@ struct Retry {
 }
 
 impl Retry {
-    fn give_up(self) {
+    fn give_up(self, store: &RedisStore, why: &str) {
         let error = StoreError::Redis(format!(
-            "lease release did not reach Redis before the lease expired: {}",
+            "lease release given up ({why}): {}",
             self.last_error
         ));
+        store.count_release_failure(&error);
         // Whoever waited may be gone; the outcome is then nobody's concern.
         let _ = self.done.send(Err(error));
     }
 }
 
-/// Whether a failed release may succeed if sent again: the connection or
-/// the server failed, not the reply.
-pub(super) fn worth_retrying(err: &StoreError) -> bool {
-    matches!(err, StoreError::Timeout(_) | StoreError::Redis(_))
-}
+const EXPIRED: &str = "the lease has expired by now";
 
 impl Retries {
     /// The queue is consistent after every step: a panic elsewhere while it
@@ -81,38 +93,45 @@ impl Retries {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// The next release to send; `None`, and the drainer stops, when the
-    /// queue is empty.
+    #[cfg(test)]
     fn next(&self) -> Option<Retry> {
+        self.take(1).pop()
+    }
+
+    /// The next (up to) `count` releases to send; none, and the drainer
+    /// stops, when the queue is empty.
+    fn take(&self, count: usize) -> Vec<Retry> {
         let mut state = self.lock();
-        let next = state.queue.pop_front();
-        if next.is_none() {
+        let end = count.min(state.queue.len());
+        let taken: Vec<Retry> = state.queue.drain(..end).collect();
+        if taken.is_empty() {
             state.draining = false;
         }
-        next
+        taken
     }
 
     /// Puts `retry`, which failed again, back at the end (a release that
     /// keeps failing while others would land holds none of them up), and
-    /// gives up on every release whose lease has expired by `now`.
-    fn failed(&self, retry: Retry, now: Instant) {
-        let expired = {
+    /// takes out every release whose lease has expired by `now`, for the
+    /// caller to give up outside the lock (a waiter woken then may enqueue
+    /// at once).
+    fn failed(&self, retry: Retry, now: Instant) -> VecDeque<Retry> {
+        {
             let mut state = self.lock();
             state.queue.push_back(retry);
-            let (expired, live) = std::mem::take(&mut state.queue)
+            let (expired, live): (VecDeque<Retry>, _) = std::mem::take(&mut state.queue)
                 .into_iter()
                 .partition(|r| r.expired_at <= now);
             state.queue = live;
             expired
-        };
-        // Outside the lock: a waiter woken here may enqueue at once.
-        expired.into_iter().for_each(Retry::give_up);
+        }
     }
 }
 
 /// The task draining a store's queue. Dropped before the queue is empty
-/// (its runtime shut down), it clears the draining flag, so that the next
-/// failed release starts another.
+/// (its runtime shut down, or would not take it), it gives up the queued
+/// releases, which no task would send, and clears the draining flag, so
+/// that the next failed release starts another.
 struct Draining {
     store: RedisStore,
     finished: bool,
@@ -120,8 +139,17 @@ struct Draining {
 
 impl Drop for Draining {
     fn drop(&mut self) {
-        if !self.finished {
-            self.store.inner.releases.lock().draining = false;
+        if self.finished {
+            return;
+        }
+        let queue = {
+            let mut state = self.store.inner.releases.lock();
+            state.draining = false;
+            std::mem::take(&mut state.queue)
+        };
+        // Outside the lock, as in `failed`.
+        for retry in queue {
+            retry.give_up(&self.store, "the runtime retrying it shut down");
         }
     }
 }
@@ -143,7 +171,7 @@ impl RedisStore {
             return Err(error);
         };
         let (done, outcome) = oneshot::channel();
-        {
+        let start = {
             let mut state = self.inner.releases.lock();
             if state.queue.len() >= CAPACITY {
                 return Err(StoreError::Redis(format!(
@@ -157,50 +185,124 @@ impl RedisStore {
                 last_error: error.clone(),
                 done,
             });
-            if !state.draining {
-                state.draining = true;
-                runtime.spawn(
-                    Draining {
-                        store: self.clone(),
-                        finished: false,
-                    }
-                    .drain(),
-                );
-            }
+            !std::mem::replace(&mut state.draining, true)
+        };
+        // Outside the lock: a runtime shutting down drops the task here, at
+        // once, and the drainer's drop takes the lock.
+        if start {
+            runtime.spawn(
+                Draining {
+                    store: self.clone(),
+                    finished: false,
+                }
+                .drain(),
+            );
         }
         outcome.await.unwrap_or(Err(error))
     }
 }
 
 impl Draining {
-    /// Sends the queued releases in order until none is left, waiting
-    /// after each failure.
+    /// Sends the queued releases in order until none is left: one at a
+    /// time while they fail, waiting after each failure, and up to
+    /// [`BURST`] at once while they land.
     async fn drain(mut self) {
         let store = self.store.clone();
         let retries = &store.inner.releases;
         let mut delay = FIRST_DELAY;
-        while let Some(mut retry) = retries.next() {
-            if Instant::now() >= retry.expired_at {
-                retry.give_up();
-                continue;
+        let mut width = 1;
+        loop {
+            let group = retries.take(width);
+            if group.is_empty() {
+                break;
             }
-            match store.release_once(&retry.key, &retry.id).await {
-                Err(err) if worth_retrying(&err) => {
-                    retry.last_error = err;
-                    retries.failed(retry, Instant::now());
-                    tokio::time::sleep(delay).await;
-                    delay = (delay * 2).min(MAX_DELAY);
-                }
-                result => {
-                    let _ = retry.done.send(result);
-                    delay = FIRST_DELAY;
-                }
+            let sent = join_all(group.into_iter().map(|retry| store.send_retry(retry))).await;
+            if sent.contains(&Sent::Failed) {
+                width = 1;
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(MAX_DELAY);
+            } else if sent.contains(&Sent::Reached) {
+                width = BURST;
+                delay = FIRST_DELAY;
             }
         }
-        // `next` cleared the flag; a drainer started since then is not
+        // `take` cleared the flag; a drainer started since then is not
         // this one's to clear.
         self.finished = true;
     }
+}
+
+/// How many releases the drainer sends at once while they land: enough
+/// that a backlog clears in a few round trips once Redis is back, few
+/// enough not to crowd out the decisions sharing the connection.
+const BURST: usize = 16;
+
+/// What became of one retry.
+#[derive(Debug, PartialEq, Eq)]
+enum Sent {
+    /// Redis answered it (a release, or an error of its own).
+    Reached,
+    /// It failed on the way again, and is queued once more.
+    Failed,
+    /// Its lease had expired: not sent.
+    Expired,
+}
+
+impl RedisStore {
+    async fn send_retry(&self, mut retry: Retry) -> Sent {
+        if Instant::now() >= retry.expired_at {
+            retry.give_up(self, EXPIRED);
+            return Sent::Expired;
+        }
+        match self.release_once(&retry.key, &retry.id).await {
+            Err(Failure {
+                error,
+                transient: true,
+            }) => {
+                retry.last_error = error;
+                for expired in self.inner.releases.failed(retry, Instant::now()) {
+                    expired.give_up(self, EXPIRED);
+                }
+                Sent::Failed
+            }
+            Err(Failure { error, .. }) => {
+                retry.last_error = error;
+                retry.give_up(self, "Redis refused it");
+                Sent::Reached
+            }
+            Ok(held) => {
+                let _ = retry.done.send(Ok(held));
+                Sent::Reached
+            }
+        }
+    }
+}
+
+/// Runs `futures` together, each polled when woken; their outputs in order.
+async fn join_all<F: Future>(futures: impl Iterator<Item = F>) -> Vec<F::Output> {
+    let mut running: Vec<Option<Pin<Box<F>>>> = futures.map(|f| Some(Box::pin(f))).collect();
+    let mut outputs: Vec<Option<F::Output>> = running.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (slot, output) in running.iter_mut().zip(outputs.iter_mut()) {
+            if let Some(future) = slot {
+                match future.as_mut().poll(cx) {
+                    Poll::Ready(value) => {
+                        *output = Some(value);
+                        *slot = None;
+                    }
+                    Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            Poll::Pending
+        } else {
+            Poll::Ready(())
+        }
+    })
+    .await;
+    outputs.into_iter().flatten().collect()
 }
 
 #[cfg(test)]
@@ -230,7 +332,7 @@ mod tests {
         let (b, mut b_outcome) = retry("b", now + Duration::from_secs(1));
         let (c, _c) = retry("c", now + Duration::from_secs(60));
         retries.lock().queue.extend([b, c]);
-        retries.failed(a, now);
+        assert!(retries.failed(a, now).is_empty());
         let order: Vec<String> = retries.lock().queue.iter().map(|r| r.id.clone()).collect();
         assert_eq!(order, ["b", "c", "a"]);
         assert!(
@@ -239,15 +341,63 @@ mod tests {
         );
 
         let first = retries.next().unwrap();
-        retries.failed(first, now + Duration::from_secs(2));
-        match b_outcome.try_recv() {
-            Ok(Err(StoreError::Redis(text))) => assert!(text.contains("broken pipe"), "{text}"),
-            other => panic!("{other:?}"),
-        }
+        let expired: Vec<String> = retries
+            .failed(first, now + Duration::from_secs(2))
+            .into_iter()
+            .map(|r| r.id)
+            .collect();
+        assert_eq!(expired, ["b"]);
         let order: Vec<String> = retries.lock().queue.iter().map(|r| r.id.clone()).collect();
         assert_eq!(order, ["c", "a"]);
         assert!(retries.next().is_some() && retries.next().is_some());
         assert!(retries.next().is_none());
         assert!(!retries.lock().draining);
+    }
+
+    /// A runtime shutting down drops a task spawned on it at once, on the
+    /// spawning thread: the drainer's drop must not find the queue locked
+    /// by that thread, and the release it would have sent is given up
+    /// rather than left waiting for a task that never runs.
+    #[test]
+    fn a_runtime_shutting_down_gives_the_queued_release_up() {
+        let live = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let store = live
+            .block_on(async { RedisStore::builder().connect_lazy("redis://127.0.0.1:1") })
+            .unwrap();
+        let dead = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let handle = dead.handle().clone();
+        drop(dead);
+        let (answered, answer) = std::sync::mpsc::channel();
+        // On a thread of its own: were it to deadlock, the test fails
+        // rather than hangs.
+        std::thread::spawn(move || {
+            let _entered = handle.enter();
+            let release = store.retry_release(
+                "k".into(),
+                "a".into(),
+                Instant::now() + Duration::from_secs(60),
+                StoreError::Timeout(Duration::from_millis(1)),
+            );
+            let mut release = std::pin::pin!(release);
+            let poll = release
+                .as_mut()
+                .poll(&mut std::task::Context::from_waker(std::task::Waker::noop()));
+            let given_up = matches!(&poll, std::task::Poll::Ready(Err(StoreError::Redis(text)))
+                if text.contains("shut down"));
+            let state = store.inner.releases.lock();
+            let cleared = state.queue.is_empty() && !state.draining;
+            drop(state);
+            let _ = answered.send((given_up && cleared, format!("{poll:?}, cleared: {cleared}")));
+        });
+        match answer.recv_timeout(Duration::from_secs(30)) {
+            Ok((given_up, poll)) => assert!(given_up, "{poll}"),
+            Err(_) => panic!("deadlocked: the drainer was dropped under the queue's lock"),
+        }
     }
 }
