@@ -12,12 +12,18 @@ use std::fmt;
 /// one window charges none). A window's quota is its rate's count, so the
 /// builder refuses a limit whose burst was set to anything else.
 ///
-/// | algorithm | state per identity | exactness |
-/// |---|---|---|
-/// | [`Gcra`](Algorithm::Gcra) | one number per limit | exact rate with a burst |
-/// | [`SlidingLog`](Algorithm::SlidingLog) | one timestamp per admitted unit of cost, in one sorted set for all windows | exact: at most `count` in any window of that length |
-/// | [`SlidingWindow`](Algorithm::SlidingWindow) | two counters per limit | approximate: the previous window's count weighted by how much of it still overlaps the sliding window |
-/// | [`FixedWindow`](Algorithm::FixedWindow) | one counter per limit | exact per calendar window, but up to twice the count can pass around a window boundary |
+/// | algorithm | state per identity | exactness | choose it for |
+/// |---|---|---|---|
+/// | [`Gcra`](Algorithm::Gcra) (default) | one number per limit | exact rate with a burst | most APIs: cheapest, smooth; the only one with reserve mode (waiting clients) |
+/// | [`SlidingLog`](Algorithm::SlidingLog) | one timestamp per admitted unit of cost, in one sorted set for all windows | exact: at most `count` in any window of that length | mirroring an upstream's published "N per window" exactly, for small N |
+/// | [`SlidingWindow`](Algorithm::SlidingWindow) | two counters per limit | approximate: the previous window's count weighted by how much of it still overlaps the sliding window | very large counts or very many identities, in O(1) memory |
+/// | [`FixedWindow`](Algorithm::FixedWindow) | one counter per limit | exact per calendar window, but up to twice the count can pass around a window boundary | quotas that reset at fixed times |
+///
+/// What each costs in Redis memory and decisions per second is in
+/// BENCHMARKS.md ("What it costs"). In Redis, sliding-log members are
+/// `<time>-<n>`, `n` counting the members already logged in that
+/// microsecond, chosen inside the script, so they are unique across
+/// processes and machines; a denied call is never logged.
 ///
 /// What the decision (and so the rate-limit headers) reports, per
 /// algorithm, for the limit that decided:

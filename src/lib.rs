@@ -109,16 +109,33 @@
 //! counted ([`metrics`]). The connection reconnects by itself, and scripts
 //! lost by a Redis restart are sent again.
 //!
-//! # Choosing the algorithm
+//! # Limits
 //!
-//! One line on the policy ([`PolicyBuilder::algorithm`]):
+//! | you write | means |
+//! |---|---|
+//! | `Limit::new(Rate::per_second(100))` | 100 per second, burst 100 |
+//! | `Limit::builder(Rate::per_second(100)).burst(500).build()` | 100 per second, up to 500 at once after an idle spell |
+//! | `Limit::new(Rate::new(25, Duration::from_secs(5)))` | 25 per 5 s |
+//! | `Limit::new(Rate::per_hour(5000))` | 5000 per hour |
+//! | `Policy::builder("upstream").limit(a).limit(b).build()` | both limits, decided together: a call either passes both or charges neither |
 //!
-//! | [`Algorithm`] | memory per identity | exact? | choose it for |
-//! |---|---|---|---|
-//! | `Gcra` (default) | one number per limit | exact rate, with a burst | most limits: cheapest, smooth |
-//! | `SlidingLog` | one entry per admitted call in the window | exact count in any window | mirroring an API's published "N per window" exactly, small N |
-//! | `SlidingWindow` | two counters per limit | approximate | large N per window with O(1) memory |
-//! | `FixedWindow` | one counter per limit | per calendar window (up to 2N across a boundary) | the cheapest window, quotas reset on the clock |
+//! The builders refuse nonsense with a [`ConfigError`]: a zero rate, period
+//! or burst, a rate that microsecond resolution would slow by more than 1%
+//! (any rate up to 10,000/s is fine, and any whole number of microseconds
+//! between events, e.g. 500,000/s), a window too long to hold exactly (over
+//! ~35 years), an empty policy, more than [`MAX_LIMITS_PER_POLICY`] limits,
+//! duplicate limit names, and (with [`RateLimitLayer::fixed_cost`]) a cost
+//! no request could ever pay. A per-request cost above the burst is refused
+//! with 429 and no `Retry-After`, without asking the store.
+//!
+//! Without tower, a [`Limiter`] decides calls from any code:
+//! [`Limiter::check`] on any store, or [`Limiter::check_now`], which on the
+//! [`MemoryStore`] decides at once in the calling thread.
+//!
+//! GCRA is the default algorithm; one line on the policy
+//! ([`PolicyBuilder::algorithm`]) picks a window algorithm instead. The
+//! table of what each keeps, how exact it is and when to choose it is on
+//! [`Algorithm`].
 //!
 //! # Operating it
 //!
@@ -135,6 +152,9 @@
 //!   pair (default), `X-RateLimit-*`, both or none; 429 and 503 always
 //!   carry `Retry-After`. What they mean for each algorithm is tabled in
 //!   [`Algorithm`].
+//!
+//! Timeouts, reconnecting, the deny cache, Redis Cluster and what to watch
+//! in production are in `docs/operating.md` in the repository.
 //!
 //! [tower]: https://docs.rs/tower
 //! [axum]: https://docs.rs/axum

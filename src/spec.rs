@@ -38,10 +38,39 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
-//! With the `serde` feature (on by default) a [`PolicySpec`] reads from a
-//! string as above or from a table such as
+//! With the `serde` feature (off by default: `cargo add fleetgate
+//! --features serde`) a [`PolicySpec`] reads from a string as above or from
+//! a table such as
 //! `{ limits = [{ rate = "25/5s", burst = 30, name = "short" }, "300/min"] }`,
-//! and [`PolicyFile`] reads a whole file of named policies.
+//! and [`PolicyFile`] reads a whole file of named policies and routes
+//! (TOML, YAML, JSON, ...), which
+//! [`RoutePolicies::from_file`](crate::rate_limit::RoutePolicies::from_file)
+//! turns into one layer where each route (axum's matched path and,
+//! optionally, the method) has its own policy; routes no rule matches use
+//! the default, or are not limited when there is none:
+//!
+//! ```
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use fleetgate::rate_limit::RoutePolicies;
+//! use fleetgate::spec::PolicyFile;
+//! use fleetgate::{MemoryStore, RateLimitLayer};
+//!
+//! let file: PolicyFile = toml::from_str(r#"
+//!     default = "general"
+//!     [policies]
+//!     general = "100/s burst 200"
+//!     login = "5/min"
+//!     [[routes]]
+//!     path = "/api/login"
+//!     method = "POST"
+//!     policy = "login"
+//! "#)?;
+//! let layer = RateLimitLayer::per_route(RoutePolicies::from_file(&file, MemoryStore::new())?)?;
+//! # Ok(()) }
+//! ```
+//!
+//! Add such a layer with `Router::layer` or `Router::route_layer`, so that
+//! the matched route (`/users/{id}`) is known.
 
 use std::fmt;
 use std::ops::Range;

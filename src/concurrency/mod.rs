@@ -43,6 +43,22 @@
 //! from an in-process limiter capped at that share of the maximum (rounded
 //! down, at least 1), and gives it back there.
 //!
+//! | situation | what happens |
+//! |---|---|
+//! | a slot is free | a lease (unique id, expiry = now + TTL) is recorded in one round trip and held until the response body has been sent to its end or dropped |
+//! | too many in flight | `429` ([`.status(..)`](ConcurrencyLimitLayer::status) to change it) with `Retry-After: 1` ([`.retry_after(..)`](ConcurrencyLimitLayer::retry_after)); [`.typed_errors()`](ConcurrencyLimitLayer::typed_errors) gives [`ConcurrencyLimitError::InFlight`] instead |
+//! | client disconnects, timeout layer outside, handler panics | the request future or body is dropped and the lease released |
+//! | long response (stream, SSE) | the lease is renewed every TTL/3 ([`ConcurrencyPolicyBuilder::renew_every`], [`ConcurrencyPolicyBuilder::no_renewal`]) until the body ends |
+//! | instance crashes | its leases expire after the TTL (default 30 s) |
+//! | Redis slow or down at release, connection reset | the release runs on a spawned task and never delays the response; a failed release is retried until it lands or the lease's TTL passes (see [`lease`](crate::lease)); [`ConcurrencyLimiter::releases_settled`] waits for pending releases (on shutdown) |
+//!
+//! In Redis, leases live in a sorted set per identity,
+//! `fleetgate:<policy>:{<identity>}:lease` (member = lease id, score =
+//! expiry in microseconds, Redis server time); the set expires with its
+//! last lease. The building blocks ([`LeaseGuard`],
+//! [`GuardedBody`]) work with anything that can
+//! be released and renewed.
+//!
 //! Use `Router::route_layer` to limit only matched routes and
 //! `Router::layer` to limit everything that reaches the router. Every
 //! service clone axum makes shares one limit: the state is in the store.

@@ -2,8 +2,15 @@
 //!
 //! ```
 //! use axum::{routing::get, Router};
-//! use fleetgate::key::{HeaderKey, PeerIp};
+//! use fleetgate::key::{ExtensionKey, PeerIp};
 //! use fleetgate::{Limit, Limiter, MemoryStore, Policy, Rate, RateLimitLayer};
+//!
+//! /// Put in the request by your authentication layer, never by a client.
+//! #[derive(Clone)]
+//! struct Account(u64);
+//! impl std::fmt::Display for Account {
+//!     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result { self.0.fmt(f) }
+//! }
 //!
 //! # fn main() -> Result<(), fleetgate::ConfigError> {
 //! let policy = Policy::single("api", Limit::builder(Rate::per_second(10)).burst(20).build()?)?;
@@ -11,8 +18,8 @@
 //!     .route("/api/orders", get(|| async { "orders" }))
 //!     .layer(
 //!         RateLimitLayer::new(Limiter::new(policy, MemoryStore::new()))
-//!             // per API key, falling back to the client address
-//!             .key(HeaderKey::new("x-api-key").or(PeerIp)),
+//!             // per verified account, else one budget per client address
+//!             .key(ExtensionKey::<Account>::new("account").or(PeerIp)),
 //!     );
 //! # Ok(()) }
 //! ```
@@ -21,10 +28,41 @@
 //! paths included; `Router::route_layer` limits only requests that match a
 //! route, so 404s cost nothing. The layer's state lives in the store, not in
 //! the service, so the clones axum makes per request all share one limit.
+//! [`PeerIp`](crate::key::PeerIp) needs the server started with
+//! `into_make_service_with_connect_info::<SocketAddr>()`: without it
+//! `PeerIp` finds no address, and a request it had to key counts as one
+//! without a key ([`OnMissingKey`]: 400 by default).
 //!
 //! Around services that are not HTTP (or when you would rather have an
 //! error than a 429 response), call [`RateLimitLayer::typed_errors`]: the
 //! service then fails with a [`RateLimitError`](crate::RateLimitError).
+//!
+//! # What happens to a request
+//!
+//! | situation | what happens |
+//! |---|---|
+//! | limit exceeded | `429 Too Many Requests`, `Retry-After` in whole seconds (rounded up), rate-limit headers ([`HeaderStyle`](crate::HeaderStyle)), a one-line body; replace it with [`RateLimitLayer::rejection`] |
+//! | request allowed | the inner response, plus the rate-limit headers |
+//! | no key in the request | `400 Bad Request` by default; [`OnMissingKey`]`::Reject(status)`, `Fallback(key)` or `Allow` |
+//! | the store is slow or down | the layer's [`FailurePolicy`] (open by default); see the crate docs' failure policy table |
+//! | shadow mode ([`RateLimitLayer::shadow`]) | decided and logged (`shadow-denied` at `debug`), never refused (not over a limit, not for a missing key, not when the store fails), no headers sent |
+//! | stacked layers | each adds its limits to the `RateLimit`/`RateLimit-Policy` lists; the innermost layer's `X-RateLimit-*` and `Retry-After` stay |
+//! | a service that is not HTTP | [`RateLimitLayer::typed_errors`]: `RateLimitError::{Limited, MissingKey, Unavailable}` |
+//! | tests with `tokio::time::pause` | the [`MemoryStore`](crate::MemoryStore) reads the CPU's counter ([`FastClock`](crate::clock::FastClock)), which paused time does not stop: build it with `MemoryStore::builder().clock(clock::MonotonicClock::new())`, which follows tokio's clock, or drive it by hand with [`ManualClock`](crate::clock::ManualClock) |
+//!
+//! # Response bodies
+//!
+//! The layer answers a refusal in the inner service's own body type
+//! (axum's `Body`, `String`, `http_body_util::Full`, `BoxBody`, the bodies
+//! of this crate's other layers: any type that implements
+//! [`RefusalBody`](crate::response::RefusalBody)), so responses that pass
+//! go out untouched, and axum does not box their body a second time. Each
+//! `Router::layer` call hands the next one axum's `Body`, so layers added
+//! to a router one by one stack in any order. Around a service whose body
+//! cannot be built from bytes (hyper's `Incoming`, `Empty`) or is another
+//! crate's wrapper (tower-http's, stacked inside one `ServiceBuilder`), add
+//! [`RateLimitLayer::any_body`]: every response then carries a
+//! [`ResponseBody`](crate::response::ResponseBody).
 //!
 //! # Waiting for a slot: outbound clients
 //!

@@ -1,32 +1,31 @@
 //! Load shedding: under overload, drop the least important traffic first so
 //! that critical traffic keeps working.
 //!
-//! Requests are put into priority [`Tiers`] by a classifier
-//! ([`RouteTiers`], [`HeaderTier`] or any closure); unclassified requests
-//! fall into the set's default tier (`normal` in the default set). The most
-//! important tier is never shed. Two layers shed, both with
-//! `503 Service Unavailable` and `Retry-After`:
+//! Requests are put into priority [`Tiers`], ordered most important first
+//! ([`Tiers::default`]: `critical`, `high`, `normal`, `low`; `Tiers::new`
+//! for your own, 2 to 16). A classifier puts each request in a tier: a
+//! [`RouteTiers`] table (method and matched path, `*` for prefixes), a
+//! [`HeaderTier`] reading a tier name that an upstream gateway sets (only
+//! behind a gateway that overwrites it), or any closure
+//! `Fn(&Request, &Tiers) -> Option<Tier>`; unclassified requests fall into
+//! the set's default tier (`normal` in the default set; `.default_tier(..)`
+//! to change it). Two layers shed:
+//! [`FleetShedLayer`] gives each tier a share of the fleet's capacity, and
+//! [`UtilizationShedLayer`] sheds when this process has been busy a while.
 //!
-//! - [`FleetShedLayer`]: one count of requests in flight for the whole
-//!   fleet (a lease set in Redis, or the in-process
-//!   [`MemoryStore`](crate::MemoryStore) for one instance), with a fleet
-//!   capacity of which each tier may use only its share
-//!   ([`FleetShedPolicy`]). A request is admitted while fewer requests
-//!   than its tier's limit are in flight; the most important tier is always
-//!   admitted, and counted, so the tiers below see the room it takes. One
-//!   round trip to admit, one to release, with the concurrency limiter's
-//!   leases: held until the response body ends, given back when the
-//!   client goes away or the handler panics, expiring after their TTL if
-//!   the instance crashes.
-//! - [`UtilizationShedLayer`]: local to the process. It watches
-//!   utilization (its own requests in flight over a worker capacity, or a
-//!   gauge you supply); above 0.8 it drops the least important tier with
-//!   rising probability, then the next, at a speed proportional to how far
-//!   above: fully saturated, after 28 s, then 120 s from shedding nothing
-//!   to shedding everything sheddable; at 0.9 twice as long (56 s, 240 s),
-//!   at 0.85 four times (112 s, 480 s). Below 0.7 it recovers as
-//!   proportionally: idle, in 120 s ([`UtilizationConfig`]). Its clock and
-//!   coin are injectable.
+//! | | [`FleetShedLayer`] | [`UtilizationShedLayer`] |
+//! |---|---|---|
+//! | measures | requests in flight across the fleet: one lease set in Redis (`fleetgate:<policy>:{shed:fleet}:lease`, apart from any concurrency limit's), or the [`MemoryStore`](crate::MemoryStore) for one instance | this process's utilization: its own requests in flight (averaged over the second between samples) over `workers(n)`, or a `gauge(f)` you supply |
+//! | sheds a request when | the fleet has at least its tier's limit in flight: `floor(share × capacity)`, by default evenly from 5/6 (`high`) to 1/2 (`low`) | its tier's drop probability says so. Above 0.8 utilization the least important tier is dropped with rising probability, then the next, at a speed proportional to how far above: at 1, nothing for 28 s, then 120 s from nothing to everything sheddable; at 0.9 twice as long (56 s, 240 s); at 0.85 four times (112 s, 480 s). 0.7–0.8 holds. Below 0.7 it recovers as proportionally: idle, 120 s from everything to nothing |
+//! | most important tier | always admitted, and counted so the tiers below see the room it takes | never shed |
+//! | cost | one round trip to admit, one to release (the concurrency limiter's leases: held until the body ends, released on cancel or panic, expiring after the TTL if an instance crashes) | none: a few atomics, no I/O |
+//! | answer | `503`, `Retry-After: 1` (`.retry_after(..)`, `.rejection(..)`, `.typed_errors()` for [`ShedError`]) | `503`, `Retry-After: 5` (same settings) |
+//! | store down | its [`FailurePolicy`](crate::FailurePolicy): open (default), closed, or `local(share)`, an in-memory shedder of this process with that share of the capacity and of each tier's limit; the most important tier passes whatever the policy | not involved |
+//! | configured by | [`FleetShedPolicy::builder`]`(name, capacity).share(tier, f).lease_ttl(..)` | [`UtilizationConfig`]`::default().thresholds(0.7, 0.8)?.delay(..).ramp(..)?`, `.sample_every(..)`, `.clock(..)`, `.random(..)` |
+//!
+//! `share(tier, f)` sets one tier's share; the tiers you leave out keep
+//! their defaults only as far as the order allows, so `.share("low", 0.9)`
+//! alone also raises `normal` (default 2/3) to 0.9.
 //!
 //! ```
 //! use std::time::Duration;
@@ -79,12 +78,6 @@
 //! `Router::layer` to shed everything that reaches the router (it then
 //! matches the URI path). Every service clone axum makes shares one
 //! shedder: the state is in the store, or behind an `Arc`.
-//!
-//! A store failure in the fleet shedder follows its
-//! [`FailurePolicy`](crate::FailurePolicy) (open by default; `Local` sheds
-//! on an in-memory shedder with a share of the capacity and of each
-//! tier's limit), except that the most important tier passes whatever the
-//! policy.
 
 mod error;
 mod fleet;
