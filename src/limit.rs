@@ -77,17 +77,17 @@ impl fmt::Display for Rate {
 
 fn fmt_period(period: Duration, f: &mut fmt::Formatter<'_>) -> fmt::Result {
     let micros = period.as_micros();
-    let (value, unit) = if period.subsec_nanos() % 1000 != 0 {
+    let (value, unit) = if !period.subsec_nanos().is_multiple_of(1000) {
         (period.as_nanos(), "ns")
-    } else if micros % 86_400_000_000 == 0 {
+    } else if micros.is_multiple_of(86_400_000_000) {
         (micros / 86_400_000_000, "d")
-    } else if micros % 3_600_000_000 == 0 {
+    } else if micros.is_multiple_of(3_600_000_000) {
         (micros / 3_600_000_000, "h")
-    } else if micros % 60_000_000 == 0 {
+    } else if micros.is_multiple_of(60_000_000) {
         (micros / 60_000_000, "min")
-    } else if micros % 1_000_000 == 0 {
+    } else if micros.is_multiple_of(1_000_000) {
         (micros / 1_000_000, "s")
-    } else if micros % 1_000 == 0 {
+    } else if micros.is_multiple_of(1_000) {
         (micros / 1_000, "ms")
     } else {
         (micros, "us")

@@ -147,7 +147,7 @@ impl Load {
                     while !stop.load(Ordering::Relaxed) {
                         tick.tick().await;
                         n += 1;
-                        let hot = n % 4 == 0;
+                        let hot = n.is_multiple_of(4);
                         let client = if hot {
                             "hot".to_owned()
                         } else {

@@ -187,10 +187,10 @@ impl Future for Acquire {
 
 impl Drop for Acquire {
     fn drop(&mut self) {
-        if !self.sent {
-            if let Some(guard) = self.guard.take() {
-                guard.disarm();
-            }
+        if !self.sent
+            && let Some(guard) = self.guard.take()
+        {
+            guard.disarm();
         }
     }
 }

@@ -391,10 +391,11 @@ fn write_headers<B, E>(
     result: &mut Result<Response<B>, E>,
     decision: Option<&Decision>,
 ) {
-    if let (Ok(response), Some(decision)) = (result, decision) {
-        if common.headers.style() != HeaderStyle::None && !common.shadow {
-            common.headers.write(response.headers_mut(), decision);
-        }
+    if let (Ok(response), Some(decision)) = (result, decision)
+        && common.headers.style() != HeaderStyle::None
+        && !common.shadow
+    {
+        common.headers.write(response.headers_mut(), decision);
     }
 }
 

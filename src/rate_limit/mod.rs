@@ -413,14 +413,14 @@ impl Common {
     /// outcome.
     pub(crate) fn refuse(&self, kind: RejectionKind) -> Option<RejectionKind> {
         let policy = self.limiter.policy().name();
-        if let RejectionKind::MissingKey(_) = kind {
-            if KEY_WARNINGS.allow() {
-                tracing::warn!(
-                    policy,
-                    "no rate-limit key in the request; when keying by peer IP, serve with \
+        if let RejectionKind::MissingKey(_) = kind
+            && KEY_WARNINGS.allow()
+        {
+            tracing::warn!(
+                policy,
+                "no rate-limit key in the request; when keying by peer IP, serve with \
                      into_make_service_with_connect_info::<SocketAddr>()"
-                );
-            }
+            );
         }
         let outcome = match (&kind, self.shadow) {
             (RejectionKind::Unavailable(_), true) => Outcome::FailOpen,

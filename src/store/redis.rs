@@ -273,10 +273,10 @@ impl RedisStore {
     /// polled, sends the call alone if the connection has a free script
     /// slot, or queues it for the next batch (see [`batch`]).
     fn run_gcra(&self, call: GcraCall<'_>) -> StoreFuture<Decision> {
-        if let Some(cache) = &self.inner.deny {
-            if let Some(denied) = cache.lookup(call.policy, call.key, call.cost, call.max_wait) {
-                return StoreFuture::ready(Ok(denied));
-            }
+        if let Some(cache) = &self.inner.deny
+            && let Some(denied) = cache.lookup(call.policy, call.key, call.cost, call.max_wait)
+        {
+            return StoreFuture::ready(Ok(denied));
         }
         let (policy, key) = (call.policy.clone(), call.key.clone());
         let (cost, max_wait_us) = (call.cost, call.max_wait_us());

@@ -244,15 +244,15 @@ fn fill_shares(given: &[Option<LocalShare>]) -> Result<Vec<LocalShare>, ConfigEr
         .map(|(rank, (share, default))| {
             share.unwrap_or_else(|| {
                 let mut share = default;
-                if let Some(below) = pick(&given[rank + 1..], true) {
-                    if below.get() > share.get() {
-                        share = below;
-                    }
+                if let Some(below) = pick(&given[rank + 1..], true)
+                    && below.get() > share.get()
+                {
+                    share = below;
                 }
-                if let Some(above) = pick(&given[..rank], false) {
-                    if above.get() < share.get() {
-                        share = above;
-                    }
+                if let Some(above) = pick(&given[..rank], false)
+                    && above.get() < share.get()
+                {
+                    share = above;
                 }
                 share
             })

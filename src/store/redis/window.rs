@@ -73,10 +73,10 @@ impl RedisStore {
             // it as what it is.
             return self.run_gcra(call.as_gcra());
         }
-        if let Some(cache) = &self.inner.deny {
-            if let Some(denied) = cache.lookup(call.policy, call.key, call.cost, Duration::ZERO) {
-                return StoreFuture::ready(Ok(denied));
-            }
+        if let Some(cache) = &self.inner.deny
+            && let Some(denied) = cache.lookup(call.policy, call.key, call.cost, Duration::ZERO)
+        {
+            return StoreFuture::ready(Ok(denied));
         }
         let limits = call.policy.limits();
         let keys = self.window_keys(call.policy, call.key);
