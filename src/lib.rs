@@ -196,7 +196,9 @@ pub use crate::limiter::{IntoStore, Limiter};
 pub use crate::rate_limit::{Cost, FailurePolicy, OnMissingKey, RateLimit, RateLimitLayer};
 pub use crate::response::{HeaderStyle, Rejection, RejectionKind};
 pub use crate::share::LocalShare;
-pub use crate::store::{MemoryStore, RedisStore, RedisStoreBuilder, Store, TimeSource};
+pub use crate::store::{MemoryStore, Store};
+#[cfg(feature = "redis")]
+pub use crate::store::{RedisStore, RedisStoreBuilder, TimeSource};
 
 pub use crate::concurrency::{
     ConcurrencyLimit, ConcurrencyLimitError, ConcurrencyLimitLayer, ConcurrencyLimiter,

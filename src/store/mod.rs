@@ -12,9 +12,12 @@
 mod defer;
 mod lease;
 mod memory;
+#[cfg(feature = "redis")]
 mod redis;
 
+#[cfg(feature = "redis")]
 mod connection;
+#[cfg(feature = "redis")]
 mod deny_cache;
 
 use std::fmt;
@@ -26,14 +29,17 @@ use std::time::{Duration, Instant};
 pub use self::defer::DeferCall;
 pub use self::lease::{LeaseCall, LeaseGrant, LeaseId};
 pub use self::memory::{DEFAULT_MAX_KEYS, MemoryStore, MemoryStoreBuilder, MemoryStoreStats};
+#[cfg(feature = "redis")]
 pub use self::redis::{RedisStore, RedisStoreBuilder, TimeSource};
 
+#[cfg(feature = "redis")]
 pub use self::deny_cache::DenyCacheStats;
+#[cfg(feature = "redis")]
 pub use self::redis::{DEFAULT_DENY_CACHE, DEFAULT_MAX_BATCH, DEFAULT_MAX_IN_FLIGHT};
 
-#[cfg(test)]
+#[cfg(all(test, feature = "redis"))]
 pub(crate) use self::deny_cache::DenyCache;
-#[cfg(test)]
+#[cfg(all(test, feature = "redis"))]
 pub(crate) use self::redis::{decode_gcra, hash_tag};
 
 use crate::decision::Decision;
@@ -94,6 +100,7 @@ pub trait Store: Send + Sync + fmt::Debug + sealed::Sealed + 'static {
 mod sealed {
     pub trait Sealed {}
     impl Sealed for super::MemoryStore {}
+    #[cfg(feature = "redis")]
     impl Sealed for super::RedisStore {}
 }
 
