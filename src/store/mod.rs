@@ -1,5 +1,6 @@
 //! Where limiter state lives: [`MemoryStore`] in this process, or
-//! [`RedisStore`] shared by the whole fleet.
+//! [`RedisStore`] shared by the whole fleet (with the `redis` feature, on by
+//! default).
 //!
 //! A store is the only part that knows where state lives. Both run the same
 //! algorithm (`src/gcra.rs`, transcribed in `lua/gcra.lua`) and give the same decisions for the same
