@@ -243,6 +243,7 @@ pub enum StoreError {
     UnexpectedReply(String),
 }
 
+#[cfg(feature = "redis")]
 impl From<redis::RedisError> for StoreError {
     fn from(err: redis::RedisError) -> Self {
         StoreError::Redis(err.to_string())

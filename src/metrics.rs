@@ -56,6 +56,7 @@
 //! ```
 
 use std::sync::Arc;
+#[cfg(feature = "redis")]
 use std::time::Duration;
 
 use crate::error::StoreError;
@@ -135,7 +136,7 @@ impl Outcome {
 }
 
 /// The `error` label of a store failure.
-#[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+#[cfg_attr(not(all(feature = "metrics", feature = "redis")), allow(dead_code))]
 pub(crate) fn error_label(err: &StoreError) -> &'static str {
     match err {
         StoreError::Timeout(_) => "timeout",
@@ -178,6 +179,7 @@ impl LayerMetrics {
 }
 
 /// One Redis script's latency and error counters.
+#[cfg(feature = "redis")]
 #[derive(Debug)]
 pub(crate) struct ScriptMetrics {
     #[cfg(feature = "metrics")]
@@ -186,6 +188,7 @@ pub(crate) struct ScriptMetrics {
     latency: std::sync::OnceLock<::metrics::Histogram>,
 }
 
+#[cfg(feature = "redis")]
 impl ScriptMetrics {
     #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
     pub(crate) fn new(op: &'static str) -> Self {
@@ -312,6 +315,8 @@ mod enabled {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     #[test]

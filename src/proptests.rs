@@ -5,18 +5,22 @@
 //! overrides them for a longer local run.
 
 use std::net::{IpAddr, SocketAddr};
+#[cfg(feature = "redis")]
 use std::sync::Arc;
 use std::time::Duration;
 
 use http::{HeaderMap, HeaderName, HeaderValue, Request};
 use proptest::prelude::*;
+#[cfg(feature = "redis")]
 use redis::Value;
 
+#[cfg(feature = "redis")]
 use crate::clock::ManualClock;
 use crate::decision::Decision;
 use crate::key::{ForwardedIp, HeaderKey, IpNet, Key, KeyExtractor, MAX_KEY_LEN, PeerIp};
 use crate::limit::{Limit, Policy, Rate};
 use crate::response::{HeaderStyle, PolicyHeaders, Rejection, RejectionKind};
+#[cfg(feature = "redis")]
 use crate::store::{DenyCache, decode_gcra, hash_tag};
 
 fn config(cases: u32) -> ProptestConfig {
@@ -37,6 +41,7 @@ fn config(cases: u32) -> ProptestConfig {
 // Strategies.
 
 /// Any reply Redis could send (RESP2 and RESP3 shapes), nested a few levels.
+#[cfg(feature = "redis")]
 fn redis_value() -> impl Strategy<Value = Value> {
     let leaf = prop_oneof![
         Just(Value::Nil),
@@ -59,6 +64,7 @@ fn redis_value() -> impl Strategy<Value = Value> {
 }
 
 /// A reply of the script's shape: five small integers, mostly valid.
+#[cfg(feature = "redis")]
 fn gcra_like_reply() -> impl Strategy<Value = Value> {
     proptest::collection::vec(
         prop_oneof![
@@ -169,6 +175,7 @@ proptest! {
     /// Any reply at all: an error or a decision that makes sense, never a
     /// panic.
     #[test]
+    #[cfg(feature = "redis")]
     fn redis_replies_decode_or_fail_cleanly(reply in redis_value(), limits in 0usize..20) {
         if let Ok(d) = decode_gcra(&reply, limits) {
             prop_assert!(d.limit_index() < limits);
@@ -182,6 +189,7 @@ proptest! {
     /// Replies of the script's shape decode exactly when every field is in
     /// range, and then to those very fields.
     #[test]
+    #[cfg(feature = "redis")]
     fn script_shaped_replies_decode_exactly(reply in gcra_like_reply(), limits in 1usize..4) {
         let Value::Array(items) = &reply else { unreachable!() };
         let ints: Vec<i64> = items
@@ -301,6 +309,7 @@ proptest! {
     /// identity, the same for all its Redis keys and distinct between
     /// identities.
     #[test]
+    #[cfg(feature = "redis")]
     fn keys_and_hash_tags(a in ".{0,200}", b in ".{0,8}") {
         let (ka, kb) = (Key::new(&a), Key::new(&b));
         let (xa, xb) = (ka.text(), kb.text());
@@ -374,6 +383,7 @@ proptest! {
     /// steps: within its capacity, and only ever answering with denials
     /// whose retry lies ahead.
     #[test]
+    #[cfg(feature = "redis")]
     fn deny_cache_stays_bounded(
         capacity in 1usize..40,
         ops in proptest::collection::vec((0u8..3, 0u8..50, 1u64..3, 0u64..5_000_000), 1..300),

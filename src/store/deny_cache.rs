@@ -96,6 +96,8 @@ impl Clock for RealClock {
 
 /// Counters of a [`RedisStore`](super::RedisStore)'s deny cache, read with
 /// [`RedisStore::deny_cache_stats`](super::RedisStore::deny_cache_stats).
+///
+/// Available with the `redis` feature (on by default).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct DenyCacheStats {

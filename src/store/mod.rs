@@ -1,5 +1,6 @@
 //! Where limiter state lives: [`MemoryStore`] in this process, or
-//! [`RedisStore`] shared by the whole fleet.
+//! [`RedisStore`] shared by the whole fleet (with the `redis` feature, on by
+//! default).
 //!
 //! A store is the only part that knows where state lives. Both run the same
 //! algorithm (`src/gcra.rs`, transcribed in `lua/gcra.lua`) and give the same decisions for the same
@@ -12,9 +13,12 @@
 mod defer;
 mod lease;
 mod memory;
+#[cfg(feature = "redis")]
 mod redis;
 
+#[cfg(feature = "redis")]
 mod connection;
+#[cfg(feature = "redis")]
 mod deny_cache;
 
 use std::fmt;
@@ -26,14 +30,17 @@ use std::time::{Duration, Instant};
 pub use self::defer::DeferCall;
 pub use self::lease::{LeaseCall, LeaseGrant, LeaseId};
 pub use self::memory::{DEFAULT_MAX_KEYS, MemoryStore, MemoryStoreBuilder, MemoryStoreStats};
+#[cfg(feature = "redis")]
 pub use self::redis::{RedisStore, RedisStoreBuilder, TimeSource};
 
+#[cfg(feature = "redis")]
 pub use self::deny_cache::DenyCacheStats;
+#[cfg(feature = "redis")]
 pub use self::redis::{DEFAULT_DENY_CACHE, DEFAULT_MAX_BATCH, DEFAULT_MAX_IN_FLIGHT};
 
-#[cfg(test)]
+#[cfg(all(test, feature = "redis"))]
 pub(crate) use self::deny_cache::DenyCache;
-#[cfg(test)]
+#[cfg(all(test, feature = "redis"))]
 pub(crate) use self::redis::{decode_gcra, hash_tag};
 
 use crate::decision::Decision;
@@ -94,6 +101,7 @@ pub trait Store: Send + Sync + fmt::Debug + sealed::Sealed + 'static {
 mod sealed {
     pub trait Sealed {}
     impl Sealed for super::MemoryStore {}
+    #[cfg(feature = "redis")]
     impl Sealed for super::RedisStore {}
 }
 

@@ -125,6 +125,8 @@ impl LuaScript {
 const GCRA_LUA: &str = include_str!("../../lua/gcra.lua");
 
 /// Where the Redis scripts read "now".
+///
+/// Available with the `redis` feature (on by default).
 #[derive(Clone, Debug, Default)]
 pub enum TimeSource {
     /// `redis.call('TIME')` inside the script: every instance agrees,
@@ -180,6 +182,8 @@ impl TimeSource {
 /// until its retry time passes ([`RedisStoreBuilder::deny_cache`]). With
 /// the `cluster` feature the same store runs on a Redis Cluster
 /// (`RedisStoreBuilder::connect_cluster`).
+///
+/// Available with the `redis` feature (on by default).
 ///
 /// ```no_run
 /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -640,6 +644,8 @@ impl Store for RedisStore {
 }
 
 /// Configures a [`RedisStore`]; see [`RedisStore::builder`].
+///
+/// Available with the `redis` feature (on by default).
 #[derive(Clone, Debug)]
 #[must_use]
 pub struct RedisStoreBuilder {
@@ -826,14 +832,20 @@ impl RedisStoreBuilder {
 
 /// How many GCRA scripts a [`RedisStore`] lets be in flight at once by
 /// default; see [`RedisStoreBuilder::max_in_flight`].
+///
+/// Available with the `redis` feature (on by default).
 pub const DEFAULT_MAX_IN_FLIGHT: usize = 4;
 
 /// How many calls one GCRA script decides at most by default; see
 /// [`RedisStoreBuilder::max_batch`].
+///
+/// Available with the `redis` feature (on by default).
 pub const DEFAULT_MAX_BATCH: usize = 64;
 
 /// How many denials a [`RedisStore`] remembers by default; see
 /// [`RedisStoreBuilder::deny_cache`].
+///
+/// Available with the `redis` feature (on by default).
 pub const DEFAULT_DENY_CACHE: usize = 10_000;
 
 impl RedisStore {
