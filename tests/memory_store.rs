@@ -416,6 +416,51 @@ async fn a_client_that_keeps_calling_keeps_its_limit_during_a_flood() {
     }
 }
 
+/// Across policies, ranks are compared as absolute times (see
+/// `MemoryStore`): a client that keeps calling under one policy keeps its
+/// state through a flood under another policy of the same period, and
+/// loses it to a flood under a policy whose state matters longer, starting
+/// afresh (more admitted than it would be alone).
+#[tokio::test(start_paused = true)]
+async fn a_flood_under_a_longer_policy_can_evict_a_calling_client() {
+    for algorithm in ALL {
+        for (flood_period, kept) in [
+            (Duration::from_secs(1), true),
+            (Duration::from_secs(60), false),
+        ] {
+            let store = bounded_store(1000);
+            let alone = MemoryStore::builder().clock(MonotonicClock::new()).build();
+            let policy = policy_of("api", algorithm, 10, Duration::from_secs(1));
+            let limiter = Limiter::new(policy.clone(), store.clone());
+            let reference = Limiter::new(policy, alone);
+            let bulk = Limiter::new(
+                policy_of("bulk", algorithm, 10, flood_period),
+                store.clone(),
+            );
+            let hot = Key::new("hot");
+            let (mut got, mut want) = (0, 0);
+            let mut flood = 0u64;
+            for _ in 0..50 {
+                got += u64::from(limiter.check(&hot, 1).await.unwrap().is_allowed());
+                want += u64::from(reference.check(&hot, 1).await.unwrap().is_allowed());
+                for _ in 0..200 {
+                    bulk.check(&Key::new(format!("flood:{flood}")), 1)
+                        .await
+                        .unwrap();
+                    flood += 1;
+                }
+                tokio::time::advance(Duration::from_millis(1)).await;
+            }
+            assert!(store.stats().evictions > 0, "{algorithm}: no flood");
+            if kept {
+                assert_eq!(got, want, "{algorithm}: the client lost its state");
+            } else {
+                assert!(got > want, "{algorithm}: {got} admitted, {want} alone");
+            }
+        }
+    }
+}
+
 /// Threads inserting distinct identities at once: the bound holds, and
 /// every identity is either held or counted as evicted.
 #[test]

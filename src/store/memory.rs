@@ -96,15 +96,31 @@ pub(crate) const MAX_SHARD_ENTRIES: usize = 4096;
 /// - **Window algorithms**: an entry ranks by the later of when its windows
 ///   have passed and how long its last call (admitted or not) can matter:
 ///   one longest window, two for the sliding-window counter. An identity
-///   that keeps calling keeps its state. An evicted identity forgets its
-///   counts; an evicted sliding-log identity forgets its whole history,
-///   and is admitted its full quota again.
+///   that keeps calling keeps its state against a flood of its own policy.
+///   An evicted identity forgets its counts; an evicted sliding-log
+///   identity forgets its whole history, and is admitted its full quota
+///   again.
+/// - **Across policies** the ranks are absolute times, compared as they
+///   are: all GCRA policies share one table, all window policies another.
+///   An identity that keeps calling under one policy keeps its state
+///   against a flood of new identities under another only while each of
+///   those ranks below it. A flood under a policy whose state matters
+///   longer (a longer refill, or longer windows) outranks it, and once the
+///   flood fills a shard beyond its share of the bound, the calling
+///   identity's state can be evicted: it starts afresh, admitted up to its
+///   limit again. Where one policy must not lose its clients' state to
+///   another's flood, give the two policies separate stores, or a bound
+///   above what a flood can fill.
 /// - **Leases** are never evicted while they are held: an acquire that
 ///   would need a new lease set in a shard full of held leases is refused
 ///   (counted in [`MemoryStoreStats::lease_refusals`]), as if the limit were
 ///   reached, with the time until the shard's soonest lease expires. Held
 ///   leases are bounded by the requests in flight, not by the identities
-///   seen.
+///   seen. The bound is per shard, like the others: a new key whose shard
+///   is full of held leases is refused even while other shards have room,
+///   so refusals can begin before the store as a whole holds
+///   [`max_keys`](MemoryStoreBuilder::max_keys) lease sets, the sooner the
+///   fewer entries each shard's share is.
 ///
 /// Time comes from a [`Clock`]: [`FastClock`] by default, the CPU's
 /// counter. For tests that drive time with `tokio::time::pause`, build the
