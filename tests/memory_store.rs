@@ -385,9 +385,9 @@ async fn a_client_that_keeps_calling_keeps_its_limit_during_a_flood() {
         let hot = Key::new("hot");
         let mut admitted = 0;
         let mut flood = 0u64;
-        // Five seconds; every 10 ms the client calls once (ten times its
-        // rate) and 200 new identities call once (20,000 a second, each
-        // live for a second or more: twenty times the bound).
+        // Every step the client calls once, above its rate, and a batch of
+        // new identities call once each: over a second, far more of them
+        // than the bound holds.
         for _ in 0..500 {
             let got = limiter.check(&hot, 1).await.unwrap().is_allowed();
             let want = reference.check(&hot, 1).await.unwrap().is_allowed();
