@@ -884,7 +884,7 @@ async fn state_outlives_a_client_clock_that_falls_behind() {
 
 /// Two instances on one server whose clocks (`TimeSource::Client`) are a
 /// few milliseconds apart, straddling a window boundary. `b` fills its
-/// window (of one second) at its start and moves to just before its end;
+/// window at its start and moves to just before its end;
 /// `a` is just past that end, in the next. Alternating calls from both
 /// (`rounds` of each) return how many each admitted.
 async fn straddle(server: &RedisServer, policy: &Policy, fill: u64, rounds: usize) -> (u64, u64) {
@@ -924,8 +924,8 @@ async fn fixed_window_clocks_straddling_a_boundary_admit_the_count() {
 }
 
 /// The same for the sliding counter: the lagging instance's window is full
-/// (the fill), and the other's weighs all but 2 ms of it, so at most the
-/// share that has left (2 of 1000) is admitted.
+/// (the fill), and the other's weighs all of it but the lag, so at most
+/// the share of the fill that has left it is admitted.
 #[tokio::test]
 async fn sliding_counter_clocks_straddling_a_boundary_admit_the_count() {
     let server = RedisServer::start();
@@ -947,7 +947,7 @@ async fn sliding_log_clock_ahead_keeps_a_lagging_window() {
     let server = RedisServer::start();
     let policy = policy("straddle-log", Algorithm::SlidingLog, &[Rate::new(5, S)]);
     let (by_a, by_b) = straddle(&server, &policy, 5, 20).await;
-    // `b`'s window still holds the fill; `a`'s, 4 ms later, none of it.
+    // `b`'s window still holds the fill; `a`'s, a little later, none of it.
     assert_eq!(by_b, 0, "the lagging instance's window is full");
     assert_eq!(by_a, 5);
 }
