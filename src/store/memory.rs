@@ -106,9 +106,8 @@ pub(crate) const MAX_SHARD_ENTRIES: usize = 4096;
 ///   against a flood of new identities under another only while each of
 ///   those ranks below it. A flood under a policy whose state matters
 ///   longer (a longer refill, or longer windows) outranks it, and once the
-///   flood fills a shard beyond its share of the bound, the calling
-///   identity's state can be evicted: it starts afresh, admitted up to its
-///   limit again. Where one policy must not lose its clients' state to
+///   flood fills the calling identity's shard, that identity's state can
+///   be evicted: it starts afresh, admitted up to its limit again. Where one policy must not lose its clients' state to
 ///   another's flood, give the two policies separate stores, or a bound
 ///   above what a flood can fill.
 /// - **Leases** are never evicted while they are held: an acquire that
@@ -119,8 +118,8 @@ pub(crate) const MAX_SHARD_ENTRIES: usize = 4096;
 ///   seen. The bound is per shard, like the others: a new key whose shard
 ///   is full of held leases is refused even while other shards have room,
 ///   so refusals can begin before the store as a whole holds
-///   [`max_keys`](MemoryStoreBuilder::max_keys) lease sets, the sooner the
-///   fewer entries each shard's share is.
+///   [`max_keys`](MemoryStoreBuilder::max_keys) lease sets: keys land on
+///   shards by hash, unevenly, the more so the smaller each shard's share.
 ///
 /// Time comes from a [`Clock`]: [`FastClock`] by default, the CPU's
 /// counter. For tests that drive time with `tokio::time::pause`, build the
