@@ -11,7 +11,11 @@
 --
 -- Windows are aligned to the clock's epoch: [k·length, (k+1)·length).
 -- The stored start says which window a count belongs to, so a count is
--- never read into the next window, whatever the key's TTL.
+-- never read into the next window, whatever the key's TTL. It only moves
+-- forward: a caller whose clock is still in an earlier window than the
+-- stored one (TimeSource::Client, clocks apart) is decided in the stored
+-- window, its reset and retry running to that window's end on the
+-- caller's clock.
 --
 -- Returns {allowed (1/0), deciding window (1-based), remaining, reset_us,
 --          retry_after_us (0 when allowed)}, then, for several windows,
@@ -52,14 +56,19 @@ for i = 1, n do
   local length = tonumber(ARGV[1 + 2 * i])
   local count = tonumber(ARGV[2 + 2 * i])
   local start = idiv(now, length) * length
-  starts[i] = start
   used[i] = 0
   local stored = redis.call('GET', KEYS[i])
   if stored then
     local s, c = string.match(stored, '^(%d+):(%d+)$')
     if not s then return redis.error_reply('fleetgate: unreadable window state') end
-    if tonumber(s) == start then used[i] = tonumber(c) end
+    s = tonumber(s)
+    -- A stored start later than ours: another caller's clock is ahead and
+    -- has begun a later window. Decide in that window (its count, its
+    -- end) and never move the start back: a lagging clock must not read
+    -- a fresh window into a full one.
+    if s >= start then start, used[i] = s, tonumber(c) end
   end
+  starts[i] = start
   reset[i] = start + length - now
   reset0[i] = reset[i]
   remaining0[i] = count - used[i]

@@ -13,8 +13,12 @@
 --
 -- The estimate of a sliding window of length W ending now is the current
 -- fixed window's cost plus the previous one's, weighted by the share of it
--- the sliding window still covers: est = prev * (r / W), r = time left in
--- the current fixed window. Admitted when est <= count - curr - cost.
+-- the sliding window still covers: est = prev * (min(r, W) / W), r = time
+-- left in the current fixed window. Admitted when est <= count - curr -
+-- cost. The stored start only moves forward: a caller whose clock is
+-- still in an earlier window than the stored one (TimeSource::Client,
+-- clocks apart) is decided in the stored window, where r exceeds W by its
+-- lag and its reset and retry run to that window's end on its own clock.
 --
 -- Returns {allowed (1/0), deciding window (1-based), remaining, reset_us,
 --          retry_after_us (0 when allowed)}, then, for several windows,
@@ -79,22 +83,28 @@ for i = 1, n do
   local length = tonumber(ARGV[1 + 2 * i])
   local count = tonumber(ARGV[2 + 2 * i])
   local start = idiv(now, length) * length
-  local finish = start + length
   local curr, prev = 0, 0
   local stored = redis.call('GET', KEYS[i])
   if stored then
     local s, c, p = string.match(stored, '^(%d+):(%d+):(%d+)$')
     if not s then return redis.error_reply('fleetgate: unreadable window state') end
     s, c, p = tonumber(s), tonumber(c), tonumber(p)
-    if s == start then
-      curr, prev = c, p
+    -- A stored start later than ours: another caller's clock is ahead.
+    -- Decide in that window, never moving the start back.
+    if s >= start then
+      start, curr, prev = s, c, p
     elseif s == start - length then
       prev = c
     end
   end
+  local finish = start + length
   starts[i], currs[i], prevs[i] = start, curr, prev
+  -- r is more than a window for a lagging caller: the previous window
+  -- then weighs in full.
   local r = finish - now
-  local weight = r / length
+  local rw = r
+  if rw > length then rw = length end
+  local weight = rw / length
   local est = prev * weight
   local room = count - curr - cost
   remaining0[i] = math.floor(count - curr - est)

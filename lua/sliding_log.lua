@@ -134,7 +134,10 @@ if worst > 0 then
   return reply(0, worst, retry[worst], hold)
 end
 
-redis.call('ZREMRANGEBYSCORE', key, '-inf', fmt(now - longest))
+-- Trim what has left every window, and with the caller's clock only what
+-- has left them slack_ms ago: an entry this caller no longer counts may
+-- still be inside the window of another whose clock lags.
+redis.call('ZREMRANGEBYSCORE', key, '-inf', fmt(now - longest - slack_ms * 1000))
 local seq = redis.call('ZCOUNT', key, fmt(now), fmt(now))
 local j = 0
 while j < cost do

@@ -23,9 +23,17 @@
 //!                  admit ⇔ used + n ≤ count;  retry = reset = start + W − now
 //! sliding counter  curr, prev = cost admitted in the current and previous
 //!                  fixed windows; r = start + W − now (1 ..= W)
-//!                  est = prev · (r / W)                   (a double)
+//!                  est = prev · (min(r, W) / W)           (a double)
 //!                  admit ⇔ est ≤ count − curr − n
 //! ```
+//!
+//! A stored fixed window's start never moves back. When it is later than
+//! the window holding `now` (the Redis scripts with the callers' clocks,
+//! one of them behind the one that wrote; or a clock stepped back), the
+//! call is decided in the stored window: `start` is the stored one, its
+//! counts apply in full (the sliding counter's `r` then exceeds `W` by the
+//! lag, and `prev` weighs in full), and the reset and retry run to that
+//! window's end on the caller's clock, longer than a window by the lag.
 //!
 //! The sliding counter's weighting is computed in IEEE doubles, in the same
 //! order of operations as the Lua script, so that both stores give the same
@@ -230,6 +238,14 @@ pub(crate) struct Counter {
 }
 
 impl Counter {
+    /// Start of the fixed window a call at `now` is decided in: the one
+    /// holding `now`, or the stored one if that is later (a clock behind
+    /// the one that wrote it). A stored start never moves back, so a
+    /// lagging clock never reads a fresh window into a full one.
+    fn window_at(&self, now: u64, length: u64) -> u64 {
+        (now / length * length).max(self.start)
+    }
+
     /// (current, previous) cost for the fixed window starting at `start`.
     fn counts(&self, start: u64, length: u64) -> (u64, u64) {
         if self.start == start {
@@ -253,7 +269,7 @@ pub(crate) fn fixed_window(
 ) -> (Decision, Option<u64>) {
     let mut verdicts = [EMPTY; crate::limit::MAX_LIMITS_PER_POLICY];
     for ((v, w), c) in verdicts.iter_mut().zip(windows).zip(counters.iter()) {
-        let start = now / w.length * w.length;
+        let start = c.window_at(now, w.length);
         let reset = start + w.length - now;
         let (used, _) = c.counts(start, w.length);
         *v = if used.saturating_add(cost) <= w.count {
@@ -281,7 +297,7 @@ pub(crate) fn fixed_window(
     }
     let mut idle_at = now;
     for (w, c) in windows.iter().zip(counters.iter_mut()) {
-        let start = now / w.length * w.length;
+        let start = c.window_at(now, w.length);
         let (used, _) = c.counts(start, w.length);
         *c = Counter {
             start,
@@ -305,12 +321,13 @@ pub(crate) fn sliding_counter(
 ) -> (Decision, Option<u64>) {
     let mut verdicts = [EMPTY; crate::limit::MAX_LIMITS_PER_POLICY];
     for ((v, w), c) in verdicts.iter_mut().zip(windows).zip(counters.iter()) {
-        let start = now / w.length * w.length;
+        let start = c.window_at(now, w.length);
         let end = start + w.length;
         let (curr, prev) = c.counts(start, w.length);
-        // The share of the previous window still inside the sliding one.
+        // The share of the previous window still inside the sliding one:
+        // all of it while `now` lags behind the stored window.
         let r = end - now;
-        let weight = r as f64 / w.length as f64;
+        let weight = r.min(w.length) as f64 / w.length as f64;
         let est = prev as f64 * weight;
         let room = w.count as f64 - curr as f64 - cost as f64;
         // Remaining and reset of now, before the call.
@@ -362,7 +379,7 @@ pub(crate) fn sliding_counter(
     }
     let mut idle_at = now;
     for (w, c) in windows.iter().zip(counters.iter_mut()) {
-        let start = now / w.length * w.length;
+        let start = c.window_at(now, w.length);
         let (curr, prev) = c.counts(start, w.length);
         *c = Counter {
             start,
@@ -480,6 +497,32 @@ mod tests {
             }
         }
         assert!(denials > 50, "only {denials} denials exercised");
+    }
+
+    /// A clock that steps back into an earlier window is decided in the
+    /// stored one, which keeps its start: no fresh count for it.
+    #[test]
+    fn a_stored_window_start_never_moves_back() {
+        let windows = [w(2, 10)];
+        let mut c = [Counter::default()];
+        assert!(fixed_window(&windows, &mut c, 20 * S, 2).0.allowed);
+        let (d, _) = fixed_window(&windows, &mut c, 20 * S - 1, 1);
+        assert!(!d.allowed);
+        assert_eq!(d.retry_after(), Some(Duration::from_micros(10 * S + 1)));
+        assert_eq!(c[0].start, 20 * S);
+
+        let mut c = [Counter::default()];
+        assert!(sliding_counter(&windows, &mut c, 20 * S, 2).0.allowed);
+        let (d, _) = sliding_counter(&windows, &mut c, 20 * S - 1, 1);
+        assert!(!d.allowed);
+        assert_eq!(
+            c[0],
+            Counter {
+                start: 20 * S,
+                count: 2,
+                prev: 0
+            }
+        );
     }
 
     #[test]

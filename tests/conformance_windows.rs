@@ -882,6 +882,76 @@ async fn state_outlives_a_client_clock_that_falls_behind() {
     }
 }
 
+/// Two instances on one server whose clocks (`TimeSource::Client`) are a
+/// few milliseconds apart, straddling a window boundary. `b` fills its
+/// window at its start and moves to just before its end;
+/// `a` is just past that end, in the next. Alternating calls from both
+/// (`rounds` of each) return how many each admitted.
+async fn straddle(server: &RedisServer, policy: &Policy, fill: u64, rounds: usize) -> (u64, u64) {
+    let lag = Duration::from_millis(2);
+    let b = Sut::redis(server, ALIGNED).await;
+    let a = Sut::redis(server, ALIGNED + S + lag).await;
+    let (la, lb) = (a.limiter(policy), b.limiter(policy));
+    let d = b.check(&lb, "k", fill).await;
+    assert!(d.is_allowed(), "the fill: {d:?}");
+    b.advance(S - lag);
+    let (mut by_a, mut by_b) = (0, 0);
+    for _ in 0..rounds {
+        by_a += u64::from(a.check(&la, "k", 1).await.is_allowed());
+        by_b += u64::from(b.check(&lb, "k", 1).await.is_allowed());
+    }
+    (by_a, by_b)
+}
+
+/// A fixed window's stored start never moves back: the lagging instance
+/// counts the window the other has begun, and together they admit that
+/// window's count, not a fresh window at every call.
+#[tokio::test]
+async fn fixed_window_clocks_straddling_a_boundary_admit_the_count() {
+    let server = RedisServer::start();
+    let policy = policy("straddle-fixed", Algorithm::FixedWindow, &[Rate::new(5, S)]);
+    let (by_a, by_b) = straddle(&server, &policy, 5, 20).await;
+    assert_eq!(
+        by_a + by_b,
+        5,
+        "admitted {by_a} + {by_b} in one window of 5"
+    );
+    // The lagging instance is told the later window's end, on its clock.
+    let b = Sut::redis(&server, ALIGNED + S - Duration::from_millis(2)).await;
+    let d = b.check(&b.limiter(&policy), "k", 1).await;
+    assert!(!d.is_allowed());
+    assert_eq!(d.retry_after(), Some(S + Duration::from_millis(2)));
+}
+
+/// The same for the sliding counter: the lagging instance's window is full
+/// (the fill), and the other's weighs all of it but the lag, so at most
+/// the share of the fill that has left it is admitted.
+#[tokio::test]
+async fn sliding_counter_clocks_straddling_a_boundary_admit_the_count() {
+    let server = RedisServer::start();
+    let policy = policy(
+        "straddle-counter",
+        Algorithm::SlidingWindow,
+        &[Rate::new(1000, S)],
+    );
+    let (by_a, by_b) = straddle(&server, &policy, 1000, 20).await;
+    assert_eq!(by_b, 0, "the lagging instance's window is full");
+    assert!(by_a <= 2, "admitted {by_a} past a full window");
+}
+
+/// With the callers' clocks, an instance whose clock runs ahead trims the
+/// log only past the client-clock slack: entries that have left its window
+/// but are still inside a lagging instance's stay, and still count there.
+#[tokio::test]
+async fn sliding_log_clock_ahead_keeps_a_lagging_window() {
+    let server = RedisServer::start();
+    let policy = policy("straddle-log", Algorithm::SlidingLog, &[Rate::new(5, S)]);
+    let (by_a, by_b) = straddle(&server, &policy, 5, 20).await;
+    // `b`'s window still holds the fill; `a`'s, a little later, none of it.
+    assert_eq!(by_b, 0, "the lagging instance's window is full");
+    assert_eq!(by_a, 5);
+}
+
 /// One `EVALSHA` per decision on every window algorithm, whatever the
 /// number of windows, and nothing else from the client; a repeated denial
 /// costs none (the deny cache answers it).

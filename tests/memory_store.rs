@@ -385,9 +385,9 @@ async fn a_client_that_keeps_calling_keeps_its_limit_during_a_flood() {
         let hot = Key::new("hot");
         let mut admitted = 0;
         let mut flood = 0u64;
-        // Five seconds; every 10 ms the client calls once (ten times its
-        // rate) and 200 new identities call once (20,000 a second, each
-        // live for a second or more: twenty times the bound).
+        // Every step the client calls once, above its rate, and a batch of
+        // new identities call once each: over a second, far more of them
+        // than the bound holds.
         for _ in 0..500 {
             let got = limiter.check(&hot, 1).await.unwrap().is_allowed();
             let want = reference.check(&hot, 1).await.unwrap().is_allowed();
@@ -413,6 +413,51 @@ async fn a_client_that_keeps_calling_keeps_its_limit_during_a_flood() {
             "{algorithm}: {:?}",
             store.stats()
         );
+    }
+}
+
+/// Across policies, ranks are compared as absolute times (see
+/// `MemoryStore`): a client that keeps calling under one policy keeps its
+/// state through a flood under another policy of the same period, and
+/// loses it to a flood under a policy whose state matters longer, starting
+/// afresh (more admitted than it would be alone).
+#[tokio::test(start_paused = true)]
+async fn a_flood_under_a_longer_policy_can_evict_a_calling_client() {
+    for algorithm in ALL {
+        for (flood_period, kept) in [
+            (Duration::from_secs(1), true),
+            (Duration::from_secs(60), false),
+        ] {
+            let store = bounded_store(1000);
+            let alone = MemoryStore::builder().clock(MonotonicClock::new()).build();
+            let policy = policy_of("api", algorithm, 10, Duration::from_secs(1));
+            let limiter = Limiter::new(policy.clone(), store.clone());
+            let reference = Limiter::new(policy, alone);
+            let bulk = Limiter::new(
+                policy_of("bulk", algorithm, 10, flood_period),
+                store.clone(),
+            );
+            let hot = Key::new("hot");
+            let (mut got, mut want) = (0, 0);
+            let mut flood = 0u64;
+            for _ in 0..50 {
+                got += u64::from(limiter.check(&hot, 1).await.unwrap().is_allowed());
+                want += u64::from(reference.check(&hot, 1).await.unwrap().is_allowed());
+                for _ in 0..200 {
+                    bulk.check(&Key::new(format!("flood:{flood}")), 1)
+                        .await
+                        .unwrap();
+                    flood += 1;
+                }
+                tokio::time::advance(Duration::from_millis(1)).await;
+            }
+            assert!(store.stats().evictions > 0, "{algorithm}: no flood");
+            if kept {
+                assert_eq!(got, want, "{algorithm}: the client lost its state");
+            } else {
+                assert!(got > want, "{algorithm}: {got} admitted, {want} alone");
+            }
+        }
     }
 }
 

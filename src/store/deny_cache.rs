@@ -2,10 +2,12 @@
 //! denied a call, the same call is denied here, without a round trip, until
 //! its retry time has passed.
 //!
-//! This is exact, not an approximation, for every algorithm. A denial
-//! stores nothing (GCRA and the three window scripts all return before
-//! their first write when they deny), and every write to a key, by this
-//! instance or any other, only spends more of the limit:
+//! With the server's clock
+//! ([`TimeSource::Server`](crate::TimeSource::Server), the default) this
+//! is exact, not an approximation, for every algorithm. A denial stores
+//! nothing (GCRA and the three window scripts all return before their
+//! first write when they deny), and every write to a key, by this instance
+//! or any other, only spends more of the limit:
 //!
 //! - GCRA: a write only moves the TAT later;
 //! - sliding log: a write adds entries at its own now, and trims only
@@ -22,6 +24,16 @@
 //! persistence, `FLUSHALL`, a hand-made `DEL`) makes Redis admit sooner: a
 //! client denied just before waits out the retry time it was already told.
 //!
+//! With the callers' clocks
+//! ([`TimeSource::Client`](crate::TimeSource::Client)) the instances
+//! agree only as far as their clocks do, and the cache is conservative
+//! rather than exact: an instance whose clock runs ahead moves a GCRA TAT
+//! from its own now, begins the next fixed window, weighs the previous one
+//! less or sees log entries leave before this one would, so Redis may
+//! admit this instance's call before the cached retry time; the cache
+//! still denies until then. It only ever denies, so it never admits what
+//! Redis would deny.
+//!
 //! The figures of a local denial are those Redis would give if nobody else
 //! had written since: the retry and the resets count down from Redis'
 //! answer; GCRA's remaining is recomputed from the cached TAT. A window's
@@ -31,15 +43,14 @@
 //! and the cache answers locally only that long (the sliding counter's to
 //! the microsecond its doubles round to, as its retry is), which is the
 //! whole retry time for the usual case (one window, cost 1) and shorter
-//! where another
-//! window's figures move first: then Redis is asked again, and its newer
-//! denial is cached. Other instances' calls in between can only make
-//! Redis' answer stricter than the cached one (less remaining, a later
-//! reset or retry, or another limit naming a later retry), never admit
-//! sooner. With the server's clock, times are counted on this
-//! instance's clock from the moment the call was sent, so a local answer
-//! runs ahead of Redis' by the call's one-way latency at most: it ends that
-//! much early, never late.
+//! where another window's figures move first: then Redis is asked again,
+//! and its newer denial is cached. With the server's clock, other
+//! instances' calls in between can only make Redis' answer stricter than
+//! the cached one (less remaining, a later reset or retry, or another limit
+//! naming a later retry), never admit sooner; and times are counted on
+//! this instance's clock from the moment the call was sent, so a local
+//! answer runs ahead of Redis' by the call's one-way latency at most: it
+//! ends that much early, never late.
 //!
 //! What is cached is one entry per (policy, identity): the cost that was
 //! denied, when it will pass, and the deciding limit's state (every

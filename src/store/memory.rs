@@ -32,7 +32,18 @@ const SWEEP_PERIOD: u64 = 1_000_000;
 
 /// A call sweeps at most this many shards (of each table), so that no
 /// call pays for more than a small part of the store after an idle spell.
-const SWEEP_PER_CALL: usize = 2;
+const SWEEP_PER_CALL: usize = 64;
+
+/// A call sweeps no further shard once its sweeps have looked at this
+/// many entries: with [`MAX_SHARD_ENTRIES`], no call looks at more than
+/// this plus one shard of each table.
+const SWEEP_BUDGET: usize = 4096;
+
+/// The most entries a shard of any table holds: the store has at least
+/// one shard per this many entries of its bound, so that a sweep or an
+/// eviction, which handles a whole shard under its lock, stays short
+/// however large the bound.
+pub(crate) const MAX_SHARD_ENTRIES: usize = 4096;
 
 /// Limiter state in this process: the embedded default.
 ///
@@ -48,17 +59,24 @@ const SWEEP_PER_CALL: usize = 2;
 /// entries, window entries (one per identity, policy and algorithm), and
 /// lease sets (one per identity and concurrency limit). The bound is split
 /// evenly over the shards, so it holds at every moment, whatever the number
-/// of distinct identities thrown at the store.
+/// of distinct identities thrown at the store. There are enough shards that
+/// none holds more than 4096 entries of a kind (more than
+/// [`shards`](MemoryStoreBuilder::shards) asks for, if need be): sweeping
+/// or evicting, which handles one shard under its lock, stays that short.
 ///
 /// Nothing lives longer than it matters: an entry whose every limit has
 /// refilled (or whose every window has passed, or whose every lease has
 /// expired) is equivalent to no entry. Such expired state is dropped as
-/// calls come: each call checks whether the next shard is due a sweep, and
-/// every shard is swept about once a second, so expired state goes within
-/// about a second of expiring even when no new identity arrives, and the
-/// tables shrink after a flood so that the memory can go back to the
-/// allocator. No background task runs: a store nobody calls sweeps nothing
-/// until its next call (or [`sweep`](MemoryStore::sweep)).
+/// calls come: the shards fall due for a sweep in turn, a round over all
+/// of them a second, and a call sweeps those that are due, stopping once
+/// it has looked at 4096 entries (or swept 64 shards). So expired state
+/// goes within about a second of expiring even when no new identity
+/// arrives, given calls (a store holding many entries and seeing few calls
+/// catches up over several calls, 4096 entries each), and the tables
+/// shrink after a flood so that the memory can go back to the allocator.
+/// No call looks at more than 4096 entries plus one shard of each kind. No
+/// background task runs: a store nobody calls sweeps nothing until its
+/// next call (or [`sweep`](MemoryStore::sweep)).
 ///
 /// When a shard is full, a new entry first makes room by dropping expired
 /// state. If that frees less than an eighth of the shard, the live entries
@@ -78,15 +96,30 @@ const SWEEP_PER_CALL: usize = 2;
 /// - **Window algorithms**: an entry ranks by the later of when its windows
 ///   have passed and how long its last call (admitted or not) can matter:
 ///   one longest window, two for the sliding-window counter. An identity
-///   that keeps calling keeps its state. An evicted identity forgets its
-///   counts; an evicted sliding-log identity forgets its whole history,
-///   and is admitted its full quota again.
+///   that keeps calling keeps its state against a flood of its own policy.
+///   An evicted identity forgets its counts; an evicted sliding-log
+///   identity forgets its whole history, and is admitted its full quota
+///   again.
+/// - **Across policies** the ranks are absolute times, compared as they
+///   are: all GCRA policies share one table, all window policies another.
+///   An identity that keeps calling under one policy keeps its state
+///   against a flood of new identities under another only while each of
+///   those ranks below it. A flood under a policy whose state matters
+///   longer (a longer refill, or longer windows) outranks it, and once the
+///   flood fills the calling identity's shard, that identity's state can
+///   be evicted: it starts afresh, admitted up to its limit again. Where one policy must not lose its clients' state to
+///   another's flood, give the two policies separate stores, or a bound
+///   above what a flood can fill.
 /// - **Leases** are never evicted while they are held: an acquire that
 ///   would need a new lease set in a shard full of held leases is refused
 ///   (counted in [`MemoryStoreStats::lease_refusals`]), as if the limit were
 ///   reached, with the time until the shard's soonest lease expires. Held
 ///   leases are bounded by the requests in flight, not by the identities
-///   seen.
+///   seen. The bound is per shard, like the others: a new key whose shard
+///   is full of held leases is refused even while other shards have room,
+///   so refusals can begin before the store as a whole holds
+///   [`max_keys`](MemoryStoreBuilder::max_keys) lease sets: keys land on
+///   shards by hash, unevenly, the more so the smaller each shard's share.
 ///
 /// Time comes from a [`Clock`]: [`FastClock`] by default, the CPU's
 /// counter. For tests that drive time with `tokio::time::pause`, build the
@@ -294,15 +327,17 @@ impl Inner {
         }
     }
 
-    /// Sweeps up to [`SWEEP_PER_CALL`] shards that are due, one after
-    /// another, in turn. One call at a time: the others go on at once.
+    /// Sweeps the shards that are due, one after another, in turn: up to
+    /// [`SWEEP_PER_CALL`] of them, and none more once [`SWEEP_BUDGET`]
+    /// entries have been looked at. One call at a time: the others go on
+    /// at once. Returns how many entries the sweeps looked at.
     #[cold]
     #[inline(never)]
-    fn sweep_due(&self, now: u64) {
+    fn sweep_due(&self, now: u64) -> usize {
         let mut cursor = match self.sweeper.cursor.try_lock() {
             Ok(cursor) => cursor,
             Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
-            Err(TryLockError::WouldBlock) => return,
+            Err(TryLockError::WouldBlock) => return 0,
         };
         // However long the store sat idle, it owes one round at most.
         let mut next = self
@@ -311,23 +346,26 @@ impl Inner {
             .load(Ordering::Relaxed)
             .max(now.saturating_sub(SWEEP_PERIOD));
         let mut swept = 0;
-        while now > next && swept < SWEEP_PER_CALL {
-            self.sweep_shard(*cursor, now);
+        let mut visited = 0;
+        while now > next && swept < SWEEP_PER_CALL && visited < SWEEP_BUDGET {
+            visited += self.sweep_shard(*cursor, now);
             *cursor = (*cursor + 1) % self.shards.len();
             next = next.saturating_add(self.sweeper.step);
             swept += 1;
         }
         self.sweeper.next.store(next, Ordering::Relaxed);
+        visited
     }
 
     /// Drops the expired state of shard `index` of every table; one lock
-    /// at a time.
-    fn sweep_shard(&self, index: usize, now: u64) {
+    /// at a time. Returns how many entries it looked at.
+    fn sweep_shard(&self, index: usize, now: u64) -> usize {
+        let mut visited = 0;
         if let Some(shard) = self.shards.get(index) {
-            write(shard).sweep(now, &self.hasher);
+            visited += write(shard).sweep(now, &self.hasher);
         }
-        self.windows.sweep_shard(index, now);
-        self.leases.sweep_shard(index, now);
+        visited += self.windows.sweep_shard(index, now);
+        visited + self.leases.sweep_shard(index, now)
     }
 
     /// Counts `count` live entries of `kind` evicted.
@@ -413,11 +451,13 @@ impl Shard {
     }
 
     /// Drops the entries whose limits have all refilled, and shrinks the
-    /// table when it has become mostly empty.
-    fn sweep(&mut self, now: u64, hasher: &RandomState) {
+    /// table when it has become mostly empty. Returns how many entries it
+    /// looked at.
+    fn sweep(&mut self, now: u64, hasher: &RandomState) -> usize {
         if now < self.earliest {
-            return;
+            return 0;
         }
+        let visited = self.map.len();
         let mut earliest = u64::MAX;
         self.map.retain(|slot| {
             let idle_at = slot.tats.idle_at();
@@ -433,6 +473,7 @@ impl Shard {
             self.map
                 .shrink_to(floor, |slot| hash_key(hasher, slot.key()));
         }
+        visited
     }
 }
 
@@ -562,7 +603,9 @@ pub struct MemoryStoreBuilder {
 }
 
 impl MemoryStoreBuilder {
-    /// The number of shards (default: 16 per available core, at least 16).
+    /// The number of shards (default: 16 per available core, at least 16),
+    /// raised to one per 4096 entries of [`max_keys`](Self::max_keys) when
+    /// it is fewer.
     pub fn shards(mut self, shards: usize) -> Self {
         self.shards = Some(shards.max(1));
         self
@@ -612,9 +655,11 @@ impl MemoryStoreBuilder {
             (cores * 16).max(16)
         });
         // Every shard holds one entry at least, so that the bound is the
-        // sum of the shards' parts.
+        // sum of the shards' parts, and at most MAX_SHARD_ENTRIES.
         let max_keys = self.max_keys.max(1);
-        let shards = shards.min(max_keys);
+        let shards = shards
+            .max(max_keys.div_ceil(MAX_SHARD_ENTRIES))
+            .min(max_keys);
         let caps: Vec<usize> = (0..shards)
             .map(|i| shard_cap(max_keys, shards, i))
             .collect();
@@ -696,6 +741,16 @@ mod tests {
         for (max_keys, shards) in [(1000, 8), (1003, 8), (5, 8), (1, 64), (100_000, 32)] {
             let caps = caps(&store(max_keys, shards, &clock));
             assert_eq!(caps.len(), shards.min(max_keys));
+            assert_eq!(caps.iter().sum::<usize>(), max_keys);
+            let (min, max) = (caps.iter().min().unwrap(), caps.iter().max().unwrap());
+            assert!(*min >= 1 && max - min <= 1, "{caps:?}");
+        }
+        // Too few shards for the bound: raised to hold at most
+        // MAX_SHARD_ENTRIES each.
+        for (max_keys, shards) in [(1_000_000, 4), (4097, 1), (40_000, 1)] {
+            let caps = caps(&store(max_keys, shards, &clock));
+            assert_eq!(caps.len(), max_keys.div_ceil(MAX_SHARD_ENTRIES));
+            assert!(caps.iter().all(|&c| c <= MAX_SHARD_ENTRIES), "{caps:?}");
             assert_eq!(caps.iter().sum::<usize>(), max_keys);
             let (min, max) = (caps.iter().min().unwrap(), caps.iter().max().unwrap());
             assert!(*min >= 1 && max - min <= 1, "{caps:?}");
@@ -800,16 +855,46 @@ mod tests {
         let (gcra, windows) = capacity(&store);
         assert!(gcra >= 100_000 && windows >= 100_000, "{gcra}, {windows}");
         clock.advance(Duration::from_secs(2));
-        // One regular caller's calls sweep every shard.
-        for _ in 0..4 {
+        // One regular caller's calls sweep every shard, at least one each.
+        let shards = store.inner.shards.len();
+        for _ in 0..shards {
             check(&store, &policy, &Key::new("regular"));
         }
         assert_eq!(store.len(), 1);
         let (gcra, windows) = capacity(&store);
         assert!(
-            gcra <= 4 * 2 * MIN_CAPACITY && windows <= 4 * 2 * MIN_CAPACITY,
+            gcra <= shards * 2 * MIN_CAPACITY && windows <= shards * 2 * MIN_CAPACITY,
             "{gcra}, {windows}"
         );
+    }
+
+    /// A call's sweep looks at no more than its budget and one more
+    /// shard's entries, however large the bound and however few shards
+    /// were asked for.
+    #[test]
+    fn a_sweep_step_is_bounded() {
+        let clock = ManualClock::new(Duration::from_secs(1));
+        let store = store(40_000, 1, &clock);
+        let policy = per_second();
+        for i in 0..30_000 {
+            check(&store, &policy, &Key::new(format!("k{i}")));
+        }
+        assert_eq!(store.len(), 30_000);
+        clock.advance(Duration::from_secs(3));
+        let now = clock.now_micros();
+        let mut visited = 0;
+        let mut calls = 0;
+        while !store.is_empty() {
+            let step = store.inner.sweep_due(now);
+            assert!(
+                step < SWEEP_BUDGET + MAX_SHARD_ENTRIES,
+                "one call looked at {step} entries"
+            );
+            visited += step;
+            calls += 1;
+            assert!(calls <= store.inner.shards.len(), "a round is one second");
+        }
+        assert_eq!(visited, 30_000);
     }
 
     /// Evictions and lease refusals reach the metrics too.

@@ -146,7 +146,21 @@ pub enum TimeSource {
     /// memory for that minute. A clock that falls further behind Redis'
     /// than that, between two calls on one identity, may find the state
     /// gone and admit as if the identity were new: more than the limit, for
-    /// that identity, once. A clock that runs ahead only keeps keys longer.
+    /// that identity, once.
+    ///
+    /// Decisions are as exact as the clocks agree, not more. A clock that
+    /// runs ahead sees windows end and TATs pass earlier than the others
+    /// do, so over any span of real time the fleet admits up to what the
+    /// limit allows over that span stretched by the clocks' spread. The
+    /// window scripts keep it to that: a fixed window's stored start never
+    /// moves back (a caller whose clock still reads an earlier window is
+    /// decided in the stored one, its reset and retry running to that
+    /// window's end on its own clock), and the sliding log trims entries
+    /// only once they have left every window by the minute of slack (a log
+    /// then holds that minute's entries too), so an entry a clock ahead no
+    /// longer counts still counts for one that lags.
+    /// The deny cache is then conservative rather than exact: it may deny
+    /// until a retry time that a clock ahead has already made moot.
     Client(Arc<dyn Clock>),
 }
 

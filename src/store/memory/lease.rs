@@ -169,11 +169,12 @@ impl Leases {
             .sum()
     }
 
-    /// Drops the expired leases of shard `index`.
-    pub(super) fn sweep_shard(&self, index: usize, now: u64) {
-        if let Some(shard) = self.shards.get(index) {
-            lock(shard).sweep(now);
-        }
+    /// Drops the expired leases of shard `index`; returns how many lease
+    /// sets it looked at.
+    pub(super) fn sweep_shard(&self, index: usize, now: u64) -> usize {
+        self.shards
+            .get(index)
+            .map_or(0, |shard| lock(shard).sweep(now))
     }
 }
 
@@ -220,10 +221,11 @@ impl Shard {
     /// Drops expired leases, and the sets they leave empty: a crashed
     /// holder's leases do not outlive their TTL by much, even for keys
     /// never seen again.
-    fn sweep(&mut self, now: u64) {
+    fn sweep(&mut self, now: u64) -> usize {
         if now < self.earliest {
-            return;
+            return 0;
         }
+        let visited = self.sets;
         let mut earliest = u64::MAX;
         self.map.retain(|_, sets| {
             sets.retain_mut(|set| {
@@ -244,6 +246,7 @@ impl Shard {
         if self.map.capacity() > 2 * floor {
             self.map.shrink_to(floor);
         }
+        visited
     }
 }
 

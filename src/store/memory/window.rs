@@ -77,11 +77,12 @@ impl Table {
         self.shards.iter().map(|s| lock(s).map.capacity()).sum()
     }
 
-    /// Drops the expired entries of shard `index`.
-    pub(super) fn sweep_shard(&self, index: usize, now: u64) {
-        if let Some(shard) = self.shards.get(index) {
-            lock(shard).sweep(now);
-        }
+    /// Drops the expired entries of shard `index`; returns how many
+    /// entries it looked at.
+    pub(super) fn sweep_shard(&self, index: usize, now: u64) -> usize {
+        self.shards
+            .get(index)
+            .map_or(0, |shard| lock(shard).sweep(now))
     }
 }
 
@@ -240,16 +241,19 @@ impl Shard {
     }
 
     /// Drops the entries whose windows have all passed, and shrinks the
-    /// map when it has become mostly empty.
-    fn sweep(&mut self, now: u64) {
+    /// map when it has become mostly empty. Returns how many entries it
+    /// looked at.
+    fn sweep(&mut self, now: u64) -> usize {
         if now < self.earliest {
-            return;
+            return 0;
         }
+        let visited = self.entries;
         self.retain(|e| e.idle_at > now);
         let floor = (2 * self.map.len()).max(MIN_CAPACITY);
         if self.map.capacity() > 2 * floor {
             self.map.shrink_to(floor);
         }
+        visited
     }
 
     /// Keeps the entries `keep` says to keep, and counts them again.

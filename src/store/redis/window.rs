@@ -100,7 +100,7 @@ impl RedisStore {
             let reply = store
                 .run(store.inner.windows.script(algorithm), cmd)
                 .await?;
-            let (decision, hold_us) = decode_window(&reply, policy.limits().len())?;
+            let (decision, hold_us) = decode_window(reply, policy.limits().len())?;
             if let (Some(cache), Some(sent_at)) = (&store.inner.deny, sent_at) {
                 cache.record_held(&policy, &key, cost, sent_at, &decision, hold_us);
             }
@@ -111,18 +111,30 @@ impl RedisStore {
 
 /// Decodes a window script's reply: GCRA's shape, with 0 where GCRA puts
 /// the wait, then every window's remaining and reset (for several), then
-/// how long a denial's figures hold, in µs.
-fn decode_window(reply: &Value, limits: usize) -> Result<(Decision, u64), StoreError> {
-    let unexpected = || StoreError::UnexpectedReply(format!("{reply:?}"));
-    let Value::Array(items) = reply else {
-        return Err(unexpected());
+/// how long a denial's figures hold, in µs. Takes the reply, so that the
+/// figures are decoded where they are, without a copy.
+fn decode_window(reply: Value, limits: usize) -> Result<(Decision, u64), StoreError> {
+    let unexpected = |reply: &Value| StoreError::UnexpectedReply(format!("{reply:?}"));
+    let Value::Array(mut items) = reply else {
+        return Err(unexpected(&reply));
     };
-    let Some((Value::Int(hold), figures)) = items.split_last() else {
-        return Err(unexpected());
+    let Some(&Value::Int(raw)) = items.last() else {
+        return Err(unexpected(&Value::Array(items)));
     };
-    let hold = u64::try_from(*hold).map_err(|_| unexpected())?;
-    let decision = decode_decision(&Value::Array(figures.to_vec()), limits, true)?;
-    Ok((decision, hold))
+    let Ok(hold) = u64::try_from(raw) else {
+        return Err(unexpected(&Value::Array(items)));
+    };
+    items.pop();
+    let mut figures = Value::Array(items);
+    decode_decision(&figures, limits, true)
+        .map(|decision| (decision, hold))
+        .map_err(|_| {
+            // Name the whole reply, as it came.
+            if let Value::Array(items) = &mut figures {
+                items.push(Value::Int(raw));
+            }
+            unexpected(&figures)
+        })
 }
 
 #[cfg(test)]
@@ -168,7 +180,7 @@ mod tests {
                 Value::Int(-1),
             ]),
         ] {
-            assert!(decode_window(&reply, 1).is_err(), "{reply:?}");
+            assert!(decode_window(reply.clone(), 1).is_err(), "{reply:?}");
         }
         let ok = Value::Array(vec![
             Value::Int(0),
@@ -182,7 +194,7 @@ mod tests {
             Value::Int(5),
             Value::Int(4),
         ]);
-        let (d, hold) = decode_window(&ok, 2).unwrap();
+        let (d, hold) = decode_window(ok, 2).unwrap();
         assert!(!d.is_allowed());
         assert_eq!(d.limit_index(), 1);
         assert_eq!(d.retry_after(), Some(Duration::from_micros(7)));
