@@ -79,7 +79,8 @@ impl ConcurrencyRejection<'_> {
                 )
             }
             ConcurrencyRejectionKind::MissingKey(_) => (
-                "concurrency limiting could not identify the client\n".to_owned(),
+                "concurrency limiting could not identify the client; the server's log says why\n"
+                    .to_owned(),
                 None,
             ),
             ConcurrencyRejectionKind::Unavailable(_) => (

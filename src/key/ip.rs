@@ -1,7 +1,7 @@
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
 use std::str::FromStr;
-use std::sync::Arc;
+use std::sync::{Arc, Once};
 
 use http::header::{FORWARDED, HeaderMap};
 
@@ -32,9 +32,26 @@ pub(crate) fn peer_addr<B>(req: &http::Request<B>) -> Option<IpAddr> {
     {
         return Some(info.0.ip().to_canonical());
     }
-    req.extensions()
-        .get::<SocketAddr>()
-        .map(|addr| addr.ip().to_canonical())
+    let peer = req.extensions().get::<SocketAddr>();
+    if peer.is_none() {
+        warn_no_peer_address();
+    }
+    peer.map(|addr| addr.ip().to_canonical())
+}
+
+/// Says, once per process, how to give [`PeerIp`] and [`ForwardedIp`] the
+/// peer's address: without it every request they key is one without a key
+/// (by default refused with a 400), which is hard to trace back to the
+/// way the server was started.
+fn warn_no_peer_address() {
+    static WARNED: Once = Once::new();
+    WARNED.call_once(|| {
+        tracing::warn!(
+            "PeerIp found no ConnectInfo: serve the router with \
+             into_make_service_with_connect_info::<SocketAddr>() (outside axum, \
+             put the peer's SocketAddr in the request's extensions)"
+        );
+    });
 }
 
 /// Keys requests by the address of the TCP peer.

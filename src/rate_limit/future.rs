@@ -351,27 +351,6 @@ where
     where
         S: Service<Req, Response = Response<ResBody>>,
     {
-        // The usual cases, a refusal or an inner call under way with no
-        // upstream pause to look for (no key kept), are answered here
-        // rather than through the general state machine.
-        let mut this = self.as_mut().project();
-        match this.state.as_mut().project() {
-            StateProj::Calling { fut, decision } if this.key.is_none() => {
-                let mut result = ready!(fut.poll(cx));
-                // The headers are written where the response lies, from the
-                // decision where it lies: neither is moved for them.
-                write_headers(this.common, &mut result, decision.as_ref());
-                this.state.set(State::Done);
-                return Poll::Ready(result.map(|response| response.map(body)));
-            }
-            StateProj::Rejected { kind } => {
-                if let Some(kind) = kind.take() {
-                    this.state.set(State::Done);
-                    return Poll::Ready(Ok(this.common.rejection(kind).map(full)));
-                }
-            }
-            _ => {}
-        }
         let outcome = ready!(self.as_mut().poll_outcome(cx));
         let common = &self.common;
         Poll::Ready(match outcome {

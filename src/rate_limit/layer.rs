@@ -190,6 +190,46 @@ impl<K, C, M, Fb> RateLimitLayer<K, C, M, Fb> {
 
     /// Refuse with a [`RateLimitError`](crate::RateLimitError) instead of an
     /// HTTP response; works around any `tower::Service`.
+    ///
+    /// Not on an axum `Router` as it is: axum takes only services that
+    /// never fail, so `Router::layer` refuses one whose error is a
+    /// [`BoxError`](crate::BoxError), with "the trait bound `Infallible:
+    /// From<Box<dyn std::error::Error + Send + Sync>>` is not satisfied".
+    /// In a router, leave `typed_errors()` out (refusals are then 429, 400
+    /// or 503 responses), or turn the error into a response in front of
+    /// it with axum's `HandleErrorLayer`.
+    ///
+    /// ```compile_fail,E0277
+    /// use axum::{routing::get, Router};
+    /// use fleetgate::{Limit, Limiter, MemoryStore, Policy, Rate, RateLimitLayer};
+    ///
+    /// let policy = Policy::single("api", Limit::new(Rate::per_second(10)).unwrap()).unwrap();
+    /// let layer = RateLimitLayer::new(Limiter::new(policy, MemoryStore::new()));
+    /// let app: Router = Router::new()
+    ///     .route("/", get(|| async { "ok" }))
+    ///     // error[E0277]: `Infallible: From<Box<dyn Error + Send + Sync>>`
+    ///     .layer(layer.typed_errors());
+    /// ```
+    ///
+    /// With `HandleErrorLayer`:
+    ///
+    /// ```
+    /// use axum::{error_handling::HandleErrorLayer, http::StatusCode, routing::get, Router};
+    /// use fleetgate::{BoxError, Limit, Limiter, MemoryStore, Policy, Rate, RateLimitLayer};
+    /// use tower::ServiceBuilder;
+    ///
+    /// let policy = Policy::single("api", Limit::new(Rate::per_second(10)).unwrap()).unwrap();
+    /// let layer = RateLimitLayer::new(Limiter::new(policy, MemoryStore::new()));
+    /// let app: Router = Router::new()
+    ///     .route("/", get(|| async { "ok" }))
+    ///     .layer(
+    ///         ServiceBuilder::new()
+    ///             .layer(HandleErrorLayer::new(|err: BoxError| async move {
+    ///                 (StatusCode::TOO_MANY_REQUESTS, err.to_string())
+    ///             }))
+    ///             .layer(layer.typed_errors()),
+    ///     );
+    /// ```
     pub fn typed_errors(self) -> RateLimitLayer<K, C, mode::TypedErrors, Fb> {
         self.rebuild(|key, cost, feedback| (key, cost, feedback))
     }

@@ -360,13 +360,10 @@ impl Common {
         latency: Option<Duration>,
     ) -> Result<Option<Decision>, RejectionKind> {
         let policy = self.limiter.policy();
-        // Usually none: nothing to make, enter, record or drop.
-        let span = wanted_decision_span("rate_limit", policy.name(), None, latency);
-        let _entered = span.as_ref().map(tracing::Span::enter);
+        let span = decision_span("rate_limit", policy.name(), None, latency);
+        let _entered = span.enter();
         let record = |outcome: Outcome| {
-            if let Some(span) = &span {
-                span.record("outcome", outcome.as_str());
-            }
+            span.record("outcome", outcome.as_str());
         };
         let refusal = match result {
             Ok(d) if d.is_allowed() => {
@@ -403,8 +400,8 @@ impl Common {
     /// A request without a key, refused with `status` (or, in shadow mode,
     /// let through: `None`), in a decision span of its own.
     pub(crate) fn missing_key(&self, status: http::StatusCode) -> Option<RejectionKind> {
-        let span = wanted_decision_span("rate_limit", self.limiter.policy().name(), None, None);
-        let _entered = span.as_ref().map(tracing::Span::enter);
+        let span = decision_span("rate_limit", self.limiter.policy().name(), None, None);
+        let _entered = span.enter();
         self.refuse(RejectionKind::MissingKey(status))
     }
 
@@ -480,42 +477,16 @@ pub(crate) fn decision_span(
     tier: Option<&str>,
     latency: Option<Duration>,
 ) -> tracing::Span {
-    wanted_decision_span(layer, policy, tier, latency).unwrap_or_else(tracing::Span::none)
-}
-
-/// [`decision_span`], or `None` where that would be a span that is none.
-///
-/// Inlined, so that the usual answer (`None`: nobody listens) costs its
-/// callers two loads and no call; the span itself is made out of line.
-#[inline]
-pub(crate) fn wanted_decision_span(
-    layer: &'static str,
-    policy: &str,
-    tier: Option<&str>,
-    latency: Option<Duration>,
-) -> Option<tracing::Span> {
     // With tracing's `log` feature on (axum's default `tower-log` turns it
     // on), even a disabled span offers its fields to `log` when made,
-    // entered, recorded, exited and dropped: a few hundred instructions per
-    // request. When no subscriber may want `debug` (so the span would be
-    // disabled) and no logger takes debug records (so none of it could
-    // reach one), the span is none at all, and is not even made.
-    if !tracing::level_enabled!(tracing::Level::DEBUG) && log::max_level() < log::LevelFilter::Debug
-    {
-        return None;
+    // entered, recorded, exited and dropped. When no subscriber may want
+    // `debug` (so the span would be disabled) and no logger takes debug
+    // records (so none of it could reach one), the span is none at all,
+    // and is not even made.
+    let no_debug_log = log::max_level() < log::LevelFilter::Debug;
+    if !tracing::level_enabled!(tracing::Level::DEBUG) && no_debug_log {
+        return tracing::Span::none();
     }
-    make_decision_span(layer, policy, tier, latency)
-}
-
-/// The body of [`wanted_decision_span`] once someone may listen.
-#[cold]
-#[inline(never)]
-fn make_decision_span(
-    layer: &'static str,
-    policy: &str,
-    tier: Option<&str>,
-    latency: Option<Duration>,
-) -> Option<tracing::Span> {
     let span = tracing::debug_span!(
         "fleetgate.decision",
         layer,
@@ -528,10 +499,11 @@ fn make_decision_span(
         // A subscriber that wants `debug` elsewhere, but not here: as
         // above, nothing of this span can reach a logger that filters out
         // debug records.
-        if log::max_level() < log::LevelFilter::Debug {
-            return None;
-        }
-        return Some(span);
+        return if no_debug_log {
+            tracing::Span::none()
+        } else {
+            span
+        };
     }
     if let Some(tier) = tier {
         span.record("tier", tier);
@@ -540,7 +512,7 @@ fn make_decision_span(
         let micros = u64::try_from(latency.as_micros()).unwrap_or(u64::MAX);
         span.record("store_latency_us", micros);
     }
-    Some(span)
+    span
 }
 
 /// Logs a store failure at `warn`, at most once a second per process:

@@ -66,8 +66,7 @@ impl<S, K, C, M, F> RateLimit<S, K, C, M, F> {
     }
 
     // The steps of a call (`call_http`, `start`, `start_with`) are
-    // inlined into `call`: one function instead of four on every request,
-    // about 58 fewer instructions per call (scripts/callgrind-layer.sh).
+    // inlined into `call`: they run on every request.
     #[inline(always)]
     fn start<Req>(&mut self, req: Req) -> ResponseFuture<S, Req, M, F>
     where

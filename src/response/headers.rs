@@ -102,40 +102,6 @@ pub(crate) struct PolicyHeaders {
     ratelimit_max_len: usize,
 }
 
-/// `RateLimit` values up to this long are written on the stack.
-const STACK_VALUE: usize = 128;
-
-/// A header value's text on the stack; what does not fit is dropped (the
-/// caller checks the longest possible text first).
-struct ShortValue {
-    bytes: [u8; STACK_VALUE],
-    len: usize,
-}
-
-impl Default for ShortValue {
-    fn default() -> Self {
-        ShortValue {
-            bytes: [0; STACK_VALUE],
-            len: 0,
-        }
-    }
-}
-
-impl ShortValue {
-    fn push(&mut self, bytes: &[u8]) {
-        let slot = self.bytes.get_mut(self.len..self.len + bytes.len());
-        debug_assert!(slot.is_some(), "the caller checked the longest text");
-        if let Some(slot) = slot {
-            slot.copy_from_slice(bytes);
-            self.len += bytes.len();
-        }
-    }
-
-    fn as_bytes(&self) -> &[u8] {
-        self.bytes.get(..self.len).unwrap_or_default()
-    }
-}
-
 impl PolicyHeaders {
     pub(crate) fn new(policy: &Policy, style: HeaderStyle) -> Self {
         let mut text = String::new();
@@ -189,18 +155,7 @@ impl PolicyHeaders {
             if let Some(value) = &self.policy_value {
                 append_member(headers, ratelimit_policy, value.clone());
             }
-            // Short enough (the usual case), the `RateLimit` text is written
-            // on the stack and copied once into the value, its one
-            // allocation (this runs on every response).
-            let value = if self.ratelimit_max_len <= STACK_VALUE {
-                let mut text = ShortValue::default();
-                self.ratelimit_text(decision, reset, |bytes| text.push(bytes));
-                HeaderValue::from_bytes(text.as_bytes())
-            } else {
-                let mut text = Vec::with_capacity(self.ratelimit_max_len);
-                self.ratelimit_text(decision, reset, |bytes| text.extend_from_slice(bytes));
-                HeaderValue::from_bytes(&text)
-            };
+            let value = self.ratelimit_value(decision, reset);
             if let Ok(value) = value {
                 append_member(headers, ratelimit, value);
             }
@@ -218,23 +173,26 @@ impl PolicyHeaders {
         }
     }
 
-    /// Passes the `RateLimit` text to `put`, piece by piece:
-    /// `"<name>";r=<remaining>;t=<reset>` for the deciding limit, or for
-    /// every window of a policy of several, in policy order, the numbers
-    /// written straight in.
-    fn ratelimit_text(&self, decision: &Decision, reset: u64, mut put: impl FnMut(&[u8])) {
+    /// The `RateLimit` value: `"<name>";r=<remaining>;t=<reset>` for the
+    /// deciding limit, or for every window of a policy of several, in
+    /// policy order.
+    fn ratelimit_value(
+        &self,
+        decision: &Decision,
+        reset: u64,
+    ) -> Result<HeaderValue, http::header::InvalidHeaderValue> {
+        let mut text = Vec::with_capacity(self.ratelimit_max_len);
         let mut digits = itoa::Buffer::new();
-        let mut first = true;
         self.members(decision, reset, |prefix, remaining, reset| {
-            if !first {
-                put(b", ");
+            if !text.is_empty() {
+                text.extend_from_slice(b", ");
             }
-            first = false;
-            put(prefix);
-            put(digits.format(remaining).as_bytes());
-            put(b";t=");
-            put(digits.format(reset).as_bytes());
+            text.extend_from_slice(prefix);
+            text.extend_from_slice(digits.format(remaining).as_bytes());
+            text.extend_from_slice(b";t=");
+            text.extend_from_slice(digits.format(reset).as_bytes());
         });
+        HeaderValue::from_bytes(&text)
     }
 
     /// Calls `f` with the `RateLimit` prefix, the remaining calls and the
@@ -321,23 +279,20 @@ mod tests {
         members.join(", ")
     }
 
-    /// Short values are written on the stack, long ones on the heap: the
-    /// same text either way, down to the longest numbers.
+    /// Values of one limit and of several, down to the longest names and
+    /// numbers.
     #[test]
-    fn ratelimit_value_on_the_stack_and_off_it() {
+    fn ratelimit_values_short_and_long() {
         let short = ["short".to_owned()];
         let reset = Duration::from_micros(1_500_000);
         assert_eq!(ratelimit_value(&short, 17, reset), "\"short\";r=17;t=2");
-        // One limit of the longest name and the largest numbers: the
-        // longest single value, on the stack.
+        // One limit of the longest name and the largest numbers.
         let longest = ["n".repeat(64)];
         let value = ratelimit_value(&longest, u64::MAX, Duration::MAX);
         // A single limit's reset is the decision's, in microseconds.
         let reset_secs = retry_after_secs(Duration::from_micros(u64::MAX));
         assert_eq!(value, expected(&longest, u64::MAX, reset_secs));
-        // Two limits whose longest value is just within the stack buffer
-        // (14-byte names: 2 x 64 = 128) and just beyond it (20-byte names:
-        // the heap), with 20-digit numbers.
+        // Two limits, with 20-digit numbers.
         for len in [14, 20] {
             let names: Vec<String> = (0..2).map(|i| format!("{i}").repeat(len)).collect();
             let value = ratelimit_value(&names, u64::MAX, Duration::MAX);
@@ -349,7 +304,7 @@ mod tests {
         }
         let names: Vec<String> = (0..3).map(|i| format!("{i}").repeat(60)).collect();
         let value = ratelimit_value(&names, 17, reset);
-        assert!(value.len() > STACK_VALUE);
+        assert!(value.len() > 128);
         assert_eq!(value, expected(&names, 17, 2));
     }
 }

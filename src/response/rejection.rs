@@ -82,9 +82,9 @@ impl Rejection<'_> {
                     )),
                 }
             }
-            RejectionKind::MissingKey(_) => {
-                Bytes::from_static(b"rate limiting could not identify the client\n")
-            }
+            RejectionKind::MissingKey(_) => Bytes::from_static(
+                b"rate limiting could not identify the client; the server's log says why\n",
+            ),
             RejectionKind::Unavailable(_) => {
                 Bytes::from_static(b"rate limiter unavailable; retry shortly\n")
             }
