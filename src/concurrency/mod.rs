@@ -15,11 +15,19 @@
 //! use std::time::Duration;
 //! use axum::{routing::get, Router};
 //! use fleetgate::concurrency::{ConcurrencyLimitLayer, ConcurrencyLimiter, ConcurrencyPolicy};
-//! use fleetgate::key::{HeaderKey, PeerIp};
+//! use fleetgate::key::{ExtensionKey, PeerIp};
 //! use fleetgate::MemoryStore;
 //!
+//! /// Put in the request by your authentication layer.
+//! #[derive(Clone)]
+//! struct Account(u64);
+//! impl std::fmt::Display for Account {
+//!     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result { self.0.fmt(f) }
+//! }
+//!
 //! # fn main() -> Result<(), fleetgate::ConfigError> {
-//! // Two reports per API key at a time, fleet-wide with a RedisStore.
+//! // Two reports per account at a time (per client IP without one),
+//! // fleet-wide with a RedisStore.
 //! let policy = ConcurrencyPolicy::builder("reports", 2)
 //!     .lease_ttl(Duration::from_secs(30))
 //!     .build()?;
@@ -27,7 +35,7 @@
 //!     .route("/api/report", get(|| async { "report" }))
 //!     .route_layer(
 //!         ConcurrencyLimitLayer::new(ConcurrencyLimiter::new(policy, MemoryStore::new()))
-//!             .key(HeaderKey::new("x-api-key").or(PeerIp)),
+//!             .key(ExtensionKey::<Account>::new("account").or(PeerIp)),
 //!     );
 //! # Ok(()) }
 //! ```
