@@ -135,7 +135,7 @@ impl FleetShedPolicyBuilder {
     }
 
     /// The share of the capacity that requests of the tier `name` may use,
-    /// in `(0, 1]`. A less important tier may not get a larger limit than
+    /// from `1e-6` to `1`. A less important tier may not get a larger limit than
     /// a more important one; the most important tier takes no share.
     ///
     /// Tiers given no share keep their default unless that would put them
@@ -188,7 +188,7 @@ impl FleetShedPolicyBuilder {
                 ));
             }
             let share = LocalShare::new(*share)
-                .map_err(|_| invalid(name, format!("{share} is not in (0, 1]")))?;
+                .map_err(|_| invalid(name, format!("{share} is outside 1e-6 <= share <= 1")))?;
             if let Some(slot) = given.get_mut(tier.rank()) {
                 *slot = Some(share);
             }
