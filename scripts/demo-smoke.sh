@@ -22,7 +22,7 @@ cleanup() {
   for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
   rm -rf "$tmp"
   # Every demo this run started (each carries its mark) stops with it.
-  left=$(grep -lzx "FLEETGATE_SMOKE_RUN=$$" /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3 | tr '\n' ' ')
+  left=$(grep -lzx "FLEETGATE_SMOKE_RUN=$$" /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3 | tr '\n' ' ' || true)
   if [ -n "$left" ]; then
     echo "FAIL: demos still running after the smoke test: $left" >&2
     kill $left 2>/dev/null || true
