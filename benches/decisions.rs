@@ -59,7 +59,12 @@ const ALGORITHMS: [Algorithm; 4] = [
     Algorithm::SlidingWindow,
     Algorithm::FixedWindow,
 ];
-const GCRA_LUA: &str = include_str!("../lua/gcra.lua");
+// Built from the same parts as the store's (src/store/redis.rs).
+const GCRA_LUA: &str = concat!(
+    include_str!("../lua/common/clock.lua"),
+    include_str!("../lua/common/idiv.lua"),
+    include_str!("../lua/gcra.lua"),
+);
 
 /// The Redis store with `max_in_flight(usize::MAX)`: one script per call.
 const UNBATCHED: &str = "redis, one script per call";

@@ -70,7 +70,12 @@ use redis::aio::{ConnectionManager, MultiplexedConnection};
 use crate::common::{BoxError, micros, percentile, pin, target_row};
 use crate::redis_server::RedisServer;
 
-const GCRA_LUA: &str = include_str!("../lua/gcra.lua");
+// Built from the same parts as the store's (src/store/redis.rs).
+const GCRA_LUA: &str = concat!(
+    include_str!("../lua/common/clock.lua"),
+    include_str!("../lua/common/idiv.lua"),
+    include_str!("../lua/gcra.lua"),
+);
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Variant {

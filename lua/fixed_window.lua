@@ -25,33 +25,11 @@
 --          the retry; 0 when allowed. The deny cache of the Redis store
 --          answers the same call from it (src/store/deny_cache.rs).
 
--- With the caller's clock, keys still expire on Redis' own: each lives a
--- minute (slack_ms) past the moment its state stops mattering, so that a
--- caller's clock that falls behind Redis' (another instance's lags, a test
--- clock stands still) by less than that never finds its state gone early.
--- Keep it equal in every script; see TimeSource::Client in src/store/redis.rs.
-local now, slack_ms
-if ARGV[1] == '' then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  slack_ms = 0
-else
-  now = tonumber(ARGV[1])
-  slack_ms = 60000
-end
-local cost = tonumber(ARGV[2])
-local n = #KEYS
+-- Runs after lua/common/clock.lua, idiv.lua and windows.lua (joined in
+-- src/store/redis/window.rs): now, slack_ms, idiv, cost, n, the figures
+-- of each window and pick and reply come from there.
 
--- floor(a / b) for non-negative integers, immune to division rounding.
-local function idiv(a, b)
-  local q = math.floor(a / b)
-  if q * b > a then q = q - 1 elseif (q + 1) * b <= a then q = q + 1 end
-  return q
-end
-
--- remaining0 and reset0: each window's figures of now, before the call.
-local admits, remaining, reset, starts, used = {}, {}, {}, {}, {}
-local remaining0, reset0 = {}, {}
+local starts, used = {}, {}
 for i = 1, n do
   local length = tonumber(ARGV[1 + 2 * i])
   local count = tonumber(ARGV[2 + 2 * i])
@@ -76,51 +54,23 @@ for i = 1, n do
   admits[i] = used[i] + cost <= count
   if admits[i] then
     remaining[i] = count - used[i] - cost
+    retry[i] = 0
   else
     remaining[i] = remaining0[i]
+    -- The call fits once the window ends and its count starts again.
+    retry[i] = reset[i]
   end
 end
 
--- The reply: the deciding window's figures, then every window's when there
--- are several.
-local function reply(allowed, i, retry_us, hold_us)
-  local out = {allowed, i, remaining[i], reset[i], retry_us}
-  if n > 1 then
-    -- A denied call charges nothing: every window's figures of now.
-    local r, t = remaining, reset
-    if allowed == 0 then r, t = remaining0, reset0 end
-    for j = 1, n do
-      out[#out + 1] = r[j]
-      out[#out + 1] = t[j]
-    end
-  end
-  out[#out + 1] = hold_us
-  return out
-end
-
--- Denied: the window with the longest retry. Admitted: the one with the
--- least remaining. On ties the longest window, then the first.
-local function longer(i, j) return tonumber(ARGV[1 + 2 * i]) > tonumber(ARGV[1 + 2 * j]) end
-local worst, tight = 0, 0
-for i = 1, n do
-  if not admits[i] then
-    if worst == 0 or reset[i] > reset[worst]
-        or (reset[i] == reset[worst] and longer(i, worst)) then
-      worst = i
-    end
-  elseif tight == 0 or remaining[i] < remaining[tight]
-      or (remaining[i] == remaining[tight] and longer(i, tight)) then
-    tight = i
-  end
-end
+local worst, tight = pick()
 if worst > 0 then
   -- Every figure holds until the first window ends (the resets counting
   -- down), then that window's count starts again.
-  local hold = reset[worst]
+  local hold = retry[worst]
   for i = 1, n do
     if reset[i] < hold then hold = reset[i] end
   end
-  return reply(0, worst, reset[worst], hold)
+  return reply(0, worst, retry[worst], hold)
 end
 
 for i = 1, n do

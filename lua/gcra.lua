@@ -22,27 +22,8 @@
 -- Times stay integral microseconds, below 2^53, so Lua's doubles hold them
 -- exactly; stored values are formatted with %d to keep every digit.
 
--- With the caller's clock, keys still expire on Redis' own: each lives a
--- minute (slack_ms) past the moment its state stops mattering, so that a
--- caller's clock that falls behind Redis' (another instance's lags, a test
--- clock stands still) by less than that never finds its state gone early.
--- Keep it equal in every script; see TimeSource::Client in src/store/redis.rs.
-local now, slack_ms
-if ARGV[1] == '' then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  slack_ms = 0
-else
-  now = tonumber(ARGV[1])
-  slack_ms = 60000
-end
-
--- floor(a / b) for non-negative integers, immune to division rounding.
-local function idiv(a, b)
-  local q = math.floor(a / b)
-  if q * b > a then q = q - 1 elseif (q + 1) * b <= a then q = q + 1 end
-  return q
-end
+-- Runs after lua/common/clock.lua and idiv.lua (joined in
+-- src/store/redis.rs): now, slack_ms and idiv come from there.
 
 -- Each key is read at most once and written at most once per script, so
 -- calls of one identity that travel together cost one GET and one SET. A

@@ -15,20 +15,9 @@
 -- Returns how many limits were moved (0 when every limit already reached
 -- past the pause).
 
--- With the caller's clock, keys still expire on Redis' own: each lives a
--- minute (slack_ms) past the moment its state stops mattering, so that a
--- caller's clock that falls behind Redis' (another instance's lags, a test
--- clock stands still) by less than that never finds its state gone early.
--- Keep it equal in every script; see TimeSource::Client in src/store/redis.rs.
-local now, slack_ms
-if ARGV[1] == '' then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  slack_ms = 0
-else
-  now = tonumber(ARGV[1])
-  slack_ms = 60000
-end
+-- Runs after lua/common/clock.lua (joined in src/store/redis/defer.rs):
+-- now and slack_ms come from there.
+
 local pause = tonumber(ARGV[2])
 
 local moved = 0

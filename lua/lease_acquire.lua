@@ -13,17 +13,10 @@
 -- Times stay integral microseconds below 2^53, exact in Lua's doubles and
 -- in ZSET scores; they are written with %d to keep every digit.
 
--- With the caller's clock the set still expires on Redis' own: it lives a
--- minute (slack_ms) past its longest lease, as in gcra.lua.
-local now, slack_ms
-if ARGV[1] == '' then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  slack_ms = 0
-else
-  now = tonumber(ARGV[1])
-  slack_ms = 60000
-end
+-- Runs after lua/common/clock.lua (joined in src/store/redis/lease.rs):
+-- now and slack_ms come from there. With the caller's clock the set still
+-- expires on Redis' own: it lives slack_ms past its longest lease.
+
 local capacity = tonumber(ARGV[2])
 local ttl = tonumber(ARGV[3])
 
@@ -40,6 +33,7 @@ end
 
 redis.call('ZADD', KEYS[1], string.format('%d', now + ttl), ARGV[4])
 -- The set lives as long as its longest lease.
+
 local ttl_ms = math.ceil(ttl / 1000) + slack_ms
 if redis.call('PTTL', KEYS[1]) < ttl_ms then
   redis.call('PEXPIRE', KEYS[1], ttl_ms)

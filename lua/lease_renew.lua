@@ -10,17 +10,10 @@
 --
 -- Returns 1 if renewed, 0 if the lease is not held (any more).
 
--- With the caller's clock the set still expires on Redis' own: it lives a
--- minute (slack_ms) past its longest lease, as in gcra.lua.
-local now, slack_ms
-if ARGV[1] == '' then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  slack_ms = 0
-else
-  now = tonumber(ARGV[1])
-  slack_ms = 60000
-end
+-- Runs after lua/common/clock.lua (joined in src/store/redis/lease.rs):
+-- now and slack_ms come from there. With the caller's clock the set still
+-- expires on Redis' own: it lives slack_ms past its longest lease.
+
 local ttl = tonumber(ARGV[2])
 
 local expiry = redis.call('ZSCORE', KEYS[1], ARGV[3])

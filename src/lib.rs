@@ -180,6 +180,7 @@ mod limiter;
 pub mod metrics;
 pub mod rate_limit;
 pub mod response;
+mod route;
 mod share;
 pub mod shed;
 pub mod spec;

@@ -154,6 +154,7 @@ use crate::key::Key;
 use crate::limiter::Limiter;
 use crate::metrics::{LayerMetrics, Outcome, near_limit};
 use crate::response::{PolicyHeaders, Rejection, RejectionKind};
+use crate::route::{self, RouteRule};
 use crate::share::LocalShare;
 use crate::store::{Store, StoreFuture};
 
@@ -604,7 +605,7 @@ pub(crate) struct Shared<K, C, F> {
 
 /// The per-route table, each rule with its own settings.
 pub(crate) struct Routes {
-    pub(crate) rules: Vec<routes::RouteRule<Arc<Common>>>,
+    pub(crate) rules: Vec<RouteRule<Arc<Common>>>,
     pub(crate) default: Option<Arc<Common>>,
 }
 
@@ -612,6 +613,6 @@ impl Routes {
     /// The settings deciding `req`, or `None` when no route or default
     /// applies (the request is not limited).
     pub(crate) fn select<B>(&self, req: &http::Request<B>) -> Option<&Arc<Common>> {
-        routes::select(&self.rules, req.method(), routes::route_path(req)).or(self.default.as_ref())
+        route::select(&self.rules, req.method(), route::route_path(req)).or(self.default.as_ref())
     }
 }

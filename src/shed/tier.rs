@@ -7,6 +7,7 @@ use http::{HeaderName, Method, Request};
 
 use crate::error::ConfigError;
 use crate::limit::check_name;
+use crate::route::{self, RouteRule};
 
 /// The most tiers a set may hold.
 pub const MAX_TIERS: usize = 16;
@@ -209,15 +210,7 @@ impl<B> Classify<Request<B>> for HeaderTier {
 #[derive(Clone, Debug)]
 pub struct RouteTiers {
     tiers: Tiers,
-    rules: Vec<Rule>,
-}
-
-#[derive(Clone, Debug)]
-struct Rule {
-    method: Option<Method>,
-    path: Box<str>,
-    prefix: bool,
-    tier: Tier,
+    rules: Vec<RouteRule<Tier>>,
 }
 
 impl RouteTiers {
@@ -242,43 +235,14 @@ impl RouteTiers {
             .ok_or_else(|| ConfigError::UnknownTier {
                 name: tier.to_owned(),
             })?;
-        if !path.starts_with('/') {
-            return Err(ConfigError::InvalidRoute {
-                path: path.to_owned(),
-            });
-        }
-        let (path, prefix) = match path.strip_suffix('*') {
-            Some(stem) => (stem, true),
-            None => (path, false),
-        };
-        self.rules.push(Rule {
-            method,
-            path: path.into(),
-            prefix,
-            tier,
-        });
+        self.rules.push(RouteRule::new(method, path, tier)?);
         Ok(self)
-    }
-
-    fn find(&self, method: &Method, path: &str) -> Option<Tier> {
-        self.rules
-            .iter()
-            .find(|r| {
-                r.method.as_ref().is_none_or(|m| m == method)
-                    && if r.prefix {
-                        path.starts_with(&*r.path)
-                    } else {
-                        path == &*r.path
-                    }
-            })
-            .map(|r| r.tier)
     }
 }
 
 impl<B> Classify<Request<B>> for RouteTiers {
     fn classify(&self, req: &Request<B>, tiers: &Tiers) -> Option<Tier> {
-        let path = matched_path(req).unwrap_or_else(|| req.uri().path());
-        let tier = self.find(req.method(), path)?;
+        let tier = *route::select(&self.rules, req.method(), route::route_path(req))?;
         // A table built over another set of tiers is read by name.
         if *tiers == self.tiers {
             Some(tier)
@@ -286,18 +250,6 @@ impl<B> Classify<Request<B>> for RouteTiers {
             tiers.get(self.tiers.name(tier))
         }
     }
-}
-
-#[cfg(feature = "axum")]
-fn matched_path<B>(req: &Request<B>) -> Option<&str> {
-    req.extensions()
-        .get::<axum::extract::MatchedPath>()
-        .map(|p| p.as_str())
-}
-
-#[cfg(not(feature = "axum"))]
-fn matched_path<B>(_req: &Request<B>) -> Option<&str> {
-    None
 }
 
 impl fmt::Display for Tier {

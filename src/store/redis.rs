@@ -122,7 +122,12 @@ impl LuaScript {
     }
 }
 
-const GCRA_LUA: &str = include_str!("../../lua/gcra.lua");
+// Built from parts, as the window scripts are (see `redis/window.rs`).
+const GCRA_LUA: &str = concat!(
+    include_str!("../../lua/common/clock.lua"),
+    include_str!("../../lua/common/idiv.lua"),
+    include_str!("../../lua/gcra.lua"),
+);
 
 /// Where the Redis scripts read "now".
 ///

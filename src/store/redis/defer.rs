@@ -14,7 +14,13 @@ use crate::store::{DeferCall, StoreFuture};
 /// the script missing just after another store loaded it on its own server
 /// sends it with `EVAL` (see [`LuaScript::load`]).
 static GCRA_DEFER: LazyLock<LuaScript> =
-    LazyLock::new(|| LuaScript::new("gcra_defer", include_str!("../../../lua/gcra_defer.lua")));
+    LazyLock::new(|| LuaScript::new("gcra_defer", GCRA_DEFER_LUA));
+
+// Built from parts, as the window scripts are (see `window.rs`).
+const GCRA_DEFER_LUA: &str = concat!(
+    include_str!("../../../lua/common/clock.lua"),
+    include_str!("../../../lua/gcra_defer.lua"),
+);
 
 impl RedisStore {
     pub(super) fn run_gcra_defer(&self, call: DeferCall<'_>) -> StoreFuture<()> {

@@ -11,9 +11,17 @@ use crate::error::StoreError;
 use crate::key::Key;
 use crate::store::{LeaseCall, LeaseGrant, StoreFuture};
 
-const ACQUIRE_LUA: &str = include_str!("../../../lua/lease_acquire.lua");
+// Built from parts, as the window scripts are (see `window.rs`); release
+// reads no clock.
+const ACQUIRE_LUA: &str = concat!(
+    include_str!("../../../lua/common/clock.lua"),
+    include_str!("../../../lua/lease_acquire.lua"),
+);
 const RELEASE_LUA: &str = include_str!("../../../lua/lease_release.lua");
-const RENEW_LUA: &str = include_str!("../../../lua/lease_renew.lua");
+const RENEW_LUA: &str = concat!(
+    include_str!("../../../lua/common/clock.lua"),
+    include_str!("../../../lua/lease_renew.lua"),
+);
 
 /// How much longer than its TTL a lease may count as held with the
 /// caller's clock: the `slack_ms` of `lua/lease_*.lua`.

@@ -14,9 +14,27 @@ use crate::limit::Policy;
 use crate::store::{StoreFuture, WindowCall};
 use crate::window::Window;
 
-const SLIDING_LOG_LUA: &str = include_str!("../../../lua/sliding_log.lua");
-const SLIDING_COUNTER_LUA: &str = include_str!("../../../lua/sliding_counter.lua");
-const FIXED_WINDOW_LUA: &str = include_str!("../../../lua/fixed_window.lua");
+// Each script is its own part after the shared ones it builds on (each
+// part says what it defines and what it needs): one copy of the clock, of
+// the arguments every window takes and of how the deciding window and the
+// reply are chosen, so that the three scripts cannot drift apart.
+const SLIDING_LOG_LUA: &str = concat!(
+    include_str!("../../../lua/common/clock.lua"),
+    include_str!("../../../lua/common/windows.lua"),
+    include_str!("../../../lua/sliding_log.lua"),
+);
+const SLIDING_COUNTER_LUA: &str = concat!(
+    include_str!("../../../lua/common/clock.lua"),
+    include_str!("../../../lua/common/idiv.lua"),
+    include_str!("../../../lua/common/windows.lua"),
+    include_str!("../../../lua/sliding_counter.lua"),
+);
+const FIXED_WINDOW_LUA: &str = concat!(
+    include_str!("../../../lua/common/clock.lua"),
+    include_str!("../../../lua/common/idiv.lua"),
+    include_str!("../../../lua/common/windows.lua"),
+    include_str!("../../../lua/fixed_window.lua"),
+);
 
 /// The window scripts, hashed once per store.
 #[derive(Debug)]
