@@ -10,7 +10,8 @@
 //! The tests at the end check what only Redis has, with its own clock and
 //! real time: key names, expiry, the script cache, and one round trip per
 //! decision.
-mod common;
+use crate::common;
+use crate::harness;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -85,9 +86,9 @@ impl Sut {
     }
 
     /// Decided through `check` and `check_now` in turn
-    /// ([`common::check_both_ways`]).
+    /// ([`harness::check_both_ways`]).
     async fn check(&self, limiter: &Limiter, key: &str, cost: u64) -> Decision {
-        let decision = common::check_both_ways(self.name, &self.checks, limiter, key, cost).await;
+        let decision = harness::check_both_ways(self.name, &self.checks, limiter, key, cost).await;
         self.log.lock().unwrap().push(decision.clone());
         decision
     }

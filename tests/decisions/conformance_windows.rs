@@ -1,14 +1,15 @@
 //! The conformance suite for the window algorithms (sliding log,
 //! sliding-window counter, fixed window), run against every store.
 //!
-//! As in `tests/conformance.rs`, each scenario runs on a `MemoryStore` and
+//! As in `conformance` (the GCRA suite), each scenario runs on a `MemoryStore` and
 //! on a `RedisStore` whose scripts read the same `ManualClock`
 //! (`TimeSource::Client`); every decision is asserted exactly, and the two
 //! stores' decision sequences must be equal. The tests after the scenarios
 //! check what only Redis has (key names, TTLs, round trips, unique log
 //! members from many connections at once) and the layer's view (errors,
 //! headers, a 429 naming the window).
-mod common;
+use crate::common;
+use crate::harness;
 
 use std::future::Future;
 use std::sync::atomic::AtomicUsize;
@@ -80,9 +81,9 @@ impl Sut {
     }
 
     /// Decided through `check` and `check_now` in turn
-    /// ([`common::check_both_ways`]).
+    /// ([`harness::check_both_ways`]).
     async fn check(&self, limiter: &Limiter, key: &str, cost: u64) -> Decision {
-        let decision = common::check_both_ways(self.name, &self.checks, limiter, key, cost).await;
+        let decision = harness::check_both_ways(self.name, &self.checks, limiter, key, cost).await;
         self.log.lock().unwrap().push(decision.clone());
         decision
     }
