@@ -4,7 +4,8 @@
 # harness runs them against redis-server: each test starts its own
 # valkey-server on a free loopback port. Installs Valkey from Debian's
 # bookworm-backports when it is missing and apt can. Extra arguments go to
-# `cargo test`.
+# `cargo test`; those after a `--` go to the test binaries, after the
+# filters that pick the Redis suites.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -39,6 +40,19 @@ if ! command -v "$server" >/dev/null 2>&1; then
   fi
 fi
 echo "scripts/valkey.sh: $("$server" --version | cut -d' ' -f1-3)" >&2
+cargo_args=()
+test_args=()
+while [ $# -gt 0 ]; do
+  if [ "$1" = "--" ]; then
+    shift
+    test_args=("$@")
+    break
+  fi
+  cargo_args+=("$1")
+  shift
+done
+# The suites' modules in the `decisions` and `redis` test binaries
+# (`conformance` takes `conformance_windows` too).
 REDIS_SERVER="$server" exec cargo test --all-features \
-  --test conformance --test conformance_windows --test exactness --test leases \
-  --test deny_cache "$@"
+  --test decisions --test redis ${cargo_args[@]+"${cargo_args[@]}"} -- \
+  conformance exactness:: leases:: deny_cache:: ${test_args[@]+"${test_args[@]}"}

@@ -8,7 +8,7 @@
 //! follows, so their timings are exact. Redis tests run on a private
 //! `redis-server` in real time and assert on counts and orders, with
 //! timings only as lower bounds.
-mod common;
+use crate::common;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -285,7 +285,7 @@ async fn waiting_calls_go_exactly_at_their_slots_in_order() {
     let upstream = Upstream::unlimited();
     let limiter = Limiter::new(
         one_limit("api", Rate::per_second(10), 1),
-        common::paused_memory_store(),
+        crate::paused_memory_store(),
     );
     let mut c = client(limiter, 10 * S, upstream.clone());
     let t0 = Instant::now();
@@ -323,7 +323,7 @@ async fn several_limits_are_reserved_together_and_the_latest_slot_wins() {
         .unwrap();
     let upstream = Upstream::unlimited();
     let mut c = client(
-        Limiter::new(policy, common::paused_memory_store()),
+        Limiter::new(policy, crate::paused_memory_store()),
         10 * S,
         upstream.clone(),
     );
@@ -346,7 +346,7 @@ async fn shadow_mode_reserves_but_never_waits() {
     let upstream = Upstream::unlimited();
     let limiter = Limiter::new(
         one_limit("api", Rate::per_second(1), 1),
-        common::paused_memory_store(),
+        crate::paused_memory_store(),
     );
     let mut c = RateLimitLayer::new(limiter.clone())
         .key(GlobalKey::new())
@@ -368,7 +368,7 @@ async fn a_slot_beyond_the_deadline_is_refused_at_once_and_reserves_nothing() {
     let upstream = Upstream::unlimited();
     let limiter = Limiter::new(
         one_limit("api", Rate::per_second(1), 1),
-        common::paused_memory_store(),
+        crate::paused_memory_store(),
     );
     let mut c = client(limiter.clone(), 2 * S, upstream.clone());
     let t0 = Instant::now();
@@ -399,7 +399,7 @@ async fn a_cancelled_waiter_never_reaches_the_inner_service() {
     let violations = probe.violations.clone();
     let limiter = Limiter::new(
         one_limit("api", Rate::per_second(1), 1),
-        common::paused_memory_store(),
+        crate::paused_memory_store(),
     );
     let mut c = client(limiter, 10 * S, probe);
     let first = start(&mut c, req("first", "a")).await;
@@ -430,7 +430,7 @@ async fn the_inner_service_is_only_called_when_ready_even_after_waiting() {
     let violations = probe.violations.clone();
     let limiter = Limiter::new(
         one_limit("api", Rate::per_second(20), 2),
-        common::paused_memory_store(),
+        crate::paused_memory_store(),
     );
     let mut c = client(limiter, 10 * S, probe);
     let mut futs = Vec::new();
@@ -448,7 +448,7 @@ async fn one_layer_serves_many_accounts_each_with_its_own_slots() {
     let upstream = Upstream::unlimited();
     let limiter = Limiter::new(
         one_limit("api", Rate::per_second(1), 1),
-        common::paused_memory_store(),
+        crate::paused_memory_store(),
     );
     let mut c = client(limiter, 10 * S, upstream.clone());
     let t0 = Instant::now();
@@ -496,7 +496,7 @@ async fn retry_after_from_the_upstream_pauses_that_identity() {
     let upstream = Upstream::unlimited();
     let limiter = Limiter::new(
         one_limit("api", Rate::per_second(10), 1),
-        common::paused_memory_store(),
+        crate::paused_memory_store(),
     );
     let mut c = client(limiter, 10 * S, upstream.clone());
     upstream.pause_next(3);
@@ -518,7 +518,7 @@ async fn retry_after_from_the_upstream_pauses_that_identity() {
 async fn http_mode_refuses_with_429_and_retry_after() {
     let limiter = Limiter::new(
         one_limit("api", Rate::per_second(1), 1),
-        common::paused_memory_store(),
+        crate::paused_memory_store(),
     );
     let svc = tower::service_fn(|_req: Req| async {
         Ok::<_, Infallible>(http::Response::new(
@@ -617,7 +617,7 @@ impl Fleet {
 
 #[tokio::test(start_paused = true)]
 async fn memory_fleet_never_earns_a_429_at_the_full_rate() {
-    let store: Arc<dyn Store> = Arc::new(common::paused_memory_store());
+    let store: Arc<dyn Store> = Arc::new(crate::paused_memory_store());
     let fleet = run_fleet(vec![store; 4], 32, 90, 20, S, 50 * MS).await;
     assert!(fleet.errors.is_empty(), "{:?}", fleet.errors);
     assert_eq!(fleet.calls.len(), 90);

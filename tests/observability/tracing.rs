@@ -1,7 +1,7 @@
 //! One `fleetgate.decision` span per decision, carrying the layer, the
 //! policy, the outcome and, for Redis, the store's latency; read back
 //! through a subscriber layer that keeps every span's fields.
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::fmt::Debug;

@@ -12,7 +12,7 @@
 //! response tells how it was decided: a 200 with a `RateLimit` header or a
 //! 429 was decided by the store; a 200 without it was let through because
 //! the store failed (fail open); a 503 is the fail-closed refusal.
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -1,7 +1,7 @@
 //! Concurrency leases in both stores: the same decisions for the same calls
 //! and times, one script and one round trip per operation in Redis, and no
 //! lease outliving its TTL when its holder vanished.
-mod common;
+use crate::common;
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};

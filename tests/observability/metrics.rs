@@ -4,7 +4,7 @@
 //! own policy names, and readings accumulate under a lock (the debugging
 //! recorder's snapshots drain counters), so tests running in parallel do
 //! not disturb each other.
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;

@@ -3,16 +3,15 @@
 //! nothing is shed before the delay, the low tier goes first, critical
 //! never, the dead zone holds, recovery is as slow as the ramp and no
 //! slower after a quiet spell, and odd coins and tiers change nothing.
-mod common;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::handlers::gated;
 use axum::Router;
 use axum::body::Body;
 use axum::routing::get;
-use common::handlers::gated;
 use fleetgate::clock::ManualClock;
 use fleetgate::shed::{
     HeaderTier, Tiers, UtilizationConfig, UtilizationShedLayer, UtilizationShedder,

@@ -1,7 +1,7 @@
 //! Every configuration mistake the public builders can be given is refused
 //! with the `ConfigError` that names it, and a readable message; the
 //! largest valid values next to each limit are accepted.
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -1,7 +1,6 @@
 //! A throwaway 3-master Redis Cluster on loopback ports: three
 //! `redis-server --cluster-enabled yes`, joined by
 //! `redis-cli --cluster create`, torn down when dropped.
-#![allow(dead_code)]
 
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
@@ -10,7 +9,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use super::RedisServer;
+use crate::common::RedisServer;
 
 /// A running cluster owned by the test.
 pub struct RedisCluster {

@@ -1,7 +1,7 @@
 //! RateLimitLayer through real axum routers: statuses, headers, keys,
 //! shadow mode, failure policies, typed errors, and two instances sharing
 //! one Redis.
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 use std::time::Duration;

@@ -6,7 +6,7 @@
 //! with a fast limit it is bounded by `burst + rate × elapsed` over the
 //! real time the test ran (plus one for the boundary), and must also come
 //! near that bound, so that a limiter denying everything fails too.
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -2,7 +2,7 @@
 //! its own with its share of every limit, answered like any decision; once
 //! Redis is back, Redis decides again. A store that cannot fail (the
 //! memory store) never falls back.
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -4,7 +4,7 @@
 //! in the order they were first polled, costs Redis one script and one
 //! `GET`/`SET` per identity, fails only the calls whose key is unreadable,
 //! and no slot is ever lost to a cancelled, timed-out or failed call.
-mod common;
+use crate::common;
 
 use std::future::Future;
 use std::pin::Pin;

@@ -1,217 +1,21 @@
-//! One GCRA conformance suite, run against every store.
-//!
-//! Each scenario is a function over a [`Sut`] (store under test): a store
-//! whose clock is a [`ManualClock`] the scenario sets by hand. It is run on a
-//! `MemoryStore` and on a `RedisStore` whose script reads the same manual
-//! clock (`TimeSource::Client`), so both see exactly the same times. Every
-//! scenario asserts exact decisions, and the full decision sequences of the
-//! two stores must be equal.
+//! One GCRA conformance suite, run against every store: each scenario
+//! runs on a `MemoryStore` and on a `RedisStore` reading the same manual
+//! clock, asserts exact decisions, and the two stores' decision sequences
+//! must be equal (the harness: `harness.rs`).
 //!
 //! The tests at the end check what only Redis has, with its own clock and
 //! real time: key names, expiry, the script cache, and one round trip per
 //! decision.
-mod common;
+use crate::common;
+use crate::harness::{S, Sut, UNIX_NOW, US, allowed, conformance, denied, inspector, reserved};
 
 use std::collections::HashMap;
-use std::future::Future;
-use std::sync::atomic::AtomicUsize;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::RedisServer;
 use fleetgate::clock::ManualClock;
-use fleetgate::{
-    Decision, Key, Limit, Limiter, MemoryStore, Policy, Rate, RedisStore, Store, TimeSource,
-};
+use fleetgate::{Key, Limit, Limiter, MemoryStore, Policy, Rate, RedisStore};
 use redis::aio::MultiplexedConnection;
-
-const S: Duration = Duration::from_secs(1);
-const US: Duration = Duration::from_micros(1);
-/// A realistic Unix time in the manual clock, so that the Lua script works
-/// with numbers near 2^51 µs as it does in production.
-const UNIX_NOW: Duration = Duration::from_secs(1_700_000_000);
-
-// ---------------------------------------------------------------------------
-// The store under test.
-
-/// A store with a manual clock, and the log of every decision it made.
-#[derive(Clone)]
-struct Sut {
-    name: &'static str,
-    clock: ManualClock,
-    store: Arc<dyn Store>,
-    log: Arc<Mutex<Vec<Decision>>>,
-    /// Calls of `check` so far, which alternate between the two APIs.
-    checks: Arc<AtomicUsize>,
-}
-
-impl Sut {
-    fn memory(start: Duration) -> Sut {
-        let clock = ManualClock::new(start);
-        let store = MemoryStore::builder().clock(clock.clone()).build();
-        Sut {
-            name: "memory",
-            clock,
-            store: Arc::new(store),
-            log: Arc::default(),
-            checks: Arc::default(),
-        }
-    }
-
-    async fn redis(server: &RedisServer, prefix: &str, start: Duration) -> Sut {
-        let clock = ManualClock::new(start);
-        let store = RedisStore::builder()
-            .time_source(TimeSource::Client(Arc::new(clock.clone())))
-            .prefix(prefix)
-            .timeout(Duration::from_secs(2))
-            .connect(&server.url())
-            .await
-            .expect("connect to the test's redis-server");
-        Sut {
-            name: "redis",
-            clock,
-            store: Arc::new(store),
-            log: Arc::default(),
-            checks: Arc::default(),
-        }
-    }
-
-    fn limiter(&self, policy: &Policy) -> Limiter {
-        Limiter::new(policy.clone(), self.store.clone())
-    }
-
-    fn advance(&self, by: Duration) {
-        self.clock.advance(by);
-    }
-
-    /// Decided through `check` and `check_now` in turn
-    /// ([`common::check_both_ways`]).
-    async fn check(&self, limiter: &Limiter, key: &str, cost: u64) -> Decision {
-        let decision = common::check_both_ways(self.name, &self.checks, limiter, key, cost).await;
-        self.log.lock().unwrap().push(decision.clone());
-        decision
-    }
-
-    async fn reserve(
-        &self,
-        limiter: &Limiter,
-        key: &str,
-        cost: u64,
-        max_wait: Duration,
-    ) -> Decision {
-        let decision = limiter
-            .reserve(&Key::new(key), cost, max_wait)
-            .await
-            .unwrap_or_else(|err| panic!("{}: store error: {err}", self.name));
-        self.log.lock().unwrap().push(decision.clone());
-        decision
-    }
-
-    fn log(&self) -> Vec<Decision> {
-        self.log.lock().unwrap().clone()
-    }
-}
-
-/// What a decision should be, field by field.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Want {
-    allowed: bool,
-    limit: usize,
-    remaining: u64,
-    reset: Duration,
-    retry_after: Option<Duration>,
-    wait: Duration,
-}
-
-fn allowed(limit: usize, remaining: u64, reset: Duration) -> Want {
-    Want {
-        allowed: true,
-        limit,
-        remaining,
-        reset,
-        retry_after: None,
-        wait: Duration::ZERO,
-    }
-}
-
-fn reserved(limit: usize, remaining: u64, reset: Duration, wait: Duration) -> Want {
-    Want {
-        wait,
-        ..allowed(limit, remaining, reset)
-    }
-}
-
-fn denied(limit: usize, remaining: u64, reset: Duration, retry_after: Duration) -> Want {
-    Want {
-        allowed: false,
-        limit,
-        remaining,
-        reset,
-        retry_after: Some(retry_after),
-        wait: Duration::ZERO,
-    }
-}
-
-impl Sut {
-    #[track_caller]
-    fn expect(&self, d: &Decision, want: Want) {
-        let got = Want {
-            allowed: d.is_allowed(),
-            limit: d.limit_index(),
-            remaining: d.remaining(),
-            reset: d.reset(),
-            retry_after: d.retry_after(),
-            wait: d.wait(),
-        };
-        assert_eq!(got, want, "{} store decided differently", self.name);
-    }
-
-    /// A call whose cost no limit could ever admit: refused at once, with
-    /// no retry time, naming the limit with the smallest burst.
-    #[track_caller]
-    fn expect_never(&self, d: &Decision, limit: usize) {
-        assert!(!d.is_allowed(), "{}: impossible cost admitted", self.name);
-        assert_eq!(d.retry_after(), None, "{}: retry for a never", self.name);
-        assert_eq!(d.limit_index(), limit, "{}", self.name);
-        assert_eq!(d.remaining(), 0, "{}", self.name);
-        assert_eq!(d.wait(), Duration::ZERO, "{}", self.name);
-    }
-}
-
-/// Runs `scenario` on a memory store and on a Redis store (private server,
-/// unique prefix), both starting at `start`, and compares their decisions.
-async fn on_both_stores<F, Fut>(start: Duration, scenario: F)
-where
-    F: Fn(Sut) -> Fut,
-    Fut: Future<Output = ()>,
-{
-    let memory = Sut::memory(start);
-    scenario(memory.clone()).await;
-
-    let server = RedisServer::start();
-    let prefix = format!("conf-{}", std::process::id());
-    let redis = Sut::redis(&server, &prefix, start).await;
-    // The manual clock stands still between a scenario's steps while Redis'
-    // clock, on which keys expire, runs on: it falls behind by at most the
-    // real time the scenario takes. With the caller's clock every key lives
-    // a minute past the moment its state stops mattering
-    // (`TimeSource::Client`), so none can expire under the scenario unless
-    // it takes that long; this makes sure it did not come near.
-    let started = Instant::now();
-    scenario(redis.clone()).await;
-    let took = started.elapsed();
-    assert!(
-        took < Duration::from_secs(30),
-        "the Redis run took {took:?}: its keys may have expired under the manual clock"
-    );
-
-    let (memory, redis) = (memory.log(), redis.log());
-    assert!(!memory.is_empty(), "the scenario decided nothing");
-    assert_eq!(
-        memory, redis,
-        "memory and Redis stores gave different decision sequences"
-    );
-}
 
 fn limit(rate: Rate, burst: u64, name: &str) -> Limit {
     Limit::builder(rate)
@@ -565,22 +369,8 @@ async fn same_name_other_shape(s: Sut) {
     }
 }
 
-macro_rules! conformance {
-    ($($scenario:ident at $start:expr;)*) => {
-        mod suite {
-            #[allow(unused_imports)]
-            use super::*;
-            $(
-                #[tokio::test]
-                async fn $scenario() {
-                    super::on_both_stores($start, super::$scenario).await;
-                }
-            )*
-        }
-    };
-}
-
 conformance! {
+    prefix format!("conf-{}", std::process::id());
     burst at UNIX_NOW;
     steady_rate at UNIX_NOW;
     multi_limit at UNIX_NOW;
@@ -649,14 +439,6 @@ async fn memory_store_sweeps_expired_state() {
 
 // ---------------------------------------------------------------------------
 // Redis only, with the server's clock and real time.
-
-async fn inspector(server: &RedisServer) -> MultiplexedConnection {
-    server
-        .client()
-        .get_multiplexed_async_connection()
-        .await
-        .expect("inspection connection")
-}
 
 async fn server_store(server: &RedisServer, prefix: &str) -> RedisStore {
     RedisStore::builder()

@@ -4,15 +4,15 @@
 //! still pass, shed requests hold no slot, no slot is lost however a
 //! request ends, store failures follow the layer's policy, and the state
 //! tells how much of each tier was shed recently.
-mod common;
+use crate::common;
 
 use std::convert::Infallible;
 use std::time::Duration;
 
+use crate::handlers::{self, Started, gated, quiet_deliberate_panics};
 use axum::Router;
 use axum::body::Body;
 use axum::routing::get;
-use common::handlers::{self, Started, gated, quiet_deliberate_panics};
 use common::{RedisServer, redis_store};
 use fleetgate::shed::{
     FleetShedLayer, FleetShedPolicy, FleetShedder, HeaderTier, RouteTiers, ShedError,

@@ -3,7 +3,7 @@
 //! call per instance and retry period, and the local answers are the ones
 //! Redis would give, headers included. GCRA and the window algorithms
 //! alike.
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

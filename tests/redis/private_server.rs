@@ -1,5 +1,5 @@
 //! The test harness itself: a private redis-server comes up and goes away.
-mod common;
+use crate::common;
 
 use common::RedisServer;
 

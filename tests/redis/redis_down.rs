@@ -1,6 +1,6 @@
 //! Redis hung or gone: decisions give up after the store's timeout, the
 //! failure policy applies, and enforcement resumes when Redis is back.
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -4,13 +4,13 @@
 //! by slots moving (`ASK`, `MOVED`) or scripts vanishing (`NOSCRIPT` per
 //! node) mid-run.
 #![cfg(feature = "cluster")]
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use common::redis_cluster::RedisCluster;
+use crate::redis_cluster::RedisCluster;
 use fleetgate::clock::ManualClock;
 use fleetgate::{
     Decision, Key, Limit, Limiter, MemoryStore, Policy, Rate, RedisStore, Store, TimeSource,

@@ -2,7 +2,7 @@
 //! on a private Redis: the cap holds under many callers on several
 //! connections, no lease is lost however a request ends, renewal keeps a
 //! slow stream admitted, and refusals look as configured.
-mod common;
+use crate::common;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -12,11 +12,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
+use crate::handlers::{self, Started, quiet_deliberate_panics};
 use axum::Router;
 use axum::body::Body;
 use axum::routing::get;
 use bytes::Bytes;
-use common::handlers::{self, Started, quiet_deliberate_panics};
 use common::{RedisServer, redis_store};
 use fleetgate::concurrency::{ConcurrencyLimitError, ConcurrencyLimitLayer, ConcurrencyLimiter};
 use fleetgate::key::{GlobalKey, HeaderKey, Key, key_fn};
@@ -547,7 +547,7 @@ async fn renewal_keeps_a_slow_stream_admitted_past_the_ttl_memory() {
         .renew_every(Duration::from_millis(300))
         .build()
         .unwrap();
-    let limiter = ConcurrencyLimiter::new(renewing, common::paused_memory_store());
+    let limiter = ConcurrencyLimiter::new(renewing, crate::paused_memory_store());
     let app = slow_stream_app(limiter.clone(), Duration::from_millis(250), 10);
     let seen = second_caller_while_streaming(&limiter, &app, 10).await;
     assert!(
@@ -563,7 +563,7 @@ async fn renewal_keeps_a_slow_stream_admitted_past_the_ttl_memory() {
         .no_renewal()
         .build()
         .unwrap();
-    let limiter = ConcurrencyLimiter::new(expiring, common::paused_memory_store());
+    let limiter = ConcurrencyLimiter::new(expiring, crate::paused_memory_store());
     let app = slow_stream_app(limiter.clone(), Duration::from_millis(250), 10);
     let seen = second_caller_while_streaming(&limiter, &app, 10).await;
     assert_eq!(seen[0], StatusCode::TOO_MANY_REQUESTS);

@@ -1,183 +1,34 @@
 //! The conformance suite for the window algorithms (sliding log,
 //! sliding-window counter, fixed window), run against every store.
 //!
-//! As in `tests/conformance.rs`, each scenario runs on a `MemoryStore` and
-//! on a `RedisStore` whose scripts read the same `ManualClock`
+//! As in `conformance` (the GCRA suite; both use `harness.rs`), each
+//! scenario runs on a `MemoryStore` and on a `RedisStore` whose scripts read the same `ManualClock`
 //! (`TimeSource::Client`); every decision is asserted exactly, and the two
 //! stores' decision sequences must be equal. The tests after the scenarios
 //! check what only Redis has (key names, TTLs, round trips, unique log
 //! members from many connections at once) and the layer's view (errors,
 //! headers, a 429 naming the window).
-mod common;
+use crate::common;
+use crate::harness::{
+    S, Sut, UNIX_NOW, US, allowed, client_clock_store, conformance, denied, inspector,
+};
 
-use std::future::Future;
-use std::sync::atomic::AtomicUsize;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::RedisServer;
 use fleetgate::clock::ManualClock;
 use fleetgate::key::GlobalKey;
 use fleetgate::{
-    Algorithm, ConfigError, Decision, Key, Limit, Limiter, MemoryStore, Policy, Rate,
-    RateLimitError, RateLimitLayer, RedisStore, Store, StoreError, TimeSource,
+    Algorithm, ConfigError, Key, Limit, Limiter, MemoryStore, Policy, Rate, RateLimitError,
+    RateLimitLayer, RedisStore, StoreError,
 };
 use redis::aio::MultiplexedConnection;
 use tower::{Service, ServiceExt, service_fn};
 
-const S: Duration = Duration::from_secs(1);
-const US: Duration = Duration::from_micros(1);
-/// A realistic Unix time, so the scripts work with numbers near 2^51 µs.
-const UNIX_NOW: Duration = Duration::from_secs(1_700_000_000);
 /// A Unix time on a minute boundary (so also on 5 s and 10 s boundaries),
 /// where fixed windows start.
 const ALIGNED: Duration = Duration::from_secs(1_699_999_980);
-
-// ---------------------------------------------------------------------------
-// The store under test.
-
-#[derive(Clone)]
-struct Sut {
-    name: &'static str,
-    clock: ManualClock,
-    store: Arc<dyn Store>,
-    log: Arc<Mutex<Vec<Decision>>>,
-    /// Calls of `check` so far, which alternate between the two APIs.
-    checks: Arc<AtomicUsize>,
-}
-
-impl Sut {
-    fn memory(start: Duration) -> Sut {
-        let clock = ManualClock::new(start);
-        let store = MemoryStore::builder().clock(clock.clone()).build();
-        Sut {
-            name: "memory",
-            clock,
-            store: Arc::new(store),
-            log: Arc::default(),
-            checks: Arc::default(),
-        }
-    }
-
-    async fn redis(server: &RedisServer, start: Duration) -> Sut {
-        let clock = ManualClock::new(start);
-        let store = client_clock_store(server, &clock).await;
-        Sut {
-            name: "redis",
-            clock,
-            store: Arc::new(store),
-            log: Arc::default(),
-            checks: Arc::default(),
-        }
-    }
-
-    fn limiter(&self, policy: &Policy) -> Limiter {
-        Limiter::new(policy.clone(), self.store.clone())
-    }
-
-    fn advance(&self, by: Duration) {
-        self.clock.advance(by);
-    }
-
-    /// Decided through `check` and `check_now` in turn
-    /// ([`common::check_both_ways`]).
-    async fn check(&self, limiter: &Limiter, key: &str, cost: u64) -> Decision {
-        let decision = common::check_both_ways(self.name, &self.checks, limiter, key, cost).await;
-        self.log.lock().unwrap().push(decision.clone());
-        decision
-    }
-
-    #[track_caller]
-    fn expect(&self, d: &Decision, want: Want) {
-        let got = Want {
-            allowed: d.is_allowed(),
-            limit: d.limit_index(),
-            remaining: d.remaining(),
-            reset: d.reset(),
-            retry_after: d.retry_after(),
-        };
-        assert_eq!(got, want, "{} store decided differently", self.name);
-    }
-}
-
-async fn client_clock_store(server: &RedisServer, clock: &ManualClock) -> RedisStore {
-    RedisStore::builder()
-        .time_source(TimeSource::Client(Arc::new(clock.clone())))
-        .prefix("win")
-        .timeout(Duration::from_secs(2))
-        .connect(&server.url())
-        .await
-        .expect("connect to the test's redis-server")
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Want {
-    allowed: bool,
-    limit: usize,
-    remaining: u64,
-    reset: Duration,
-    retry_after: Option<Duration>,
-}
-
-fn allowed(limit: usize, remaining: u64, reset: Duration) -> Want {
-    Want {
-        allowed: true,
-        limit,
-        remaining,
-        reset,
-        retry_after: None,
-    }
-}
-
-fn denied(limit: usize, remaining: u64, reset: Duration, retry_after: Duration) -> Want {
-    Want {
-        allowed: false,
-        limit,
-        remaining,
-        reset,
-        retry_after: Some(retry_after),
-    }
-}
-
-/// Runs `scenario` on a memory store and on a Redis store (private server),
-/// both starting at `start`, and compares their decisions.
-async fn on_both_stores<F, Fut>(start: Duration, scenario: F)
-where
-    F: Fn(Sut) -> Fut,
-    Fut: Future<Output = ()>,
-{
-    let memory = Sut::memory(start);
-    scenario(memory.clone()).await;
-
-    let server = RedisServer::start();
-    let redis = Sut::redis(&server, start).await;
-    // The manual clock stands still between a scenario's steps while Redis'
-    // clock, on which keys expire, runs on: it falls behind by at most the
-    // real time the scenario takes. With the caller's clock every key lives
-    // a minute past the moment its state stops mattering
-    // (`TimeSource::Client`), so none can expire under the scenario unless
-    // it takes that long; this makes sure it did not come near.
-    let started = Instant::now();
-    scenario(redis.clone()).await;
-    let took = started.elapsed();
-    assert!(
-        took < Duration::from_secs(30),
-        "the Redis run took {took:?}: its keys may have expired under the manual clock"
-    );
-
-    let (memory, redis) = (memory.log(), redis.log());
-    assert!(!memory.is_empty(), "the scenario decided nothing");
-    assert_eq!(
-        memory, redis,
-        "memory and Redis stores gave different decision sequences"
-    );
-}
-
-impl Sut {
-    fn log(&self) -> Vec<Decision> {
-        self.log.lock().unwrap().clone()
-    }
-}
 
 fn policy(name: &str, algorithm: Algorithm, limits: &[Rate]) -> Policy {
     limits
@@ -512,22 +363,8 @@ async fn idle_keys_expire(s: Sut) {
     }
 }
 
-macro_rules! conformance {
-    ($($scenario:ident at $start:expr;)*) => {
-        mod suite {
-            #[allow(unused_imports)]
-            use super::*;
-            $(
-                #[tokio::test]
-                async fn $scenario() {
-                    super::on_both_stores($start, super::$scenario).await;
-                }
-            )*
-        }
-    };
-}
-
 conformance! {
+    prefix "win";
     sliding_log_window at UNIX_NOW;
     sliding_log_big_cost at UNIX_NOW;
     dual_sliding_log at UNIX_NOW;
@@ -608,7 +445,7 @@ async fn window_policies_refuse_a_burst_and_reserve_mode() {
 async fn typed_errors_name_the_window_that_denied() {
     let server = RedisServer::start();
     let memory = Sut::memory(UNIX_NOW);
-    let redis = Sut::redis(&server, UNIX_NOW).await;
+    let redis = Sut::redis(&server, "win", UNIX_NOW).await;
     for s in [memory, redis] {
         let layer = RateLimitLayer::new(s.limiter(&dual(Algorithm::SlidingLog)))
             .key(GlobalKey::new())
@@ -696,14 +533,6 @@ async fn http_headers_and_429_for_windows() {
 // ---------------------------------------------------------------------------
 // Redis only.
 
-async fn inspector(server: &RedisServer) -> MultiplexedConnection {
-    server
-        .client()
-        .get_multiplexed_async_connection()
-        .await
-        .expect("inspection connection")
-}
-
 async fn query<T: redis::FromRedisValue>(conn: &mut MultiplexedConnection, args: &[&str]) -> T {
     let mut cmd = redis::cmd(args[0]);
     for arg in &args[1..] {
@@ -729,7 +558,7 @@ async fn redis_window_keys_names_and_ttls() {
     let server = RedisServer::start();
     let mut conn = inspector(&server).await;
     // A frozen clock: no window boundary can pass between two calls.
-    let store = client_clock_store(&server, &ManualClock::new(UNIX_NOW)).await;
+    let store = client_clock_store(&server, "win", &ManualClock::new(UNIX_NOW)).await;
     let who = Key::new("user:1");
 
     let log = Limiter::new(dual(Algorithm::SlidingLog), store.clone());
@@ -853,7 +682,7 @@ async fn redis_idle_window_keys_expire() {
 #[tokio::test]
 async fn state_outlives_a_client_clock_that_falls_behind() {
     let server = RedisServer::start();
-    let s = Sut::redis(&server, UNIX_NOW).await;
+    let s = Sut::redis(&server, "win", UNIX_NOW).await;
     let window = Duration::from_millis(20);
     let limiters: Vec<Limiter> = [
         Algorithm::SlidingLog,
@@ -889,8 +718,8 @@ async fn state_outlives_a_client_clock_that_falls_behind() {
 /// (`rounds` of each) return how many each admitted.
 async fn straddle(server: &RedisServer, policy: &Policy, fill: u64, rounds: usize) -> (u64, u64) {
     let lag = Duration::from_millis(2);
-    let b = Sut::redis(server, ALIGNED).await;
-    let a = Sut::redis(server, ALIGNED + S + lag).await;
+    let b = Sut::redis(server, "win", ALIGNED).await;
+    let a = Sut::redis(server, "win", ALIGNED + S + lag).await;
     let (la, lb) = (a.limiter(policy), b.limiter(policy));
     let d = b.check(&lb, "k", fill).await;
     assert!(d.is_allowed(), "the fill: {d:?}");
@@ -917,7 +746,7 @@ async fn fixed_window_clocks_straddling_a_boundary_admit_the_count() {
         "admitted {by_a} + {by_b} in one window of 5"
     );
     // The lagging instance is told the later window's end, on its clock.
-    let b = Sut::redis(&server, ALIGNED + S - Duration::from_millis(2)).await;
+    let b = Sut::redis(&server, "win", ALIGNED + S - Duration::from_millis(2)).await;
     let d = b.check(&b.limiter(&policy), "k", 1).await;
     assert!(!d.is_allowed());
     assert_eq!(d.retry_after(), Some(S + Duration::from_millis(2)));
@@ -959,7 +788,7 @@ async fn sliding_log_clock_ahead_keeps_a_lagging_window() {
 async fn redis_one_round_trip_per_window_decision() {
     let server = RedisServer::start();
     let mut conn = inspector(&server).await;
-    let store = client_clock_store(&server, &ManualClock::new(UNIX_NOW)).await;
+    let store = client_clock_store(&server, "win", &ManualClock::new(UNIX_NOW)).await;
     let limiters: Vec<Limiter> = [
         Algorithm::SlidingLog,
         Algorithm::SlidingWindow,
@@ -1039,7 +868,7 @@ async fn unique_members_and_exact_counts_under_concurrency() {
             let store = if round == 1 {
                 server_clock_store(&server).await
             } else {
-                client_clock_store(&server, &frozen).await
+                client_clock_store(&server, "win", &frozen).await
             };
             limiters.push(Limiter::new(p.clone(), store));
         }

@@ -1,0 +1,23 @@
+//! The tower layers as a service sees them: rate limiting over HTTP (per
+//! route, outbound), concurrency limiting, load shedding (by tier and by
+//! utilization), and the lease guard that holds a slot until a response's
+//! body ends.
+#[path = "../common/mod.rs"]
+mod common;
+
+mod concurrency;
+mod handlers;
+mod http;
+mod lease_guard;
+mod outbound;
+mod per_route;
+mod shedding;
+mod utilization_shedding;
+
+/// A memory store on tokio's clock, for tests with paused time: the
+/// default clock (the CPU's counter) does not follow `tokio::time::pause`.
+fn paused_memory_store() -> fleetgate::MemoryStore {
+    fleetgate::MemoryStore::builder()
+        .clock(fleetgate::clock::MonotonicClock::new())
+        .build()
+}
