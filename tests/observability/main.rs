@@ -1,8 +1,7 @@
-//! What the layers report: metrics through the `metrics` facade (one
-//! recorder installed for the whole binary) and the `fleetgate.decision`
-//! tracing span (a subscriber for each test's thread).
+//! What the layers report through the `metrics` facade (one recorder
+//! installed for the whole binary). The tracing span has a binary of its
+//! own (`tests/tracing`).
 #[path = "../common/mod.rs"]
 mod common;
 
 mod metrics;
-mod tracing;
