@@ -178,13 +178,7 @@ async fn run() -> Result<(), BoxError> {
     // without a timer, memory would grow with every request while nobody
     // scrapes /metrics.
     let upkeep = metrics.clone();
-    tokio::spawn(async move {
-        let mut every = tokio::time::interval(Duration::from_secs(5));
-        loop {
-            every.tick().await;
-            upkeep.run_upkeep();
-        }
-    });
+    every_five_seconds(move || upkeep.run_upkeep());
 
     let (store, store_name): (Arc<dyn Store>, String) = match std::env::var("REDIS_URL") {
         Ok(url) if !url.is_empty() => {
@@ -220,13 +214,7 @@ async fn run() -> Result<(), BoxError> {
             // Calls sweep expired state as they come; the timer gives the
             // memory of a flood back even when no call follows it.
             let swept = store.clone();
-            tokio::spawn(async move {
-                let mut every = tokio::time::interval(Duration::from_secs(5));
-                loop {
-                    every.tick().await;
-                    swept.sweep();
-                }
-            });
+            every_five_seconds(move || swept.sweep());
             println!("memory store: at most {max_keys} identities per kind of state");
             (Arc::new(store), "memory".to_owned())
         }
@@ -359,6 +347,17 @@ async fn run() -> Result<(), BoxError> {
     }
     println!("fleetgate demo stopped");
     Ok(())
+}
+
+/// Runs `chore` every 5 s, for as long as the demo runs.
+fn every_five_seconds(chore: impl Fn() + Send + 'static) {
+    tokio::spawn(async move {
+        let mut every = tokio::time::interval(Duration::from_secs(5));
+        loop {
+            every.tick().await;
+            chore();
+        }
+    });
 }
 
 /// Waits for SIGTERM (what orchestrators send on every deploy) or SIGINT
