@@ -192,8 +192,9 @@ impl TimeSource {
 /// meanwhile) and the call sent again; if loading fails (a user without
 /// the `SCRIPT` command), those calls carry the script's source (`EVAL`),
 /// which the server caches too. On a cluster a missing script always goes
-/// with its source, to the node that owns the key. Every call is bounded by the store's
-/// timeout (default 50 ms); what the layers do on timeout is their
+/// with its source, to the node that owns the key. Every call is bounded
+/// by the store's timeout (default 50 ms); what the layers do on timeout
+/// is their
 /// [`FailurePolicy`](crate::FailurePolicy). While Redis refuses connections
 /// (down, restarting) calls fail at once rather than wait out the timeout;
 /// one call every 100 ms tries again, which reconnects in the background.
