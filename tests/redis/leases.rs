@@ -94,6 +94,26 @@ impl Sut {
     }
 }
 
+/// A concurrency limiter whose leases are never renewed, so that a test
+/// decides when they end.
+fn unrenewed(name: &str, max: u64, ttl: Duration, store: impl Store) -> ConcurrencyLimiter {
+    let policy = ConcurrencyPolicy::builder(name, max)
+        .lease_ttl(ttl)
+        .no_renewal()
+        .build()
+        .unwrap();
+    ConcurrencyLimiter::new(policy, store)
+}
+
+/// A store on the test's server whose calls time out after `timeout`.
+async fn store_timing_out_after(server: &RedisServer, timeout: Duration) -> RedisStore {
+    RedisStore::builder()
+        .timeout(timeout)
+        .connect(&server.url())
+        .await
+        .unwrap()
+}
+
 type Guard = LeaseGuard<StoreLease>;
 
 fn lease(guard: &Guard) -> &StoreLease {
@@ -208,11 +228,7 @@ async fn a_vanished_holder_frees_its_slot_after_the_ttl() {
 #[tokio::test]
 async fn a_vanished_holder_frees_its_slot_on_redis_time() {
     let server = RedisServer::start();
-    let store = RedisStore::builder()
-        .timeout(Duration::from_secs(2))
-        .connect(&server.url())
-        .await
-        .unwrap();
+    let store = store_timing_out_after(&server, Duration::from_secs(2)).await;
     let ttl = Duration::from_millis(300);
     let policy = ConcurrencyPolicy::builder("crash", 1)
         .lease_ttl(ttl)
@@ -281,11 +297,7 @@ async fn a_vanished_holder_frees_its_slot_on_redis_time() {
 #[tokio::test]
 async fn one_round_trip_per_acquire_and_per_release() {
     let server = RedisServer::start();
-    let store = RedisStore::builder()
-        .timeout(Duration::from_secs(2))
-        .connect(&server.url())
-        .await
-        .unwrap();
+    let store = store_timing_out_after(&server, Duration::from_secs(2)).await;
     let policy = ConcurrencyPolicy::builder("trips", 5)
         .no_renewal()
         .build()
@@ -344,17 +356,8 @@ async fn one_round_trip_per_acquire_and_per_release() {
 async fn release_does_not_wait_for_a_hung_redis() {
     let server = RedisServer::start();
     let timeout = Duration::from_millis(100);
-    let store = RedisStore::builder()
-        .timeout(timeout)
-        .connect(&server.url())
-        .await
-        .unwrap();
-    let policy = ConcurrencyPolicy::builder("hung", 2)
-        .lease_ttl(Duration::from_secs(60))
-        .no_renewal()
-        .build()
-        .unwrap();
-    let limiter = ConcurrencyLimiter::new(policy, store.clone());
+    let store = store_timing_out_after(&server, timeout).await;
+    let limiter = unrenewed("hung", 2, Duration::from_secs(60), store.clone());
     let key = Key::new("k");
     let mut guards = Vec::new();
     for _ in 0..2 {
@@ -395,17 +398,8 @@ async fn release_does_not_wait_for_a_hung_redis() {
 #[tokio::test]
 async fn a_release_is_given_up_once_its_lease_has_expired() {
     let server = RedisServer::start();
-    let store = RedisStore::builder()
-        .timeout(Duration::from_millis(100))
-        .connect(&server.url())
-        .await
-        .unwrap();
-    let policy = ConcurrencyPolicy::builder("expired", 1)
-        .lease_ttl(Duration::from_millis(300))
-        .no_renewal()
-        .build()
-        .unwrap();
-    let limiter = ConcurrencyLimiter::new(policy, store.clone());
+    let store = store_timing_out_after(&server, Duration::from_millis(100)).await;
+    let limiter = unrenewed("expired", 1, Duration::from_millis(300), store.clone());
     let Admission::Acquired(guard) = limiter.acquire(&Key::new("k")).await.unwrap() else {
         panic!("refused");
     };
@@ -422,18 +416,9 @@ async fn a_release_is_given_up_once_its_lease_has_expired() {
 #[tokio::test]
 async fn without_a_runtime_the_lease_expires_after_its_ttl() {
     let server = RedisServer::start();
-    let store = RedisStore::builder()
-        .timeout(Duration::from_secs(2))
-        .connect(&server.url())
-        .await
-        .unwrap();
+    let store = store_timing_out_after(&server, Duration::from_secs(2)).await;
     let ttl = Duration::from_millis(300);
-    let policy = ConcurrencyPolicy::builder("nort", 1)
-        .lease_ttl(ttl)
-        .no_renewal()
-        .build()
-        .unwrap();
-    let limiter = ConcurrencyLimiter::new(policy, store.clone());
+    let limiter = unrenewed("nort", 1, ttl, store.clone());
     let key = Key::new("k");
     // Before the acquire is sent: Redis counts the TTL from later.
     let sent = Instant::now();
@@ -479,12 +464,7 @@ fn the_memory_store_sweeps_expired_leases() {
         .clock(clock.clone())
         .shards(1)
         .build();
-    let policy = ConcurrencyPolicy::builder("sweep", 1)
-        .lease_ttl(S)
-        .no_renewal()
-        .build()
-        .unwrap();
-    let limiter = ConcurrencyLimiter::new(policy, store.clone());
+    let limiter = unrenewed("sweep", 1, S, store.clone());
     for i in 0..3000 {
         let mut acquire = limiter.acquire(&Key::new(format!("k{i}")));
         match acquire.take_ready() {
@@ -515,17 +495,8 @@ fn the_memory_store_sweeps_expired_leases() {
 #[tokio::test]
 async fn a_release_on_a_killed_connection_still_frees_the_slot() {
     let server = RedisServer::start();
-    let store = RedisStore::builder()
-        .timeout(Duration::from_secs(5))
-        .connect(&server.url())
-        .await
-        .unwrap();
-    let policy = ConcurrencyPolicy::builder("killed", 1)
-        .lease_ttl(Duration::from_secs(60))
-        .no_renewal()
-        .build()
-        .unwrap();
-    let limiter = ConcurrencyLimiter::new(policy, store.clone());
+    let store = store_timing_out_after(&server, Duration::from_secs(5)).await;
+    let limiter = unrenewed("killed", 1, Duration::from_secs(60), store.clone());
     let key = Key::new("k");
     let mut admin = server.admin().await;
     let Admission::Acquired(guard) = limiter.acquire(&key).await.unwrap() else {
@@ -589,12 +560,7 @@ async fn a_release_redis_refuses_is_given_up_at_once() {
     let server = RedisServer::start();
     let store = common::redis_store(&server).await;
     let ttl = Duration::from_secs(120);
-    let policy = ConcurrencyPolicy::builder("wrongtype", 1)
-        .lease_ttl(ttl)
-        .no_renewal()
-        .build()
-        .unwrap();
-    let limiter = ConcurrencyLimiter::new(policy, store.clone());
+    let limiter = unrenewed("wrongtype", 1, ttl, store.clone());
     let key = Key::new("k");
     let Admission::Acquired(guard) = limiter.acquire(&key).await.unwrap() else {
         panic!("refused");
@@ -638,12 +604,7 @@ async fn calls_are_answered_when_the_script_cannot_be_loaded() {
         ))
         .await
         .unwrap();
-    let policy = ConcurrencyPolicy::builder("noload", 1)
-        .lease_ttl(Duration::from_secs(60))
-        .no_renewal()
-        .build()
-        .unwrap();
-    let limiter = ConcurrencyLimiter::new(policy, store.clone());
+    let limiter = unrenewed("noload", 1, Duration::from_secs(60), store.clone());
     const CALLS: usize = 20;
     // On the test's one thread, each call is sent before any reply is read.
     let mut calls = tokio::task::JoinSet::new();
@@ -680,17 +641,8 @@ async fn calls_are_answered_when_the_script_cannot_be_loaded() {
 async fn releases_queued_during_an_outage_all_land_after_it() {
     let server = RedisServer::start();
     let timeout = Duration::from_millis(100);
-    let store = RedisStore::builder()
-        .timeout(timeout)
-        .connect(&server.url())
-        .await
-        .unwrap();
-    let policy = ConcurrencyPolicy::builder("outage", 1)
-        .lease_ttl(Duration::from_secs(120))
-        .no_renewal()
-        .build()
-        .unwrap();
-    let limiter = ConcurrencyLimiter::new(policy, store.clone());
+    let store = store_timing_out_after(&server, timeout).await;
+    let limiter = unrenewed("outage", 1, Duration::from_secs(120), store.clone());
     const LEASES: usize = 40;
     let mut guards = Vec::new();
     for i in 0..LEASES {
