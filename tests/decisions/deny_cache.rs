@@ -216,23 +216,41 @@ async fn local_429s_carry_the_same_headers() {
     let app = Router::new()
         .route("/api/ping", get(|| async { "pong" }))
         .route_layer(RateLimitLayer::new(limiter).headers(fleetgate::HeaderStyle::Both));
-    let send = |app: Router| async move {
-        let mut req = Request::get("/api/ping").body(Body::empty()).unwrap();
-        let addr: SocketAddr = "192.0.2.44:5000".parse().unwrap();
-        req.extensions_mut().insert(ConnectInfo(addr));
-        app.oneshot(req).await.unwrap()
-    };
     for _ in 0..2 {
-        assert_eq!(send(app.clone()).await.status(), StatusCode::OK);
+        assert_eq!(
+            send(&app, "/api/ping", "192.0.2.44").await.status(),
+            StatusCode::OK
+        );
     }
-    reset_stats(&mut admin).await;
-    let from_redis = send(app.clone()).await;
-    assert_eq!(script_calls(&mut admin).await, 1);
-    let local = send(app.clone()).await;
+    second_429_is_local_and_alike(&app, "/api/ping", "192.0.2.44", &mut admin, "gcra").await;
+}
+
+/// GET `path` through `app`, from `peer`.
+async fn send(app: &Router, path: &str, peer: &str) -> http::Response<Body> {
+    let mut req = Request::get(path).body(Body::empty()).unwrap();
+    let addr = SocketAddr::new(peer.parse().unwrap(), 5000);
+    req.extensions_mut().insert(ConnectInfo(addr));
+    app.clone().oneshot(req).await.unwrap()
+}
+
+/// Two 429s in a row for a client past its limit: the first decided by
+/// Redis (one script), the second locally (none), alike in status,
+/// `Retry-After` and every rate-limit header.
+async fn second_429_is_local_and_alike(
+    app: &Router,
+    path: &str,
+    peer: &str,
+    admin: &mut redis::aio::MultiplexedConnection,
+    label: &str,
+) {
+    reset_stats(admin).await;
+    let from_redis = send(app, path, peer).await;
+    assert_eq!(script_calls(admin).await, 1, "{label}");
+    let local = send(app, path, peer).await;
     assert_eq!(
-        script_calls(&mut admin).await,
+        script_calls(admin).await,
         1,
-        "the second 429 was local"
+        "{label}: the second 429 was local"
     );
     assert_eq!(from_redis.status(), StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(local.status(), StatusCode::TOO_MANY_REQUESTS);
@@ -244,11 +262,14 @@ async fn local_429s_carry_the_same_headers() {
         "x-ratelimit-remaining",
         "x-ratelimit-reset",
     ] {
-        assert!(from_redis.headers().contains_key(name), "{name} missing");
+        assert!(
+            from_redis.headers().contains_key(name),
+            "{label}: {name} missing"
+        );
         assert_eq!(
             from_redis.headers().get(name),
             local.headers().get(name),
-            "{name}"
+            "{label}: {name}"
         );
     }
 }
@@ -485,44 +506,20 @@ async fn local_window_429s_carry_the_same_headers() {
                 RateLimitLayer::new(Limiter::new(policy, store.clone()))
                     .headers(fleetgate::HeaderStyle::Both),
             );
-        let send = |app: Router| async move {
-            let mut req = Request::get("/api/window").body(Body::empty()).unwrap();
-            let addr: SocketAddr = "192.0.2.45:5000".parse().unwrap();
-            req.extensions_mut().insert(ConnectInfo(addr));
-            app.oneshot(req).await.unwrap()
-        };
         for _ in 0..2 {
-            assert_eq!(send(app.clone()).await.status(), StatusCode::OK);
+            assert_eq!(
+                send(&app, "/api/window", "192.0.2.45").await.status(),
+                StatusCode::OK
+            );
             clock.advance(Duration::from_secs(7));
         }
-        reset_stats(&mut admin).await;
-        let from_redis = send(app.clone()).await;
-        assert_eq!(script_calls(&mut admin).await, 1, "{algorithm}");
-        let local = send(app.clone()).await;
-        assert_eq!(
-            script_calls(&mut admin).await,
-            1,
-            "{algorithm}: the second 429 was local"
-        );
-        assert_eq!(from_redis.status(), StatusCode::TOO_MANY_REQUESTS);
-        assert_eq!(local.status(), StatusCode::TOO_MANY_REQUESTS);
-        for name in [
-            "retry-after",
-            "ratelimit",
-            "ratelimit-policy",
-            "x-ratelimit-limit",
-            "x-ratelimit-remaining",
-            "x-ratelimit-reset",
-        ] {
-            assert!(
-                from_redis.headers().contains_key(name),
-                "{algorithm}: {name} missing"
-            );
-            assert_eq!(
-                from_redis.headers().get(name),
-                local.headers().get(name),
-                "{algorithm}: {name}"
-            );
-        }
+        second_429_is_local_and_alike(
+            &app,
+            "/api/window",
+            "192.0.2.45",
+            &mut admin,
+            &algorithm.to_string(),
+        )
+        .await;
     }
 }
