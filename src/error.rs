@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::limit::Rate;
+use crate::rate::Rate;
 
 /// A limit, policy or layer that makes no sense, refused when it is built.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -48,10 +48,12 @@ pub enum ConfigError {
     #[error("a policy needs at least one limit")]
     EmptyPolicy,
     /// A policy with more limits than one script call takes.
-    #[error("a policy holds at most {max} limits, got {count}", max = crate::limit::MAX_LIMITS_PER_POLICY)]
+    #[error("a policy holds at most {max} limits, got {count}")]
     TooManyLimits {
         /// How many limits were given.
         count: usize,
+        /// How many one policy holds at most.
+        max: usize,
     },
     /// Two limits of one policy share a name.
     #[error("two limits are named {name:?}; give them distinct names")]

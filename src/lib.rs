@@ -174,10 +174,13 @@ mod decision;
 mod error;
 pub(crate) mod gcra;
 pub mod key;
+mod layer;
 pub mod lease;
 mod limit;
 mod limiter;
+mod log;
 pub mod metrics;
+mod rate;
 pub mod rate_limit;
 pub mod response;
 mod route;
@@ -195,11 +198,12 @@ pub use crate::algorithm::Algorithm;
 pub use crate::decision::Decision;
 pub use crate::error::{ConfigError, RateLimitError, StoreError};
 pub use crate::key::Key;
+pub use crate::layer::{FailurePolicy, OnMissingKey, mode};
 pub use crate::limit::{
     Limit, LimitBuilder, MAX_LIMITS_PER_POLICY, MAX_TOLERANCE_MICROS, Policy, PolicyBuilder, Rate,
 };
 pub use crate::limiter::{IntoStore, Limiter};
-pub use crate::rate_limit::{Cost, FailurePolicy, OnMissingKey, RateLimit, RateLimitLayer};
+pub use crate::rate_limit::{Cost, RateLimit, RateLimitLayer};
 pub use crate::response::{HeaderStyle, Rejection, RejectionKind};
 pub use crate::share::LocalShare;
 pub use crate::store::{MemoryStore, Store};

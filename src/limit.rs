@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use crate::algorithm::Algorithm;
 use crate::error::ConfigError;
+pub use crate::rate::Rate;
 use crate::share::LocalShare;
 
 /// The longest tolerance (burst × emission interval) a limit may have, in
@@ -20,84 +21,6 @@ use crate::share::LocalShare;
 /// up to 2^53; with Unix time in microseconds (about 2^51 today) this bound
 /// keeps every intermediate value of the GCRA script exact.
 pub const MAX_TOLERANCE_MICROS: u64 = 1 << 50;
-
-/// A long-run rate: `count` events per `period`.
-///
-/// Constructors say what they mean: `Rate::per_second(100)` is one hundred
-/// per second. A rate is checked when a [`Limit`] is built from it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct Rate {
-    count: u64,
-    period: Duration,
-}
-
-impl Rate {
-    /// `count` events per `period`.
-    pub const fn new(count: u64, period: Duration) -> Self {
-        Rate { count, period }
-    }
-
-    /// `count` events per second.
-    pub const fn per_second(count: u64) -> Self {
-        Rate::new(count, Duration::from_secs(1))
-    }
-
-    /// `count` events per minute.
-    pub const fn per_minute(count: u64) -> Self {
-        Rate::new(count, Duration::from_secs(60))
-    }
-
-    /// `count` events per hour.
-    pub const fn per_hour(count: u64) -> Self {
-        Rate::new(count, Duration::from_secs(3600))
-    }
-
-    /// `count` events per day.
-    pub const fn per_day(count: u64) -> Self {
-        Rate::new(count, Duration::from_secs(86_400))
-    }
-
-    /// How many events per period.
-    pub const fn count(&self) -> u64 {
-        self.count
-    }
-
-    /// The period.
-    pub const fn period(&self) -> Duration {
-        self.period
-    }
-}
-
-impl fmt::Display for Rate {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/", self.count)?;
-        fmt_period(self.period, f)
-    }
-}
-
-fn fmt_period(period: Duration, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-    let micros = period.as_micros();
-    let (value, unit) = if !period.subsec_nanos().is_multiple_of(1000) {
-        (period.as_nanos(), "ns")
-    } else if micros.is_multiple_of(86_400_000_000) {
-        (micros / 86_400_000_000, "d")
-    } else if micros.is_multiple_of(3_600_000_000) {
-        (micros / 3_600_000_000, "h")
-    } else if micros.is_multiple_of(60_000_000) {
-        (micros / 60_000_000, "min")
-    } else if micros.is_multiple_of(1_000_000) {
-        (micros / 1_000_000, "s")
-    } else if micros.is_multiple_of(1_000) {
-        (micros / 1_000, "ms")
-    } else {
-        (micros, "us")
-    };
-    if value == 1 {
-        f.write_str(unit)
-    } else {
-        write!(f, "{value}{unit}")
-    }
-}
 
 /// One limit: a [`Rate`] with a burst, decided with GCRA.
 ///
@@ -169,10 +92,10 @@ impl Limit {
     pub fn window(&self) -> Duration {
         let nanos = self
             .rate
-            .period
+            .period()
             .as_nanos()
             .saturating_mul(u128::from(self.burst))
-            .div_ceil(u128::from(self.rate.count));
+            .div_ceil(u128::from(self.rate.count()));
         Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX))
     }
 
@@ -183,10 +106,10 @@ impl Limit {
     /// scaled rate stricter, so the 1% check is not needed; a burst whose
     /// refill would exceed [`MAX_TOLERANCE_MICROS`] is cut to fit.
     pub(crate) fn scaled(&self, share: LocalShare) -> Limit {
-        let count = share.scale(self.rate.count);
+        let count = share.scale(self.rate.count());
         let emission_us = u64::try_from(
             self.rate
-                .period
+                .period()
                 .as_nanos()
                 .div_ceil(u128::from(count) * 1000),
         )
@@ -197,7 +120,7 @@ impl Limit {
             .scale(self.burst)
             .min(MAX_TOLERANCE_MICROS / emission_us);
         Limit {
-            rate: Rate::new(count, self.rate.period),
+            rate: Rate::new(count, self.rate.period()),
             burst,
             name: self.name.clone(),
             emission_us,
@@ -244,7 +167,7 @@ impl LimitBuilder {
 
     /// Checks the limit and builds it.
     pub fn build(self) -> Result<Limit, ConfigError> {
-        let Rate { count, period } = self.rate;
+        let (count, period) = (self.rate.count(), self.rate.period());
         if count == 0 {
             return Err(ConfigError::ZeroRate);
         }
@@ -292,6 +215,22 @@ impl LimitBuilder {
             emission_us,
             tolerance_us,
         })
+    }
+}
+
+/// A window admits its rate's count: a limit with another burst is refused
+/// rather than silently given a different meaning.
+fn check_window_limits(algorithm: Algorithm, limits: &[Limit]) -> Result<(), ConfigError> {
+    if !algorithm.is_window() {
+        return Ok(());
+    }
+    match limits.iter().find(|l| l.burst() != l.rate().count()) {
+        Some(l) => Err(ConfigError::WindowBurst {
+            name: l.name().to_owned(),
+            burst: l.burst(),
+            count: l.rate().count(),
+        }),
+        None => Ok(()),
     }
 }
 
@@ -445,13 +384,14 @@ impl PolicyBuilder {
     /// Checks the policy and builds it.
     pub fn build(self) -> Result<Policy, ConfigError> {
         check_name(&self.name)?;
-        crate::window::check_limits(self.algorithm, &self.limits)?;
+        check_window_limits(self.algorithm, &self.limits)?;
         if self.limits.is_empty() {
             return Err(ConfigError::EmptyPolicy);
         }
         if self.limits.len() > MAX_LIMITS_PER_POLICY {
             return Err(ConfigError::TooManyLimits {
                 count: self.limits.len(),
+                max: MAX_LIMITS_PER_POLICY,
             });
         }
         for (i, limit) in self.limits.iter().enumerate() {
@@ -504,7 +444,7 @@ mod tests {
         assert_eq!(got, [("25/5s", 7, 7), ("300/min", 90, 90)]);
         assert_eq!(local.max_cost(), 7);
         // A window's quota is its count: the scaled policy stays valid.
-        crate::window::check_limits(local.algorithm(), local.limits()).unwrap();
+        check_window_limits(local.algorithm(), local.limits()).unwrap();
 
         let gcra = Limit::builder(Rate::per_second(3))
             .burst(10)

@@ -8,7 +8,7 @@ use crate::decision::Decision;
 use crate::error::ConfigError;
 use crate::key::Key;
 use crate::limit::{MAX_TOLERANCE_MICROS, Policy};
-use crate::store::{GcraCall, MemoryStore, Store, StoreFuture, WindowCall};
+use crate::store::{DeferCall, GcraCall, MemoryStore, Store, StoreFuture, WindowCall};
 
 /// A [`Policy`] bound to a [`Store`]: the part of every layer that decides.
 ///
@@ -113,6 +113,43 @@ impl Limiter {
         }
         let cap = Duration::from_micros(MAX_TOLERANCE_MICROS);
         self.decide(key, cost, max_wait.min(cap))
+    }
+
+    /// Records that the upstream asked `key` to hold off for `pause`: the
+    /// key's next call (under every limit of the policy) is admitted no
+    /// earlier than `pause` from now, for every instance sharing the store,
+    /// and calls then resume at the policy's rate, one at a time rather
+    /// than with a full burst. One round trip; a state already further out
+    /// is left as it is. `pause` is capped at
+    /// [`MAX_TOLERANCE_MICROS`](crate::MAX_TOLERANCE_MICROS).
+    ///
+    /// Slots already handed out by [`reserve`](Self::reserve) keep their
+    /// times: the pause holds back reservations made after it is recorded.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use fleetgate::clock::MonotonicClock;
+    /// use fleetgate::{Key, Limit, Limiter, MemoryStore, Policy, Rate};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // Paused time, and a store on tokio's clock: time stands still.
+    /// let store = MemoryStore::builder().clock(MonotonicClock::new()).build();
+    /// let limiter = Limiter::new(Policy::single("api", Limit::new(Rate::per_second(10))?)?, store);
+    /// let token = Key::new("token:1");
+    /// // The upstream answered 429 with `Retry-After: 30`.
+    /// limiter.defer(&token, Duration::from_secs(30)).await?;
+    /// let d = limiter.check(&token, 1).await?;
+    /// assert_eq!(d.retry_after(), Some(Duration::from_secs(30)));
+    /// # Ok(()) }
+    /// ```
+    pub fn defer(&self, key: &Key, pause: Duration) -> StoreFuture<()> {
+        let cap = Duration::from_micros(MAX_TOLERANCE_MICROS);
+        self.store().gcra_defer(DeferCall {
+            policy: self.policy(),
+            key,
+            pause: pause.min(cap),
+        })
     }
 
     /// The refusal of a cost above what any limit could admit (no amount

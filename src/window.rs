@@ -48,26 +48,8 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
-use crate::algorithm::Algorithm;
 use crate::decision::Decision;
-use crate::error::ConfigError;
 use crate::limit::Limit;
-
-/// A window admits its rate's count: a limit with another burst is refused
-/// rather than silently given a different meaning.
-pub(crate) fn check_limits(algorithm: Algorithm, limits: &[Limit]) -> Result<(), ConfigError> {
-    if !algorithm.is_window() {
-        return Ok(());
-    }
-    match limits.iter().find(|l| l.burst() != l.rate().count()) {
-        Some(l) => Err(ConfigError::WindowBurst {
-            name: l.name().to_owned(),
-            burst: l.burst(),
-            count: l.rate().count(),
-        }),
-        None => Ok(()),
-    }
-}
 
 /// One window: its length in microseconds and the cost it admits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

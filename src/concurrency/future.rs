@@ -11,12 +11,14 @@ use http::Response;
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
-use super::{Admission, Common, ConcurrencyBody, ConcurrencyRejectionKind};
+use super::{Admission, ConcurrencyBody, ConcurrencyRejectionKind, ConcurrencySettings};
+use super::{Admitting, Gate};
 use crate::BoxError;
 use crate::error::StoreError;
 use crate::key::Key;
-use crate::lease::{Admitting, Answer, Gate, LeaseGuard, StoreLease};
-use crate::rate_limit::mode;
+use crate::layer::mode;
+use crate::lease::{LeaseGuard, StoreLease};
+use crate::response::Answer;
 
 pin_project! {
     /// The response future of
@@ -31,13 +33,13 @@ pin_project! {
         S: Service<Req>,
     {
         #[pin]
-        inner: Admitting<S, Req, Common>,
+        inner: Admitting<S, Req, ConcurrencySettings>,
         _mode: PhantomData<fn() -> M>,
     }
 }
 
 impl<S: Service<Req>, Req, M> ResponseFuture<S, Req, M> {
-    pub(crate) fn new(inner: Admitting<S, Req, Common>) -> Self {
+    pub(crate) fn new(inner: Admitting<S, Req, ConcurrencySettings>) -> Self {
         ResponseFuture {
             inner,
             _mode: PhantomData,
@@ -74,7 +76,7 @@ impl<S: Service<Req>, Req, M> fmt::Debug for ResponseFuture<S, Req, M> {
     }
 }
 
-impl Answer for Common {
+impl Answer for ConcurrencySettings {
     type Refusal = ConcurrencyRejectionKind;
 
     fn respond(&self, kind: ConcurrencyRejectionKind) -> Response<Bytes> {
@@ -86,7 +88,7 @@ impl Answer for Common {
     }
 }
 
-impl Gate for Common {
+impl Gate for ConcurrencySettings {
     fn admit(
         &self,
         result: Result<Admission, StoreError>,
@@ -100,10 +102,10 @@ impl Gate for Common {
     }
 
     fn fall_back(
-        common: &mut Arc<Common>,
+        settings: &mut Arc<ConcurrencySettings>,
         result: Result<Admission, StoreError>,
         key: Option<&Key>,
     ) -> Result<Admission, StoreError> {
-        Common::fall_back(common, result, key)
+        ConcurrencySettings::fall_back(settings, result, key)
     }
 }

@@ -7,11 +7,14 @@ use bytes::Bytes;
 use http::{Response, StatusCode};
 use tower_layer::Layer;
 
-use super::{Common, ConcurrencyLimit, ConcurrencyLimiter, ConcurrencyRejection, RejectFn, Shared};
+use super::{
+    ConcurrencyLimit, ConcurrencyLimiter, ConcurrencyParts, ConcurrencyRejection,
+    ConcurrencySettings, RejectFn,
+};
 use crate::error::ConfigError;
 use crate::key::PeerIp;
+use crate::layer::{FailurePolicy, OnMissingKey, mode};
 use crate::metrics::LayerMetrics;
-use crate::rate_limit::{FailurePolicy, OnMissingKey, mode};
 use crate::store::MemoryStore;
 
 /// Caps the requests in flight per identity with a [`ConcurrencyLimiter`].
@@ -175,10 +178,10 @@ impl<K, M> ConcurrencyLimitLayer<K, M> {
         &self,
         limiter: ConcurrencyLimiter,
         metrics: LayerMetrics,
-        fallback: Option<Arc<Common>>,
+        fallback: Option<Arc<ConcurrencySettings>>,
         local: bool,
-    ) -> Arc<Common> {
-        Arc::new(Common {
+    ) -> Arc<ConcurrencySettings> {
+        Arc::new(ConcurrencySettings {
             limiter,
             on_missing: self.on_missing.clone(),
             // The local limiter's memory store cannot fail; should it
@@ -207,12 +210,12 @@ impl<S, K: Clone, M> Layer<S> for ConcurrencyLimitLayer<K, M> {
             .local
             .as_ref()
             .map(|local| self.settings(local.clone(), metrics.clone(), None, true));
-        let common = self.settings(self.limiter.clone(), metrics, fallback, false);
+        let settings = self.settings(self.limiter.clone(), metrics, fallback, false);
         ConcurrencyLimit::new(
             inner,
-            Arc::new(Shared {
+            Arc::new(ConcurrencyParts {
                 key: self.key.clone(),
-                common,
+                settings,
             }),
         )
     }

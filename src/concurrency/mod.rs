@@ -71,6 +71,7 @@
 //! `Router::layer` to limit everything that reaches the router. Every
 //! service clone axum makes shares one limit: the state is in the store.
 
+mod admit;
 mod error;
 mod future;
 mod layer;
@@ -93,13 +94,14 @@ pub use self::policy::{ConcurrencyPolicy, ConcurrencyPolicyBuilder, MAX_LEASE_TT
 pub use self::rejection::{ConcurrencyRejection, ConcurrencyRejectionKind};
 pub use self::service::ConcurrencyLimit;
 
+pub(crate) use self::admit::{Admitting, Gate};
+
 use crate::error::StoreError;
 use crate::key::Key;
+use crate::layer::{FailurePolicy, OnMissingKey, fall_back_locally, log_store_failure};
 use crate::lease::{GuardedBody, LeaseGuard, StoreLease};
+use crate::log::{decision_span, warn_missing_key};
 use crate::metrics::{LayerMetrics, Outcome};
-use crate::rate_limit::{
-    FailurePolicy, KEY_WARNINGS, OnMissingKey, decision_span, fall_back_locally, log_store_failure,
-};
 use crate::response::ResponseBody;
 
 /// The response body of a [`ConcurrencyLimit`] service: the inner body
@@ -109,7 +111,7 @@ pub type ConcurrencyBody<B> = GuardedBody<ResponseBody<B>, StoreLease>;
 pub(crate) type RejectFn = Arc<dyn Fn(&ConcurrencyRejection<'_>) -> Response<Bytes> + Send + Sync>;
 
 /// Settings every clone of a service and every response future shares.
-pub(crate) struct Common {
+pub(crate) struct ConcurrencySettings {
     pub(crate) limiter: ConcurrencyLimiter,
     pub(crate) on_missing: OnMissingKey,
     pub(crate) failure: FailurePolicy,
@@ -119,26 +121,26 @@ pub(crate) struct Common {
     pub(crate) metrics: LayerMetrics,
     /// With [`FailurePolicy::Local`]: the settings of the local limiter
     /// that decides the requests the store failed on.
-    pub(crate) fallback: Option<Arc<Common>>,
+    pub(crate) fallback: Option<Arc<ConcurrencySettings>>,
     /// Whether these are a local fallback's settings: outcomes are counted
     /// as `fallback_*`.
     pub(crate) local: bool,
 }
 
 /// What a service's clones share: the key extractor and the settings.
-pub(crate) struct Shared<K> {
+pub(crate) struct ConcurrencyParts<K> {
     pub(crate) key: K,
-    pub(crate) common: Arc<Common>,
+    pub(crate) settings: Arc<ConcurrencySettings>,
 }
 
-impl Common {
+impl ConcurrencySettings {
     /// Under [`FailurePolicy::Local`], takes a local lease for a request
     /// the store failed on (released to the local store when the request
-    /// ends); the local settings then answer the request: `common` is
+    /// ends); the local settings then answer the request: `settings` is
     /// replaced by them. Any other result is passed on. `key` is kept by
     /// the caller whenever a fallback is configured.
     pub(crate) fn fall_back(
-        common: &mut Arc<Common>,
+        settings: &mut Arc<ConcurrencySettings>,
         result: Result<Admission, StoreError>,
         key: Option<&Key>,
     ) -> Result<Admission, StoreError> {
@@ -146,10 +148,10 @@ impl Common {
             return result;
         };
         fall_back_locally(
-            common,
+            settings,
             result,
             |c| c.fallback.as_ref(),
-            Common::log_failure,
+            ConcurrencySettings::log_failure,
             |local| local.limiter.acquire(key).take_ready(),
         )
     }
@@ -207,13 +209,7 @@ impl Common {
         let span = decision_span("concurrency", self.limiter.policy().name(), None, None);
         let _entered = span.enter();
         span.record("outcome", Outcome::MissingKey.as_str());
-        if KEY_WARNINGS.allow() {
-            tracing::warn!(
-                policy = self.limiter.policy().name(),
-                "no concurrency-limit key in the request; when keying by peer IP, serve with \
-                 into_make_service_with_connect_info::<SocketAddr>()"
-            );
-        }
+        warn_missing_key("concurrency-limit", self.limiter.policy().name());
         self.metrics.decided(Outcome::MissingKey, false);
         ConcurrencyRejectionKind::MissingKey(status)
     }

@@ -8,11 +8,11 @@ use http::{Request, Response};
 use http_body::Body;
 use tower_service::Service;
 
-use super::{ConcurrencyBody, ResponseFuture, Shared};
+use super::Admitting;
+use super::{ConcurrencyBody, ConcurrencyParts, ResponseFuture};
 use crate::BoxError;
 use crate::key::KeyExtractor;
-use crate::lease::Admitting;
-use crate::rate_limit::{OnMissingKey, mode};
+use crate::layer::{OnMissingKey, mode};
 
 /// The service [`ConcurrencyLimitLayer`](super::ConcurrencyLimitLayer)
 /// produces.
@@ -23,12 +23,12 @@ use crate::rate_limit::{OnMissingKey, mode};
 /// the response future (a clone taking its place) when the store does I/O.
 pub struct ConcurrencyLimit<S, K, M> {
     inner: S,
-    shared: Arc<Shared<K>>,
+    shared: Arc<ConcurrencyParts<K>>,
     _mode: PhantomData<fn() -> M>,
 }
 
 impl<S, K, M> ConcurrencyLimit<S, K, M> {
-    pub(crate) fn new(inner: S, shared: Arc<Shared<K>>) -> Self {
+    pub(crate) fn new(inner: S, shared: Arc<ConcurrencyParts<K>>) -> Self {
         ConcurrencyLimit {
             inner,
             shared,
@@ -56,25 +56,31 @@ impl<S, K, M> ConcurrencyLimit<S, K, M> {
         S: Service<Req> + Clone,
         K: KeyExtractor<Req>,
     {
-        let common = self.shared.common.clone();
+        let settings = self.shared.settings.clone();
         let key = match self.shared.key.extract(&req) {
             Some(key) => key,
-            None => match &common.on_missing {
+            None => match &settings.on_missing {
                 OnMissingKey::Reject(status) => {
-                    let kind = common.missing_key(*status);
-                    return ResponseFuture::new(Admitting::rejected(common, kind));
+                    let kind = settings.missing_key(*status);
+                    return ResponseFuture::new(Admitting::rejected(settings, kind));
                 }
                 OnMissingKey::Fallback(key) => key.clone(),
                 OnMissingKey::Allow => {
                     let fut = self.inner.call(req);
-                    return ResponseFuture::new(Admitting::calling(common, fut, None));
+                    return ResponseFuture::new(Admitting::calling(settings, fut, None));
                 }
             },
         };
-        let acquire = common.limiter.acquire(&key);
+        let acquire = settings.limiter.acquire(&key);
         // Kept for the local fallback only.
-        let key = common.fallback.is_some().then_some(key);
-        ResponseFuture::new(Admitting::start(common, acquire, &mut self.inner, req, key))
+        let key = settings.fallback.is_some().then_some(key);
+        ResponseFuture::new(Admitting::start(
+            settings,
+            acquire,
+            &mut self.inner,
+            req,
+            key,
+        ))
     }
 }
 
@@ -92,7 +98,7 @@ impl<S: fmt::Debug, K, M> fmt::Debug for ConcurrencyLimit<S, K, M> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ConcurrencyLimit")
             .field("inner", &self.inner)
-            .field("limiter", &self.shared.common.limiter)
+            .field("limiter", &self.shared.settings.limiter)
             .finish_non_exhaustive()
     }
 }

@@ -5,12 +5,8 @@ use std::time::Duration;
 use tokio::runtime::Handle;
 use tokio::sync::oneshot;
 
-use super::Lease;
 use super::renewer::{Registration, Renewer};
-use crate::rate_limit::LogGate;
-
-/// Failed releases and renewals are logged at most once a second.
-static LEASE_WARNINGS: LogGate = LogGate::new();
+use super::{Lease, log_lost, log_release_failure, log_renew_failure};
 
 /// Releases a [`Lease`] when dropped, and can keep it alive meanwhile.
 ///
@@ -137,24 +133,6 @@ impl<L: Lease> Drop for LeaseGuard<L> {
                 }
             },
         }
-    }
-}
-
-pub(super) fn log_lost() {
-    if LEASE_WARNINGS.allow() {
-        tracing::warn!("lease expired before it could be renewed; renewal stops");
-    }
-}
-
-pub(super) fn log_renew_failure(err: &crate::StoreError) {
-    if LEASE_WARNINGS.allow() {
-        tracing::warn!(error = %err, "lease renewal failed; retrying at the next tick");
-    }
-}
-
-fn log_release_failure(err: &crate::StoreError) {
-    if LEASE_WARNINGS.allow() {
-        tracing::warn!(error = %err, "lease release failed; it expires after its TTL");
     }
 }
 

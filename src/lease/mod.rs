@@ -54,7 +54,6 @@
 //! # Ok(()) }
 //! ```
 
-mod admit;
 mod body;
 mod guard;
 mod renewer;
@@ -65,10 +64,14 @@ pub use self::guard::LeaseGuard;
 pub use self::renewer::Renewer;
 pub use self::store::StoreLease;
 
-pub(crate) use self::admit::{Admitting, Answer, Gate, Outcome};
 pub(crate) use self::store::Pending;
 
+use crate::error::StoreError;
+use crate::log::LogGate;
 use crate::store::StoreFuture;
+
+/// Failed releases and renewals are logged at most once a second.
+static LEASE_WARNINGS: LogGate = LogGate::new();
 
 /// Something held while a request is in flight, given back exactly once
 /// through a [`LeaseGuard`].
@@ -81,4 +84,22 @@ pub trait Lease: Send + Sync + 'static {
     /// Extends the lease by its time to live; `false` if it is no longer
     /// held (it expired or was released), in which case renewing stops.
     fn renew(&self) -> StoreFuture<bool>;
+}
+
+fn log_lost() {
+    if LEASE_WARNINGS.allow() {
+        tracing::warn!("lease expired before it could be renewed; renewal stops");
+    }
+}
+
+fn log_renew_failure(err: &StoreError) {
+    if LEASE_WARNINGS.allow() {
+        tracing::warn!(error = %err, "lease renewal failed; retrying at the next tick");
+    }
+}
+
+fn log_release_failure(err: &StoreError) {
+    if LEASE_WARNINGS.allow() {
+        tracing::warn!(error = %err, "lease release failed; it expires after its TTL");
+    }
 }

@@ -6,8 +6,7 @@ use std::time::Duration;
 use tokio::runtime::Handle;
 use tokio::time::Instant;
 
-use super::Lease;
-use super::guard::{log_lost, log_renew_failure};
+use super::{Lease, log_lost, log_renew_failure};
 
 /// Renews many leases from one background task, so that a lease costs a
 /// map insert and remove rather than a task of its own: the cheap choice
@@ -20,10 +19,10 @@ use super::guard::{log_lost, log_renew_failure};
 /// interval. It starts with the first lease and stops once no lease is
 /// left. Clones share the same set.
 pub struct Renewer<L: Lease> {
-    shared: Arc<Shared<L>>,
+    shared: Arc<Renewals<L>>,
 }
 
-struct Shared<L> {
+struct Renewals<L> {
     every: Duration,
     state: Mutex<State<L>>,
 }
@@ -44,7 +43,7 @@ impl<L: Lease> Renewer<L> {
     /// must be shorter than the leases' TTL).
     pub fn new(every: Duration) -> Self {
         Renewer {
-            shared: Arc::new(Shared {
+            shared: Arc::new(Renewals {
                 every,
                 state: Mutex::new(State {
                     leases: HashMap::new(),
@@ -102,7 +101,7 @@ impl<L: Lease> Renewer<L> {
 /// ends (a runtime shutting down drops it), so that the next lease starts
 /// a new one.
 struct Running<L> {
-    shared: Arc<Shared<L>>,
+    shared: Arc<Renewals<L>>,
     /// Set when the task cleared `running` itself: a new task may own the
     /// flag by the time this one is dropped.
     stopped: bool,
@@ -158,7 +157,7 @@ async fn run<L: Lease>(mut running: Running<L>) {
 
 /// A lease's place in a [`Renewer`]; dropping it stops the renewals.
 pub(super) struct Registration<L> {
-    shared: Arc<Shared<L>>,
+    shared: Arc<Renewals<L>>,
     id: u64,
 }
 

@@ -12,7 +12,7 @@ use pin_project_lite::pin_project;
 use tokio::time::{Instant, Sleep};
 use tower_service::Service;
 
-use super::{Common, FEEDBACK_WARNINGS, NoFeedback, UpstreamFeedback, mode};
+use super::{FEEDBACK_WARNINGS, NoFeedback, RateSettings, UpstreamFeedback, mode};
 use crate::BoxError;
 use crate::decision::Decision;
 use crate::error::{RateLimitError, StoreError};
@@ -31,7 +31,7 @@ pin_project! {
     {
         #[pin]
         state: State<S, Req>,
-        common: Arc<Common>,
+        settings: Arc<RateSettings>,
         feedback: F,
         // The request's key, kept only when the feedback or the local
         // fallback may need it.
@@ -110,16 +110,16 @@ enum Outcome<R, E> {
 
 /// What every response future of one call starts from.
 pub(crate) struct Start<F> {
-    pub(crate) common: Arc<Common>,
+    pub(crate) settings: Arc<RateSettings>,
     pub(crate) feedback: F,
     pub(crate) key: Option<Key>,
     pub(crate) cost: u64,
 }
 
 impl<F> Start<F> {
-    pub(crate) fn new(common: Arc<Common>, feedback: F) -> Self {
+    pub(crate) fn new(settings: Arc<RateSettings>, feedback: F) -> Self {
         Start {
-            common,
+            settings,
             feedback,
             key: None,
             cost: 0,
@@ -173,7 +173,7 @@ impl<S: Service<Req>, Req, M, F> ResponseFuture<S, Req, M, F> {
     fn with_state(start: Start<F>, state: State<S, Req>) -> Self {
         ResponseFuture {
             state,
-            common: start.common,
+            settings: start.settings,
             feedback: start.feedback,
             key: start.key,
             cost: start.cost,
@@ -214,12 +214,16 @@ where
                 StateProj::Deciding { decision, parked } => {
                     let result = ready!(Pin::new(&mut *decision).poll(cx));
                     let latency = decision.latency();
-                    let result =
-                        Common::fall_back(this.common, result, this.key.as_ref(), *this.cost);
-                    match (this.common.judge(result, latency), parked.take()) {
+                    let result = RateSettings::fall_back(
+                        this.settings,
+                        result,
+                        this.key.as_ref(),
+                        *this.cost,
+                    );
+                    match (this.settings.judge(result, latency), parked.take()) {
                         (Err(kind), _) => Outcome::Rejected(kind),
                         (Ok(decision), Some(mut parked)) => {
-                            let next = match this.common.wait_for(decision.as_ref()) {
+                            let next = match this.settings.wait_for(decision.as_ref()) {
                                 Some(wait) => {
                                     parked.decision = decision;
                                     State::waiting(wait, parked)
@@ -270,7 +274,7 @@ where
                     };
                     match (pause, result) {
                         (Some((pause, key)), Ok(response)) => {
-                            let report = this.common.limiter.defer(key, pause);
+                            let report = this.settings.limiter.defer(key, pause);
                             this.state.set(State::Reporting {
                                 report: Box::new(Reporting {
                                     report,
@@ -293,7 +297,7 @@ where
                     } = &mut **report;
                     let recorded = ready!(Pin::new(report).poll(cx));
                     if FEEDBACK_WARNINGS.allow() {
-                        let policy = this.common.limiter.policy().name();
+                        let policy = this.settings.limiter.policy().name();
                         match recorded {
                             Ok(()) => tracing::warn!(
                                 policy,
@@ -352,13 +356,13 @@ where
         S: Service<Req, Response = Response<ResBody>>,
     {
         let outcome = ready!(self.as_mut().poll_outcome(cx));
-        let common = &self.common;
+        let settings = &self.settings;
         Poll::Ready(match outcome {
             Outcome::Passed(mut result, decision) => {
-                write_headers(common, &mut result, decision.as_ref());
+                write_headers(settings, &mut result, decision.as_ref());
                 result.map(|response| response.map(body))
             }
-            Outcome::Rejected(kind) => Ok(common.rejection(kind).map(full)),
+            Outcome::Rejected(kind) => Ok(settings.rejection(kind).map(full)),
         })
     }
 }
@@ -366,15 +370,15 @@ where
 /// Gives a response that passed the rate-limit headers of its decision
 /// (unless the style is none or the layer is in shadow mode).
 fn write_headers<B, E>(
-    common: &Common,
+    settings: &RateSettings,
     result: &mut Result<Response<B>, E>,
     decision: Option<&Decision>,
 ) {
     if let (Ok(response), Some(decision)) = (result, decision)
-        && common.headers.style() != HeaderStyle::None
-        && !common.shadow
+        && settings.headers.style() != HeaderStyle::None
+        && !settings.shadow
     {
-        common.headers.write(response.headers_mut(), decision);
+        settings.headers.write(response.headers_mut(), decision);
     }
 }
 
@@ -418,14 +422,14 @@ where
             Outcome::Rejected(kind) => Err(Box::new(match kind {
                 RejectionKind::Limited(d) => {
                     let limit = self
-                        .common
+                        .settings
                         .limiter
                         .policy()
                         .limits()
                         .get(d.limit_index())
                         .map(|l| l.name().to_owned())
                         .unwrap_or_default();
-                    match (self.common.max_wait, d.retry_after()) {
+                    match (self.settings.max_wait, d.retry_after()) {
                         (Some(max_wait), Some(wait)) => RateLimitError::WaitTooLong {
                             limit,
                             wait,

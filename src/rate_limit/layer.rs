@@ -9,7 +9,10 @@ use tower_layer::Layer;
 
 use super::Routes;
 use super::routes::RoutePolicies;
-use super::{Common, FailurePolicy, NoFeedback, OnMissingKey, RateLimit, RejectFn, Shared, mode};
+use super::{
+    FailurePolicy, NoFeedback, OnMissingKey, RateLimit, RateLimitParts, RateSettings, RejectFn,
+    mode,
+};
 use crate::error::ConfigError;
 use crate::key::PeerIp;
 use crate::limiter::Limiter;
@@ -313,7 +316,7 @@ impl<K: Clone, C: Clone, M, F: Clone> Clone for RateLimitLayer<K, C, M, F> {
 
 impl<K, C, M, F> RateLimitLayer<K, C, M, F> {
     /// The settings every decision of `limiter` shares.
-    fn common(&self, limiter: &Limiter) -> Arc<Common> {
+    fn settings_for(&self, limiter: &Limiter) -> Arc<RateSettings> {
         let metrics = LayerMetrics::new("rate_limit", limiter.policy().name_arc());
         let fallback = match (self.failure, &self.local) {
             (FailurePolicy::Local(share), Some(store)) => {
@@ -331,10 +334,10 @@ impl<K, C, M, F> RateLimitLayer<K, C, M, F> {
         &self,
         limiter: Limiter,
         metrics: LayerMetrics,
-        fallback: Option<Arc<Common>>,
+        fallback: Option<Arc<RateSettings>>,
         local: bool,
-    ) -> Arc<Common> {
-        Arc::new(Common {
+    ) -> Arc<RateSettings> {
+        Arc::new(RateSettings {
             headers: PolicyHeaders::new(limiter.policy(), self.headers),
             limiter,
             on_missing: self.on_missing.clone(),
@@ -376,17 +379,17 @@ impl<S, K: Clone, C: Clone, M, F: Clone> Layer<S> for RateLimitLayer<K, C, M, F>
             rules: table
                 .rules
                 .iter()
-                .map(|rule| rule.with_value(self.common(&rule.value)))
+                .map(|rule| rule.with_value(self.settings_for(&rule.value)))
                 .collect(),
-            default: table.default.as_ref().map(|l| self.common(l)),
+            default: table.default.as_ref().map(|l| self.settings_for(l)),
         });
         RateLimit::new(
             inner,
-            Arc::new(Shared {
+            Arc::new(RateLimitParts {
                 key: self.key.clone(),
                 cost: self.cost.clone(),
                 feedback: self.feedback.clone(),
-                common: self.common(&self.limiter),
+                settings: self.settings_for(&self.limiter),
                 routes,
             }),
         )

@@ -133,12 +133,11 @@ mod routes;
 mod service;
 mod upstream;
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
-use http::{Response, StatusCode};
+use http::Response;
 
 pub use self::feedback::{NoFeedback, RetryAfter, UpstreamFeedback};
 pub use self::future::ResponseFuture;
@@ -149,84 +148,15 @@ pub use self::service::RateLimit;
 pub use self::upstream::within_window;
 
 use crate::decision::Decision;
-use crate::error::{ConfigError, StoreError};
+use crate::error::StoreError;
 use crate::key::Key;
+use crate::layer::{FailurePolicy, OnMissingKey, fall_back_locally, log_store_failure, mode};
 use crate::limiter::Limiter;
+use crate::log::{LogGate, decision_span, warn_missing_key};
 use crate::metrics::{LayerMetrics, Outcome, near_limit};
 use crate::response::{PolicyHeaders, Rejection, RejectionKind};
 use crate::route::{self, RouteRule};
-use crate::share::LocalShare;
-use crate::store::{Store, StoreFuture};
-
-/// What a layer does with a request from which no key can be extracted.
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum OnMissingKey {
-    /// Refuse it with this status (default: `400 Bad Request`). A typed-error
-    /// layer fails with [`RateLimitError::MissingKey`](crate::RateLimitError::MissingKey).
-    Reject(StatusCode),
-    /// Limit it under this key, shared by every such request.
-    Fallback(Key),
-    /// Let it through unlimited.
-    Allow,
-}
-
-impl Default for OnMissingKey {
-    fn default() -> Self {
-        OnMissingKey::Reject(StatusCode::BAD_REQUEST)
-    }
-}
-
-/// What a layer does when its store cannot decide (Redis down, slow, or
-/// answering nonsense). Every failure is logged at `warn`, at most once per
-/// second per process.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum FailurePolicy {
-    /// Let the request through without limiting it (default): the limiter
-    /// must never be what takes the service down.
-    #[default]
-    Open,
-    /// Refuse it: `503 Service Unavailable` with `Retry-After: 1`, or
-    /// [`RateLimitError::Unavailable`](crate::RateLimitError::Unavailable).
-    Closed,
-    /// Decide it in this process, on an in-memory limiter holding this
-    /// share of each limit ([`Policy::scaled`](crate::Policy::scaled); for
-    /// concurrency, [`ConcurrencyPolicy::scaled`](crate::ConcurrencyPolicy::scaled)).
-    /// Only calls the store failed on go there; the local decision is
-    /// answered like any other (rate-limit headers from the scaled policy,
-    /// 429 when it denies) and counted as `fallback_allowed` or
-    /// `fallback_denied`. Its state is kept per layer (the layer's clones
-    /// and routes share it) in a [`MemoryStore`](crate::MemoryStore), so it
-    /// stays bounded. Build it with [`FailurePolicy::local`].
-    ///
-    /// A window policy is decided locally on the same algorithm, each
-    /// window as long as before and holding its share of the count. For
-    /// every algorithm, the local state knows only the calls decided locally: what Redis admitted
-    /// earlier in a window is not counted against the local share, and what
-    /// the local limiter admitted is not counted in Redis once it is back.
-    Local(LocalShare),
-}
-
-impl FailurePolicy {
-    /// [`FailurePolicy::Local`] with `share` of each limit; refused unless
-    /// `1e-6 <= share <= 1` (see [`LocalShare`]).
-    ///
-    /// ```
-    /// use fleetgate::FailurePolicy;
-    ///
-    /// // Four instances: each enforces a quarter of the limit while Redis is down.
-    /// let policy = FailurePolicy::local(0.25)?;
-    /// assert!(FailurePolicy::local(0.0).is_err());
-    /// // So small that it would decide nothing: refused, naming the share.
-    /// let err = FailurePolicy::local(1e-300).unwrap_err();
-    /// assert!(err.to_string().contains("1e-300"));
-    /// # Ok::<(), fleetgate::ConfigError>(())
-    /// ```
-    pub fn local(share: f64) -> Result<Self, ConfigError> {
-        LocalShare::new(share).map(FailurePolicy::Local)
-    }
-}
+use crate::store::StoreFuture;
 
 /// How much of the limit a request uses. A plain `u64` is a fixed cost; a
 /// closure `Fn(&Req) -> u64` weighs each request.
@@ -253,34 +183,14 @@ where
     }
 }
 
-/// Marker types choosing how a [`RateLimitLayer`] refuses requests.
-pub mod mode {
-    /// Refuse with an HTTP response (429, 503 or the missing-key status)
-    /// whose body is the inner service's own body type, which must
-    /// implement [`RefusalBody`](crate::response::RefusalBody) (axum's
-    /// `Body`, `String`, `http_body_util::Full`, ...): responses that pass
-    /// go out unwrapped, so axum does not box them again. The default.
-    #[derive(Clone, Copy, Debug, Default)]
-    pub struct Http;
-
-    /// Refuse with an HTTP response, around inner services whose body
-    /// cannot carry a refusal (hyper's `Incoming`, `Empty`):
-    /// every response carries a [`ResponseBody`](crate::response::ResponseBody),
-    /// the inner body or the refusal's text. Chosen with
-    /// [`RateLimitLayer::any_body`](crate::RateLimitLayer::any_body).
-    #[derive(Clone, Copy, Debug, Default)]
-    pub struct AnyBody;
-
-    /// Refuse with a [`RateLimitError`](crate::RateLimitError), for
-    /// services that are not HTTP or callers that want an error.
-    #[derive(Clone, Copy, Debug, Default)]
-    pub struct TypedErrors;
-}
+/// Upstream pauses (429/503 with Retry-After) are logged at most once a
+/// second per process.
+pub(crate) static FEEDBACK_WARNINGS: LogGate = LogGate::new();
 
 pub(crate) type RejectFn = Arc<dyn Fn(&Rejection<'_>) -> Response<Bytes> + Send + Sync>;
 
 /// Settings every clone of a service and every response future shares.
-pub(crate) struct Common {
+pub(crate) struct RateSettings {
     pub(crate) limiter: Limiter,
     pub(crate) headers: PolicyHeaders,
     pub(crate) on_missing: OnMissingKey,
@@ -292,20 +202,13 @@ pub(crate) struct Common {
     pub(crate) metrics: LayerMetrics,
     /// With [`FailurePolicy::Local`]: the settings of the local limiter
     /// that decides the calls the store failed on.
-    pub(crate) fallback: Option<Arc<Common>>,
+    pub(crate) fallback: Option<Arc<RateSettings>>,
     /// Whether these are a local fallback's settings: outcomes are counted
     /// as `fallback_*`.
     pub(crate) local: bool,
 }
 
-/// Store failures are logged at most once a second per process.
-pub(crate) static STORE_WARNINGS: LogGate = LogGate::new();
-/// Requests without a key likewise.
-pub(crate) static KEY_WARNINGS: LogGate = LogGate::new();
-/// Upstream pauses (429/503 with Retry-After) likewise.
-pub(crate) static FEEDBACK_WARNINGS: LogGate = LogGate::new();
-
-impl Common {
+impl RateSettings {
     /// Asks the store to decide `cost` for `key`: a check, or in waiting
     /// mode a reservation.
     pub(crate) fn ask(&self, key: &Key, cost: u64) -> StoreFuture<Decision> {
@@ -317,12 +220,12 @@ impl Common {
 
     /// Under [`FailurePolicy::Local`], decides a call the store failed on
     /// with the local limiter, whose settings then answer the request
-    /// (headers, rejection, outcome): `common` is replaced by them. Any
+    /// (headers, rejection, outcome): `settings` is replaced by them. Any
     /// other result is passed on. `key` is kept by the caller whenever a
     /// fallback is configured.
     #[inline]
     pub(crate) fn fall_back(
-        common: &mut Arc<Common>,
+        settings: &mut Arc<RateSettings>,
         result: Result<Decision, StoreError>,
         key: Option<&Key>,
         cost: u64,
@@ -331,10 +234,10 @@ impl Common {
             return result;
         };
         fall_back_locally(
-            common,
+            settings,
             result,
             |c| c.fallback.as_ref(),
-            Common::log_failure,
+            RateSettings::log_failure,
             |local| local.ask(key, cost).take_ready(),
         )
     }
@@ -411,14 +314,8 @@ impl Common {
     /// outcome.
     pub(crate) fn refuse(&self, kind: RejectionKind) -> Option<RejectionKind> {
         let policy = self.limiter.policy().name();
-        if let RejectionKind::MissingKey(_) = kind
-            && KEY_WARNINGS.allow()
-        {
-            tracing::warn!(
-                policy,
-                "no rate-limit key in the request; when keying by peer IP, serve with \
-                     into_make_service_with_connect_info::<SocketAddr>()"
-            );
+        if let RejectionKind::MissingKey(_) = kind {
+            warn_missing_key("rate-limit", policy);
         }
         let outcome = match (&kind, self.shadow) {
             (RejectionKind::Unavailable(_), true) => Outcome::FailOpen,
@@ -468,151 +365,27 @@ impl Common {
     }
 }
 
-/// The span of one decision, `fleetgate.decision` at `debug`: the layer,
-/// the policy, the tier (shedding layers), the outcome (recorded once
-/// known) and, for a store that did I/O, its latency in microseconds. Free
-/// unless a subscriber wants `debug`.
-pub(crate) fn decision_span(
-    layer: &'static str,
-    policy: &str,
-    tier: Option<&str>,
-    latency: Option<Duration>,
-) -> tracing::Span {
-    // With tracing's `log` feature on (axum's default `tower-log` turns it
-    // on), even a disabled span offers its fields to `log` when made,
-    // entered, recorded, exited and dropped. When no subscriber may want
-    // `debug` (so the span would be disabled) and no logger takes debug
-    // records (so none of it could reach one), the span is none at all,
-    // and is not even made.
-    let no_debug_log = log::max_level() < log::LevelFilter::Debug;
-    if !tracing::level_enabled!(tracing::Level::DEBUG) && no_debug_log {
-        return tracing::Span::none();
-    }
-    let span = tracing::debug_span!(
-        "fleetgate.decision",
-        layer,
-        policy,
-        tier = tracing::field::Empty,
-        outcome = tracing::field::Empty,
-        store_latency_us = tracing::field::Empty,
-    );
-    if span.is_disabled() {
-        // A subscriber that wants `debug` elsewhere, but not here: as
-        // above, nothing of this span can reach a logger that filters out
-        // debug records.
-        return if no_debug_log {
-            tracing::Span::none()
-        } else {
-            span
-        };
-    }
-    if let Some(tier) = tier {
-        span.record("tier", tier);
-    }
-    if let Some(latency) = latency {
-        let micros = u64::try_from(latency.as_micros()).unwrap_or(u64::MAX);
-        span.record("store_latency_us", micros);
-    }
-    span
-}
-
-/// Logs a store failure at `warn`, at most once a second per process:
-/// `<what> store failed`, with the policy, store, error and failure policy.
-pub(crate) fn log_store_failure(
-    what: &str,
-    policy: &str,
-    store: &Arc<dyn Store>,
-    err: &StoreError,
-    failure: FailurePolicy,
-) {
-    if STORE_WARNINGS.allow() {
-        tracing::warn!(
-            policy,
-            store = store.kind(),
-            error = %err,
-            failure_policy = ?failure,
-            "{what} store failed"
-        );
-    }
-}
-
-/// Under [`FailurePolicy::Local`], shared by every layer: a call the store
-/// failed on (`result`) is logged by `log` and decided by `decide` on the
-/// local settings `fallback(settings)`, whose memory store answers at once;
-/// those settings then answer the request (`settings` is replaced by them).
-/// Any other result, or no fallback, passes on unchanged.
-pub(crate) fn fall_back_locally<S, T>(
-    settings: &mut Arc<S>,
-    result: Result<T, StoreError>,
-    fallback: impl FnOnce(&S) -> Option<&Arc<S>>,
-    log: impl FnOnce(&S, &StoreError),
-    decide: impl FnOnce(&S) -> Option<Result<T, StoreError>>,
-) -> Result<T, StoreError> {
-    let Err(err) = &result else {
-        return result;
-    };
-    let Some(local) = fallback(settings).cloned() else {
-        return result;
-    };
-    log(settings, err);
-    let decided = decide(&local).unwrap_or_else(|| {
-        Err(StoreError::UnexpectedReply(
-            "the local limiter did not decide at once".into(),
-        ))
-    });
-    *settings = local;
-    decided
-}
-
-/// Lets one log line through per second, so that a failing store cannot
-/// flood the logs.
-#[derive(Debug)]
-pub(crate) struct LogGate {
-    last_ms: AtomicU64,
-}
-
-impl LogGate {
-    pub(crate) const fn new() -> Self {
-        LogGate {
-            last_ms: AtomicU64::new(0),
-        }
-    }
-
-    pub(crate) fn allow(&self) -> bool {
-        static START: OnceLock<Instant> = OnceLock::new();
-        let now_ms = u64::try_from(START.get_or_init(Instant::now).elapsed().as_millis())
-            .unwrap_or(u64::MAX)
-            .saturating_add(1000);
-        let last = self.last_ms.load(Ordering::Relaxed);
-        now_ms.saturating_sub(last) >= 1000
-            && self
-                .last_ms
-                .compare_exchange(last, now_ms, Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
-    }
-}
-
 /// What a service's clones share: the key extractor, the cost, the
 /// upstream feedback and the settings.
-pub(crate) struct Shared<K, C, F> {
+pub(crate) struct RateLimitParts<K, C, F> {
     pub(crate) key: K,
     pub(crate) cost: C,
     pub(crate) feedback: F,
-    pub(crate) common: Arc<Common>,
+    pub(crate) settings: Arc<RateSettings>,
     /// With per-route policies: the settings of each route.
     pub(crate) routes: Option<Routes>,
 }
 
 /// The per-route table, each rule with its own settings.
 pub(crate) struct Routes {
-    pub(crate) rules: Vec<RouteRule<Arc<Common>>>,
-    pub(crate) default: Option<Arc<Common>>,
+    pub(crate) rules: Vec<RouteRule<Arc<RateSettings>>>,
+    pub(crate) default: Option<Arc<RateSettings>>,
 }
 
 impl Routes {
     /// The settings deciding `req`, or `None` when no route or default
     /// applies (the request is not limited).
-    pub(crate) fn select<B>(&self, req: &http::Request<B>) -> Option<&Arc<Common>> {
+    pub(crate) fn select<B>(&self, req: &http::Request<B>) -> Option<&Arc<RateSettings>> {
         route::select(&self.rules, req.method(), route::route_path(req)).or(self.default.as_ref())
     }
 }

@@ -10,7 +10,8 @@ use tower_service::Service;
 
 use super::future::Start;
 use super::{
-    Common, Cost, NoFeedback, OnMissingKey, ResponseFuture, Shared, UpstreamFeedback, mode,
+    Cost, NoFeedback, OnMissingKey, RateLimitParts, RateSettings, ResponseFuture, UpstreamFeedback,
+    mode,
 };
 use crate::BoxError;
 use crate::key::KeyExtractor;
@@ -37,12 +38,12 @@ use crate::response::{RefusalBody, ResponseBody};
 /// half-called.
 pub struct RateLimit<S, K, C, M, F = NoFeedback> {
     inner: S,
-    shared: Arc<Shared<K, C, F>>,
+    shared: Arc<RateLimitParts<K, C, F>>,
     _mode: PhantomData<fn() -> M>,
 }
 
 impl<S, K, C, M, F> RateLimit<S, K, C, M, F> {
-    pub(crate) fn new(inner: S, shared: Arc<Shared<K, C, F>>) -> Self {
+    pub(crate) fn new(inner: S, shared: Arc<RateLimitParts<K, C, F>>) -> Self {
         RateLimit {
             inner,
             shared,
@@ -75,17 +76,21 @@ impl<S, K, C, M, F> RateLimit<S, K, C, M, F> {
         C: Cost<Req>,
         F: UpstreamFeedback<S::Response>,
     {
-        self.start_with(req, self.shared.common.clone())
+        self.start_with(req, self.shared.settings.clone())
     }
 
-    /// Decides `req` with the settings `common` (the layer's, or its
+    /// Decides `req` with the settings `settings` (the layer's, or its
     /// route's).
     ///
     /// `req` is only borrowed until the decision is in, and then moved
     /// once: moved earlier into a function of its own (even one inlined),
     /// a refused request's 240 bytes (axum's) were copied once more.
     #[inline(always)]
-    fn start_with<Req>(&mut self, req: Req, common: Arc<Common>) -> ResponseFuture<S, Req, M, F>
+    fn start_with<Req>(
+        &mut self,
+        req: Req,
+        settings: Arc<RateSettings>,
+    ) -> ResponseFuture<S, Req, M, F>
     where
         S: Service<Req> + Clone,
         K: KeyExtractor<Req>,
@@ -95,28 +100,29 @@ impl<S, K, C, M, F> RateLimit<S, K, C, M, F> {
         let feedback = self.shared.feedback.clone();
         let key = match self.shared.key.extract(&req) {
             Some(key) => key,
-            None => match &common.on_missing {
+            None => match &settings.on_missing {
                 OnMissingKey::Fallback(key) => key.clone(),
                 OnMissingKey::Reject(status) => {
                     let status = *status;
-                    return self.without_key(req, common, feedback, Some(status));
+                    return self.without_key(req, settings, feedback, Some(status));
                 }
-                OnMissingKey::Allow => return self.without_key(req, common, feedback, None),
+                OnMissingKey::Allow => return self.without_key(req, settings, feedback, None),
             },
         };
         let cost = self.shared.cost.cost(&req);
-        let mut start = Start::new(common, feedback);
-        let mut decision = start.common.ask(&key, cost);
+        let mut start = Start::new(settings, feedback);
+        let mut decision = start.settings.ask(&key, cost);
         start.cost = cost;
-        if start.feedback.is_enabled() || start.common.fallback.is_some() {
+        if start.feedback.is_enabled() || start.settings.fallback.is_some() {
             start.key = Some(key);
         }
         // The memory store has decided already: call the service that was
         // driven to readiness right away, unless there is a slot to wait for.
         if let Some(result) = decision.take_ready() {
-            let result = Common::fall_back(&mut start.common, result, start.key.as_ref(), cost);
-            return match start.common.judge(result, None) {
-                Ok(decision) => match start.common.wait_for(decision.as_ref()) {
+            let result =
+                RateSettings::fall_back(&mut start.settings, result, start.key.as_ref(), cost);
+            return match start.settings.judge(result, None) {
+                Ok(decision) => match start.settings.wait_for(decision.as_ref()) {
                     None => ResponseFuture::calling(start, self.inner.call(req), decision),
                     Some(wait) => {
                         let inner = self.take_ready();
@@ -137,15 +143,15 @@ impl<S, K, C, M, F> RateLimit<S, K, C, M, F> {
     fn without_key<Req>(
         &mut self,
         req: Req,
-        common: Arc<Common>,
+        settings: Arc<RateSettings>,
         feedback: F,
         reject: Option<http::StatusCode>,
     ) -> ResponseFuture<S, Req, M, F>
     where
         S: Service<Req>,
     {
-        let refusal = reject.and_then(|status| common.missing_key(status));
-        let start = Start::new(common, feedback);
+        let refusal = reject.and_then(|status| settings.missing_key(status));
+        let start = Start::new(settings, feedback);
         match refusal {
             Some(kind) => ResponseFuture::rejected(start, kind),
             None => ResponseFuture::calling(start, self.inner.call(req), None),
@@ -178,7 +184,7 @@ impl<S: fmt::Debug, K, C, M, F> fmt::Debug for RateLimit<S, K, C, M, F> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RateLimit")
             .field("inner", &self.inner)
-            .field("limiter", &self.shared.common.limiter)
+            .field("limiter", &self.shared.settings.limiter)
             .finish_non_exhaustive()
     }
 }
@@ -201,13 +207,13 @@ impl<S, K, C, M, F> RateLimit<S, K, C, M, F> {
             return self.start(req);
         };
         match routes.select(&req) {
-            Some(common) => {
-                let common = common.clone();
-                self.start_with(req, common)
+            Some(settings) => {
+                let settings = settings.clone();
+                self.start_with(req, settings)
             }
             // No rule and no default: this route is not limited.
             None => {
-                let start = Start::new(self.shared.common.clone(), self.shared.feedback.clone());
+                let start = Start::new(self.shared.settings.clone(), self.shared.feedback.clone());
                 ResponseFuture::calling(start, self.inner.call(req), None)
             }
         }

@@ -1,6 +1,7 @@
 //! HTTP pieces shared by the layers: rate-limit headers, rejection
 //! responses and the response body type.
 
+mod answer;
 mod body;
 mod headers;
 mod refusal;
@@ -11,5 +12,6 @@ pub use self::headers::HeaderStyle;
 pub use self::refusal::RefusalBody;
 pub use self::rejection::{Rejection, RejectionKind};
 
+pub(crate) use self::answer::{Answer, Outcome};
 pub(crate) use self::headers::PolicyHeaders;
 pub(crate) use self::headers::retry_after_secs;

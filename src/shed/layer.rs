@@ -9,7 +9,7 @@ use http::Response;
 use super::rejection::{ShedAnswer, ShedRejectFn, ShedRejection};
 use super::tier::{Tiers, Unclassified};
 use super::{FleetShedder, UtilizationShedder};
-use crate::rate_limit::{FailurePolicy, mode};
+use crate::layer::{FailurePolicy, mode};
 
 /// The shedders a [`ShedLayer`] wraps:
 /// [`FleetShedder`](super::FleetShedder) and

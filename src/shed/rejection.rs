@@ -9,7 +9,7 @@ use super::ShedError;
 use super::tier::{Tier, Tiers};
 use crate::BoxError;
 use crate::error::StoreError;
-use crate::lease::Answer;
+use crate::response::Answer;
 use crate::response::retry_after_secs;
 
 /// Why a load shedder refused a request; handed to a custom rejection

@@ -182,7 +182,7 @@ fn too_many_limits() {
     let full = limits(MAX_LIMITS_PER_POLICY).build().unwrap();
     assert_eq!(full.limits().len(), 16);
     let err = limits(MAX_LIMITS_PER_POLICY + 1).build().unwrap_err();
-    assert_eq!(err, ConfigError::TooManyLimits { count: 17 });
+    assert_eq!(err, ConfigError::TooManyLimits { count: 17, max: 16 });
     says(&err, &["16", "17"]);
 }
 

@@ -21,7 +21,8 @@ use std::time::Duration;
 use common::{RedisServer, redis_store};
 use fleetgate::clock::ManualClock;
 use fleetgate::key::{GlobalKey, HeaderKey, HostKey};
-use fleetgate::rate_limit::{RateLimit, RetryAfter, mode, within_window};
+use fleetgate::mode;
+use fleetgate::rate_limit::{RateLimit, RetryAfter, within_window};
 use fleetgate::{
     BoxError, Decision, FailurePolicy, Key, Limit, Limiter, MemoryStore, Policy, Rate,
     RateLimitError, RateLimitLayer, RedisStore, Store, TimeSource,

@@ -10,8 +10,9 @@ use tower_service::Service;
 
 use super::{FleetShedBody, TierGate};
 use crate::BoxError;
-use crate::lease::{Admitting, GuardedBody, LeaseGuard};
-use crate::rate_limit::mode;
+use crate::concurrency::Admitting;
+use crate::layer::mode;
+use crate::lease::{GuardedBody, LeaseGuard};
 use crate::shed::state::TierSlot;
 
 pin_project! {

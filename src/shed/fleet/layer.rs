@@ -3,9 +3,9 @@ use std::time::Duration;
 
 use tower_layer::Layer;
 
-use super::{Common, FleetShed, FleetShedder, TierGate};
+use super::{FleetShed, FleetShedSettings, FleetShedder, TierGate};
+use crate::layer::{FailurePolicy, mode};
 use crate::metrics::LayerMetrics;
-use crate::rate_limit::{FailurePolicy, mode};
 use crate::shed::layer::ShedLayer;
 use crate::shed::tier::Unclassified;
 
@@ -58,8 +58,8 @@ impl<S, C: Clone, M> Layer<S> for FleetShedLayer<C, M> {
         let name: Arc<str> = Arc::from(policy.name());
         let tiers = policy.tiers();
         let metrics = LayerMetrics::new("fleet_shed", name.clone());
-        let common = |shedder: &FleetShedder, local: bool| {
-            Arc::new(Common {
+        let settings = |shedder: &FleetShedder, local: bool| {
+            Arc::new(FleetShedSettings {
                 shedder: shedder.clone(),
                 answer: self.answer(name.clone(), tiers),
                 // The local shedder's memory store cannot fail; should it
@@ -77,19 +77,19 @@ impl<S, C: Clone, M> Layer<S> for FleetShedLayer<C, M> {
             .on_store_error
             .1
             .as_ref()
-            .map(|local| common(local, true));
-        let common = common(&self.shedder, false);
+            .map(|local| settings(local, true));
+        let settings = settings(&self.shedder, false);
         let gate = |tier| {
             let fallback = local.as_ref().map(|local| {
                 Arc::new(TierGate {
-                    common: local.clone(),
+                    settings: local.clone(),
                     tier,
                     limit: local.shedder.policy().limit(tier),
                     fallback: None,
                 })
             });
             Arc::new(TierGate {
-                common: common.clone(),
+                settings: settings.clone(),
                 tier,
                 limit: policy.limit(tier),
                 fallback,

@@ -24,13 +24,15 @@ use super::rejection::{Refusal, ShedAnswer, ShedRejectionKind};
 use super::state::TierSlot;
 use super::tier::Tier;
 use crate::BoxError;
+use crate::concurrency::Gate;
 use crate::concurrency::{Admission, ConcurrencyBody};
 use crate::error::StoreError;
 use crate::key::Key;
-use crate::lease::{Answer, Gate, GuardedBody, LeaseGuard, StoreLease};
+use crate::layer::{FailurePolicy, fall_back_locally, log_store_failure};
+use crate::lease::{GuardedBody, LeaseGuard, StoreLease};
+use crate::log::decision_span;
 use crate::metrics::{LayerMetrics, Outcome};
-use crate::rate_limit::decision_span;
-use crate::rate_limit::{FailurePolicy, fall_back_locally, log_store_failure};
+use crate::response::Answer;
 
 /// The response body of a [`FleetShed`] service: the inner body holding
 /// the request's fleet lease and its place in this process's count until
@@ -38,7 +40,7 @@ use crate::rate_limit::{FailurePolicy, fall_back_locally, log_store_failure};
 pub type FleetShedBody<B> = GuardedBody<ConcurrencyBody<B>, TierSlot>;
 
 /// Settings every clone of a service and every response future shares.
-pub(crate) struct Common {
+pub(crate) struct FleetShedSettings {
     pub(crate) shedder: FleetShedder,
     pub(crate) answer: ShedAnswer,
     pub(crate) failure: FailurePolicy,
@@ -51,7 +53,7 @@ pub(crate) struct Common {
 /// The settings as seen by requests of one tier: one per tier, built with
 /// the layer, so that deciding costs no allocation.
 pub(crate) struct TierGate {
-    pub(crate) common: Arc<Common>,
+    pub(crate) settings: Arc<FleetShedSettings>,
     pub(crate) tier: Tier,
     pub(crate) limit: Option<u64>,
     /// Under [`FailurePolicy::Local`]: the local shedder's gate for the
@@ -61,21 +63,21 @@ pub(crate) struct TierGate {
 
 impl TierGate {
     fn log_failure(&self, err: &StoreError) {
-        let common = &self.common;
-        let store = common.shedder.store();
+        let settings = &self.settings;
+        let store = settings.shedder.store();
         log_store_failure(
             "load-shedder",
-            &common.answer.policy,
+            &settings.answer.policy,
             store,
             err,
-            common.failure,
+            settings.failure,
         );
     }
 
     fn pass(&self, outcome: Outcome, span: &tracing::Span) {
-        self.common.metrics.decided(outcome, false);
+        self.settings.metrics.decided(outcome, false);
         span.record("outcome", outcome.as_str());
-        self.common.shedder.counters().decided(self.tier, false);
+        self.settings.shedder.counters().decided(self.tier, false);
     }
 }
 
@@ -83,11 +85,11 @@ impl Answer for TierGate {
     type Refusal = Refusal;
 
     fn respond(&self, refusal: Refusal) -> Response<Bytes> {
-        self.common.answer.respond(refusal)
+        self.settings.answer.respond(refusal)
     }
 
     fn fail(&self, refusal: Refusal) -> BoxError {
-        self.common.answer.fail(refusal)
+        self.settings.answer.fail(refusal)
     }
 }
 
@@ -97,37 +99,37 @@ impl Gate for TierGate {
         result: Result<Admission, StoreError>,
         latency: Option<Duration>,
     ) -> Result<Option<LeaseGuard<StoreLease>>, Refusal> {
-        let common = &self.common;
-        let tier_name = common.answer.tiers.name(self.tier);
+        let settings = &self.settings;
+        let tier_name = settings.answer.tiers.name(self.tier);
         let span = decision_span(
             "fleet_shed",
-            &common.answer.policy,
+            &settings.answer.policy,
             Some(tier_name),
             latency,
         );
         let _entered = span.enter();
         match (result, self.limit) {
             (Ok(Admission::Acquired(guard)), _) => {
-                self.pass(Outcome::Allowed.by_fallback(self.common.local), &span);
+                self.pass(Outcome::Allowed.by_fallback(self.settings.local), &span);
                 Ok(Some(guard))
             }
             // Unreachable with an unbounded capacity; never shed all the same.
             (Ok(Admission::Refused(_)), None) => {
-                self.pass(Outcome::Allowed.by_fallback(self.common.local), &span);
+                self.pass(Outcome::Allowed.by_fallback(self.settings.local), &span);
                 Ok(None)
             }
             (Ok(Admission::Refused(grant)), Some(limit)) => {
                 tracing::debug!(
-                    policy = &*common.answer.policy,
+                    policy = &*settings.answer.policy,
                     tier = tier_name,
                     in_flight = grant.in_flight(),
                     limit,
                     "shed"
                 );
-                let outcome = Outcome::Shed.by_fallback(common.local);
-                common.metrics.decided(outcome, false);
+                let outcome = Outcome::Shed.by_fallback(settings.local);
+                settings.metrics.decided(outcome, false);
                 span.record("outcome", outcome.as_str());
-                common.shedder.counters().decided(self.tier, true);
+                settings.shedder.counters().decided(self.tier, true);
                 Err(Refusal {
                     tier: self.tier,
                     kind: ShedRejectionKind::OverLimit {
@@ -141,8 +143,8 @@ impl Gate for TierGate {
                 // The most important tier passes whatever the policy: this
                 // shedder never refuses it. `Local` reaches here only if
                 // its own store failed.
-                if limit.is_some() && matches!(common.failure, FailurePolicy::Closed) {
-                    common.metrics.decided(Outcome::FailClosed, false);
+                if limit.is_some() && matches!(settings.failure, FailurePolicy::Closed) {
+                    settings.metrics.decided(Outcome::FailClosed, false);
                     span.record("outcome", Outcome::FailClosed.as_str());
                     return Err(self.broken(err));
                 }
@@ -169,7 +171,7 @@ impl Gate for TierGate {
             result,
             |g| g.fallback.as_ref(),
             TierGate::log_failure,
-            |local| local.common.shedder.admit(local.tier).take_ready(),
+            |local| local.settings.shedder.admit(local.tier).take_ready(),
         )
     }
 }

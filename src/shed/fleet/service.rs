@@ -10,8 +10,8 @@ use tower_service::Service;
 
 use super::{FleetShedBody, ResponseFuture, TierGate};
 use crate::BoxError;
-use crate::lease::Admitting;
-use crate::rate_limit::mode;
+use crate::concurrency::Admitting;
+use crate::layer::mode;
 use crate::shed::tier::Classify;
 
 /// The service [`FleetShedLayer`](super::FleetShedLayer) produces.
@@ -23,12 +23,12 @@ use crate::shed::tier::Classify;
 /// store does I/O.
 pub struct FleetShed<S, C, M> {
     inner: S,
-    shared: Arc<Shared<C>>,
+    shared: Arc<FleetShedParts<C>>,
     _mode: PhantomData<fn() -> M>,
 }
 
 /// What a service's clones share: the classifier and one gate per tier.
-struct Shared<C> {
+struct FleetShedParts<C> {
     classify: C,
     gates: Box<[Arc<TierGate>]>,
     unclassified: Arc<TierGate>,
@@ -43,7 +43,7 @@ impl<S, C, M> FleetShed<S, C, M> {
     ) -> Self {
         FleetShed {
             inner,
-            shared: Arc::new(Shared {
+            shared: Arc::new(FleetShedParts {
                 classify,
                 gates,
                 unclassified,
@@ -73,16 +73,16 @@ impl<S, C, M> FleetShed<S, C, M> {
         C: Classify<Req>,
     {
         let shared = &self.shared;
-        let common = &shared.unclassified.common;
+        let settings = &shared.unclassified.settings;
         let gate = shared
             .classify
-            .classify(&req, &common.answer.tiers)
+            .classify(&req, &settings.answer.tiers)
             .and_then(|tier| shared.gates.get(tier.rank()))
             .unwrap_or(&shared.unclassified)
             .clone();
         // Counted from here: a request waiting for the store is in flight.
-        let slot = common.shedder.counters().enter(gate.tier);
-        let acquire = common.shedder.admit(gate.tier);
+        let slot = settings.shedder.counters().enter(gate.tier);
+        let acquire = settings.shedder.admit(gate.tier);
         // The fallback needs no key: the tier's gate knows its local one.
         let admitting = Admitting::start(gate, acquire, &mut self.inner, req, None);
         ResponseFuture::new(admitting, slot)
@@ -103,7 +103,7 @@ impl<S: fmt::Debug, C, M> fmt::Debug for FleetShed<S, C, M> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("FleetShed")
             .field("inner", &self.inner)
-            .field("shedder", &self.shared.unclassified.common.shedder)
+            .field("shedder", &self.shared.unclassified.settings.shedder)
             .finish_non_exhaustive()
     }
 }

@@ -8,11 +8,12 @@ use std::task::{Context, Poll, ready};
 use http::Response;
 use pin_project_lite::pin_project;
 
-use super::{Common, UtilizationShedBody};
+use super::{UtilizationSettings, UtilizationShedBody};
 use crate::BoxError;
 use crate::error::StoreError;
-use crate::lease::{LeaseGuard, Outcome};
-use crate::rate_limit::mode;
+use crate::layer::mode;
+use crate::lease::LeaseGuard;
+use crate::response::Outcome;
 use crate::shed::rejection::{Refusal, ShedRejectionKind};
 use crate::shed::state::TierSlot;
 
@@ -25,7 +26,7 @@ pin_project! {
     pub struct ResponseFuture<F, M> {
         #[pin]
         state: State<F>,
-        common: Arc<Common>,
+        settings: Arc<UtilizationSettings>,
         _mode: PhantomData<fn() -> M>,
     }
 }
@@ -46,9 +47,13 @@ pin_project! {
 }
 
 impl<F, M> ResponseFuture<F, M> {
-    pub(crate) fn calling(common: Arc<Common>, fut: F, slot: LeaseGuard<TierSlot>) -> Self {
+    pub(crate) fn calling(
+        settings: Arc<UtilizationSettings>,
+        fut: F,
+        slot: LeaseGuard<TierSlot>,
+    ) -> Self {
         Self::with_state(
-            common,
+            settings,
             State::Calling {
                 fut,
                 slot: Some(slot),
@@ -56,19 +61,19 @@ impl<F, M> ResponseFuture<F, M> {
         )
     }
 
-    pub(crate) fn rejected(common: Arc<Common>, refusal: Refusal) -> Self {
+    pub(crate) fn rejected(settings: Arc<UtilizationSettings>, refusal: Refusal) -> Self {
         Self::with_state(
-            common,
+            settings,
             State::Rejected {
                 refusal: Some(refusal),
             },
         )
     }
 
-    fn with_state(common: Arc<Common>, state: State<F>) -> Self {
+    fn with_state(settings: Arc<UtilizationSettings>, state: State<F>) -> Self {
         ResponseFuture {
             state,
-            common,
+            settings,
             _mode: PhantomData,
         }
     }
@@ -88,9 +93,9 @@ impl<F, M> ResponseFuture<F, M> {
             }
             StateProj::Rejected { refusal } => match refusal.take() {
                 Some(refusal) => Outcome::Rejected(refusal),
-                None => polled_after_completion(this.common),
+                None => polled_after_completion(this.settings),
             },
-            StateProj::Done => polled_after_completion(this.common),
+            StateProj::Done => polled_after_completion(this.settings),
         };
         this.state.set(State::Done);
         Poll::Ready(outcome)
@@ -98,9 +103,11 @@ impl<F, M> ResponseFuture<F, M> {
 }
 
 /// A contract violation by the caller; answered, not panicked on.
-fn polled_after_completion<R, E>(common: &Common) -> Outcome<R, E, Refusal, TierSlot> {
+fn polled_after_completion<R, E>(
+    settings: &UtilizationSettings,
+) -> Outcome<R, E, Refusal, TierSlot> {
     Outcome::Rejected(Refusal {
-        tier: common.answer.tiers.critical(),
+        tier: settings.answer.tiers.critical(),
         kind: ShedRejectionKind::Unavailable(StoreError::UnexpectedReply(
             "response future polled after completion".into(),
         )),
@@ -115,7 +122,7 @@ where
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let outcome = ready!(self.as_mut().poll_outcome(cx));
-        Poll::Ready(outcome.into_http(&*self.common))
+        Poll::Ready(outcome.into_http(&*self.settings))
     }
 }
 
@@ -128,7 +135,7 @@ where
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let outcome = ready!(self.as_mut().poll_outcome(cx));
-        Poll::Ready(outcome.into_typed(&*self.common))
+        Poll::Ready(outcome.into_typed(&*self.settings))
     }
 }
 

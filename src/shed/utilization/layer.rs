@@ -3,9 +3,9 @@ use std::time::Duration;
 
 use tower_layer::Layer;
 
-use super::{Common, UtilizationShed, UtilizationShedder};
+use super::{UtilizationSettings, UtilizationShed, UtilizationShedder};
+use crate::layer::mode;
 use crate::metrics::LayerMetrics;
-use crate::rate_limit::mode;
 use crate::shed::layer::ShedLayer;
 use crate::shed::tier::Unclassified;
 
@@ -33,11 +33,11 @@ impl<S, C: Clone, M> Layer<S> for UtilizationShedLayer<C, M> {
 
     fn layer(&self, inner: S) -> Self::Service {
         let name: Arc<str> = Arc::from(self.shedder.name());
-        let common = Common {
+        let settings = UtilizationSettings {
             shedder: self.shedder.clone(),
             answer: self.answer(name.clone(), self.shedder.tiers()),
             metrics: LayerMetrics::new("utilization_shed", name),
         };
-        UtilizationShed::new(inner, self.classify.clone(), Arc::new(common))
+        UtilizationShed::new(inner, self.classify.clone(), Arc::new(settings))
     }
 }

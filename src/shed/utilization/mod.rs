@@ -20,9 +20,10 @@ use super::rejection::{Refusal, ShedAnswer, ShedRejectionKind};
 use super::state::TierSlot;
 use super::tier::Tier;
 use crate::BoxError;
-use crate::lease::{Answer, GuardedBody, LeaseGuard};
+use crate::lease::{GuardedBody, LeaseGuard};
+use crate::log::decision_span;
 use crate::metrics::{LayerMetrics, Outcome};
-use crate::rate_limit::decision_span;
+use crate::response::Answer;
 use crate::response::ResponseBody;
 
 /// The response body of a [`UtilizationShed`] service: the inner body
@@ -31,13 +32,13 @@ use crate::response::ResponseBody;
 pub type UtilizationShedBody<B> = GuardedBody<ResponseBody<B>, TierSlot>;
 
 /// Settings every clone of a service and every response future shares.
-pub(crate) struct Common {
+pub(crate) struct UtilizationSettings {
     pub(crate) shedder: UtilizationShedder,
     pub(crate) answer: ShedAnswer,
     pub(crate) metrics: LayerMetrics,
 }
 
-impl Common {
+impl UtilizationSettings {
     /// Admits a request of `tier` (holding its slot) or sheds it. Counts
     /// and traces the decision.
     pub(crate) fn decide(&self, tier: Tier) -> Result<LeaseGuard<TierSlot>, Refusal> {
@@ -67,7 +68,7 @@ impl Common {
     }
 }
 
-impl Answer for Common {
+impl Answer for UtilizationSettings {
     type Refusal = Refusal;
 
     fn respond(&self, refusal: Refusal) -> Response<Bytes> {

@@ -8,9 +8,9 @@ use http::{Request, Response};
 use http_body::Body;
 use tower_service::Service;
 
-use super::{Common, ResponseFuture, UtilizationShedBody};
+use super::{ResponseFuture, UtilizationSettings, UtilizationShedBody};
 use crate::BoxError;
-use crate::rate_limit::mode;
+use crate::layer::mode;
 use crate::shed::tier::Classify;
 
 /// The service [`UtilizationShedLayer`](super::UtilizationShedLayer)
@@ -18,21 +18,21 @@ use crate::shed::tier::Classify;
 /// inner service is.
 pub struct UtilizationShed<S, C, M> {
     inner: S,
-    shared: Arc<Shared<C>>,
+    shared: Arc<UtilizationParts<C>>,
     _mode: PhantomData<fn() -> M>,
 }
 
 /// What a service's clones share.
-struct Shared<C> {
+struct UtilizationParts<C> {
     classify: C,
-    common: Arc<Common>,
+    settings: Arc<UtilizationSettings>,
 }
 
 impl<S, C, M> UtilizationShed<S, C, M> {
-    pub(crate) fn new(inner: S, classify: C, common: Arc<Common>) -> Self {
+    pub(crate) fn new(inner: S, classify: C, settings: Arc<UtilizationSettings>) -> Self {
         UtilizationShed {
             inner,
-            shared: Arc::new(Shared { classify, common }),
+            shared: Arc::new(UtilizationParts { classify, settings }),
             _mode: PhantomData,
         }
     }
@@ -57,8 +57,8 @@ impl<S, C, M> UtilizationShed<S, C, M> {
         S: Service<Req>,
         C: Classify<Req>,
     {
-        let common = self.shared.common.clone();
-        let tiers = &common.answer.tiers;
+        let settings = self.shared.settings.clone();
+        let tiers = &settings.answer.tiers;
         // A tier of another set (a closure's mistake) counts as the default
         // tier, here already, so that spans and answers name it.
         let tier = tiers.clamp(
@@ -67,12 +67,12 @@ impl<S, C, M> UtilizationShed<S, C, M> {
                 .classify(&req, tiers)
                 .unwrap_or_else(|| tiers.unclassified()),
         );
-        match common.decide(tier) {
+        match settings.decide(tier) {
             Ok(slot) => {
                 let fut = self.inner.call(req);
-                ResponseFuture::calling(common, fut, slot)
+                ResponseFuture::calling(settings, fut, slot)
             }
-            Err(refusal) => ResponseFuture::rejected(common, refusal),
+            Err(refusal) => ResponseFuture::rejected(settings, refusal),
         }
     }
 }
@@ -91,7 +91,7 @@ impl<S: fmt::Debug, C, M> fmt::Debug for UtilizationShed<S, C, M> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("UtilizationShed")
             .field("inner", &self.inner)
-            .field("shedder", &self.shared.common.shedder)
+            .field("shedder", &self.shared.settings.shedder)
             .finish_non_exhaustive()
     }
 }

@@ -1,5 +1,5 @@
 //! The response future of layers that admit a request by taking a store
-//! lease (the concurrency limiter, the fleet load shedder): wait for the
+//! lease (this limiter, the fleet load shedder): wait for the
 //! lease, call the inner service holding it, or refuse; and turn that into
 //! an HTTP response whose body holds the lease, or a typed error.
 
@@ -9,29 +9,16 @@ use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
-use bytes::Bytes;
 use http::Response;
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
-use super::{GuardedBody, Lease, LeaseGuard, StoreLease};
+use super::{Acquire, Admission, ConcurrencyBody};
 use crate::BoxError;
-use crate::concurrency::{Acquire, Admission, ConcurrencyBody};
 use crate::error::StoreError;
 use crate::key::Key;
-use crate::response::ResponseBody;
-
-/// How a layer answers the requests it refuses.
-pub(crate) trait Answer: Send + Sync + 'static {
-    /// Why a request was refused.
-    type Refusal;
-
-    /// The HTTP response to a refusal.
-    fn respond(&self, refusal: Self::Refusal) -> Response<Bytes>;
-
-    /// The typed error for a refusal.
-    fn fail(&self, refusal: Self::Refusal) -> BoxError;
-}
+use crate::lease::{LeaseGuard, StoreLease};
+use crate::response::{Answer, Outcome};
 
 /// A layer that admits requests with store leases.
 pub(crate) trait Gate: Answer {
@@ -59,51 +46,6 @@ pub(crate) trait Gate: Answer {
     ) -> Result<Admission, StoreError>
     where
         Self: Sized;
-}
-
-/// How a request ended, before the mode turns it into a response or error:
-/// passed (holding a lease of type `L`, if any) or refused.
-pub(crate) enum Outcome<R, E, F, L: Lease = StoreLease> {
-    Passed(Result<R, E>, Option<LeaseGuard<L>>),
-    Rejected(F),
-}
-
-impl<R, E, F, L: Lease> Outcome<R, E, F, L> {
-    pub(crate) fn passed(&self) -> bool {
-        matches!(self, Outcome::Passed(..))
-    }
-
-    /// Typed-error mode: there is no body to follow, so the lease ends here.
-    pub(crate) fn into_typed<A>(self, answer: &A) -> Result<R, BoxError>
-    where
-        A: Answer<Refusal = F>,
-        E: Into<BoxError>,
-    {
-        match self {
-            Outcome::Passed(result, _guard) => result.map_err(Into::into),
-            Outcome::Rejected(refusal) => Err(answer.fail(refusal)),
-        }
-    }
-}
-
-impl<B, E, F, L: Lease> Outcome<Response<B>, E, F, L> {
-    /// HTTP mode: the response body holds the lease from here on.
-    pub(crate) fn into_http<A>(
-        self,
-        answer: &A,
-    ) -> Result<Response<GuardedBody<ResponseBody<B>, L>>, E>
-    where
-        A: Answer<Refusal = F>,
-    {
-        match self {
-            Outcome::Passed(result, guard) => {
-                result.map(|r| r.map(|body| GuardedBody::new(ResponseBody::inner(body), guard)))
-            }
-            Outcome::Rejected(refusal) => Ok(answer
-                .respond(refusal)
-                .map(|body| GuardedBody::new(ResponseBody::full(body), None))),
-        }
-    }
 }
 
 pin_project! {
