@@ -4,6 +4,9 @@ use std::time::Duration;
 
 use crate::rate::Rate;
 
+/// The error type of services in typed-error mode.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
 /// A limit, policy or layer that makes no sense, refused when it is built.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]

@@ -196,7 +196,7 @@ mod proptests;
 
 pub use crate::algorithm::Algorithm;
 pub use crate::decision::Decision;
-pub use crate::error::{ConfigError, RateLimitError, StoreError};
+pub use crate::error::{BoxError, ConfigError, RateLimitError, StoreError};
 pub use crate::key::Key;
 pub use crate::layer::{FailurePolicy, OnMissingKey, mode};
 pub use crate::limit::{
@@ -218,9 +218,6 @@ pub use crate::concurrency::{
 pub use crate::shed::{
     FleetShedLayer, FleetShedPolicy, FleetShedder, UtilizationShedLayer, UtilizationShedder,
 };
-
-/// The error type of services in typed-error mode.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// Compiles the README's examples as doc tests, so they stay true (they
 /// use `RedisStore`: with the `redis` feature).

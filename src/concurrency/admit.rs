@@ -14,7 +14,7 @@ use pin_project_lite::pin_project;
 use tower_service::Service;
 
 use super::{Acquire, Admission, ConcurrencyBody};
-use crate::BoxError;
+use crate::error::BoxError;
 use crate::error::StoreError;
 use crate::key::Key;
 use crate::lease::{LeaseGuard, StoreLease};

@@ -13,7 +13,7 @@ use tower_service::Service;
 
 use super::{Admission, ConcurrencyBody, ConcurrencyRejectionKind, ConcurrencySettings};
 use super::{Admitting, Gate};
-use crate::BoxError;
+use crate::error::BoxError;
 use crate::error::StoreError;
 use crate::key::Key;
 use crate::layer::mode;

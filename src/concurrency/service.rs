@@ -10,7 +10,7 @@ use tower_service::Service;
 
 use super::Admitting;
 use super::{ConcurrencyBody, ConcurrencyParts, ResponseFuture};
-use crate::BoxError;
+use crate::error::BoxError;
 use crate::key::KeyExtractor;
 use crate::layer::{OnMissingKey, mode};
 

@@ -13,8 +13,8 @@ use tokio::time::{Instant, Sleep};
 use tower_service::Service;
 
 use super::{FEEDBACK_WARNINGS, NoFeedback, RateSettings, UpstreamFeedback, mode};
-use crate::BoxError;
 use crate::decision::Decision;
+use crate::error::BoxError;
 use crate::error::{RateLimitError, StoreError};
 use crate::key::Key;
 use crate::response::{HeaderStyle, RefusalBody, RejectionKind, ResponseBody};

@@ -13,7 +13,7 @@ use super::{
     Cost, NoFeedback, OnMissingKey, RateLimitParts, RateSettings, ResponseFuture, UpstreamFeedback,
     mode,
 };
-use crate::BoxError;
+use crate::error::BoxError;
 use crate::key::KeyExtractor;
 use crate::response::{RefusalBody, ResponseBody};
 

@@ -5,7 +5,7 @@ use bytes::Bytes;
 use http::Response;
 
 use super::ResponseBody;
-use crate::BoxError;
+use crate::error::BoxError;
 use crate::lease::{GuardedBody, Lease, LeaseGuard, StoreLease};
 
 /// How a layer answers the requests it refuses.

@@ -7,7 +7,7 @@ use http::{HeaderValue, Response, StatusCode};
 
 use super::ShedError;
 use super::tier::{Tier, Tiers};
-use crate::BoxError;
+use crate::error::BoxError;
 use crate::error::StoreError;
 use crate::response::Answer;
 use crate::response::retry_after_secs;

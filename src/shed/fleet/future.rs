@@ -9,8 +9,8 @@ use pin_project_lite::pin_project;
 use tower_service::Service;
 
 use super::{FleetShedBody, TierGate};
-use crate::BoxError;
 use crate::concurrency::Admitting;
+use crate::error::BoxError;
 use crate::layer::mode;
 use crate::lease::{GuardedBody, LeaseGuard};
 use crate::shed::state::TierSlot;

@@ -9,8 +9,8 @@ use http_body::Body;
 use tower_service::Service;
 
 use super::{FleetShedBody, ResponseFuture, TierGate};
-use crate::BoxError;
 use crate::concurrency::Admitting;
+use crate::error::BoxError;
 use crate::layer::mode;
 use crate::shed::tier::Classify;
 

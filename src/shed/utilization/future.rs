@@ -9,7 +9,7 @@ use http::Response;
 use pin_project_lite::pin_project;
 
 use super::{UtilizationSettings, UtilizationShedBody};
-use crate::BoxError;
+use crate::error::BoxError;
 use crate::error::StoreError;
 use crate::layer::mode;
 use crate::lease::LeaseGuard;

@@ -19,7 +19,7 @@ pub use self::shedder::{UtilizationShedder, UtilizationShedderBuilder};
 use super::rejection::{Refusal, ShedAnswer, ShedRejectionKind};
 use super::state::TierSlot;
 use super::tier::Tier;
-use crate::BoxError;
+use crate::error::BoxError;
 use crate::lease::{GuardedBody, LeaseGuard};
 use crate::log::decision_span;
 use crate::metrics::{LayerMetrics, Outcome};

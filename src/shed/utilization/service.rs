@@ -9,7 +9,7 @@ use http_body::Body;
 use tower_service::Service;
 
 use super::{ResponseFuture, UtilizationSettings, UtilizationShedBody};
-use crate::BoxError;
+use crate::error::BoxError;
 use crate::layer::mode;
 use crate::shed::tier::Classify;
 
