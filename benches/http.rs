@@ -786,6 +786,8 @@ fn print_table(rows: &[Row], plan: &Plan, redis_version: &str) {
     let (a, r) = (Load::Admitted, Load::Rejected);
     let (redis, evalsha, memory) = (Variant::Redis, Variant::Evalsha, Variant::Memory);
     let mut targets = Vec::new();
+    // Not quite like for like: ours sends its default headers, the floor
+    // none, so these ratios understate ours by what the headers cost.
     for load in [a, r, Load::ManyKeys] {
         let load_name = load.name();
         targets.push(at_least(
@@ -800,24 +802,34 @@ fn print_table(rows: &[Row], plan: &Plan, redis_version: &str) {
             format!("HTTP: Redis RateLimitLayer p99 vs EVALSHA middleware, {load_name}"),
         ));
     }
+    // Like for like: the same header setting on both sides. Bare axum and
+    // tower_governor's default send no rate-limit headers; ours sends two
+    // by default, compared with tower_governor's `use_headers()`.
+    let no_headers = Variant::MemoryNoHeaders;
     targets.push(at_least(
-        (memory, a),
+        (no_headers, a),
         (Variant::Bare, a),
         0.95,
-        "HTTP: memory RateLimitLayer / bare axum, admitted".into(),
+        "HTTP: memory RateLimitLayer / bare axum, no headers on either, admitted".into(),
     ));
-    for load in [a, r] {
-        let name = format!(
-            "HTTP: memory RateLimitLayer / tower_governor, {}",
-            load.name()
-        );
-        targets.push(at_least(
-            (memory, load),
-            (Variant::Governor, load),
-            1.0,
-            name,
-        ));
-    }
+    targets.push(at_least(
+        (no_headers, a),
+        (Variant::Governor, a),
+        1.0,
+        "HTTP: memory RateLimitLayer / tower_governor, headers off on both, admitted".into(),
+    ));
+    targets.push(at_least(
+        (memory, a),
+        (Variant::GovernorHeaders, a),
+        1.0,
+        "HTTP: memory RateLimitLayer / tower_governor, headers on on both, admitted".into(),
+    ));
+    targets.push(at_least(
+        (memory, r),
+        (Variant::Governor, r),
+        1.0,
+        "HTTP: memory RateLimitLayer / tower_governor, rejected".into(),
+    ));
     for v in [memory, redis] {
         let name = format!("HTTP: {}, rejected / admitted", v.name());
         targets.push(at_least((v, r), (v, a), 0.9, name));
@@ -846,9 +858,8 @@ fn print_table(rows: &[Row], plan: &Plan, redis_version: &str) {
         }
     }
     for (v, base) in [
-        (Variant::MemoryNoHeaders, Variant::Bare),
-        (Variant::MemoryNoHeaders, Variant::Governor),
-        (Variant::Memory, Variant::GovernorHeaders),
+        (Variant::Memory, Variant::Bare),
+        (Variant::Memory, Variant::Governor),
         (Variant::GovernorHeaders, Variant::Bare),
         (Variant::Governor, Variant::Bare),
     ] {

@@ -79,8 +79,8 @@ impl Clock for FastClock {
 /// Under `tokio::time::pause` it stands still until advanced, which makes
 /// it the clock for tests of time-dependent behaviour; it costs a read of
 /// the OS clock (plus tokio's check for paused time where tokio's
-/// `test-util` feature is on). It only measures time inside one process;
-/// use [`SystemClock`] where several processes must agree.
+/// `test-util` feature is on). It only measures time inside one process.
+/// Where several processes must agree, Redis decides on its own clock.
 #[derive(Clone, Copy, Debug)]
 pub struct MonotonicClock {
     start: tokio::time::Instant,
@@ -112,7 +112,7 @@ impl Clock for MonotonicClock {
 /// Wall-clock Unix time. Instances on several machines agree only as far as
 /// their clocks do; prefer Redis' server clock where it is available.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct SystemClock;
+pub(crate) struct SystemClock;
 
 impl Clock for SystemClock {
     fn now_micros(&self) -> u64 {

@@ -125,7 +125,7 @@
 //! or burst, a rate that microsecond resolution would slow by more than 1%
 //! (any rate up to 10,000/s is fine, and any whole number of microseconds
 //! between events, e.g. 500,000/s), a window too long to hold exactly (over
-//! ~35 years), an empty policy, more than [`MAX_LIMITS_PER_POLICY`] limits,
+//! ~35 years), an empty policy, more than 16 limits,
 //! duplicate limit names, and (with [`RateLimitLayer::fixed_cost`]) a cost
 //! no request could ever pay. A per-request cost above the burst is refused
 //! with 429 and no `Retry-After`, without asking the store.
@@ -199,11 +199,9 @@ pub use crate::decision::Decision;
 pub use crate::error::{BoxError, ConfigError, RateLimitError, StoreError};
 pub use crate::key::Key;
 pub use crate::layer::{FailurePolicy, OnMissingKey, mode};
-pub use crate::limit::{
-    Limit, LimitBuilder, MAX_LIMITS_PER_POLICY, MAX_TOLERANCE_MICROS, Policy, PolicyBuilder, Rate,
-};
-pub use crate::limiter::{IntoStore, Limiter};
-pub use crate::rate_limit::{Cost, RateLimit, RateLimitLayer};
+pub use crate::limit::{Limit, LimitBuilder, Policy, PolicyBuilder, Rate};
+pub use crate::limiter::Limiter;
+pub use crate::rate_limit::{RateLimit, RateLimitLayer};
 pub use crate::response::{HeaderStyle, Rejection, RejectionKind};
 pub use crate::share::LocalShare;
 pub use crate::store::{MemoryStore, Store};

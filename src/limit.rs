@@ -20,7 +20,7 @@ use crate::share::LocalShare;
 /// Redis evaluates scripts with Lua doubles, which hold integers exactly only
 /// up to 2^53; with Unix time in microseconds (about 2^51 today) this bound
 /// keeps every intermediate value of the GCRA script exact.
-pub const MAX_TOLERANCE_MICROS: u64 = 1 << 50;
+pub(crate) const MAX_TOLERANCE_MICROS: u64 = 1 << 50;
 
 /// One limit: a [`Rate`] with a burst, decided with GCRA.
 ///
@@ -280,7 +280,7 @@ struct PolicyInner {
 }
 
 /// The most limits one policy may hold.
-pub const MAX_LIMITS_PER_POLICY: usize = 16;
+pub(crate) const MAX_LIMITS_PER_POLICY: usize = 16;
 
 impl Policy {
     /// A policy named `name` holding a single limit.

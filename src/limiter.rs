@@ -99,9 +99,8 @@ impl Limiter {
     /// Reserve mode: admits the call if its slot comes within `max_wait`
     /// and reports in [`Decision::wait`] how long to wait before using it.
     /// The slot is taken (and charged) at once, so callers are served in
-    /// the order they reach the store. `max_wait` is capped at
-    /// [`MAX_TOLERANCE_MICROS`](crate::MAX_TOLERANCE_MICROS) (about 35
-    /// years), which keeps every stored time exact in Redis.
+    /// the order they reach the store. `max_wait` is capped at 2^50 µs
+    /// (about 35 years), which keeps every stored time exact in Redis.
     ///
     /// Only GCRA policies can reserve: under a window algorithm this fails
     /// with [`ConfigError::ReserveNeedsGcra`](crate::ConfigError::ReserveNeedsGcra)
@@ -120,8 +119,7 @@ impl Limiter {
     /// earlier than `pause` from now, for every instance sharing the store,
     /// and calls then resume at the policy's rate, one at a time rather
     /// than with a full burst. One round trip; a state already further out
-    /// is left as it is. `pause` is capped at
-    /// [`MAX_TOLERANCE_MICROS`](crate::MAX_TOLERANCE_MICROS).
+    /// is left as it is. `pause` is capped at 2^50 µs (about 35 years).
     ///
     /// Slots already handed out by [`reserve`](Self::reserve) keep their
     /// times: the pause holds back reservations made after it is recorded.

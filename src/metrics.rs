@@ -16,9 +16,22 @@
 //!
 //! `layer` is the kind of layer (`rate_limit`, `concurrency`, `fleet_shed`,
 //! `utilization_shed`), `tier` a load shedder's tier name, `policy`
-//! the configured policy name, `outcome` one of [`Outcome`]'s names, and
-//! `op` the script (`gcra`, `sliding_log`, `lease_acquire`, ...). A store
-//! failure shows twice: as a store error, and as the `fail_open`,
+//! the configured policy name, `op` the script (`gcra`, `sliding_log`,
+//! `lease_acquire`, ...), and `outcome` one of:
+//!
+//! | outcome | the request was |
+//! |---|---|
+//! | `allowed` | admitted by the limit |
+//! | `denied` | refused by the limit |
+//! | `shadow_denied` | over the limit in shadow mode: admitted, only counted |
+//! | `shed` | dropped by a load shedder (by the fleet shedder's local fallback: `fallback_denied`) |
+//! | `missing_key` | refused: no key could be extracted |
+//! | `fail_open` | admitted: the store failed |
+//! | `fail_closed` | refused: the store failed |
+//! | `fallback_allowed` | admitted by the local fallback: the store failed |
+//! | `fallback_denied` | refused by the local fallback: the store failed |
+//!
+//! A store failure shows twice: as a store error, and as the `fail_open`,
 //! `fail_closed` or `fallback_*` outcome of the decision it spoiled.
 //! Every label comes from configuration, never from a request: the number of
 //! series is bounded by the number of policies, whatever the traffic. Keys
@@ -61,10 +74,10 @@ use std::time::Duration;
 
 use crate::error::StoreError;
 
-/// What a layer did with one request; the `outcome` label.
+/// What a layer did with one request; the `outcome` label (the module
+/// docs list its values).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum Outcome {
+pub(crate) enum Outcome {
     /// Admitted by the limit.
     Allowed,
     /// Refused by the limit.
@@ -116,7 +129,7 @@ impl Outcome {
     /// The label value: `allowed`, `denied`, `shadow_denied`, `shed`,
     /// `missing_key`, `fail_open`, `fail_closed`, `fallback_allowed`,
     /// `fallback_denied`.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Outcome::Allowed => "allowed",
             Outcome::Denied => "denied",

@@ -87,14 +87,15 @@ use bytes::Bytes;
 use http::{Response, StatusCode};
 
 pub use self::error::ConcurrencyLimitError;
-pub use self::future::ResponseFuture;
 pub use self::layer::ConcurrencyLimitLayer;
-pub use self::limiter::{Acquire, Admission, ConcurrencyLimiter};
-pub use self::policy::{ConcurrencyPolicy, ConcurrencyPolicyBuilder, MAX_LEASE_TTL, MIN_LEASE_TTL};
+pub use self::limiter::{Admission, ConcurrencyLimiter};
+pub use self::policy::{ConcurrencyPolicy, ConcurrencyPolicyBuilder};
 pub use self::rejection::{ConcurrencyRejection, ConcurrencyRejectionKind};
 pub use self::service::ConcurrencyLimit;
 
 pub(crate) use self::admit::{Admitting, Gate};
+use self::future::ResponseFuture;
+pub(crate) use self::limiter::Acquire;
 
 use crate::error::StoreError;
 use crate::key::Key;
@@ -106,7 +107,7 @@ use crate::response::ResponseBody;
 
 /// The response body of a [`ConcurrencyLimit`] service: the inner body
 /// holding the request's lease until it ends, or a rejection's text.
-pub type ConcurrencyBody<B> = GuardedBody<ResponseBody<B>, StoreLease>;
+pub(crate) type ConcurrencyBody<B> = GuardedBody<ResponseBody<B>, StoreLease>;
 
 pub(crate) type RejectFn = Arc<dyn Fn(&ConcurrencyRejection<'_>) -> Response<Bytes> + Send + Sync>;
 

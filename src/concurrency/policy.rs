@@ -8,11 +8,11 @@ use crate::share::LocalShare;
 
 /// The longest lease TTL a [`ConcurrencyPolicy`] accepts: one day. A lease
 /// whose holder crashed keeps its slot this long at most.
-pub const MAX_LEASE_TTL: Duration = Duration::from_secs(86_400);
+pub(crate) const MAX_LEASE_TTL: Duration = Duration::from_secs(86_400);
 
 /// The shortest lease TTL: one millisecond, the resolution of Redis key
 /// expiry.
-pub const MIN_LEASE_TTL: Duration = Duration::from_millis(1);
+pub(crate) const MIN_LEASE_TTL: Duration = Duration::from_millis(1);
 
 /// At most `max_in_flight` requests per identity at once, each holding a
 /// lease that lives `lease_ttl` unless renewed.
@@ -133,7 +133,7 @@ pub struct ConcurrencyPolicyBuilder {
 
 impl ConcurrencyPolicyBuilder {
     /// How long a lease lives unless renewed or released (default 30 s,
-    /// between [`MIN_LEASE_TTL`] and [`MAX_LEASE_TTL`]).
+    /// from 1 ms to 24 hours).
     pub fn lease_ttl(mut self, ttl: Duration) -> Self {
         self.lease_ttl = ttl;
         self

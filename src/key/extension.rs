@@ -37,7 +37,7 @@ use super::{Key, KeyExtractor};
 /// ```
 ///
 /// The key is `prefix:` and the identity as `Display` writes it (a digest
-/// of it past [`MAX_KEY_LEN`](super::MAX_KEY_LEN), or always with [`hashed`](Self::hashed)). A
+/// of it past 128 bytes, or always with [`hashed`](Self::hashed)). A
 /// request without the extension yields no key.
 ///
 /// The layer that inserts the identity must run before the limit: with

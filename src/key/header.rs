@@ -72,7 +72,7 @@ impl HeaderKey {
 
     /// Uses the value as it is instead of hashing it, for headers that are
     /// not secret (a tenant id). Values that are not visible ASCII, or longer
-    /// than [`MAX_KEY_LEN`](super::MAX_KEY_LEN), are still hashed.
+    /// than 128 bytes, are still hashed.
     pub fn unhashed(mut self) -> Self {
         self.hashed = false;
         self

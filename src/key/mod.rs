@@ -22,10 +22,12 @@
 //! client IP: then unauthenticated traffic, invented keys included, shares
 //! one budget per address (see [`ExtensionKey`] for the pattern).
 
+mod compose;
 mod extension;
 mod header;
 mod host;
 mod ip;
+mod text;
 
 use std::fmt::{self, Write as _};
 use std::hash::{Hash, Hasher};
@@ -35,14 +37,18 @@ use std::sync::Arc;
 use sha2::{Digest, Sha256};
 use smol_str::SmolStr;
 
+pub use self::compose::key_fn;
+use self::compose::{KeyFn, Or};
 pub use self::extension::ExtensionKey;
 pub use self::header::HeaderKey;
 pub use self::host::HostKey;
-pub use self::ip::{ClientIp, ForwardedIp, IpNet, IpPrefix, PeerIp};
+use self::ip::IpPrefix;
+pub use self::ip::{ForwardedIp, IpNet, PeerIp};
+use self::text::{KeyText, StackText, TextRepr};
 
 /// Keys longer than this are replaced by their SHA-256 digest, so that one
 /// client cannot make the store hold arbitrarily large keys.
-pub const MAX_KEY_LEN: usize = 128;
+pub(crate) const MAX_KEY_LEN: usize = 128;
 
 /// An identity to limit: an IP, a hashed API key, a user id.
 ///
@@ -77,7 +83,7 @@ enum Repr {
 }
 
 impl Key {
-    /// A key from text. Text longer than [`MAX_KEY_LEN`] bytes is replaced by
+    /// A key from text. Text longer than 128 bytes is replaced by
     /// its digest (`sha256:…`).
     pub fn new(text: impl AsRef<str>) -> Self {
         let text = text.as_ref();
@@ -174,94 +180,6 @@ fn ip_key_address(text: &str) -> Option<IpAddr> {
     (Key::from_ip(ip).text() == text).then_some(ip)
 }
 
-/// A key's text, from [`Key::text`]: borrowed from the key, or written on
-/// the stack for an IP key. Dereferences to `&str`.
-pub struct KeyText<'a>(TextRepr<'a>);
-
-enum TextRepr<'a> {
-    Borrowed(&'a str),
-    Written(StackText),
-}
-
-impl std::ops::Deref for KeyText<'_> {
-    type Target = str;
-
-    fn deref(&self) -> &str {
-        match &self.0 {
-            TextRepr::Borrowed(text) => text,
-            TextRepr::Written(text) => text.as_str(),
-        }
-    }
-}
-
-impl AsRef<str> for KeyText<'_> {
-    fn as_ref(&self) -> &str {
-        self
-    }
-}
-
-impl PartialEq<str> for KeyText<'_> {
-    fn eq(&self, other: &str) -> bool {
-        **self == *other
-    }
-}
-
-impl PartialEq<&str> for KeyText<'_> {
-    fn eq(&self, other: &&str) -> bool {
-        **self == **other
-    }
-}
-
-impl PartialEq<String> for KeyText<'_> {
-    fn eq(&self, other: &String) -> bool {
-        **self == **other
-    }
-}
-
-impl fmt::Debug for KeyText<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Debug::fmt(&**self, f)
-    }
-}
-
-impl fmt::Display for KeyText<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self)
-    }
-}
-
-/// Room for `ip:` and the longest IPv6 address text.
-struct StackText {
-    bytes: [u8; 64],
-    len: usize,
-}
-
-impl Default for StackText {
-    fn default() -> Self {
-        StackText {
-            bytes: [0; 64],
-            len: 0,
-        }
-    }
-}
-
-impl StackText {
-    fn as_str(&self) -> &str {
-        // Only whole `&str`s are ever written, so this is always valid.
-        std::str::from_utf8(&self.bytes[..self.len]).unwrap_or_default()
-    }
-}
-
-impl fmt::Write for StackText {
-    fn write_str(&mut self, s: &str) -> fmt::Result {
-        let end = self.len + s.len();
-        let slot = self.bytes.get_mut(self.len..end).ok_or(fmt::Error)?;
-        slot.copy_from_slice(s.as_bytes());
-        self.len = end;
-        Ok(())
-    }
-}
-
 fn hex_digit(nibble: u8) -> char {
     char::from_digit(u32::from(nibble), 16).unwrap_or('0')
 }
@@ -351,19 +269,6 @@ chainable!(
     [T] ExtensionKey<T>,
 );
 
-/// Tries one extractor, then another; see [`HeaderKey::or`].
-#[derive(Clone, Debug)]
-pub struct Or<A, B> {
-    first: A,
-    second: B,
-}
-
-impl<Req, A: KeyExtractor<Req>, B: KeyExtractor<Req>> KeyExtractor<Req> for Or<A, B> {
-    fn extract(&self, req: &Req) -> Option<Key> {
-        self.first.extract(req).or_else(|| self.second.extract(req))
-    }
-}
-
 /// One key for every request: a limit on the whole service.
 #[derive(Clone, Debug)]
 pub struct GlobalKey(Key);
@@ -389,43 +294,6 @@ impl Default for GlobalKey {
 impl<Req> KeyExtractor<Req> for GlobalKey {
     fn extract(&self, _req: &Req) -> Option<Key> {
         Some(self.0.clone())
-    }
-}
-
-/// A key extractor from a closure; see [`key_fn`].
-#[derive(Clone)]
-pub struct KeyFn<F>(F);
-
-impl<F> fmt::Debug for KeyFn<F> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("KeyFn")
-    }
-}
-
-/// Uses a closure as a key extractor.
-///
-/// ```
-/// use fleetgate::key::{key_fn, Key, KeyExtractor};
-///
-/// let by_tenant = key_fn(|req: &http::Request<()>| {
-///     req.uri().path().split('/').nth(2).map(|tenant| Key::new(format!("tenant:{tenant}")))
-/// });
-/// let req = http::Request::get("/t/acme/orders").body(()).unwrap();
-/// assert_eq!(by_tenant.extract(&req).unwrap().text(), "tenant:acme");
-/// ```
-pub fn key_fn<Req, F>(f: F) -> KeyFn<F>
-where
-    F: Fn(&Req) -> Option<Key> + Send + Sync + 'static,
-{
-    KeyFn(f)
-}
-
-impl<Req, F> KeyExtractor<Req> for KeyFn<F>
-where
-    F: Fn(&Req) -> Option<Key> + Send + Sync + 'static,
-{
-    fn extract(&self, req: &Req) -> Option<Key> {
-        (self.0)(req)
     }
 }
 

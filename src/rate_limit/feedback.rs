@@ -16,7 +16,7 @@ use super::retry_after::parse_retry_after;
 /// the store ([`Limiter::defer`](crate::Limiter::defer)) before handing the
 /// response back: from then on, the identity's next slot is no earlier than
 /// that, for every instance sharing the store. Implemented by [`RetryAfter`]
-/// for `http::Response`, by [`NoFeedback`] (the default: never), and by any
+/// for `http::Response`, by the default (which never pauses), and by any
 /// `Fn(&Res) -> Option<Duration> + Clone`, for responses of other types.
 pub trait UpstreamFeedback<Res>: Clone + Send + Sync + 'static {
     /// How long from now the identity should pause, judging by `response`;
@@ -54,8 +54,9 @@ where
 }
 
 /// Pauses an identity when the upstream answers `429 Too Many Requests` or
-/// `503 Service Unavailable` with a `Retry-After` header (delay-seconds or
-/// an HTTP date, see [`parse_retry_after`](super::parse_retry_after)).
+/// `503 Service Unavailable` with a `Retry-After` header: delay-seconds
+/// (`120`) or an HTTP date in any form RFC 9110 allows (a date in the past
+/// is no pause; a value that is neither is ignored).
 ///
 /// The pause is capped ([`max_pause`](Self::max_pause), 10 minutes by
 /// default) so that a broken or hostile upstream cannot stop the fleet for

@@ -100,8 +100,10 @@ impl<K, C, M, Fb> RateLimitLayer<K, C, M, Fb> {
         self.rebuild(|_, cost, feedback| (key, cost, feedback))
     }
 
-    /// How much a request costs: any [`Cost`](super::Cost), such as a
-    /// closure over the request.
+    /// How much a request costs: a fixed `u64`, or a closure
+    /// `Fn(&Req) -> u64` that weighs each request. A cost above the
+    /// policy's smallest burst can never pass: such requests are refused
+    /// without a store round trip and without `Retry-After`.
     pub fn cost<C2>(self, cost: C2) -> RateLimitLayer<K, C2, M, Fb> {
         self.rebuild(|key, _, feedback| (key, cost, feedback))
     }
@@ -257,8 +259,10 @@ impl<K, C, M, Fb> RateLimitLayer<K, C, M, Fb> {
     }
 
     /// Upstream feedback: reads each response of the inner service with
-    /// `feedback` (such as [`RetryAfter`](super::RetryAfter) for
-    /// `http::Response`), and when it asks for a pause, records it for the
+    /// `feedback` ([`RetryAfter`](super::RetryAfter) for `http::Response`,
+    /// or for responses of other types a closure
+    /// `Fn(&Res) -> Option<Duration> + Clone` giving how long from now the
+    /// identity should pause), and when it asks for a pause, records it for the
     /// request's key in the store before returning the response, so that
     /// every instance holds that identity back
     /// ([`Limiter::defer`](crate::Limiter::defer)). Off by default.

@@ -125,6 +125,7 @@
 //! limits: the call then reserves a slot on the local limiter and waits
 //! for it.
 
+mod cost;
 mod feedback;
 mod future;
 mod layer;
@@ -139,13 +140,15 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::Response;
 
-pub use self::feedback::{NoFeedback, RetryAfter, UpstreamFeedback};
-pub use self::future::ResponseFuture;
+pub use self::feedback::{RetryAfter, UpstreamFeedback};
 pub use self::layer::RateLimitLayer;
-pub use self::retry_after::parse_retry_after;
 pub use self::routes::RoutePolicies;
 pub use self::service::RateLimit;
 pub use self::upstream::within_window;
+
+pub(crate) use self::cost::Cost;
+pub(crate) use self::feedback::NoFeedback;
+use self::future::ResponseFuture;
 
 use crate::decision::Decision;
 use crate::error::StoreError;
@@ -157,31 +160,6 @@ use crate::metrics::{LayerMetrics, Outcome, near_limit};
 use crate::response::{PolicyHeaders, Rejection, RejectionKind};
 use crate::route::{self, RouteRule};
 use crate::store::StoreFuture;
-
-/// How much of the limit a request uses. A plain `u64` is a fixed cost; a
-/// closure `Fn(&Req) -> u64` weighs each request.
-///
-/// A cost above the policy's smallest burst can never pass: such requests
-/// are refused without a store round trip and without `Retry-After`.
-pub trait Cost<Req>: Send + Sync + 'static {
-    /// The cost of `req`.
-    fn cost(&self, req: &Req) -> u64;
-}
-
-impl<Req> Cost<Req> for u64 {
-    fn cost(&self, _req: &Req) -> u64 {
-        *self
-    }
-}
-
-impl<Req, F> Cost<Req> for F
-where
-    F: Fn(&Req) -> u64 + Send + Sync + 'static,
-{
-    fn cost(&self, req: &Req) -> u64 {
-        self(req)
-    }
-}
 
 /// Upstream pauses (429/503 with Retry-After) are logged at most once a
 /// second per process.

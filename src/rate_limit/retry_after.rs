@@ -12,20 +12,7 @@ use std::time::{Duration, SystemTime};
 /// a `u64` saturates, so the caller's cap applies rather than the value
 /// being ignored. Anything else (negative or fractional numbers, signs,
 /// garbage, bytes that are not UTF-8) is `None`. Never panics.
-///
-/// ```
-/// use std::time::{Duration, SystemTime};
-/// use fleetgate::rate_limit::parse_retry_after;
-///
-/// let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_445_412_470);
-/// assert_eq!(parse_retry_after(b"120", now), Some(Duration::from_secs(120)));
-/// assert_eq!(
-///     parse_retry_after(b"Wed, 21 Oct 2015 07:28:00 GMT", now),
-///     Some(Duration::from_secs(10)),
-/// );
-/// assert_eq!(parse_retry_after(b"-1", now), None);
-/// ```
-pub fn parse_retry_after(value: &[u8], now: SystemTime) -> Option<Duration> {
+pub(super) fn parse_retry_after(value: &[u8], now: SystemTime) -> Option<Duration> {
     let text = std::str::from_utf8(value)
         .ok()?
         .trim_matches(|c| c == ' ' || c == '\t');

@@ -9,7 +9,7 @@ mod lease;
 mod slot;
 mod window;
 
-use super::{DeferCall, GcraCall, LeaseCall, LeaseGrant, Store, StoreFuture, WindowCall};
+use super::{DeferCall, GcraCall, LeaseCall, LeaseGrant, Store, StoreFuture, StoreOps, WindowCall};
 use crate::clock::{Clock, FastClock};
 use crate::decision::Decision;
 use crate::error::ConfigError;
@@ -20,7 +20,7 @@ use slot::{Slot, SlotMap, Step, Tats};
 
 /// The default bound of [`MemoryStoreBuilder::max_keys`]: entries of each
 /// kind of state (GCRA, window algorithms, concurrency leases).
-pub const DEFAULT_MAX_KEYS: usize = 1_000_000;
+pub(crate) const DEFAULT_MAX_KEYS: usize = 1_000_000;
 
 /// A swept table keeps at least this many buckets per shard, so that a
 /// shard whose traffic comes and goes is not shrunk and regrown each time.
@@ -55,7 +55,7 @@ pub(crate) const MAX_SHARD_ENTRIES: usize = 4096;
 /// # Bounded memory
 ///
 /// The store holds at most [`max_keys`](MemoryStoreBuilder::max_keys)
-/// entries of each kind of state ([`DEFAULT_MAX_KEYS`] by default): GCRA
+/// entries of each kind of state (1,000,000 by default): GCRA
 /// entries, window entries (one per identity, policy and algorithm), and
 /// lease sets (one per identity and concurrency limit). The bound is split
 /// evenly over the shards, so it holds at every moment, whatever the number
@@ -531,6 +531,12 @@ impl fmt::Debug for MemoryStore {
 }
 
 impl Store for MemoryStore {
+    fn kind(&self) -> &'static str {
+        "memory"
+    }
+}
+
+impl StoreOps for MemoryStore {
     fn gcra(&self, call: GcraCall<'_>) -> StoreFuture<Decision> {
         StoreFuture::ready(Ok(self.decide(&call)))
     }
@@ -545,10 +551,6 @@ impl Store for MemoryStore {
 
     fn window_now(&self, call: WindowCall<'_>) -> Option<Decision> {
         Some(self.decide_window(&call))
-    }
-
-    fn kind(&self) -> &'static str {
-        "memory"
     }
 
     fn gcra_defer(&self, call: DeferCall<'_>) -> StoreFuture<()> {
@@ -627,7 +629,7 @@ impl MemoryStoreBuilder {
     }
 
     /// The most entries the store holds of each kind of state (default
-    /// [`DEFAULT_MAX_KEYS`]): GCRA entries, window entries and lease sets,
+    /// 1,000,000): GCRA entries, window entries and lease sets,
     /// each counted apart. An entry is one identity's state under one
     /// policy (or concurrency limit); see [`MemoryStore`] for what happens
     /// at the bound. Refuses `0`.

@@ -10,6 +10,7 @@
 //! `lua/sliding_log.lua`, `lua/sliding_counter.lua` and
 //! `lua/fixed_window.lua` for Redis.
 
+mod call;
 mod defer;
 mod lease;
 mod memory;
@@ -27,17 +28,17 @@ use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 use std::time::{Duration, Instant};
 
-pub use self::defer::DeferCall;
-pub use self::lease::{LeaseCall, LeaseGrant, LeaseId};
-pub use self::memory::{DEFAULT_MAX_KEYS, MemoryStore, MemoryStoreBuilder, MemoryStoreStats};
+pub(crate) use self::call::{GcraCall, WindowCall};
+pub(crate) use self::defer::DeferCall;
+#[cfg(feature = "redis")]
+pub use self::deny_cache::DenyCacheStats;
+pub use self::lease::LeaseGrant;
+pub(crate) use self::lease::{LeaseCall, LeaseId};
+pub use self::memory::{MemoryStore, MemoryStoreBuilder, MemoryStoreStats};
 #[cfg(feature = "redis")]
 pub use self::redis::{RedisStore, RedisStoreBuilder, TimeSource};
 
 #[cfg(feature = "redis")]
-pub use self::deny_cache::DenyCacheStats;
-#[cfg(feature = "redis")]
-pub use self::redis::{DEFAULT_DENY_CACHE, DEFAULT_MAX_BATCH, DEFAULT_MAX_IN_FLIGHT};
-
 #[cfg(all(test, feature = "redis"))]
 pub(crate) use self::deny_cache::DenyCache;
 #[cfg(all(test, feature = "redis"))]
@@ -45,138 +46,67 @@ pub(crate) use self::redis::{decode_gcra, hash_tag};
 
 use crate::decision::Decision;
 use crate::error::StoreError;
-use crate::key::Key;
-use crate::limit::Policy;
 
 /// Holds limiter state and decides calls atomically.
 ///
-/// Implemented by [`MemoryStore`] and [`RedisStore`]; the trait is sealed so
-/// that new operations (leases, windows) can be added without breaking
-/// anyone. Use it as `Arc<dyn Store>` to choose a store at run time.
-pub trait Store: Send + Sync + fmt::Debug + sealed::Sealed + 'static {
-    /// Decides one GCRA call, all limits of the policy together.
-    fn gcra(&self, call: GcraCall<'_>) -> StoreFuture<Decision>;
-
-    /// Decides one call with the policy's window algorithm (sliding log,
-    /// sliding-window counter or fixed window), all windows together.
-    fn window(&self, call: WindowCall<'_>) -> StoreFuture<Decision>;
-
-    /// Decides one GCRA call at once, in the calling thread, if this store
-    /// can without I/O: the [`MemoryStore`] always can (it answers what
-    /// [`gcra`](Store::gcra) would); a store doing I/O returns `None`.
-    fn gcra_now(&self, call: GcraCall<'_>) -> Option<Decision> {
-        let _ = call;
-        None
-    }
-
-    /// [`gcra_now`](Store::gcra_now) for the window algorithms: what
-    /// [`window`](Store::window) would answer, if this store can answer
-    /// at once.
-    fn window_now(&self, call: WindowCall<'_>) -> Option<Decision> {
-        let _ = call;
-        None
-    }
-
+/// Implemented by [`MemoryStore`] and [`RedisStore`]; the trait is sealed
+/// (its operations are the crate's own) so that new operations (leases,
+/// windows) can be added without breaking anyone. Use it as
+/// `Arc<dyn Store>` to choose a store at run time.
+pub trait Store: Send + Sync + fmt::Debug + sealed::StoreOps + 'static {
     /// A short name for logs and metrics: `"memory"` or `"redis"`.
     fn kind(&self) -> &'static str;
-
-    /// Upstream feedback: holds every GCRA limit of the policy back so that
-    /// the key's next call is admitted no earlier than the pause from now
-    /// (see [`Limiter::defer`](crate::Limiter::defer)). One round trip.
-    fn gcra_defer(&self, call: DeferCall<'_>) -> StoreFuture<()>;
-
-    /// Takes a lease if the key holds fewer unexpired leases than the
-    /// call's capacity (expired ones are dropped first); see
-    /// [`LeaseCall`] for the rules. One round trip in Redis.
-    fn lease_acquire(&self, call: LeaseCall<'_>) -> StoreFuture<LeaseGrant>;
-
-    /// Gives a lease back; `true` if it was held. One round trip in Redis.
-    fn lease_release(&self, call: LeaseCall<'_>) -> StoreFuture<bool>;
-
-    /// Extends an unexpired lease to `now + ttl`; `false` if it is no longer
-    /// held (released, or expired and dropped). One round trip in Redis.
-    fn lease_renew(&self, call: LeaseCall<'_>) -> StoreFuture<bool>;
 }
 
 mod sealed {
-    pub trait Sealed {}
-    impl Sealed for super::MemoryStore {}
-    #[cfg(feature = "redis")]
-    impl Sealed for super::RedisStore {}
-}
+    use super::*;
 
-/// One call to decide: which policy, for whom, at what cost. Borrowed, so
-/// that deciding in memory copies nothing.
-#[derive(Clone, Copy, Debug)]
-pub struct GcraCall<'a> {
-    pub(crate) policy: &'a Policy,
-    pub(crate) key: &'a Key,
-    pub(crate) cost: u64,
-    pub(crate) max_wait: Duration,
-}
+    /// What a store does, on the calls a [`Limiter`](crate::Limiter) or a
+    /// concurrency limiter makes.
+    pub trait StoreOps {
+        /// Decides one GCRA call, all limits of the policy together.
+        fn gcra(&self, call: GcraCall<'_>) -> StoreFuture<Decision>;
 
-impl GcraCall<'_> {
-    /// The policy whose limits decide.
-    pub fn policy(&self) -> &Policy {
-        self.policy
-    }
+        /// Decides one call with the policy's window algorithm (sliding log,
+        /// sliding-window counter or fixed window), all windows together.
+        fn window(&self, call: WindowCall<'_>) -> StoreFuture<Decision>;
 
-    /// The identity being limited.
-    pub fn key(&self) -> &Key {
-        self.key
-    }
-
-    /// The call's cost (weight).
-    pub fn cost(&self) -> u64 {
-        self.cost
-    }
-
-    /// In reserve mode, the longest the caller is willing to wait; zero for
-    /// an ordinary check.
-    pub fn max_wait(&self) -> Duration {
-        self.max_wait
-    }
-
-    fn max_wait_us(&self) -> u64 {
-        u64::try_from(self.max_wait.as_micros()).unwrap_or(u64::MAX)
-    }
-}
-
-/// One call to decide with a window algorithm: which policy, for whom, at
-/// what cost. Borrowed, like [`GcraCall`].
-#[derive(Clone, Copy, Debug)]
-pub struct WindowCall<'a> {
-    pub(crate) policy: &'a Policy,
-    pub(crate) key: &'a Key,
-    pub(crate) cost: u64,
-}
-
-impl WindowCall<'_> {
-    /// The policy whose windows decide.
-    pub fn policy(&self) -> &Policy {
-        self.policy
-    }
-
-    /// The identity being limited.
-    pub fn key(&self) -> &Key {
-        self.key
-    }
-
-    /// The call's cost (weight).
-    pub fn cost(&self) -> u64 {
-        self.cost
-    }
-
-    /// The same call as an ordinary GCRA check.
-    pub(crate) fn as_gcra(&self) -> GcraCall<'_> {
-        GcraCall {
-            policy: self.policy,
-            key: self.key,
-            cost: self.cost,
-            max_wait: Duration::ZERO,
+        /// Decides one GCRA call at once, in the calling thread, if this store
+        /// can without I/O: the [`MemoryStore`] always can (it answers what
+        /// [`gcra`](Store::gcra) would); a store doing I/O returns `None`.
+        fn gcra_now(&self, call: GcraCall<'_>) -> Option<Decision> {
+            let _ = call;
+            None
         }
+
+        /// [`gcra_now`](Store::gcra_now) for the window algorithms: what
+        /// [`window`](Store::window) would answer, if this store can answer
+        /// at once.
+        fn window_now(&self, call: WindowCall<'_>) -> Option<Decision> {
+            let _ = call;
+            None
+        }
+
+        /// Upstream feedback: holds every GCRA limit of the policy back so that
+        /// the key's next call is admitted no earlier than the pause from now
+        /// (see [`Limiter::defer`](crate::Limiter::defer)). One round trip.
+        fn gcra_defer(&self, call: DeferCall<'_>) -> StoreFuture<()>;
+
+        /// Takes a lease if the key holds fewer unexpired leases than the
+        /// call's capacity (expired ones are dropped first); see
+        /// [`LeaseCall`] for the rules. One round trip in Redis.
+        fn lease_acquire(&self, call: LeaseCall<'_>) -> StoreFuture<LeaseGrant>;
+
+        /// Gives a lease back; `true` if it was held. One round trip in Redis.
+        fn lease_release(&self, call: LeaseCall<'_>) -> StoreFuture<bool>;
+
+        /// Extends an unexpired lease to `now + ttl`; `false` if it is no longer
+        /// held (released, or expired and dropped). One round trip in Redis.
+        fn lease_renew(&self, call: LeaseCall<'_>) -> StoreFuture<bool>;
     }
 }
+
+pub(crate) use self::sealed::StoreOps;
 
 /// The future a store returns: already resolved for the memory store (no
 /// allocation), boxed for stores that do I/O.

@@ -14,7 +14,7 @@ mod lease;
 mod release;
 mod window;
 
-use super::{DeferCall, GcraCall, LeaseCall, LeaseGrant, Store, StoreFuture, WindowCall};
+use super::{DeferCall, GcraCall, LeaseCall, LeaseGrant, Store, StoreFuture, StoreOps, WindowCall};
 use crate::clock::{Clock, SystemClock};
 use crate::decision::Decision;
 use crate::error::{ConfigError, StoreError};
@@ -140,7 +140,7 @@ pub enum TimeSource {
     Server,
     /// The caller's clock, passed to the script: for hosted Redis services
     /// that refuse `TIME` in scripts. Instances then agree only as far as
-    /// their clocks do ([`SystemClock`] is wall-clock time).
+    /// their clocks do ([`TimeSource::system_clock`] is wall-clock time).
     ///
     /// The clock must run in real time, and near the other instances'
     /// clocks: key expiries still run on Redis' own clock. So that a clock
@@ -170,7 +170,7 @@ pub enum TimeSource {
 }
 
 impl TimeSource {
-    /// The caller's wall clock ([`SystemClock`]).
+    /// The caller's wall clock: Unix time from the operating system.
     pub fn system_clock() -> Self {
         TimeSource::Client(Arc::new(SystemClock))
     }
@@ -634,16 +634,18 @@ impl fmt::Debug for RedisStore {
 }
 
 impl Store for RedisStore {
+    fn kind(&self) -> &'static str {
+        "redis"
+    }
+}
+
+impl StoreOps for RedisStore {
     fn gcra(&self, call: GcraCall<'_>) -> StoreFuture<Decision> {
         self.run_gcra(call)
     }
 
     fn window(&self, call: WindowCall<'_>) -> StoreFuture<Decision> {
         self.run_window(call)
-    }
-
-    fn kind(&self) -> &'static str {
-        "redis"
     }
 
     fn gcra_defer(&self, call: DeferCall<'_>) -> StoreFuture<()> {
@@ -850,23 +852,10 @@ impl RedisStoreBuilder {
     }
 }
 
-/// How many GCRA scripts a [`RedisStore`] lets be in flight at once by
-/// default; see [`RedisStoreBuilder::max_in_flight`].
-///
-/// Available with the `redis` feature (on by default).
-pub const DEFAULT_MAX_IN_FLIGHT: usize = 4;
-
-/// How many calls one GCRA script decides at most by default; see
-/// [`RedisStoreBuilder::max_batch`].
-///
-/// Available with the `redis` feature (on by default).
-pub const DEFAULT_MAX_BATCH: usize = 64;
-
-/// How many denials a [`RedisStore`] remembers by default; see
-/// [`RedisStoreBuilder::deny_cache`].
-///
-/// Available with the `redis` feature (on by default).
-pub const DEFAULT_DENY_CACHE: usize = 10_000;
+// The builder's defaults, as its methods' docs state them.
+pub(crate) const DEFAULT_MAX_IN_FLIGHT: usize = 4;
+pub(crate) const DEFAULT_MAX_BATCH: usize = 64;
+pub(crate) const DEFAULT_DENY_CACHE: usize = 10_000;
 
 impl RedisStore {
     /// The deny cache's counters (all zero when it is off): how many calls
@@ -881,8 +870,8 @@ impl RedisStore {
 }
 
 impl RedisStoreBuilder {
-    /// How many denials to remember locally (default
-    /// [`DEFAULT_DENY_CACHE`], 10,000; `0` turns the cache off).
+    /// How many denials to remember locally (default 10,000; `0` turns the
+    /// cache off).
     ///
     /// After Redis denies a call, the same call (same policy, identity and
     /// cost) is denied by this instance without a round trip until its

@@ -8,9 +8,14 @@ use std::time::{Duration, Instant};
 use common::RedisServer;
 use fleetgate::key::{ForwardedIp, IpNet};
 use fleetgate::{
-    ConfigError, FailurePolicy, Limit, Limiter, LocalShare, MAX_LIMITS_PER_POLICY,
-    MAX_TOLERANCE_MICROS, MemoryStore, Policy, Rate, RateLimitLayer, RedisStore, StoreError,
+    ConfigError, FailurePolicy, Limit, Limiter, LocalShare, MemoryStore, Policy, Rate,
+    RateLimitLayer, RedisStore, StoreError,
 };
+
+/// The longest tolerance a limit may have, as the docs state it: 2^50 µs.
+const MAX_TOLERANCE_MICROS: u64 = 1 << 50;
+/// The most limits one policy holds, as the docs state it.
+const MAX_LIMITS_PER_POLICY: usize = 16;
 
 fn one_per_second() -> Limit {
     Limit::new(Rate::per_second(1)).unwrap()
