@@ -7,7 +7,7 @@ use bytes::Bytes;
 use http::Response;
 
 use super::rejection::{ShedAnswer, ShedRejectFn, ShedRejection};
-use super::tier::{Tiers, Unclassified};
+use super::tier::Tiers;
 use super::{FleetShedder, UtilizationShedder};
 use crate::layer::{FailurePolicy, mode};
 
@@ -43,7 +43,7 @@ mod sealed {
 /// [`UtilizationShedder`](super::UtilizationShedder). The settings both
 /// share are here.
 #[must_use]
-pub struct ShedLayer<D: Shedder, C = Unclassified, M = mode::Http> {
+pub struct ShedLayer<D: Shedder, C = (), M = mode::Http> {
     pub(crate) shedder: D,
     pub(crate) classify: C,
     pub(crate) on_store_error: D::OnStoreError,
@@ -56,7 +56,7 @@ impl<D: Shedder> ShedLayer<D> {
     pub(crate) fn with_defaults(shedder: D, retry_after: Duration) -> Self {
         ShedLayer {
             shedder,
-            classify: Unclassified,
+            classify: (),
             on_store_error: D::OnStoreError::default(),
             retry_after,
             rejection: None,

@@ -97,7 +97,7 @@ pub use self::layer::{ShedLayer, Shedder};
 pub use self::random::{Random, ThreadRandom};
 pub use self::rejection::{ShedRejection, ShedRejectionKind};
 pub use self::state::{ShedState, TierSlot, TierState};
-pub use self::tier::{Classify, HeaderTier, MAX_TIERS, RouteTiers, Tier, Tiers, Unclassified};
+pub use self::tier::{Classify, HeaderTier, MAX_TIERS, RouteTiers, Tier, Tiers};
 pub use self::utilization::{
     ResponseFuture as UtilizationShedFuture, UtilizationConfig, UtilizationShed,
     UtilizationShedBody, UtilizationShedLayer, UtilizationShedder, UtilizationShedderBuilder,

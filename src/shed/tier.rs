@@ -145,6 +145,10 @@ impl Tiers {
 }
 
 /// Puts a request into a tier, or says nothing (the default tier applies).
+///
+/// Implemented by [`RouteTiers`], [`HeaderTier`], any closure
+/// `Fn(&Req, &Tiers) -> Option<Tier>`, and `()`, which classifies nothing:
+/// the layers' classifier until one is given.
 pub trait Classify<Req>: Send + Sync + 'static {
     /// The tier of `req` within `tiers`, if this classifier knows it.
     fn classify(&self, req: &Req, tiers: &Tiers) -> Option<Tier>;
@@ -161,10 +165,7 @@ where
 
 /// Classifies nothing: every request falls into the default tier. The
 /// layers' classifier until one is given.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Unclassified;
-
-impl<Req> Classify<Req> for Unclassified {
+impl<Req> Classify<Req> for () {
     fn classify(&self, _req: &Req, _tiers: &Tiers) -> Option<Tier> {
         None
     }

@@ -7,7 +7,6 @@ use super::{FleetShed, FleetShedSettings, FleetShedder, TierGate};
 use crate::layer::{FailurePolicy, mode};
 use crate::metrics::LayerMetrics;
 use crate::shed::layer::ShedLayer;
-use crate::shed::tier::Unclassified;
 
 /// Sheds requests of the tiers whose share of the fleet's capacity is in
 /// use, with a [`FleetShedder`]: `503 Service Unavailable` and
@@ -18,7 +17,7 @@ use crate::shed::tier::Unclassified;
 /// slot frees up as soon as any request ends), fail open when the store
 /// fails, HTTP responses for rejections. See the
 /// [module docs](crate::shed) for an example.
-pub type FleetShedLayer<C = Unclassified, M = mode::Http> = ShedLayer<FleetShedder, C, M>;
+pub type FleetShedLayer<C = (), M = mode::Http> = ShedLayer<FleetShedder, C, M>;
 
 impl FleetShedLayer {
     /// Sheds requests with `shedder`.

@@ -7,7 +7,6 @@ use super::{UtilizationSettings, UtilizationShed, UtilizationShedder};
 use crate::layer::mode;
 use crate::metrics::LayerMetrics;
 use crate::shed::layer::ShedLayer;
-use crate::shed::tier::Unclassified;
 
 /// Sheds requests when this process has been overloaded for a while, with
 /// a [`UtilizationShedder`]: least important tiers first, with rising
@@ -18,8 +17,7 @@ use crate::shed::tier::Unclassified;
 /// (shedding lasts tens of seconds at least, so a quick retry would only be
 /// shed again), HTTP responses for rejections. See the
 /// [module docs](crate::shed) for an example.
-pub type UtilizationShedLayer<C = Unclassified, M = mode::Http> =
-    ShedLayer<UtilizationShedder, C, M>;
+pub type UtilizationShedLayer<C = (), M = mode::Http> = ShedLayer<UtilizationShedder, C, M>;
 
 impl UtilizationShedLayer {
     /// Sheds requests with `shedder`.
