@@ -93,7 +93,6 @@ pub use self::fleet::{
     FleetShed, FleetShedBody, FleetShedLayer, FleetShedPolicy, FleetShedPolicyBuilder,
     FleetShedder, ResponseFuture as FleetShedFuture,
 };
-pub use self::layer::{ShedLayer, Shedder};
 pub use self::random::{Random, ThreadRandom};
 pub use self::rejection::{ShedRejection, ShedRejectionKind};
 pub use self::state::{ShedState, TierSlot, TierState};
