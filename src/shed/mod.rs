@@ -90,14 +90,13 @@ mod utilization;
 
 pub use self::error::ShedError;
 pub use self::fleet::{
-    FleetShed, FleetShedBody, FleetShedLayer, FleetShedPolicy, FleetShedPolicyBuilder,
-    FleetShedder, ResponseFuture as FleetShedFuture,
+    FleetShed, FleetShedLayer, FleetShedPolicy, FleetShedPolicyBuilder, FleetShedder,
 };
-pub use self::random::{Random, ThreadRandom};
+pub use self::random::Random;
 pub use self::rejection::{ShedRejection, ShedRejectionKind};
-pub use self::state::{ShedState, TierSlot, TierState};
-pub use self::tier::{Classify, HeaderTier, MAX_TIERS, RouteTiers, Tier, Tiers};
+pub use self::state::{ShedState, TierState};
+pub use self::tier::{Classify, HeaderTier, RouteTiers, Tier, Tiers};
 pub use self::utilization::{
-    ResponseFuture as UtilizationShedFuture, UtilizationConfig, UtilizationShed,
-    UtilizationShedBody, UtilizationShedLayer, UtilizationShedder, UtilizationShedderBuilder,
+    UtilizationConfig, UtilizationShed, UtilizationShedLayer, UtilizationShedder,
+    UtilizationShedderBuilder,
 };

@@ -20,7 +20,7 @@ impl<F: Fn() -> f64 + Send + Sync + 'static> Random for F {
 /// A small, fast generator (xorshift) seeded per thread: plenty for coin
 /// flips, not for secrets.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct ThreadRandom;
+pub(crate) struct ThreadRandom;
 
 impl Random for ThreadRandom {
     fn next_f64(&self) -> f64 {

@@ -249,8 +249,8 @@ impl UtilizationShedderBuilder {
         self
     }
 
-    /// The coin (default: [`ThreadRandom`]); a fixed sequence makes tests
-    /// deterministic.
+    /// The coin (default: a fast xorshift generator seeded per thread,
+    /// fine for coin flips); a fixed sequence makes tests deterministic.
     pub fn random(mut self, random: impl Random) -> Self {
         self.random = Arc::new(random);
         self
