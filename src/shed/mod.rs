@@ -21,7 +21,7 @@
 //! | cost | one round trip to admit, one to release (the concurrency limiter's leases: held until the body ends, released on cancel or panic, expiring after the TTL if an instance crashes) | none: a few atomics, no I/O |
 //! | answer | `503`, `Retry-After: 1` (`.retry_after(..)`, `.rejection(..)`, `.typed_errors()` for [`ShedError`]) | `503`, `Retry-After: 5` (same settings) |
 //! | store down | its [`FailurePolicy`](crate::FailurePolicy): open (default), closed, or `local(share)`, an in-memory shedder of this process with that share of the capacity and of each tier's limit; the most important tier passes whatever the policy | not involved |
-//! | configured by | [`FleetShedPolicy::builder`]`(name, capacity).share(tier, f).lease_ttl(..)` | [`UtilizationConfig`]`::default().thresholds(0.7, 0.8)?.delay(..).ramp(..)?`, `.sample_every(..)`, `.clock(..)`, `.random(..)` |
+//! | configured by | [`FleetShedPolicy::builder`]`(name, capacity).share(tier, f).lease_ttl(..)` | [`UtilizationShedder::workers`]`(n)` or `::gauge(f)`, then `.thresholds(0.7, 0.8).delay(..).ramp(..)`, `.sample_every(..)`, `.clock(..)`, `.random(..)`, `.build()?` |
 //!
 //! `share(tier, f)` sets one tier's share; the tiers you leave out keep
 //! their defaults only as far as the order allows, so `.share("low", 0.9)`
@@ -97,6 +97,5 @@ pub use self::rejection::{ShedRejection, ShedRejectionKind};
 pub use self::state::{ShedState, TierState};
 pub use self::tier::{Classify, HeaderTier, RouteTiers, Tier, Tiers};
 pub use self::utilization::{
-    UtilizationConfig, UtilizationShed, UtilizationShedLayer, UtilizationShedder,
-    UtilizationShedderBuilder,
+    UtilizationShed, UtilizationShedLayer, UtilizationShedder, UtilizationShedderBuilder,
 };

@@ -10,7 +10,6 @@ mod shedder;
 use bytes::Bytes;
 use http::Response;
 
-pub use self::controller::UtilizationConfig;
 pub(crate) use self::future::ResponseFuture;
 pub use self::layer::UtilizationShedLayer;
 pub use self::service::UtilizationShed;
