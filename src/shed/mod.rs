@@ -73,6 +73,14 @@
 //! [`UtilizationShedLayer::typed_errors`] refuse with a [`ShedError`] for
 //! services that are not HTTP.
 //!
+//! Where a type must be written: `FleetShedLayer` has no classifier
+//! (`()`), `FleetShedLayer<RouteTiers>` classifies by route, and
+//! `.typed_errors()` makes it `FleetShedLayer<C, mode::TypedErrors>`
+//! ([`mode`](crate::mode)); the same for [`UtilizationShedLayer`]. The
+//! services' response futures and bodies have no names of their own:
+//! `<FleetShed<S, C, M> as Service<Req>>::Future` and `::Response` name
+//! them.
+//!
 //! Use `Router::route_layer` to shed only matched routes ([`RouteTiers`]
 //! then sees axum's matched path, such as `/users/{id}`), or
 //! `Router::layer` to shed everything that reaches the router (it then
