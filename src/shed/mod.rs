@@ -21,7 +21,7 @@
 //! | cost | one round trip to admit, one to release (the concurrency limiter's leases: held until the body ends, released on cancel or panic, expiring after the TTL if an instance crashes) | none: a few atomics, no I/O |
 //! | answer | `503`, `Retry-After: 1` (`.retry_after(..)`, `.rejection(..)`, `.typed_errors()` for [`ShedError`]) | `503`, `Retry-After: 5` (same settings) |
 //! | store down | its [`FailurePolicy`](crate::FailurePolicy): open (default), closed, or `local(share)`, an in-memory shedder of this process with that share of the capacity and of each tier's limit; the most important tier passes whatever the policy | not involved |
-//! | configured by | [`FleetShedPolicy::builder`]`(name, capacity).share(tier, f).lease_ttl(..)` | [`UtilizationConfig`]`::default().thresholds(0.7, 0.8)?.delay(..).ramp(..)?`, `.sample_every(..)`, `.clock(..)`, `.random(..)` |
+//! | configured by | [`FleetShedPolicy::builder`]`(name, capacity).share(tier, f).lease_ttl(..)` | [`UtilizationShedder::workers`]`(n)` or `::gauge(f)`, then `.thresholds(0.7, 0.8).delay(..).ramp(..)`, `.sample_every(..)`, `.clock(..)`, `.random(..)`, `.build()?` |
 //!
 //! `share(tier, f)` sets one tier's share; the tiers you leave out keep
 //! their defaults only as far as the order allows, so `.share("low", 0.9)`
@@ -73,6 +73,14 @@
 //! [`UtilizationShedLayer::typed_errors`] refuse with a [`ShedError`] for
 //! services that are not HTTP.
 //!
+//! Where a type must be written: `FleetShedLayer` has no classifier
+//! (`()`), `FleetShedLayer<RouteTiers>` classifies by route, and
+//! `.typed_errors()` makes it `FleetShedLayer<C, mode::TypedErrors>`
+//! ([`mode`](crate::mode)); the same for [`UtilizationShedLayer`]. The
+//! services' response futures and bodies have no names of their own:
+//! `<FleetShed<S, C, M> as Service<Req>>::Future` and `::Response` name
+//! them.
+//!
 //! Use `Router::route_layer` to shed only matched routes ([`RouteTiers`]
 //! then sees axum's matched path, such as `/users/{id}`), or
 //! `Router::layer` to shed everything that reaches the router (it then
@@ -90,15 +98,12 @@ mod utilization;
 
 pub use self::error::ShedError;
 pub use self::fleet::{
-    FleetShed, FleetShedBody, FleetShedLayer, FleetShedPolicy, FleetShedPolicyBuilder,
-    FleetShedder, ResponseFuture as FleetShedFuture,
+    FleetShed, FleetShedLayer, FleetShedPolicy, FleetShedPolicyBuilder, FleetShedder,
 };
-pub use self::layer::{ShedLayer, Shedder};
-pub use self::random::{Random, ThreadRandom};
+pub use self::random::Random;
 pub use self::rejection::{ShedRejection, ShedRejectionKind};
-pub use self::state::{ShedState, TierSlot, TierState};
-pub use self::tier::{Classify, HeaderTier, MAX_TIERS, RouteTiers, Tier, Tiers, Unclassified};
+pub use self::state::{ShedState, TierState};
+pub use self::tier::{Classify, HeaderTier, RouteTiers, Tier, Tiers};
 pub use self::utilization::{
-    ResponseFuture as UtilizationShedFuture, UtilizationConfig, UtilizationShed,
-    UtilizationShedBody, UtilizationShedLayer, UtilizationShedder, UtilizationShedderBuilder,
+    UtilizationShed, UtilizationShedLayer, UtilizationShedder, UtilizationShedderBuilder,
 };

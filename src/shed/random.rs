@@ -5,7 +5,8 @@ use std::fmt;
 use std::sync::Arc;
 
 /// A source of uniform numbers in `[0, 1)` for the shedders' coin flips;
-/// injectable so tests are deterministic.
+/// injectable so tests are deterministic: any `Fn() -> f64` is one. The
+/// default is a fast xorshift generator seeded per thread.
 pub trait Random: Send + Sync + 'static {
     /// The next number, in `[0, 1)`.
     fn next_f64(&self) -> f64;
@@ -20,7 +21,7 @@ impl<F: Fn() -> f64 + Send + Sync + 'static> Random for F {
 /// A small, fast generator (xorshift) seeded per thread: plenty for coin
 /// flips, not for secrets.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct ThreadRandom;
+pub(crate) struct ThreadRandom;
 
 impl Random for ThreadRandom {
     fn next_f64(&self) -> f64 {

@@ -9,8 +9,9 @@ use crate::error::ConfigError;
 use crate::limit::check_name;
 use crate::route::{self, RouteRule};
 
-/// The most tiers a set may hold.
-pub const MAX_TIERS: usize = 16;
+/// The most tiers a set may hold (stated as 16 in the docs and in
+/// [`ConfigError::TierCount`]'s message).
+pub(crate) const MAX_TIERS: usize = 16;
 
 /// One tier of a [`Tiers`] set, by position: 0 is the most important.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -59,8 +60,8 @@ impl Default for Tiers {
 impl Tiers {
     /// Tiers named most important first; unclassified requests go to the
     /// least important until [`default_tier`](Self::default_tier) says
-    /// otherwise. At least two tiers (one that is never shed, one that can
-    /// be), at most [`MAX_TIERS`], names as for policies and unique.
+    /// otherwise. 2 to 16 tiers (one that is never shed, at least one that
+    /// can be), names as for policies and unique.
     pub fn new<I, S>(names: I) -> Result<Self, ConfigError>
     where
         I: IntoIterator<Item = S>,
@@ -145,6 +146,10 @@ impl Tiers {
 }
 
 /// Puts a request into a tier, or says nothing (the default tier applies).
+///
+/// Implemented by [`RouteTiers`], [`HeaderTier`], any closure
+/// `Fn(&Req, &Tiers) -> Option<Tier>`, and `()`, which classifies nothing:
+/// the layers' classifier until one is given.
 pub trait Classify<Req>: Send + Sync + 'static {
     /// The tier of `req` within `tiers`, if this classifier knows it.
     fn classify(&self, req: &Req, tiers: &Tiers) -> Option<Tier>;
@@ -161,10 +166,7 @@ where
 
 /// Classifies nothing: every request falls into the default tier. The
 /// layers' classifier until one is given.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Unclassified;
-
-impl<Req> Classify<Req> for Unclassified {
+impl<Req> Classify<Req> for () {
     fn classify(&self, _req: &Req, _tiers: &Tiers) -> Option<Tier> {
         None
     }

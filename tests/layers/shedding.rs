@@ -15,14 +15,15 @@ use axum::body::Body;
 use axum::routing::get;
 use common::{RedisServer, redis_store};
 use fleetgate::shed::{
-    FleetShedLayer, FleetShedPolicy, FleetShedder, HeaderTier, RouteTiers, ShedError,
-    ShedRejectionKind, Tiers,
+    FleetShed, FleetShedLayer, FleetShedPolicy, FleetShedder, HeaderTier, RouteTiers, ShedError,
+    ShedRejectionKind, Tiers, UtilizationShedLayer, UtilizationShedder,
 };
-use fleetgate::{FailurePolicy, MemoryStore};
-use http::{HeaderName, Method, Request, StatusCode};
+use fleetgate::{FailurePolicy, MemoryStore, mode};
+use http::{HeaderName, Method, Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use tokio::sync::{mpsc, watch};
-use tower::{ServiceBuilder, ServiceExt, service_fn};
+use tower::util::BoxCloneService;
+use tower::{Layer, Service, ServiceBuilder, ServiceExt, service_fn};
 
 // ---------------------------------------------------------------------------
 // Helpers.
@@ -468,6 +469,32 @@ async fn typed_errors_for_services_that_are_not_http() {
     assert_eq!(second.await.unwrap().unwrap(), "done");
     assert_eq!(svc.oneshot("low").await.unwrap(), "done");
     assert_eq!(shedder.fleet_in_flight().await.unwrap(), 0);
+    assert_eq!(shedder.state().in_flight(), 0);
+}
+
+/// The types the shed module's docs say can be written, can: the layers
+/// without a classifier (`()`) or with typed errors, and a service's
+/// response future and body through `Service`.
+#[tokio::test]
+async fn the_layers_and_services_types_can_be_written() {
+    type Inner = BoxCloneService<Request<Body>, Response<Body>, Infallible>;
+    type Shed = FleetShed<Inner, (), mode::Http>;
+    type ShedFuture = <Shed as Service<Request<Body>>>::Future;
+    type ShedResponse = <Shed as Service<Request<Body>>>::Response;
+    let shedder = FleetShedder::new(policy("named"), MemoryStore::new());
+    let layer: FleetShedLayer = FleetShedLayer::new(shedder.clone());
+    let _typed: FleetShedLayer<(), mode::TypedErrors> = layer.clone().typed_errors();
+    let _routes: UtilizationShedLayer<RouteTiers> =
+        UtilizationShedLayer::new(UtilizationShedder::workers(4).build().unwrap())
+            .classify(RouteTiers::new(&Tiers::default()));
+    let inner: Inner = BoxCloneService::new(service_fn(|_: Request<Body>| async {
+        Ok(Response::new(Body::from("ok")))
+    }));
+    let mut svc: Shed = layer.layer(inner);
+    let future: ShedFuture = svc.ready().await.unwrap().call(request("/", "low"));
+    let response: ShedResponse = future.await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    drop(response);
     assert_eq!(shedder.state().in_flight(), 0);
 }
 

@@ -14,7 +14,7 @@ use axum::body::Body;
 use axum::routing::get;
 use fleetgate::clock::ManualClock;
 use fleetgate::shed::{
-    HeaderTier, Tiers, UtilizationConfig, UtilizationShedLayer, UtilizationShedder,
+    HeaderTier, Tiers, UtilizationShedLayer, UtilizationShedder, UtilizationShedderBuilder,
 };
 use http::{HeaderName, Request, StatusCode};
 use http_body_util::BodyExt;
@@ -49,22 +49,17 @@ fn app(
         )
 }
 
-/// A shedder of `workers` with `config` and the even coin, its router, the
-/// gate of `/held` and the signals of its handlers starting.
+/// The shedder `builder` sets up (on workers) with the even coin, its
+/// router, the gate of `/held` and the signals of its handlers starting.
 fn on_workers(
-    workers: u64,
-    config: UtilizationConfig,
+    builder: UtilizationShedderBuilder,
 ) -> (
     UtilizationShedder,
     Router,
     watch::Sender<bool>,
     mpsc::UnboundedReceiver<()>,
 ) {
-    let shedder = UtilizationShedder::workers(workers)
-        .config(config)
-        .random(even_coin())
-        .build()
-        .unwrap();
+    let shedder = builder.random(even_coin()).build().unwrap();
     let (open, gate) = watch::channel(false);
     let (entered_tx, entered) = mpsc::unbounded_channel();
     let app = app(shedder.clone(), gate, entered_tx);
@@ -205,13 +200,12 @@ async fn a_gauge_trace_reproduces_the_ramp_and_the_slow_recovery() {
 #[tokio::test(start_paused = true)]
 async fn its_own_requests_in_flight_drive_it_with_configured_numbers() {
     // 4 workers; shed after 2 s of saturation, everything after 4 s more.
-    let config = UtilizationConfig::default()
-        .thresholds(0.5, 0.6)
-        .unwrap()
-        .delay(Duration::from_secs(2))
-        .ramp(Duration::from_secs(4))
-        .unwrap();
-    let (shedder, app, open, mut entered) = on_workers(4, config);
+    let (shedder, app, open, mut entered) = on_workers(
+        UtilizationShedder::workers(4)
+            .thresholds(0.5, 0.6)
+            .delay(Duration::from_secs(2))
+            .ramp(Duration::from_secs(4)),
+    );
     let mut t = 0;
     assert_eq!(call(&app, "/", "critical").await, StatusCode::OK);
 
@@ -248,11 +242,11 @@ async fn its_own_requests_in_flight_drive_it_with_configured_numbers() {
 #[tokio::test(start_paused = true)]
 async fn utilization_is_the_busy_share_of_time_not_the_count_at_arrivals() {
     // 2 workers, no delay, a 10 s ramp: a push of 1/2 moves 0.05 a second.
-    let config = UtilizationConfig::default()
-        .delay(Duration::ZERO)
-        .ramp(Duration::from_secs(10))
-        .unwrap();
-    let (shedder, app, open, mut entered) = on_workers(2, config);
+    let (shedder, app, open, mut entered) = on_workers(
+        UtilizationShedder::workers(2)
+            .delay(Duration::ZERO)
+            .ramp(Duration::from_secs(10)),
+    );
     assert_eq!(call(&app, "/", "critical").await, StatusCode::OK);
 
     // Waves: two requests busy for 0.9 s of every second, all done when
@@ -275,7 +269,7 @@ async fn utilization_is_the_busy_share_of_time_not_the_count_at_arrivals() {
 #[tokio::test(start_paused = true)]
 async fn a_quiet_spell_counts_in_full_for_recovery() {
     // Default numbers: 28 s delay, 120 s ramp; 4 workers, all held busy.
-    let (shedder, app, open, mut entered) = on_workers(4, UtilizationConfig::default());
+    let (shedder, app, open, mut entered) = on_workers(UtilizationShedder::workers(4));
     let mut t = 0;
     assert_eq!(call(&app, "/", "critical").await, StatusCode::OK);
     let held = hold(&app, &mut entered, 4).await;
@@ -296,12 +290,9 @@ async fn a_quiet_spell_counts_in_full_for_recovery() {
 #[tokio::test(start_paused = true)]
 async fn no_delay_sampled_on_every_request_sheds_all_the_same() {
     // One worker, no delay, sampled on every request, a 10 s ramp.
-    let config = UtilizationConfig::default()
+    let shedder = UtilizationShedder::workers(1)
         .delay(Duration::ZERO)
         .ramp(Duration::from_secs(10))
-        .unwrap();
-    let shedder = UtilizationShedder::workers(1)
-        .config(config)
         .sample_every(Duration::ZERO)
         .random(even_coin())
         .build()
@@ -321,12 +312,9 @@ async fn no_delay_sampled_on_every_request_sheds_all_the_same() {
 /// shedding after two seconds: no delay, a one-second ramp.
 fn saturated(coin: impl Fn() -> f64 + Send + Sync + 'static) -> UtilizationShedder {
     let clock = ManualClock::new(Duration::from_secs(1));
-    let config = UtilizationConfig::default()
+    let shedder = UtilizationShedder::gauge(|| 1.0)
         .delay(Duration::ZERO)
         .ramp(Duration::from_secs(1))
-        .unwrap();
-    let shedder = UtilizationShedder::gauge(|| 1.0)
-        .config(config)
         .clock(clock.clone())
         .random(coin)
         .build()

@@ -1,33 +1,100 @@
+use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
+use http::Response;
 use tower_layer::Layer;
 
 use super::{FleetShed, FleetShedSettings, FleetShedder, TierGate};
 use crate::layer::{FailurePolicy, mode};
 use crate::metrics::LayerMetrics;
-use crate::shed::layer::ShedLayer;
-use crate::shed::tier::Unclassified;
+use crate::shed::layer::ShedLayerSettings;
+use crate::shed::rejection::ShedRejection;
 
 /// Sheds requests of the tiers whose share of the fleet's capacity is in
 /// use, with a [`FleetShedder`]: `503 Service Unavailable` and
 /// `Retry-After`.
 ///
 /// Defaults: every request in the default tier until
-/// [`classify`](ShedLayer::classify) says otherwise, `Retry-After: 1` (a
-/// slot frees up as soon as any request ends), fail open when the store
-/// fails, HTTP responses for rejections. See the
+/// [`classify`](Self::classify) says otherwise (`C = ()` classifies
+/// nothing), `Retry-After: 1` (a slot frees up as soon as any request
+/// ends), fail open when the store fails, HTTP responses for rejections
+/// (`M` is [`mode::Http`], or [`mode::TypedErrors`] after
+/// [`typed_errors`](Self::typed_errors)). See the
 /// [module docs](crate::shed) for an example.
-pub type FleetShedLayer<C = Unclassified, M = mode::Http> = ShedLayer<FleetShedder, C, M>;
+#[must_use]
+pub struct FleetShedLayer<C = (), M = mode::Http> {
+    shedder: FleetShedder,
+    on_store_error: FailurePolicy,
+    /// Under [`FailurePolicy::Local`]: the local shedder, shared by every
+    /// clone of the layer and every service it makes.
+    local: Option<FleetShedder>,
+    settings: ShedLayerSettings<C, M>,
+}
 
 impl FleetShedLayer {
     /// Sheds requests with `shedder`.
     pub fn new(shedder: FleetShedder) -> Self {
-        ShedLayer::with_defaults(shedder, Duration::from_secs(1))
+        FleetShedLayer {
+            shedder,
+            on_store_error: FailurePolicy::default(),
+            local: None,
+            settings: ShedLayerSettings::new(Duration::from_secs(1)),
+        }
     }
 }
 
 impl<C, M> FleetShedLayer<C, M> {
+    /// The shedder.
+    pub fn shedder(&self) -> &FleetShedder {
+        &self.shedder
+    }
+
+    /// Which tier a request is in: any [`Classify`](crate::shed::Classify),
+    /// such as [`RouteTiers`](crate::shed::RouteTiers),
+    /// [`HeaderTier`](crate::shed::HeaderTier) or a closure. Without one,
+    /// every request is in the default tier.
+    pub fn classify<C2>(self, classify: C2) -> FleetShedLayer<C2, M> {
+        FleetShedLayer {
+            shedder: self.shedder,
+            on_store_error: self.on_store_error,
+            local: self.local,
+            settings: self.settings.classify(classify),
+        }
+    }
+
+    /// The `Retry-After` of a shed request (sent in whole seconds, rounded
+    /// up; default 1 s).
+    pub fn retry_after(mut self, after: Duration) -> Self {
+        self.settings = self.settings.retry_after(after);
+        self
+    }
+
+    /// Replaces the rejection response. The function receives the reason
+    /// and can start from [`ShedRejection::default_response`].
+    pub fn rejection<F, B>(mut self, f: F) -> Self
+    where
+        F: Fn(&ShedRejection<'_>) -> Response<B> + Send + Sync + 'static,
+        B: Into<Bytes>,
+    {
+        self.settings = self.settings.rejection(f);
+        self
+    }
+
+    /// Refuse with a [`ShedError`](crate::shed::ShedError) instead of an
+    /// HTTP response; works around any `tower::Service`. An admitted call
+    /// then holds its place (and its fleet lease) until the response
+    /// future resolves.
+    pub fn typed_errors(self) -> FleetShedLayer<C, mode::TypedErrors> {
+        FleetShedLayer {
+            shedder: self.shedder,
+            on_store_error: self.on_store_error,
+            local: self.local,
+            settings: self.settings.typed_errors(),
+        }
+    }
+
     /// What to do when the store fails (default: let requests through).
     /// Failing closed refuses every tier but the most important, which
     /// this layer never refuses.
@@ -41,12 +108,33 @@ impl<C, M> FleetShedLayer<C, M> {
     /// `allowed` and `shed`: the fleet did not decide them), and what it
     /// sheds counts as shed in the tier's state.
     pub fn on_store_error(mut self, policy: FailurePolicy) -> Self {
-        let local = match policy {
+        self.local = match policy {
             FailurePolicy::Local(share) => Some(self.shedder.local(share)),
             _ => None,
         };
-        self.on_store_error = (policy, local);
+        self.on_store_error = policy;
         self
+    }
+}
+
+impl<C: Clone, M> Clone for FleetShedLayer<C, M> {
+    fn clone(&self) -> Self {
+        FleetShedLayer {
+            shedder: self.shedder.clone(),
+            on_store_error: self.on_store_error,
+            local: self.local.clone(),
+            settings: self.settings.clone(),
+        }
+    }
+}
+
+impl<C, M> fmt::Debug for FleetShedLayer<C, M> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FleetShedLayer")
+            .field("shedder", &self.shedder)
+            .field("on_store_error", &self.on_store_error)
+            .field("retry_after", &self.settings.retry_after)
+            .finish_non_exhaustive()
     }
 }
 
@@ -61,23 +149,19 @@ impl<S, C: Clone, M> Layer<S> for FleetShedLayer<C, M> {
         let settings = |shedder: &FleetShedder, local: bool| {
             Arc::new(FleetShedSettings {
                 shedder: shedder.clone(),
-                answer: self.answer(name.clone(), tiers),
+                answer: self.settings.answer(name.clone(), tiers),
                 // The local shedder's memory store cannot fail; should it
                 // ever, the request passes.
                 failure: if local {
                     FailurePolicy::Open
                 } else {
-                    self.on_store_error.0
+                    self.on_store_error
                 },
                 metrics: metrics.clone(),
                 local,
             })
         };
-        let local = self
-            .on_store_error
-            .1
-            .as_ref()
-            .map(|local| settings(local, true));
+        let local = self.local.as_ref().map(|local| settings(local, true));
         let settings = settings(&self.shedder, false);
         let gate = |tier| {
             let fallback = local.as_ref().map(|local| {
@@ -97,6 +181,6 @@ impl<S, C: Clone, M> Layer<S> for FleetShedLayer<C, M> {
         };
         let gates = tiers.iter().map(gate).collect();
         let unclassified = gate(tiers.unclassified());
-        FleetShed::new(inner, self.classify.clone(), gates, unclassified)
+        FleetShed::new(inner, self.settings.classify.clone(), gates, unclassified)
     }
 }

@@ -14,7 +14,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::Response;
 
-pub use self::future::ResponseFuture;
+pub(crate) use self::future::ResponseFuture;
 pub use self::layer::FleetShedLayer;
 pub use self::policy::{FleetShedPolicy, FleetShedPolicyBuilder};
 pub use self::service::FleetShed;
@@ -37,7 +37,7 @@ use crate::response::Answer;
 /// The response body of a [`FleetShed`] service: the inner body holding
 /// the request's fleet lease and its place in this process's count until
 /// it ends, or a rejection's text.
-pub type FleetShedBody<B> = GuardedBody<ConcurrencyBody<B>, TierSlot>;
+pub(crate) type FleetShedBody<B> = GuardedBody<ConcurrencyBody<B>, TierSlot>;
 
 /// Settings every clone of a service and every response future shares.
 pub(crate) struct FleetShedSettings {

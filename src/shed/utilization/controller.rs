@@ -33,10 +33,10 @@ use std::time::Duration;
 use crate::error::ConfigError;
 use crate::shed::tier::{Tier, Tiers};
 
-/// The numbers of the worker-utilization shedder; the defaults are those of
-/// the design (0.7, 0.8, 28 s, 120 s).
+/// The numbers of the worker-utilization shedder, set on its builder; the
+/// defaults are those of the design (0.7, 0.8, 28 s, 120 s).
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct UtilizationConfig {
+pub(crate) struct UtilizationConfig {
     good_below: f64,
     bad_above: f64,
     delay: Duration,
@@ -55,36 +55,39 @@ impl Default for UtilizationConfig {
 }
 
 impl UtilizationConfig {
-    /// The dead zone: below `good` shedding relaxes, from `bad` on it rises.
-    /// Needs `0 < good ≤ bad < 1`.
-    pub fn thresholds(mut self, good: f64, bad: f64) -> Result<Self, ConfigError> {
+    /// The dead zone: below `good` shedding relaxes, from `bad` on it
+    /// rises. [`check`](Self::check) needs `0 < good ≤ bad < 1`.
+    pub(crate) fn thresholds(mut self, good: f64, bad: f64) -> Self {
+        self.good_below = good;
+        self.bad_above = bad;
+        self
+    }
+
+    /// How long utilization must be fully bad before anything is shed.
+    pub(crate) fn delay(mut self, delay: Duration) -> Self {
+        self.delay = delay;
+        self
+    }
+
+    /// How long from shedding nothing to shedding everything, at full
+    /// speed. [`check`](Self::check) needs it longer than zero.
+    pub(crate) fn ramp(mut self, ramp: Duration) -> Self {
+        self.ramp = ramp;
+        self
+    }
+
+    /// The numbers, if they make sense: `0 < good ≤ bad < 1` and a ramp
+    /// longer than zero.
+    pub(crate) fn check(self) -> Result<Self, ConfigError> {
+        let (good, bad) = (self.good_below, self.bad_above);
         if !(good > 0.0 && good <= bad && bad < 1.0) {
             return Err(ConfigError::InvalidThresholds {
                 detail: format!("good {good}, bad {bad}"),
             });
         }
-        self.good_below = good;
-        self.bad_above = bad;
-        Ok(self)
-    }
-
-    /// How long utilization must be fully bad (1) before anything is shed
-    /// (default 28 s); less bad, it takes proportionally longer: at
-    /// utilization `u` past `bad`, `delay × (1 − bad)/(u − bad)`.
-    pub fn delay(mut self, delay: Duration) -> Self {
-        self.delay = delay;
-        self
-    }
-
-    /// How long, at full speed (utilization 1 rising, 0 falling), from
-    /// shedding nothing to shedding everything that may be shed, and back
-    /// (default 120 s); proportionally longer at lower speeds, as for
-    /// [`delay`](Self::delay). Must be longer than zero.
-    pub fn ramp(mut self, ramp: Duration) -> Result<Self, ConfigError> {
-        if ramp.is_zero() {
+        if self.ramp.is_zero() {
             return Err(ConfigError::ZeroRamp);
         }
-        self.ramp = ramp;
         Ok(self)
     }
 
@@ -338,11 +341,12 @@ mod tests {
     #[test]
     fn config_is_checked() {
         let c = UtilizationConfig::default();
-        assert!(c.thresholds(0.9, 0.8).is_err());
-        assert!(c.thresholds(0.0, 0.8).is_err());
-        assert!(c.thresholds(0.5, 1.0).is_err());
-        assert!(c.thresholds(f64::NAN, 0.8).is_err());
-        assert!(c.thresholds(0.6, 0.6).is_ok());
-        assert_eq!(c.ramp(Duration::ZERO), Err(ConfigError::ZeroRamp));
+        assert_eq!(c.check(), Ok(c));
+        assert!(c.thresholds(0.9, 0.8).check().is_err());
+        assert!(c.thresholds(0.0, 0.8).check().is_err());
+        assert!(c.thresholds(0.5, 1.0).check().is_err());
+        assert!(c.thresholds(f64::NAN, 0.8).check().is_err());
+        assert!(c.thresholds(0.6, 0.6).check().is_ok());
+        assert_eq!(c.ramp(Duration::ZERO).check(), Err(ConfigError::ZeroRamp));
     }
 }

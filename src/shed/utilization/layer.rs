@@ -1,30 +1,106 @@
+use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
+use http::Response;
 use tower_layer::Layer;
 
 use super::{UtilizationSettings, UtilizationShed, UtilizationShedder};
 use crate::layer::mode;
 use crate::metrics::LayerMetrics;
-use crate::shed::layer::ShedLayer;
-use crate::shed::tier::Unclassified;
+use crate::shed::layer::ShedLayerSettings;
+use crate::shed::rejection::ShedRejection;
 
 /// Sheds requests when this process has been overloaded for a while, with
 /// a [`UtilizationShedder`]: least important tiers first, with rising
 /// probability; `503 Service Unavailable` and `Retry-After`.
 ///
 /// Defaults: every request in the default tier until
-/// [`classify`](ShedLayer::classify) says otherwise, `Retry-After: 5`
-/// (shedding lasts tens of seconds at least, so a quick retry would only be
-/// shed again), HTTP responses for rejections. See the
+/// [`classify`](Self::classify) says otherwise (`C = ()` classifies
+/// nothing), `Retry-After: 5` (shedding lasts tens of seconds at least, so
+/// a quick retry would only be shed again), HTTP responses for rejections
+/// (`M` is [`mode::Http`], or [`mode::TypedErrors`] after
+/// [`typed_errors`](Self::typed_errors)). See the
 /// [module docs](crate::shed) for an example.
-pub type UtilizationShedLayer<C = Unclassified, M = mode::Http> =
-    ShedLayer<UtilizationShedder, C, M>;
+#[must_use]
+pub struct UtilizationShedLayer<C = (), M = mode::Http> {
+    shedder: UtilizationShedder,
+    settings: ShedLayerSettings<C, M>,
+}
 
 impl UtilizationShedLayer {
     /// Sheds requests with `shedder`.
     pub fn new(shedder: UtilizationShedder) -> Self {
-        ShedLayer::with_defaults(shedder, Duration::from_secs(5))
+        UtilizationShedLayer {
+            shedder,
+            settings: ShedLayerSettings::new(Duration::from_secs(5)),
+        }
+    }
+}
+
+impl<C, M> UtilizationShedLayer<C, M> {
+    /// The shedder.
+    pub fn shedder(&self) -> &UtilizationShedder {
+        &self.shedder
+    }
+
+    /// Which tier a request is in: any [`Classify`](crate::shed::Classify),
+    /// such as [`RouteTiers`](crate::shed::RouteTiers),
+    /// [`HeaderTier`](crate::shed::HeaderTier) or a closure. Without one,
+    /// every request is in the default tier.
+    pub fn classify<C2>(self, classify: C2) -> UtilizationShedLayer<C2, M> {
+        UtilizationShedLayer {
+            shedder: self.shedder,
+            settings: self.settings.classify(classify),
+        }
+    }
+
+    /// The `Retry-After` of a shed request (sent in whole seconds, rounded
+    /// up; default 5 s).
+    pub fn retry_after(mut self, after: Duration) -> Self {
+        self.settings = self.settings.retry_after(after);
+        self
+    }
+
+    /// Replaces the rejection response. The function receives the reason
+    /// and can start from [`ShedRejection::default_response`].
+    pub fn rejection<F, B>(mut self, f: F) -> Self
+    where
+        F: Fn(&ShedRejection<'_>) -> Response<B> + Send + Sync + 'static,
+        B: Into<Bytes>,
+    {
+        self.settings = self.settings.rejection(f);
+        self
+    }
+
+    /// Refuse with a [`ShedError`](crate::shed::ShedError) instead of an
+    /// HTTP response; works around any `tower::Service`. An admitted call
+    /// then holds its place in the in-flight count until the response
+    /// future resolves.
+    pub fn typed_errors(self) -> UtilizationShedLayer<C, mode::TypedErrors> {
+        UtilizationShedLayer {
+            shedder: self.shedder,
+            settings: self.settings.typed_errors(),
+        }
+    }
+}
+
+impl<C: Clone, M> Clone for UtilizationShedLayer<C, M> {
+    fn clone(&self) -> Self {
+        UtilizationShedLayer {
+            shedder: self.shedder.clone(),
+            settings: self.settings.clone(),
+        }
+    }
+}
+
+impl<C, M> fmt::Debug for UtilizationShedLayer<C, M> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("UtilizationShedLayer")
+            .field("shedder", &self.shedder)
+            .field("retry_after", &self.settings.retry_after)
+            .finish_non_exhaustive()
     }
 }
 
@@ -35,9 +111,9 @@ impl<S, C: Clone, M> Layer<S> for UtilizationShedLayer<C, M> {
         let name: Arc<str> = Arc::from(self.shedder.name());
         let settings = UtilizationSettings {
             shedder: self.shedder.clone(),
-            answer: self.answer(name.clone(), self.shedder.tiers()),
+            answer: self.settings.answer(name.clone(), self.shedder.tiers()),
             metrics: LayerMetrics::new("utilization_shed", name),
         };
-        UtilizationShed::new(inner, self.classify.clone(), Arc::new(settings))
+        UtilizationShed::new(inner, self.settings.classify.clone(), Arc::new(settings))
     }
 }

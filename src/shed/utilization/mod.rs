@@ -10,8 +10,7 @@ mod shedder;
 use bytes::Bytes;
 use http::Response;
 
-pub use self::controller::UtilizationConfig;
-pub use self::future::ResponseFuture;
+pub(crate) use self::future::ResponseFuture;
 pub use self::layer::UtilizationShedLayer;
 pub use self::service::UtilizationShed;
 pub use self::shedder::{UtilizationShedder, UtilizationShedderBuilder};
@@ -29,7 +28,7 @@ use crate::response::ResponseBody;
 /// The response body of a [`UtilizationShed`] service: the inner body
 /// holding the request's place in the in-flight count until it ends, or a
 /// rejection's text.
-pub type UtilizationShedBody<B> = GuardedBody<ResponseBody<B>, TierSlot>;
+pub(crate) type UtilizationShedBody<B> = GuardedBody<ResponseBody<B>, TierSlot>;
 
 /// Settings every clone of a service and every response future shares.
 pub(crate) struct UtilizationSettings {

@@ -27,8 +27,11 @@ enum Source {
 /// It samples utilization (its own requests in flight, averaged over the
 /// time since the last sample, over a worker capacity; or a gauge you
 /// supply) at most every `sample_every` (default 1 s), on the requests that
-/// come through, and moves a shed amount as [`UtilizationConfig`]
-/// describes. Past 0.8 the amount rises at a speed proportional to how far
+/// come through, and moves a shed amount by the numbers set on its builder
+/// ([`thresholds`](UtilizationShedderBuilder::thresholds),
+/// [`delay`](UtilizationShedderBuilder::delay),
+/// [`ramp`](UtilizationShedderBuilder::ramp)); with the defaults: past
+/// 0.8 the amount rises at a speed proportional to how far
 /// past: fully saturated, nothing is shed for 28 s, then the least
 /// important tier is dropped with rising probability, then the next, 120 s
 /// from shedding nothing to shedding everything but the most important
@@ -39,12 +42,12 @@ enum Source {
 ///
 /// ```
 /// use std::time::Duration;
-/// use fleetgate::shed::{Tiers, UtilizationConfig, UtilizationShedder};
+/// use fleetgate::shed::{Tiers, UtilizationShedder};
 ///
 /// # fn main() -> Result<(), fleetgate::ConfigError> {
 /// // 64 workers; shed sooner than the defaults.
 /// let shedder = UtilizationShedder::workers(64)
-///     .config(UtilizationConfig::default().delay(Duration::from_secs(10)))
+///     .delay(Duration::from_secs(10))
 ///     .build()?;
 /// let low = Tiers::default().get("low").unwrap();
 /// // Idle: nothing is shed, and the guard counts the request in flight.
@@ -87,7 +90,7 @@ impl UtilizationShedder {
     /// sample, by the request that takes it, under the shedder's lock: keep
     /// it quick. A reading is taken for an instant, so after a silence it
     /// moves the amount up by at most `max(delay, sample_every, 1 s)` worth
-    /// (see [`UtilizationConfig`]).
+    /// (see [`delay`](UtilizationShedderBuilder::delay)).
     pub fn gauge<F>(gauge: F) -> UtilizationShedderBuilder
     where
         F: Fn() -> f64 + Send + Sync + 'static,
@@ -191,7 +194,27 @@ impl fmt::Debug for UtilizationShedder {
 }
 
 /// Builds a [`UtilizationShedder`]; see [`UtilizationShedder::workers`]
-/// and [`UtilizationShedder::gauge`].
+/// and [`UtilizationShedder::gauge`]. Every setting has a default: the
+/// numbers are those of the design (thresholds 0.7 and 0.8, a 28 s delay,
+/// a 120 s ramp), checked by [`build`](Self::build).
+///
+/// ```
+/// use std::time::Duration;
+/// use fleetgate::shed::UtilizationShedder;
+///
+/// # fn main() -> Result<(), fleetgate::ConfigError> {
+/// // Relax below 0.6, shed from 0.75 on: after 10 s of saturation, then
+/// // everything sheddable within a minute.
+/// let shedder = UtilizationShedder::workers(64)
+///     .thresholds(0.6, 0.75)
+///     .delay(Duration::from_secs(10))
+///     .ramp(Duration::from_secs(60))
+///     .build()?;
+/// # drop(shedder);
+/// // Nonsense is refused when built.
+/// assert!(UtilizationShedder::workers(64).thresholds(0.8, 0.7).build().is_err());
+/// # Ok(()) }
+/// ```
 #[must_use]
 pub struct UtilizationShedderBuilder {
     name: String,
@@ -222,9 +245,29 @@ impl UtilizationShedderBuilder {
         self
     }
 
-    /// The thresholds, delay and ramp (default: 0.7, 0.8, 28 s, 120 s).
-    pub fn config(mut self, config: UtilizationConfig) -> Self {
-        self.config = config;
+    /// The dead zone (default 0.7 and 0.8): below `good` utilization
+    /// shedding relaxes, from `bad` on it rises, in between it holds.
+    /// [`build`](Self::build) needs `0 < good ≤ bad < 1`.
+    pub fn thresholds(mut self, good: f64, bad: f64) -> Self {
+        self.config = self.config.thresholds(good, bad);
+        self
+    }
+
+    /// How long utilization must be fully bad (1) before anything is shed
+    /// (default 28 s); less bad, it takes proportionally longer: at
+    /// utilization `u` past `bad`, `delay × (1 − bad)/(u − bad)`.
+    pub fn delay(mut self, delay: Duration) -> Self {
+        self.config = self.config.delay(delay);
+        self
+    }
+
+    /// How long, at full speed (utilization 1 rising, 0 falling), from
+    /// shedding nothing to shedding everything that may be shed, and back
+    /// (default 120 s); proportionally longer at lower speeds, as for
+    /// [`delay`](Self::delay). [`build`](Self::build) needs it longer than
+    /// zero.
+    pub fn ramp(mut self, ramp: Duration) -> Self {
+        self.config = self.config.ramp(ramp);
         self
     }
 
@@ -249,21 +292,25 @@ impl UtilizationShedderBuilder {
         self
     }
 
-    /// The coin (default: [`ThreadRandom`]); a fixed sequence makes tests
-    /// deterministic.
+    /// The coin (default: a fast xorshift generator seeded per thread,
+    /// fine for coin flips); a fixed sequence makes tests deterministic.
     pub fn random(mut self, random: impl Random) -> Self {
         self.random = Arc::new(random);
         self
     }
 
-    /// Checks the settings and builds the shedder.
+    /// Checks the settings and builds the shedder: the thresholds
+    /// ([`ConfigError::InvalidThresholds`]), the ramp
+    /// ([`ConfigError::ZeroRamp`]), the name, and the workers
+    /// ([`ConfigError::ZeroWorkers`]).
     pub fn build(self) -> Result<UtilizationShedder, ConfigError> {
+        let config = self.config.check()?;
         check_name(&self.name)?;
         if let Source::Workers(0) = self.source {
             return Err(ConfigError::ZeroWorkers);
         }
         let instant = matches!(self.source, Source::Gauge(_));
-        let controller = Controller::new(self.config, self.sample_every, instant);
+        let controller = Controller::new(config, self.sample_every, instant);
         let name: Arc<str> = Arc::from(self.name);
         let clock = self
             .clock
@@ -298,5 +345,38 @@ impl fmt::Debug for UtilizationShedderBuilder {
             .field("tiers", &self.tiers)
             .field("sample_every", &self.sample_every)
             .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_builder_checks_its_numbers_when_built() {
+        let workers = || UtilizationShedder::workers(4);
+        assert!(matches!(
+            workers().thresholds(0.9, 0.8).build(),
+            Err(ConfigError::InvalidThresholds { .. })
+        ));
+        assert!(matches!(
+            workers().ramp(Duration::ZERO).build(),
+            Err(ConfigError::ZeroRamp)
+        ));
+        assert!(matches!(
+            UtilizationShedder::workers(0).build(),
+            Err(ConfigError::ZeroWorkers)
+        ));
+        assert!(workers().name("bad name").build().is_err());
+        // The last setting counts.
+        let shedder = workers()
+            .thresholds(0.9, 0.8)
+            .thresholds(0.6, 0.6)
+            .ramp(Duration::ZERO)
+            .ramp(Duration::from_secs(1))
+            .build();
+        assert!(shedder.is_ok());
+        let gauge = UtilizationShedder::gauge(|| 0.5).delay(Duration::ZERO);
+        assert!(gauge.build().is_ok());
     }
 }
