@@ -100,10 +100,9 @@ pub use self::error::ShedError;
 pub use self::fleet::{
     FleetShed, FleetShedLayer, FleetShedPolicy, FleetShedPolicyBuilder, FleetShedder,
 };
-pub use self::random::Random;
 pub use self::rejection::{ShedRejection, ShedRejectionKind};
 pub use self::state::{ShedState, TierState};
-pub use self::tier::{Classify, HeaderTier, RouteTiers, Tier, Tiers};
+pub use self::tier::{HeaderTier, RouteTiers, Tier, Tiers};
 pub use self::utilization::{
     UtilizationShed, UtilizationShedLayer, UtilizationShedder, UtilizationShedderBuilder,
 };

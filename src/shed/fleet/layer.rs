@@ -51,10 +51,10 @@ impl<C, M> FleetShedLayer<C, M> {
         &self.shedder
     }
 
-    /// Which tier a request is in: any [`Classify`](crate::shed::Classify),
-    /// such as [`RouteTiers`](crate::shed::RouteTiers),
-    /// [`HeaderTier`](crate::shed::HeaderTier) or a closure. Without one,
-    /// every request is in the default tier.
+    /// Which tier a request is in: a [`RouteTiers`](crate::shed::RouteTiers)
+    /// table, a [`HeaderTier`](crate::shed::HeaderTier), or a closure
+    /// `Fn(&Request<B>, &Tiers) -> Option<Tier>` (`None`: the default
+    /// tier). Without one, every request is in the default tier.
     pub fn classify<C2>(self, classify: C2) -> FleetShedLayer<C2, M> {
         FleetShedLayer {
             shedder: self.shedder,

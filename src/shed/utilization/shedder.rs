@@ -292,7 +292,8 @@ impl UtilizationShedderBuilder {
         self
     }
 
-    /// The coin (default: a fast xorshift generator seeded per thread,
+    /// The coin: a closure `Fn() -> f64` giving uniform numbers in
+    /// `[0, 1)` (default: a fast xorshift generator seeded per thread,
     /// fine for coin flips); a fixed sequence makes tests deterministic.
     pub fn random(mut self, random: impl Random) -> Self {
         self.random = Arc::new(random);
