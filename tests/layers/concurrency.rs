@@ -575,16 +575,17 @@ async fn renewal_keeps_a_slow_stream_admitted_past_the_ttl_memory() {
 async fn renewal_keeps_a_slow_stream_admitted_past_the_ttl_redis() {
     let server = RedisServer::start();
     let store = redis_store(&server).await;
-    // TTL 300 ms on Redis' clock, renewed every 100 ms; the stream lasts
-    // about 900 ms, three TTLs.
+    // TTL 1 s on Redis' clock, renewed every 100 ms; the stream lasts at
+    // least 2.5 s, two and a half TTLs. A renewal may be late by up to
+    // 900 ms on a busy machine before the lease would lapse.
     let policy = ConcurrencyPolicy::builder("slow", 1)
-        .lease_ttl(Duration::from_millis(300))
+        .lease_ttl(Duration::from_secs(1))
         .renew_every(Duration::from_millis(100))
         .build()
         .unwrap();
     let limiter = ConcurrencyLimiter::new(policy, store.clone());
-    let app = slow_stream_app(limiter.clone(), Duration::from_millis(100), 9);
-    let seen = second_caller_while_streaming(&limiter, &app, 9).await;
+    let app = slow_stream_app(limiter.clone(), Duration::from_millis(100), 25);
+    let seen = second_caller_while_streaming(&limiter, &app, 25).await;
     assert!(
         seen.iter().all(|s| *s == StatusCode::TOO_MANY_REQUESTS),
         "the stream lost its slot: {seen:?}"
