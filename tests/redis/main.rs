@@ -1,7 +1,8 @@
 //! The Redis store under trouble and at scale: Redis down or slow,
 //! batching of calls on one connection, Redis Cluster, concurrency leases
 //! through faults, and the local fallback while Redis is gone. Every test
-//! starts its own private redis-server on a free loopback port.
+//! starts its own private redis-server on a free loopback port, and first
+//! takes its turn at the machine (`machine`; the check below makes sure).
 #[path = "../common/mod.rs"]
 mod common;
 
@@ -13,3 +14,58 @@ mod private_server;
 #[cfg(feature = "cluster")]
 mod redis_cluster;
 mod redis_down;
+
+/// Turns at the machine. Tests of this binary run side by side, each
+/// holding a shared turn.
+mod machine {
+    use tokio::sync::{RwLock, RwLockReadGuard};
+
+    static MACHINE: RwLock<()> = RwLock::const_new(());
+
+    /// A turn shared with the binary's other tests, held until dropped:
+    /// the first line of every test.
+    pub async fn shared() -> RwLockReadGuard<'static, ()> {
+        MACHINE.read().await
+    }
+
+    /// [`shared`] for a test without a runtime.
+    pub fn shared_blocking() -> RwLockReadGuard<'static, ()> {
+        MACHINE.blocking_read()
+    }
+}
+
+/// Every test of the binary's modules takes its turn at the machine first
+/// thing.
+#[test]
+fn every_test_takes_its_turn_at_the_machine() {
+    let _shared = machine::shared_blocking();
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/redis");
+    let mut tests = 0;
+    for entry in std::fs::read_dir(&dir).expect("tests/redis") {
+        let path = entry.expect("a directory entry").path();
+        if path.extension().is_none_or(|ext| ext != "rs") || path.ends_with("main.rs") {
+            continue;
+        }
+        let source = std::fs::read_to_string(&path).expect("a test module");
+        for test in source
+            .split("\n#[tokio::test")
+            .skip(1)
+            .chain(source.split("\n#[test]").skip(1))
+        {
+            // The attribute, the signature, then the body's first statement.
+            let mut lines = test.lines().skip_while(|line| !line.ends_with('{'));
+            let first = lines.nth(1).unwrap_or_default().trim();
+            let turn = [
+                "let _shared = crate::machine::shared().await;",
+                "let _shared = crate::machine::shared_blocking();",
+            ];
+            assert!(
+                turn.contains(&first),
+                "a test in {} starts with `{first}`, not its turn at the machine:\n{test}",
+                path.display()
+            );
+            tests += 1;
+        }
+    }
+    assert!(tests >= 38, "found only {tests} tests in {}", dir.display());
+}
