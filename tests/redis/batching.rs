@@ -99,6 +99,7 @@ async fn decided(calls: Vec<StoreFuture<Decision>>) -> Vec<Decision> {
 /// (with the caller's clock, the batch carries one "now").
 #[tokio::test]
 async fn a_hot_identity_is_decided_exactly_in_few_scripts() {
+    let _shared = crate::machine::shared().await;
     let server = RedisServer::start();
     let mut admin = server.admin().await;
     for (name, time) in [
@@ -155,6 +156,7 @@ async fn a_hot_identity_is_decided_exactly_in_few_scripts() {
 /// one after the other at the same instant: every figure of every decision.
 #[tokio::test]
 async fn a_mixed_batch_decides_as_calls_one_by_one() {
+    let _shared = crate::machine::shared().await;
     let server = RedisServer::start();
     let clock = ManualClock::new(Duration::from_secs(1_000_000));
     let store = one_slot_store(&server, TimeSource::Client(Arc::new(clock.clone()))).await;
@@ -241,6 +243,7 @@ async fn a_mixed_batch_decides_as_calls_one_by_one() {
 /// after the one before.
 #[tokio::test]
 async fn queued_reservations_keep_their_order() {
+    let _shared = crate::machine::shared().await;
     let server = RedisServer::start();
     let store = one_slot_store(&server, TimeSource::Server).await;
     let limiter = Limiter::new(
@@ -270,6 +273,7 @@ async fn queued_reservations_keep_their_order() {
 /// with are decided.
 #[tokio::test]
 async fn an_unreadable_key_fails_only_its_own_call() {
+    let _shared = crate::machine::shared().await;
     let server = RedisServer::start();
     let store = one_slot_store(&server, TimeSource::Server).await;
     let limiter = Limiter::new(
@@ -309,6 +313,7 @@ async fn an_unreadable_key_fails_only_its_own_call() {
 /// was lost.
 #[tokio::test]
 async fn no_slot_is_lost_to_timeouts_or_cancellations() {
+    let _shared = crate::machine::shared().await;
     let server = RedisServer::start();
     let store = uncached_store(&server, 1, Duration::from_millis(300)).await;
     let limiter = Limiter::new(
@@ -347,6 +352,7 @@ async fn no_slot_is_lost_to_timeouts_or_cancellations() {
 /// script, however many are in flight.
 #[tokio::test]
 async fn unbounded_in_flight_sends_one_script_per_call() {
+    let _shared = crate::machine::shared().await;
     let server = RedisServer::start();
     let store = uncached_store(&server, usize::MAX, Duration::from_secs(2)).await;
     let limiter = Limiter::new(
@@ -369,6 +375,7 @@ async fn unbounded_in_flight_sends_one_script_per_call() {
 /// window, a lease), one load, then every call by SHA.
 #[tokio::test]
 async fn calls_that_find_their_script_missing_load_it_once() {
+    let _shared = crate::machine::shared().await;
     let server = RedisServer::start();
     // One script per call, so that every call is in flight at once.
     let store = uncached_store(&server, usize::MAX, Duration::from_secs(5)).await;
@@ -428,6 +435,7 @@ async fn calls_that_find_their_script_missing_load_it_once() {
 /// without the stack growing with the queue.
 #[tokio::test]
 async fn a_long_queue_drains_while_redis_refuses() {
+    let _shared = crate::machine::shared().await;
     let store = RedisStore::builder()
         .timeout(Duration::from_secs(20))
         .max_in_flight(1)

@@ -12,6 +12,11 @@
 //! response tells how it was decided: a 200 with a `RateLimit` header or a
 //! 429 was decided by the store; a 200 without it was let through because
 //! the store failed (fail open); a 503 is the fail-closed refusal.
+//!
+//! The tests share two cores with nothing else: each holds
+//! `machine::alone()`, so that its latencies are its own (no other test of
+//! the binary runs meanwhile, nor starts a server on a port a killed one
+//! left free).
 use crate::common;
 
 use std::sync::Arc;
@@ -42,10 +47,6 @@ const FAULT: Duration = Duration::from_millis(1500);
 const RECOVERY: Duration = Duration::from_secs(2);
 const TASKS_PER_ROUTE: usize = 3;
 const PACE: Duration = Duration::from_millis(4);
-
-/// The tests share two cores: one at a time, so that their latencies are
-/// their own.
-static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Route {
@@ -328,7 +329,7 @@ fn decided_by_redis(r: &Record) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigstop_hang_then_resume() {
-    let _serial = SERIAL.lock().await;
+    let _alone = crate::machine::alone().await;
     let server = RedisServer::start();
     let mut load = Load::start(app(store(&server).await));
     load.run_for(Duration::from_millis(400)).await;
@@ -357,7 +358,7 @@ async fn sigstop_hang_then_resume() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_then_restart_on_the_same_port() {
-    let _serial = SERIAL.lock().await;
+    let _alone = crate::machine::alone().await;
     let server = RedisServer::start();
     let mut load = Load::start(app(store(&server).await));
     load.run_for(Duration::from_millis(400)).await;
@@ -402,7 +403,7 @@ async fn sigkill_then_restart_on_the_same_port() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_pause_then_unpause() {
-    let _serial = SERIAL.lock().await;
+    let _alone = crate::machine::alone().await;
     let server = RedisServer::start();
     let mut admin = server
         .client()
@@ -452,7 +453,7 @@ async fn client_pause_then_unpause() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn script_flush_mid_run_costs_no_decision() {
-    let _serial = SERIAL.lock().await;
+    let _alone = crate::machine::alone().await;
     let server = RedisServer::start();
     let mut admin = server
         .client()
