@@ -15,6 +15,8 @@ pub(crate) enum Conn {
     Single(ConnectionManager),
     #[cfg(feature = "cluster")]
     Cluster(redis::cluster_async::ClusterConnection),
+    #[cfg(feature = "sentinel")]
+    Sentinel(std::sync::Arc<super::sentinel::SentinelConn>),
 }
 
 impl ConnectionLike for Conn {
@@ -23,6 +25,11 @@ impl ConnectionLike for Conn {
             Conn::Single(conn) => conn.req_packed_command(cmd),
             #[cfg(feature = "cluster")]
             Conn::Cluster(conn) => conn.req_packed_command(cmd),
+            #[cfg(feature = "sentinel")]
+            Conn::Sentinel(sentinel) => {
+                let conn = sentinel.connection();
+                Box::pin(async move { conn?.req_packed_command(cmd).await })
+            }
         }
     }
 
@@ -36,6 +43,11 @@ impl ConnectionLike for Conn {
             Conn::Single(conn) => conn.req_packed_commands(pipeline, offset, count),
             #[cfg(feature = "cluster")]
             Conn::Cluster(conn) => conn.req_packed_commands(pipeline, offset, count),
+            #[cfg(feature = "sentinel")]
+            Conn::Sentinel(sentinel) => {
+                let conn = sentinel.connection();
+                Box::pin(async move { conn?.req_packed_commands(pipeline, offset, count).await })
+            }
         }
     }
 
@@ -44,18 +56,55 @@ impl ConnectionLike for Conn {
             Conn::Single(conn) => conn.get_db(),
             #[cfg(feature = "cluster")]
             Conn::Cluster(conn) => conn.get_db(),
+            #[cfg(feature = "sentinel")]
+            Conn::Sentinel(sentinel) => sentinel.db(),
+        }
+    }
+}
+
+impl std::fmt::Debug for Conn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            #[cfg(feature = "sentinel")]
+            Conn::Sentinel(sentinel) => sentinel.fmt(f),
+            _ => f.write_str(self.kind()),
         }
     }
 }
 
 impl Conn {
-    /// `"redis"` or `"redis-cluster"`, for logs.
+    /// `"redis"`, `"redis-cluster"` or `"redis-sentinel"`, for logs.
     pub(crate) fn kind(&self) -> &'static str {
         match self {
             Conn::Single(_) => "redis",
             #[cfg(feature = "cluster")]
             Conn::Cluster(_) => "redis-cluster",
+            #[cfg(feature = "sentinel")]
+            Conn::Sentinel(_) => "redis-sentinel",
         }
+    }
+
+    /// Whether every call goes to one server: calls may then share a
+    /// script (the batcher) and one `SCRIPT LOAD` serves them all.
+    pub(crate) fn one_server(&self) -> bool {
+        match self {
+            Conn::Single(_) => true,
+            #[cfg(feature = "cluster")]
+            Conn::Cluster(_) => false,
+            #[cfg(feature = "sentinel")]
+            Conn::Sentinel(_) => true,
+        }
+    }
+
+    /// Takes note of a failed call (`None`: the store's own timeout). On
+    /// Sentinel, a failure that may mean the master moved starts a lookup
+    /// in the background.
+    pub(crate) fn failed(&self, err: Option<&redis::RedisError>) {
+        #[cfg(feature = "sentinel")]
+        if let Conn::Sentinel(sentinel) = self {
+            sentinel.failed(err);
+        }
+        let _ = err;
     }
 }
 

@@ -21,6 +21,8 @@ mod redis;
 mod connection;
 #[cfg(feature = "redis")]
 mod deny_cache;
+#[cfg(feature = "sentinel")]
+mod sentinel;
 
 use std::fmt;
 use std::future::Future;

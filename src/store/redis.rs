@@ -201,7 +201,9 @@ impl TimeSource {
 /// Denials are remembered, so a client over its limit is refused locally
 /// until its retry time passes ([`RedisStoreBuilder::deny_cache`]). With
 /// the `cluster` feature the same store runs on a Redis Cluster
-/// (`RedisStoreBuilder::connect_cluster`).
+/// (`RedisStoreBuilder::connect_cluster`); with the `sentinel` feature, on
+/// the master that Redis Sentinel names, followed through failovers
+/// (`RedisStoreBuilder::connect_sentinel`).
 ///
 /// Available with the `redis` feature (on by default).
 ///
@@ -237,7 +239,9 @@ struct Inner {
     /// Releases that failed on the way, being retried.
     releases: release::Retries,
     /// Whether the server refused the connection lately; `None` on a
-    /// cluster.
+    /// cluster, and on Sentinel, whose connection never reconnects by
+    /// itself (a dropped one fails calls at once until a lookup replaces
+    /// it).
     refusals: Option<Refusals>,
 }
 
@@ -257,6 +261,10 @@ impl RedisStore {
             deny_cache: DEFAULT_DENY_CACHE,
             max_in_flight: DEFAULT_MAX_IN_FLIGHT,
             max_batch: DEFAULT_MAX_BATCH,
+            #[cfg(feature = "sentinel")]
+            sentinel_node: None,
+            #[cfg(feature = "sentinel")]
+            sentinel_poll: DEFAULT_SENTINEL_POLL,
         }
     }
 
@@ -450,7 +458,7 @@ impl RedisStore {
         };
         // On a cluster `SCRIPT LOAD` would go to every node, and one node
         // failing would fail it for all: `EVAL` goes to the key's owner.
-        let shared_load = matches!(self.inner.conn, Conn::Single(_));
+        let shared_load = self.inner.conn.one_server();
         let mut conn = self.inner.conn.clone();
         let exchange = async {
             let seen = script.loads();
@@ -483,6 +491,9 @@ impl RedisStore {
                 if let Some((refusals, admitted)) = gate {
                     refusals.observe(admitted, &result, refusals.now());
                 }
+                if let Err(err) = &result {
+                    self.inner.conn.failed(Some(err));
+                }
                 match result {
                     Ok(reply) => Ok(reply),
                     // A timeout reported by the client (a `with_connection`
@@ -494,7 +505,10 @@ impl RedisStore {
                     }),
                 }
             }
-            Err(_) => Err(timed_out()),
+            Err(_) => {
+                self.inner.conn.failed(None);
+                Err(timed_out())
+            }
         };
         script.metrics.timed(started.elapsed());
         result
@@ -627,7 +641,7 @@ impl fmt::Debug for RedisStore {
             .field("prefix", &self.inner.prefix)
             .field("timeout", &self.inner.timeout)
             .field("time", &self.inner.time)
-            .field("connection", &self.inner.conn.kind())
+            .field("connection", &self.inner.conn)
             .field("deny_cache", &self.inner.deny.is_some())
             .finish()
     }
@@ -678,6 +692,10 @@ pub struct RedisStoreBuilder {
     deny_cache: usize,
     max_in_flight: usize,
     max_batch: usize,
+    #[cfg(feature = "sentinel")]
+    sentinel_node: Option<redis::sentinel::SentinelNodeConnectionInfo>,
+    #[cfg(feature = "sentinel")]
+    sentinel_poll: Duration,
 }
 
 impl RedisStoreBuilder {
@@ -828,12 +846,8 @@ impl RedisStoreBuilder {
             DenyCache::new(self.deny_cache, clock)
         });
         let refusals = matches!(conn, Conn::Single(_)).then(Refusals::new);
-        let batcher = match conn {
-            Conn::Single(_) if self.max_in_flight < usize::MAX => {
-                Some(batch::Batcher::new(self.max_in_flight, self.max_batch))
-            }
-            _ => None,
-        };
+        let batcher = (conn.one_server() && self.max_in_flight < usize::MAX)
+            .then(|| batch::Batcher::new(self.max_in_flight, self.max_batch));
         Ok(RedisStore {
             inner: Arc::new(Inner {
                 conn,
@@ -924,6 +938,170 @@ impl RedisStoreBuilder {
             .build()?;
         let conn = client.get_async_connection().await?;
         self.build(Conn::Cluster(conn))
+    }
+}
+
+/// How often a store on Sentinel asks the sentinels which address the
+/// master has, by default.
+#[cfg(feature = "sentinel")]
+pub(crate) const DEFAULT_SENTINEL_POLL: Duration = Duration::from_millis(500);
+
+#[cfg(feature = "sentinel")]
+impl RedisStoreBuilder {
+    /// Connects to the Redis master that Redis Sentinel names `master_name`,
+    /// asking the `sentinels` (`redis://[user:password@]host:port` each,
+    /// `rediss://` for TLS), and follows it through failovers; needs the
+    /// `sentinel` feature.
+    ///
+    /// The store sends every call to the master it is connected to, and
+    /// never reconnects to an address by itself: a new connection is made
+    /// only to a server the sentinels name as master and that itself says
+    /// `ROLE` master, so no call is sent to a replica on purpose. A lookup
+    /// runs in the background (one at a time, at most one per 100 ms, each
+    /// bounded by the [connect timeout](Self::connect_timeout)) when a call
+    /// fails in a way that says the master may have moved: its connection
+    /// dropped or refused, a timeout (the connection is then replaced only
+    /// if it no longer answers `PING`, or the sentinels name another
+    /// master), `READONLY` (the server was demoted to a replica),
+    /// `MASTERDOWN` or `NOREPLICAS`. The sentinels are also asked every
+    /// [`sentinel_poll`](Self::sentinel_poll) which address the master has,
+    /// and a different answer starts a lookup: a demoted master, or one cut
+    /// off from the sentinels, may go on answering (and taking writes that
+    /// are lost) until Sentinel reconfigures it. Calls never wait for a
+    /// lookup: until the new master is connected they fail (at once once the
+    /// old connection has dropped, or at the timeout) and the layers follow
+    /// their [`FailurePolicy`](crate::FailurePolicy). Calls are batched and
+    /// scripts loaded as on a single server; a promoted replica has no
+    /// scripts cached, so one `SCRIPT LOAD` follows each failover.
+    ///
+    /// What a failover costs, besides the time without a master (from the
+    /// old master's end to about one second after the replica's promotion,
+    /// the time Sentinel takes to name it): replication is asynchronous, so
+    /// writes the old master acknowledged but had not yet sent to the
+    /// replica are lost. GCRA and window state then goes back by those
+    /// writes (up to about one burst admitted again), and leases taken in
+    /// those last moments are gone from the new master: their releases
+    /// answer "not held", and concurrency may go over its limit until their
+    /// holders finish. Leases that did reach the replica are released on the
+    /// new master (failed releases are retried), or expire after their TTL.
+    /// With [`TimeSource::Server`] decisions follow the new master's clock.
+    ///
+    /// Passwords: those of the sentinels go in their URLs; those of the
+    /// master (and its TLS mode and database) in
+    /// [`sentinel_master`](Self::sentinel_master). TLS connects only where
+    /// the redis crate is built with a TLS feature
+    /// (`redis/tokio-rustls-comp` or `redis/tokio-native-tls-comp`).
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// use fleetgate::RedisStore;
+    /// use redis::sentinel::SentinelNodeConnectionInfo;
+    /// use redis::RedisConnectionInfo;
+    ///
+    /// let store = RedisStore::builder()
+    ///     .prefix("myapp")
+    ///     .sentinel_master(SentinelNodeConnectionInfo::default().set_redis_connection_info(
+    ///         RedisConnectionInfo::default().set_password("master-secret"),
+    ///     ))
+    ///     .connect_sentinel(
+    ///         "mymaster",
+    ///         [
+    ///             "redis://:sentinel-secret@10.0.0.1:26379",
+    ///             "redis://:sentinel-secret@10.0.0.2:26379",
+    ///             "redis://:sentinel-secret@10.0.0.3:26379",
+    ///         ],
+    ///     )
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn connect_sentinel<I, T>(
+        self,
+        master_name: &str,
+        sentinels: I,
+    ) -> Result<RedisStore, StoreError>
+    where
+        I: IntoIterator<Item = T>,
+        T: redis::IntoConnectionInfo,
+    {
+        let settings = self.sentinel_settings(master_name, sentinels)?;
+        let conn = super::sentinel::SentinelConn::new(&settings)?;
+        conn.lookup(true).await?;
+        super::sentinel::SentinelConn::watch(&conn, settings.sentinels, settings.poll);
+        self.build(Conn::Sentinel(conn))
+    }
+
+    /// Like [`connect_sentinel`](Self::connect_sentinel), without waiting
+    /// for the sentinels: decisions fail (and the layers follow their
+    /// failure policy) until a master is found in the background. Must be
+    /// called within a tokio runtime (otherwise [`ConfigError::NoRuntime`]).
+    pub fn connect_sentinel_lazy<I, T>(
+        self,
+        master_name: &str,
+        sentinels: I,
+    ) -> Result<RedisStore, StoreError>
+    where
+        I: IntoIterator<Item = T>,
+        T: redis::IntoConnectionInfo,
+    {
+        if tokio::runtime::Handle::try_current().is_err() {
+            return Err(ConfigError::NoRuntime {
+                what: "RedisStoreBuilder::connect_sentinel_lazy",
+            }
+            .into());
+        }
+        let settings = self.sentinel_settings(master_name, sentinels)?;
+        let conn = super::sentinel::SentinelConn::new(&settings)?;
+        conn.trigger(true);
+        super::sentinel::SentinelConn::watch(&conn, settings.sentinels, settings.poll);
+        self.build(Conn::Sentinel(conn))
+    }
+
+    /// How to connect to the master found through the sentinels: its
+    /// username, password and database
+    /// ([`RedisConnectionInfo`](redis::RedisConnectionInfo)) and TLS mode.
+    /// By default: no password, database 0, plain TCP.
+    pub fn sentinel_master(mut self, info: redis::sentinel::SentinelNodeConnectionInfo) -> Self {
+        self.sentinel_node = Some(info);
+        self
+    }
+
+    /// How often the sentinels are asked which address the master has
+    /// (default 500 ms): the longest a master that was replaced while it
+    /// still answers (a failover by hand, a partition) keeps the store's
+    /// calls. Failures of the calls themselves start a lookup at once.
+    /// Zero is refused ([`ConfigError::ZeroTimeout`]).
+    pub fn sentinel_poll(mut self, every: Duration) -> Self {
+        self.sentinel_poll = every;
+        self
+    }
+
+    fn sentinel_settings<I, T>(
+        &self,
+        master_name: &str,
+        sentinels: I,
+    ) -> Result<super::sentinel::Settings, StoreError>
+    where
+        I: IntoIterator<Item = T>,
+        T: redis::IntoConnectionInfo,
+    {
+        self.check()?;
+        if self.sentinel_poll.is_zero() {
+            return Err(ConfigError::ZeroTimeout.into());
+        }
+        let sentinels = sentinels
+            .into_iter()
+            .map(redis::IntoConnectionInfo::into_connection_info)
+            .collect::<redis::RedisResult<Vec<_>>>()?;
+        if sentinels.is_empty() {
+            return Err(StoreError::Redis("no sentinel addresses given".into()));
+        }
+        Ok(super::sentinel::Settings {
+            name: master_name.to_owned(),
+            sentinels,
+            node: self.sentinel_node.clone().unwrap_or_default(),
+            connect_timeout: self.connect_timeout,
+            poll: self.sentinel_poll,
+        })
     }
 }
 
