@@ -1,6 +1,7 @@
 //! Helpers shared by the integration tests.
 
 pub mod redis_server;
+pub mod sentinel;
 
 pub use redis_server::RedisServer;
 pub mod stats;

@@ -20,6 +20,8 @@ mod private_server;
 #[cfg(feature = "cluster")]
 mod redis_cluster;
 mod redis_down;
+#[cfg(feature = "sentinel")]
+mod sentinel;
 
 /// Turns at the machine. Tests of this binary run side by side, each
 /// holding a shared turn, except a `faults` test, which waits until no

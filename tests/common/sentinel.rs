@@ -1,0 +1,364 @@
+//! A throwaway Redis Sentinel setup for a test: a master, one replica and
+//! three sentinels (quorum 2, `down-after-milliseconds` 500,
+//! `failover-timeout` 2000), each on a free loopback port, the sentinels'
+//! configuration files in a temporary directory of their own. Everything is
+//! killed when dropped.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::RedisServer;
+use super::redis_server::free_port;
+
+/// The name the sentinels monitor the master under.
+pub const MASTER_NAME: &str = "mymaster";
+
+/// Passwords of a setup with authentication.
+#[derive(Clone, Debug)]
+pub struct Passwords {
+    /// `requirepass` of the master and the replica (and their `masterauth`).
+    pub redis: String,
+    /// `requirepass` of the sentinels.
+    pub sentinel: String,
+}
+
+/// One sentinel process.
+pub struct Sentinel {
+    child: Option<Child>,
+    port: u16,
+}
+
+impl Sentinel {
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// SIGKILL, now.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for Sentinel {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A master, a replica and three sentinels.
+pub struct SentinelSet {
+    /// `None` once killed.
+    pub master: Option<RedisServer>,
+    pub replica: RedisServer,
+    pub sentinels: Vec<Sentinel>,
+    master_port: u16,
+    passwords: Option<Passwords>,
+    dir: PathBuf,
+}
+
+impl SentinelSet {
+    /// Starts the set and waits until every sentinel knows the replica and
+    /// the other sentinels, and the replica is in sync.
+    pub async fn start() -> SentinelSet {
+        SentinelSet::start_with(None).await
+    }
+
+    /// [`start`](Self::start), with passwords on the servers and on the
+    /// sentinels.
+    pub async fn start_with(passwords: Option<Passwords>) -> SentinelSet {
+        let auth: Vec<String> = match &passwords {
+            Some(p) => vec![
+                "--requirepass".into(),
+                p.redis.clone(),
+                "--masterauth".into(),
+                p.redis.clone(),
+            ],
+            None => Vec::new(),
+        };
+        let master = start_server(&auth);
+        let master_port = master.port();
+        let mut replica_args = auth.clone();
+        replica_args.extend([
+            "--replicaof".into(),
+            "127.0.0.1".into(),
+            master_port.to_string(),
+        ]);
+        let replica = start_server(&replica_args);
+        let dir = std::env::temp_dir().join(format!(
+            "fleetgate-sentinel-{}-{master_port}",
+            std::process::id()
+        ));
+        std::fs::create_dir_all(&dir).expect("a temporary directory for the sentinels");
+        let mut sentinels = Vec::new();
+        for i in 0..3 {
+            sentinels.push(start_sentinel(&dir, i, master_port, passwords.as_ref()));
+        }
+        let set = SentinelSet {
+            master: Some(master),
+            replica,
+            sentinels,
+            master_port,
+            passwords,
+            dir,
+        };
+        set.wait_ready().await;
+        set
+    }
+
+    /// `redis://[:password@]127.0.0.1:<port>` of each sentinel.
+    pub fn sentinel_urls(&self) -> Vec<String> {
+        let auth = match &self.passwords {
+            Some(p) => format!(":{}@", p.sentinel),
+            None => String::new(),
+        };
+        self.sentinels
+            .iter()
+            .map(|s| format!("redis://{auth}127.0.0.1:{}", s.port))
+            .collect()
+    }
+
+    /// The port the master was started on.
+    pub fn master_port(&self) -> u16 {
+        self.master_port
+    }
+
+    /// A connection to a server of the set (with its password).
+    pub async fn connect(&self, port: u16) -> redis::aio::MultiplexedConnection {
+        self.try_connect(port)
+            .await
+            .expect("connect to a server of the set")
+    }
+
+    async fn try_connect(
+        &self,
+        port: u16,
+    ) -> redis::RedisResult<redis::aio::MultiplexedConnection> {
+        let auth = match &self.passwords {
+            Some(p) => format!(":{}@", p.redis),
+            None => String::new(),
+        };
+        redis::Client::open(format!("redis://{auth}127.0.0.1:{port}"))?
+            .get_multiplexed_async_connection()
+            .await
+    }
+
+    async fn sentinel_conn(
+        &self,
+        port: u16,
+    ) -> redis::RedisResult<redis::aio::MultiplexedConnection> {
+        let auth = match &self.passwords {
+            Some(p) => format!(":{}@", p.sentinel),
+            None => String::new(),
+        };
+        redis::Client::open(format!("redis://{auth}127.0.0.1:{port}"))?
+            .get_multiplexed_async_connection()
+            .await
+    }
+
+    /// `SENTINEL <args>` on the first sentinel still running.
+    pub async fn sentinel_cmd<T: redis::FromRedisValue>(
+        &self,
+        args: &[&str],
+    ) -> redis::RedisResult<T> {
+        let mut last = None;
+        for s in self.sentinels.iter().filter(|s| s.child.is_some()) {
+            match self.sentinel_conn(s.port).await {
+                Ok(mut conn) => {
+                    return redis::cmd("SENTINEL")
+                        .arg(args)
+                        .query_async(&mut conn)
+                        .await;
+                }
+                Err(err) => last = Some(err),
+            }
+        }
+        Err(last.unwrap_or_else(|| (redis::ErrorKind::Io, "no sentinel running").into()))
+    }
+
+    /// `ROLE` of the server on `port`: `"master"`, `"slave"`, or an error.
+    pub async fn role(&self, port: u16) -> redis::RedisResult<String> {
+        let mut conn = self.try_connect(port).await?;
+        let role: Vec<redis::Value> = redis::cmd("ROLE").query_async(&mut conn).await?;
+        match role.first() {
+            Some(redis::Value::BulkString(b)) => Ok(String::from_utf8_lossy(b).into_owned()),
+            Some(redis::Value::SimpleString(s)) => Ok(s.clone()),
+            other => Err((
+                redis::ErrorKind::Parse,
+                "odd ROLE reply",
+                format!("{other:?}"),
+            )
+                .into()),
+        }
+    }
+
+    /// Polls until every running sentinel names `port` as the master.
+    pub async fn wait_switched(&self, port: u16, within: Duration) {
+        let deadline = Instant::now() + within;
+        loop {
+            let mut all = true;
+            for s in self.sentinels.iter().filter(|s| s.child.is_some()) {
+                let named: Option<(String, u16)> = match self.sentinel_conn(s.port).await {
+                    Ok(mut conn) => redis::cmd("SENTINEL")
+                        .arg("GET-MASTER-ADDR-BY-NAME")
+                        .arg(MASTER_NAME)
+                        .query_async(&mut conn)
+                        .await
+                        .unwrap_or(None),
+                    Err(_) => None,
+                };
+                all &= named.is_some_and(|(_, p)| p == port);
+            }
+            if all {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the sentinels never named port {port}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    async fn wait_ready(&self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if self.ready().await {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the sentinel set did not become ready within 30 s"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    async fn ready(&self) -> bool {
+        let Ok(mut replica) = self.try_connect(self.replica.port()).await else {
+            return false;
+        };
+        let info: String = match redis::cmd("INFO")
+            .arg("replication")
+            .query_async(&mut replica)
+            .await
+        {
+            Ok(info) => info,
+            Err(_) => return false,
+        };
+        if !info.contains("master_link_status:up") {
+            return false;
+        }
+        for s in &self.sentinels {
+            let Ok(mut conn) = self.sentinel_conn(s.port).await else {
+                return false;
+            };
+            let fields: Vec<String> = match redis::cmd("SENTINEL")
+                .arg("MASTER")
+                .arg(MASTER_NAME)
+                .query_async(&mut conn)
+                .await
+            {
+                Ok(fields) => fields,
+                Err(_) => return false,
+            };
+            let field = |name: &str| {
+                fields
+                    .chunks_exact(2)
+                    .find(|kv| kv[0] == name)
+                    .map(|kv| kv[1].clone())
+                    .unwrap_or_default()
+            };
+            if field("num-slaves") != "1" || field("num-other-sentinels") != "2" {
+                return false;
+            }
+            if field("flags") != "master" {
+                return false;
+            }
+        }
+        true
+    }
+}
+
+impl Drop for SentinelSet {
+    fn drop(&mut self) {
+        for s in &mut self.sentinels {
+            s.kill();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn start_server(extra: &[String]) -> RedisServer {
+    let mut last = String::new();
+    for _ in 0..5 {
+        match RedisServer::start_on_with(free_port(), extra) {
+            Ok(server) => return server,
+            Err(err) => last = err,
+        }
+    }
+    panic!("could not start redis-server: {last}");
+}
+
+fn start_sentinel(
+    dir: &std::path::Path,
+    i: usize,
+    master_port: u16,
+    passwords: Option<&Passwords>,
+) -> Sentinel {
+    let binary = std::env::var("REDIS_SERVER").unwrap_or_else(|_| "redis-server".into());
+    for _ in 0..5 {
+        let port = free_port();
+        let conf = dir.join(format!("sentinel-{i}.conf"));
+        let mut text = format!(
+            "port {port}\nbind 127.0.0.1\ndir {dir}\nlogfile \"\"\n\
+             sentinel monitor {MASTER_NAME} 127.0.0.1 {master_port} 2\n\
+             sentinel down-after-milliseconds {MASTER_NAME} 500\n\
+             sentinel failover-timeout {MASTER_NAME} 2000\n",
+            dir = dir.display()
+        );
+        if let Some(p) = passwords {
+            text.push_str(&format!(
+                "sentinel auth-pass {MASTER_NAME} {}\nrequirepass {}\nsentinel sentinel-pass {}\n",
+                p.redis, p.sentinel, p.sentinel
+            ));
+        }
+        std::fs::write(&conf, text).expect("write a sentinel configuration");
+        // The configuration file must come first, and stay writable:
+        // sentinels rewrite it.
+        let mut child = Command::new(&binary)
+            .arg(&conf)
+            .arg("--sentinel")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|err| panic!("cannot run `{binary}` ({err})"));
+        // Wait until it answers PING (it prints no "ready" line).
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let up = loop {
+            if let Ok(Some(_)) = child.try_wait() {
+                break false; // exited: the port was taken, most likely
+            }
+            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                break true;
+            }
+            if Instant::now() > deadline {
+                break false;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        if up {
+            return Sentinel {
+                child: Some(child),
+                port,
+            };
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    panic!("could not start a sentinel");
+}

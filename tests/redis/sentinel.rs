@@ -1,0 +1,567 @@
+//! `RedisStore` on Redis Sentinel (`connect_sentinel`), against real
+//! processes: a master, a replica and three sentinels started for each test
+//! (`tests/common/sentinel.rs`). The master killed under load, the master
+//! demoted by hand (`READONLY`), one sentinel down, passwords.
+//!
+//! The failover test bounds every call's latency, so it holds
+//! `machine::alone()`; the others share the machine.
+use crate::common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use common::sentinel::{MASTER_NAME, Passwords, SentinelSet};
+use fleetgate::concurrency::{Admission, ConcurrencyLimiter, ConcurrencyPolicy};
+use fleetgate::key::Key;
+use fleetgate::{Limit, Limiter, Policy, Rate, RedisStore};
+use tokio::sync::mpsc;
+
+/// The store's timeout: short, yet long enough that a healthy Redis on a
+/// loaded 2-core machine answers within it.
+const TIMEOUT: Duration = Duration::from_millis(150);
+/// What a loaded 2-core machine may add to it.
+const MARGIN: Duration = Duration::from_millis(400);
+/// How soon after the replica's promotion the store must decide on it:
+/// the issue's bound. Sentinel itself names the new master 0.4-0.9 s
+/// after promotion (it reads the replica's INFO once a second).
+const RESUME: Duration = Duration::from_secs(2);
+const TASKS: usize = 16;
+const PACE: Duration = Duration::from_millis(4);
+/// The hot key's limit: 50 per second, burst 10.
+const RATE: u64 = 50;
+const BURST: u64 = 10;
+
+fn hot_policy() -> Policy {
+    Policy::single(
+        "hot",
+        Limit::builder(Rate::per_second(RATE))
+            .burst(BURST)
+            .build()
+            .unwrap(),
+    )
+    .unwrap()
+}
+
+async fn store(set: &SentinelSet, poll: Duration) -> RedisStore {
+    RedisStore::builder()
+        .prefix("sentinel")
+        .timeout(TIMEOUT)
+        // Every answer from Redis: a denial remembered locally would count
+        // as a decision while no master is there.
+        .deny_cache(0)
+        .sentinel_poll(poll)
+        .connect_sentinel(MASTER_NAME, set.sentinel_urls())
+        .await
+        .expect("connect through the sentinels")
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Op {
+    Gcra,
+    Lease,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Outcome {
+    Allowed,
+    Denied,
+    Failed,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Record {
+    op: Op,
+    started: Instant,
+    ended: Instant,
+    outcome: Outcome,
+    /// For a failed GCRA call: what the local fallback (the same limit,
+    /// in memory) answered.
+    local_allowed: bool,
+}
+
+/// GCRA checks on one hot key and lease churn from [`TASKS`] tasks, every
+/// answer reported as it comes.
+struct Load {
+    stop: Arc<AtomicBool>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+    records: mpsc::UnboundedReceiver<Record>,
+    seen: Vec<Record>,
+}
+
+impl Load {
+    fn start(store: &RedisStore) -> Load {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (tx, records) = mpsc::unbounded_channel();
+        let limiter = Limiter::new(hot_policy(), store.clone());
+        let local = Limiter::in_memory(hot_policy());
+        let leases = ConcurrencyLimiter::new(
+            ConcurrencyPolicy::builder("churn", 4)
+                .lease_ttl(Duration::from_secs(2))
+                .no_renewal()
+                .build()
+                .unwrap(),
+            store.clone(),
+        );
+        let mut tasks = Vec::new();
+        for task in 0..TASKS {
+            let (stop, tx) = (stop.clone(), tx.clone());
+            let (limiter, local, leases) = (limiter.clone(), local.clone(), leases.clone());
+            tasks.push(tokio::spawn(async move {
+                let hot = Key::new("hot");
+                let churn = Key::new(format!("churn-{task}"));
+                let mut tick = tokio::time::interval(PACE);
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                let mut n = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    tick.tick().await;
+                    n += 1;
+                    let started = Instant::now();
+                    let record = if n.is_multiple_of(2) {
+                        let result = limiter.check(&hot, 1).await;
+                        let ended = Instant::now();
+                        let (outcome, local_allowed) = match result {
+                            Ok(d) if d.is_allowed() => (Outcome::Allowed, false),
+                            Ok(_) => (Outcome::Denied, false),
+                            Err(_) => {
+                                let local =
+                                    local.check(&hot, 1).await.is_ok_and(|d| d.is_allowed());
+                                (Outcome::Failed, local)
+                            }
+                        };
+                        Record {
+                            op: Op::Gcra,
+                            started,
+                            ended,
+                            outcome,
+                            local_allowed,
+                        }
+                    } else {
+                        let result = leases.acquire(&churn).await;
+                        let ended = Instant::now();
+                        let outcome = match result {
+                            Ok(Admission::Acquired(guard)) => {
+                                drop(guard);
+                                Outcome::Allowed
+                            }
+                            Ok(Admission::Refused(_)) => Outcome::Denied,
+                            Err(_) => Outcome::Failed,
+                        };
+                        Record {
+                            op: Op::Lease,
+                            started,
+                            ended,
+                            outcome,
+                            local_allowed: false,
+                        }
+                    };
+                    if tx.send(record).is_err() {
+                        break;
+                    }
+                }
+            }));
+        }
+        Load {
+            stop,
+            tasks,
+            records,
+            seen: Vec::new(),
+        }
+    }
+
+    fn drain(&mut self) {
+        while let Ok(record) = self.records.try_recv() {
+            self.seen.push(record);
+        }
+    }
+
+    /// Waits until a call that started after `after` was decided by Redis.
+    async fn decided_after(&mut self, after: Instant, within: Duration) -> Option<Instant> {
+        let deadline = Instant::now() + within;
+        loop {
+            self.drain();
+            if let Some(r) = self
+                .seen
+                .iter()
+                .filter(|r| r.started >= after && r.outcome != Outcome::Failed)
+                .min_by_key(|r| r.ended)
+            {
+                return Some(r.ended);
+            }
+            if Instant::now() > deadline {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    async fn stop(mut self) -> Vec<Record> {
+        self.stop.store(true, Ordering::Relaxed);
+        for task in self.tasks.drain(..) {
+            task.await.expect("a load task panicked");
+        }
+        self.drain();
+        self.seen
+    }
+}
+
+/// Polls the replica's `ROLE` until it says master: the promotion's
+/// instant, within a few milliseconds.
+async fn promoted(set: &SentinelSet, port: u16, within: Duration) -> Instant {
+    let deadline = Instant::now() + within;
+    loop {
+        if set.role(port).await.is_ok_and(|role| role == "master") {
+            return Instant::now();
+        }
+        assert!(Instant::now() < deadline, "the replica was never promoted");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+async fn leases_held(conn: &mut redis::aio::MultiplexedConnection, pattern: &str) -> usize {
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(pattern)
+        .query_async(conn)
+        .await
+        .unwrap();
+    let mut total = 0;
+    for key in keys {
+        let n: usize = redis::cmd("ZCARD")
+            .arg(&key)
+            .query_async(conn)
+            .await
+            .unwrap();
+        total += n;
+    }
+    total
+}
+
+/// kill -9 of the master under load: every call is answered within the
+/// timeout plus a margin, the store decides on the promoted replica within
+/// [`RESUME`] of its promotion, over-limit admissions stay within a burst
+/// or two, and leases taken before the failover are on the new master (or
+/// lost with the writes it had not replicated) and all gone once released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_master_killed_under_load() {
+    let _alone = crate::machine::alone().await;
+    let mut set = SentinelSet::start().await;
+    let replica_port = set.replica.port();
+    let store = store(&set, Duration::from_millis(500)).await;
+
+    // Leases held across the failover.
+    let held_limiter = ConcurrencyLimiter::new(
+        ConcurrencyPolicy::builder("held", 100)
+            .lease_ttl(Duration::from_secs(30))
+            .no_renewal()
+            .build()
+            .unwrap(),
+        store.clone(),
+    );
+    let mut held = Vec::new();
+    for i in 0..8 {
+        match held_limiter.acquire(&Key::new(format!("held-{i}"))).await {
+            Ok(Admission::Acquired(guard)) => held.push(guard),
+            other => panic!("a lease before the failover: {other:?}"),
+        }
+    }
+
+    let mut load = Load::start(&store);
+    let began = Instant::now();
+    assert!(
+        load.decided_after(began, Duration::from_secs(5))
+            .await
+            .is_some(),
+        "no decision before the failover"
+    );
+    // A second of enforcement before the kill.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    let killed = Instant::now();
+    set.master.take().expect("the master").stop();
+    let promotion = promoted(&set, replica_port, Duration::from_secs(15)).await;
+    let resumed = load
+        .decided_after(killed, Duration::from_secs(20))
+        .await
+        .expect("the store never decided on the new master");
+    // Enforcement for a while on the new master.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let records = load.stop().await;
+    let ended = Instant::now();
+
+    // Every call answered in time.
+    let slowest = records.iter().map(|r| r.ended - r.started).max().unwrap();
+    let failed_calls = records
+        .iter()
+        .filter(|r| r.outcome == Outcome::Failed)
+        .count();
+    let first_failure = records
+        .iter()
+        .filter(|r| r.outcome == Outcome::Failed)
+        .map(|r| r.started)
+        .min();
+    let gap = first_failure.map_or(Duration::ZERO, |f| resumed.saturating_duration_since(f));
+
+    // The hot key: what Redis admitted, and what open and local admitted.
+    let gcra: Vec<_> = records.iter().filter(|r| r.op == Op::Gcra).collect();
+    let redis_allowed = gcra
+        .iter()
+        .filter(|r| r.outcome == Outcome::Allowed)
+        .count() as u64;
+    let failed_gcra = gcra.iter().filter(|r| r.outcome == Outcome::Failed).count() as u64;
+    let local_allowed = gcra.iter().filter(|r| r.local_allowed).count() as u64;
+    let span = ended - began;
+    let allowed_by_limit = BURST + (RATE as f64 * span.as_secs_f64()).ceil() as u64;
+    let over = |admitted: u64| admitted.saturating_sub(allowed_by_limit);
+
+    // Leases held across the failover, on the new master.
+    let mut admin = set.connect(replica_port).await;
+    let held_after = leases_held(&mut admin, "sentinel:held:*").await;
+    drop(held);
+    let settled =
+        tokio::time::timeout(Duration::from_secs(10), held_limiter.releases_settled()).await;
+    let held_released = leases_held(&mut admin, "sentinel:held:*").await;
+
+    eprintln!(
+        "sentinel failover under load: promotion {:?} after the kill; first decision on \
+         the new master {:?} after the kill, {:?} after promotion; {failed_calls} failed \
+         calls over {gap:?} without enforcement; slowest call {slowest:?}; hot key \
+         ({RATE}/s burst {BURST}, {allowed_by_limit} allowed over {span:?}): Redis \
+         admitted {redis_allowed} (over by {}), with open {} (over by {}), with local {} \
+         (over by {}); held leases on the new master {held_after}/8, {held_released} \
+         left after release; {:?}",
+        promotion - killed,
+        resumed - killed,
+        resumed.saturating_duration_since(promotion),
+        over(redis_allowed),
+        redis_allowed + failed_gcra,
+        over(redis_allowed + failed_gcra),
+        redis_allowed + local_allowed,
+        over(redis_allowed + local_allowed),
+        store,
+    );
+
+    assert!(
+        slowest <= TIMEOUT + MARGIN,
+        "a call took {slowest:?}, over {TIMEOUT:?} + {MARGIN:?}"
+    );
+    assert!(
+        resumed.saturating_duration_since(promotion) <= RESUME,
+        "the store decided on the new master {:?} after its promotion",
+        resumed.saturating_duration_since(promotion)
+    );
+    // Lost writes give back at most one burst; the local fallback, with
+    // the whole limit, one more.
+    assert!(
+        over(redis_allowed) <= BURST,
+        "Redis admitted {redis_allowed}"
+    );
+    assert!(
+        over(redis_allowed + local_allowed) <= 2 * BURST,
+        "with the local fallback {} were admitted",
+        redis_allowed + local_allowed
+    );
+    // Leases taken a second before the kill had replicated; released
+    // leases are gone from the new master.
+    assert_eq!(held_after, 8, "leases held before the failover");
+    assert!(settled.is_ok(), "releases did not settle");
+    assert_eq!(held_released, 0, "leases left after release");
+    // The load's churn leases too, once their releases have landed or
+    // their 2 s TTL has passed.
+    let deadline = Instant::now() + Duration::from_secs(4);
+    loop {
+        let churn_left = leases_held(&mut admin, "sentinel:churn:*").await;
+        if churn_left == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{churn_left} churn leases left on the new master"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The master demoted by hand (`SENTINEL FAILOVER`, then `REPLICAOF` on the
+/// old master, what Sentinel does some seconds later): the store's next
+/// writes there answer `READONLY`, which makes it look the master up, and
+/// decisions resume on the new one; the old node takes no more calls. The
+/// periodic check is off, so that only `READONLY` can move the store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readonly_makes_the_store_look_the_master_up() {
+    let _shared = crate::machine::shared().await;
+    let set = SentinelSet::start().await;
+    let (old, new) = (set.master_port(), set.replica.port());
+    let store = store(&set, Duration::from_secs(3600)).await;
+    let limiter = Limiter::new(hot_policy(), store.clone());
+    let key = Key::new("ro");
+    assert!(limiter.check(&key, 1).await.is_ok());
+
+    let _: String = set
+        .sentinel_cmd(&["FAILOVER", MASTER_NAME])
+        .await
+        .expect("SENTINEL FAILOVER");
+    promoted(&set, new, Duration::from_secs(15)).await;
+    let mut old_conn = set.connect(old).await;
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("127.0.0.1")
+        .arg(new)
+        .query_async(&mut old_conn)
+        .await
+        .expect("REPLICAOF on the old master");
+    let demoted = Instant::now();
+    // The sentinels must name the new master before a lookup can find it.
+    set.wait_switched(new, Duration::from_secs(15)).await;
+
+    // Decisions (writes: 1 per 20 ms is under the limit) resume.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut failures = 0;
+    let resumed = loop {
+        match limiter.check(&key, 1).await {
+            Ok(_) => break Instant::now(),
+            Err(_) => failures += 1,
+        }
+        assert!(Instant::now() < deadline, "decisions never resumed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let calls = |info: String| -> u64 {
+        info.lines()
+            .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+            .filter_map(|l| {
+                l.split("calls=")
+                    .nth(1)?
+                    .split(',')
+                    .next()?
+                    .parse::<u64>()
+                    .ok()
+            })
+            .sum()
+    };
+    let before: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut old_conn)
+        .await
+        .unwrap();
+    for _ in 0..50 {
+        assert!(
+            limiter.check(&key, 1).await.is_ok(),
+            "a decision after the swap failed"
+        );
+    }
+    let after: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut old_conn)
+        .await
+        .unwrap();
+    eprintln!(
+        "sentinel READONLY: decisions resumed {:?} after the demotion, {failures} failed; {store:?}",
+        resumed - demoted
+    );
+    assert_eq!(
+        calls(before),
+        calls(after),
+        "the old master still gets calls"
+    );
+    let role = set.role(old).await.unwrap();
+    assert_eq!(role, "slave");
+    // The new master holds the key's state.
+    let mut new_conn = set.connect(new).await;
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("sentinel:hot:*")
+        .query_async(&mut new_conn)
+        .await
+        .unwrap();
+    assert!(!keys.is_empty(), "no GCRA state on the new master");
+}
+
+/// One sentinel of three down: the store connects, and follows a failover,
+/// with the two left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_sentinel_down_changes_nothing() {
+    let _shared = crate::machine::shared().await;
+    let mut set = SentinelSet::start().await;
+    // The first one the store would ask.
+    set.sentinels[0].kill();
+    let store = store(&set, Duration::from_millis(200)).await;
+    let limiter = Limiter::new(hot_policy(), store.clone());
+    let key = Key::new("one-down");
+    assert!(limiter.check(&key, 1).await.is_ok());
+
+    let new = set.replica.port();
+    let _: String = set
+        .sentinel_cmd(&["FAILOVER", MASTER_NAME])
+        .await
+        .expect("SENTINEL FAILOVER");
+    set.wait_switched(new, Duration::from_secs(15)).await;
+    let switched = Instant::now();
+    // Only the periodic check can tell: the old master still answers.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        assert!(limiter.check(&key, 1).await.is_ok());
+        if format!("{store:?}").contains(&format!("127.0.0.1:{new}")) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the store stayed on the old master: {store:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    eprintln!(
+        "sentinel, one of three down: the store moved {:?} after the sentinels named the new master",
+        switched.elapsed()
+    );
+    let mut new_conn = set.connect(new).await;
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("sentinel:hot:*")
+        .query_async(&mut new_conn)
+        .await
+        .unwrap();
+    assert!(limiter.check(&key, 1).await.is_ok());
+    let keys_after: Vec<String> = redis::cmd("KEYS")
+        .arg("sentinel:hot:*")
+        .query_async(&mut new_conn)
+        .await
+        .unwrap();
+    assert!(
+        !keys.is_empty() || !keys_after.is_empty(),
+        "no GCRA state on the new master"
+    );
+}
+
+/// Passwords on the sentinels and (another) on the servers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn passwords_on_sentinels_and_master() {
+    let _shared = crate::machine::shared().await;
+    let set = SentinelSet::start_with(Some(Passwords {
+        redis: "master-secret".into(),
+        sentinel: "sentinel-secret".into(),
+    }))
+    .await;
+    let without = RedisStore::builder()
+        .timeout(TIMEOUT)
+        .connect_sentinel(MASTER_NAME, set.sentinel_urls())
+        .await;
+    assert!(
+        without.is_err(),
+        "connected to the master without its password"
+    );
+    let store = RedisStore::builder()
+        .prefix("sentinel")
+        .timeout(Duration::from_secs(2))
+        .sentinel_master(
+            redis::sentinel::SentinelNodeConnectionInfo::default().set_redis_connection_info(
+                redis::RedisConnectionInfo::default().set_password("master-secret"),
+            ),
+        )
+        .connect_sentinel(MASTER_NAME, set.sentinel_urls())
+        .await
+        .expect("connect with passwords");
+    let limiter = Limiter::new(hot_policy(), store);
+    assert!(
+        limiter
+            .check(&Key::new("auth"), 1)
+            .await
+            .unwrap()
+            .is_allowed()
+    );
+}
