@@ -218,6 +218,22 @@ async fn promoted(set: &SentinelSet, port: u16, within: Duration) -> Instant {
     }
 }
 
+/// `EVAL` and `EVALSHA` calls in `INFO commandstats` (rejected ones
+/// apart).
+fn script_calls(info: &str) -> u64 {
+    info.lines()
+        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+        .filter_map(|l| {
+            l.split("calls=")
+                .nth(1)?
+                .split(',')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
+}
+
 async fn leases_held(conn: &mut redis::aio::MultiplexedConnection, pattern: &str) -> usize {
     let keys: Vec<String> = redis::cmd("KEYS")
         .arg(pattern)
@@ -275,6 +291,15 @@ async fn the_master_killed_under_load() {
     );
     // A second of enforcement before the kill.
     tokio::time::sleep(Duration::from_secs(1)).await;
+
+    // Nothing went to the replica while it was one.
+    let mut replica = set.connect(replica_port).await;
+    let stats: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut replica)
+        .await
+        .unwrap();
+    assert_eq!(script_calls(&stats), 0, "scripts sent to the replica");
 
     let killed = Instant::now();
     set.master.take().expect("the master").stop();
@@ -423,19 +448,6 @@ async fn readonly_makes_the_store_look_the_master_up() {
         assert!(Instant::now() < deadline, "decisions never resumed");
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
-    let calls = |info: String| -> u64 {
-        info.lines()
-            .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
-            .filter_map(|l| {
-                l.split("calls=")
-                    .nth(1)?
-                    .split(',')
-                    .next()?
-                    .parse::<u64>()
-                    .ok()
-            })
-            .sum()
-    };
     let before: String = redis::cmd("INFO")
         .arg("commandstats")
         .query_async(&mut old_conn)
@@ -457,8 +469,8 @@ async fn readonly_makes_the_store_look_the_master_up() {
         resumed - demoted
     );
     assert_eq!(
-        calls(before),
-        calls(after),
+        script_calls(&before),
+        script_calls(&after),
         "the old master still gets calls"
     );
     let role = set.role(old).await.unwrap();
