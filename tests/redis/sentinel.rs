@@ -577,3 +577,41 @@ async fn passwords_on_sentinels_and_master() {
             .is_allowed()
     );
 }
+
+/// `connect_sentinel_lazy`: the store is built at once, decisions fail
+/// until the master is found in the background, then Redis decides.
+/// Outside a runtime it is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lazy_store_finds_the_master_in_the_background() {
+    let _shared = crate::machine::shared().await;
+    let set = SentinelSet::start().await;
+    let urls = set.sentinel_urls();
+    let outside = std::thread::spawn({
+        let urls = urls.clone();
+        move || {
+            RedisStore::builder()
+                .connect_sentinel_lazy(MASTER_NAME, urls)
+                .map(|_| ())
+        }
+    })
+    .join()
+    .unwrap();
+    assert!(outside.is_err(), "a lazy store outside a runtime");
+
+    let store = RedisStore::builder()
+        .prefix("sentinel")
+        .timeout(Duration::from_secs(2))
+        .connect_sentinel_lazy(MASTER_NAME, urls)
+        .expect("a lazy store");
+    let limiter = Limiter::new(hot_policy(), store.clone());
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        if limiter.check(&Key::new("lazy"), 1).await.is_ok() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no master found: {store:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let master = format!("127.0.0.1:{}", set.master_port());
+    assert!(format!("{store:?}").contains(&master), "{store:?}");
+}
