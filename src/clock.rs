@@ -19,7 +19,7 @@
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 /// A source of "now" in microseconds. Only differences matter to the
 /// algorithms; the epoch is the clock's own.
@@ -109,15 +109,18 @@ impl Clock for MonotonicClock {
     }
 }
 
-/// Wall-clock Unix time. Instances on several machines agree only as far as
-/// their clocks do; prefer Redis' server clock where it is available.
+/// Wall-clock Unix time, for Redis scripts given the caller's clock
+/// ([`TimeSource::system_clock`](crate::TimeSource::system_clock)).
+/// Instances on several machines agree only as far as their clocks do.
+#[cfg(feature = "redis")]
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct SystemClock;
 
+#[cfg(feature = "redis")]
 impl Clock for SystemClock {
     fn now_micros(&self) -> u64 {
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
             .map(|d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
             .unwrap_or(0)
     }
