@@ -1,6 +1,6 @@
-//! A throwaway 3-master Redis Cluster on loopback ports: three
-//! `redis-server --cluster-enabled yes`, joined by
-//! `redis-cli --cluster create`, torn down when dropped.
+//! A throwaway Redis Cluster on loopback ports: three masters (and, for
+//! failover tests, a replica of each), `redis-server --cluster-enabled
+//! yes` joined by `redis-cli --cluster create`, torn down when dropped.
 
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
@@ -10,6 +10,8 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use crate::common::RedisServer;
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
 
 /// A running cluster owned by the test.
 pub struct RedisCluster {
@@ -22,42 +24,73 @@ impl RedisCluster {
     /// every node reports `cluster_state:ok`. Panics with instructions
     /// when `redis-server` or `redis-cli` is missing.
     pub fn start() -> RedisCluster {
+        RedisCluster::launch(3, 0, "5000", &[])
+    }
+
+    /// Starts three masters and three replicas (`--cluster-replicas 1`)
+    /// with a 500 ms node timeout, so that a replica is promoted within
+    /// seconds of its master's death, and waits until every node reports
+    /// `cluster_state:ok` and every replica is linked to its master.
+    ///
+    /// `cluster-require-full-coverage no`: while a master is dead and not
+    /// yet replaced, only its own slots fail; with `yes` (Redis' default)
+    /// every node answers `CLUSTERDOWN` for every slot until the promotion.
+    pub fn start_with_replicas() -> RedisCluster {
+        let extra = [
+            "--cluster-require-full-coverage",
+            "no",
+            // A replica's first sync starts at once rather than after the
+            // default 5 s wait for other replicas to join a diskless sync.
+            "--repl-diskless-sync-delay",
+            "0",
+        ];
+        RedisCluster::launch(6, 1, "500", &extra)
+    }
+
+    fn launch(nodes: usize, replicas: u8, node_timeout: &str, extra: &[&str]) -> RedisCluster {
         let dir = std::env::temp_dir().join(format!(
             "fleetgate-cluster-{}-{}",
             std::process::id(),
             RandomState::new().hash_one(Instant::now()) % 1_000_000
         ));
         std::fs::create_dir_all(&dir).expect("cluster directory");
-        let mut nodes = Vec::with_capacity(3);
-        while nodes.len() < 3 {
+        let mut servers = Vec::with_capacity(nodes);
+        while servers.len() < nodes {
             let port = cluster_port();
             let args: Vec<String> = [
                 "--cluster-enabled",
                 "yes",
                 "--cluster-node-timeout",
-                "5000",
+                node_timeout,
                 "--cluster-config-file",
                 &format!("nodes-{port}.conf"),
                 "--dir",
                 &dir.to_string_lossy(),
             ]
             .iter()
+            .chain(extra)
             .map(|s| s.to_string())
             .collect();
             // A port can be taken between the check and the bind: retry.
             if let Ok(node) = RedisServer::start_on_with(port, &args) {
-                nodes.push(node);
+                servers.push(node);
             }
         }
-        let cluster = RedisCluster { nodes, dir };
+        let cluster = RedisCluster {
+            nodes: servers,
+            dir,
+        };
         let mut create = Command::new(cli());
         create.arg("--cluster").arg("create");
         for node in &cluster.nodes {
             create.arg(format!("127.0.0.1:{}", node.port()));
         }
-        create.args(["--cluster-replicas", "0", "--cluster-yes"]);
+        create.args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"]);
         cluster.run(create, "--cluster create");
         cluster.wait_until_ok();
+        if replicas > 0 {
+            cluster.wait_until_replicated();
+        }
         cluster
     }
 
@@ -123,7 +156,11 @@ impl RedisCluster {
                     .arg("INFO")
                     .query(&mut conn)
                     .expect("CLUSTER INFO");
-                if info.contains("cluster_state:ok") && info.contains("cluster_slots_ok:16384") {
+                let known = format!("cluster_known_nodes:{}", self.nodes.len());
+                if info.contains("cluster_state:ok")
+                    && info.contains("cluster_slots_ok:16384")
+                    && info.contains(&known)
+                {
                     break;
                 }
                 assert!(
@@ -133,6 +170,153 @@ impl RedisCluster {
                 std::thread::sleep(Duration::from_millis(50));
             }
         }
+    }
+}
+
+impl RedisCluster {
+    /// Every node knows every replica, none is flagged failing or still in
+    /// handshake, and each replica's `ROLE` says its link to its master is
+    /// up: only then can a replica be elected when its master dies. Polled,
+    /// for at most 30 s.
+    fn wait_until_replicated(&self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let replicas = self.nodes.len() / 2;
+        for node in &self.nodes {
+            let mut conn = node.client().get_connection().expect("cluster node");
+            loop {
+                let nodes: String = redis::cmd("CLUSTER")
+                    .arg("NODES")
+                    .query(&mut conn)
+                    .expect("CLUSTER NODES");
+                let linked = nodes
+                    .lines()
+                    .filter(|line| line.contains("slave") && line.contains(" connected"))
+                    .count();
+                let troubled = ["fail", "handshake", "noaddr"]
+                    .iter()
+                    .any(|flag| nodes.contains(flag));
+                let synced = match role(&mut conn) {
+                    Ok(Role::Replica { link_up, .. }) => link_up,
+                    Ok(Role::Master) => true,
+                    Err(_) => false,
+                };
+                if linked == replicas && !troubled && synced {
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "replicas not linked after 30 s:\n{nodes}"
+                );
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+
+    /// The index of a master and of its replica, as their `ROLE` says now.
+    pub fn master_and_replica(&self) -> (usize, usize) {
+        for (r, node) in self.nodes.iter().enumerate() {
+            let mut conn = node.client().get_connection().expect("cluster node");
+            if let Ok(Role::Replica { master_port, .. }) = role(&mut conn) {
+                let master = self
+                    .nodes
+                    .iter()
+                    .position(|n| n.port() == master_port)
+                    .expect("a replica of one of the cluster's nodes");
+                return (master, r);
+            }
+        }
+        panic!("the cluster has no replica");
+    }
+
+    /// The slot ranges (first, last) node `index` serves as a master, as
+    /// node `ask` (a live one) sees them.
+    pub fn slots_of(&self, index: usize, ask: usize) -> Vec<(u16, u16)> {
+        let mut conn = self.nodes[ask].client().get_connection().expect("node");
+        let port = i64::from(self.nodes[index].port());
+        // Each range: first, last, its master (address, port, id), replicas.
+        let ranges: Vec<redis::Value> = redis::cmd("CLUSTER")
+            .arg("SLOTS")
+            .query(&mut conn)
+            .expect("CLUSTER SLOTS");
+        let mut slots = Vec::new();
+        for range in ranges {
+            let redis::Value::Array(items) = range else {
+                panic!("CLUSTER SLOTS: {range:?}")
+            };
+            if let [
+                redis::Value::Int(first),
+                redis::Value::Int(last),
+                redis::Value::Array(master),
+                ..,
+            ] = items.as_slice()
+                && master.get(1) == Some(&redis::Value::Int(port))
+            {
+                slots.push((*first as u16, *last as u16));
+            }
+        }
+        slots
+    }
+
+    /// The slot of `key` (`CLUSTER KEYSLOT`, asked of node `ask`).
+    pub fn slot(&self, key: &str, ask: usize) -> u16 {
+        let mut conn = self.nodes[ask].client().get_connection().expect("node");
+        redis::cmd("CLUSTER")
+            .arg("KEYSLOT")
+            .arg(key)
+            .query(&mut conn)
+            .expect("CLUSTER KEYSLOT")
+    }
+
+    /// SIGKILL to node `index`: it dies at once, without a word to its
+    /// replica or its clients, as a crashed host would. It stays dead (and
+    /// is reaped when the cluster is dropped).
+    pub fn kill(&self, index: usize) {
+        let pid = i32::try_from(self.nodes[index].pid()).expect("pid fits pid_t");
+        kill(Pid::from_raw(pid), Signal::SIGKILL).expect("SIGKILL a cluster node");
+    }
+}
+
+/// A node's replication role (`ROLE`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    Master,
+    Replica { master_port: u16, link_up: bool },
+}
+
+/// Asks `ROLE` on `conn`.
+pub fn role(conn: &mut impl redis::ConnectionLike) -> redis::RedisResult<Role> {
+    let reply: Vec<redis::Value> = redis::cmd("ROLE").query(conn)?;
+    parse_role(&reply)
+}
+
+/// Asks `ROLE` on an async connection (to time a promotion).
+pub async fn role_async(conn: &mut impl redis::aio::ConnectionLike) -> redis::RedisResult<Role> {
+    let reply: Vec<redis::Value> = redis::cmd("ROLE").query_async(conn).await?;
+    parse_role(&reply)
+}
+
+fn parse_role(reply: &[redis::Value]) -> redis::RedisResult<Role> {
+    let text = |v: &redis::Value| -> String {
+        match v {
+            redis::Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+            redis::Value::SimpleString(s) => s.clone(),
+            _ => String::new(),
+        }
+    };
+    match reply {
+        [kind, ..] if text(kind) == "master" => Ok(Role::Master),
+        // slave, master host, master port, link state, offset
+        [kind, _host, redis::Value::Int(port), state, ..] if text(kind) == "slave" => {
+            Ok(Role::Replica {
+                master_port: *port as u16,
+                link_up: text(state) == "connected",
+            })
+        }
+        other => Err(redis::RedisError::from((
+            redis::ErrorKind::UnexpectedReturnType,
+            "ROLE",
+            format!("{other:?}"),
+        ))),
     }
 }
 
