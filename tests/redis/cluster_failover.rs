@@ -193,7 +193,7 @@ async fn held_on(cluster: &RedisCluster, index: usize, keys: &[String]) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_master_killed_under_load_its_replica_takes_over() {
     let _alone = crate::machine::alone().await;
-    let cluster = RedisCluster::start_with_replicas();
+    let cluster = RedisCluster::start_failing_over_fast();
     let (victim, heir) = cluster.master_and_replica();
     let victim_slots = cluster.slots_of(victim, heir);
     let store = RedisStore::builder()

@@ -16,26 +16,35 @@ use nix::unistd::Pid;
 /// A running cluster owned by the test.
 pub struct RedisCluster {
     nodes: Vec<RedisServer>,
+    /// Which nodes were masters once the cluster was up.
+    masters: Vec<usize>,
     dir: PathBuf,
 }
 
 impl RedisCluster {
-    /// Starts three masters, assigns them all 16384 slots and waits until
-    /// every node reports `cluster_state:ok`. Panics with instructions
-    /// when `redis-server` or `redis-cli` is missing.
+    /// Starts three masters and a replica of each (`--cluster-replicas
+    /// 1`), assigns the masters all 16384 slots and waits until every node
+    /// reports `cluster_state:ok` and every replica is linked to its
+    /// master. Panics with instructions when `redis-server` or `redis-cli`
+    /// is missing.
+    ///
+    /// The node timeout is 15 s: a master paused by a test (`SIGSTOP`,
+    /// a few seconds) is not failed over meanwhile.
     pub fn start() -> RedisCluster {
-        RedisCluster::launch(3, 0, "5000", &[])
+        RedisCluster::launch(false)
     }
 
-    /// Starts three masters and three replicas (`--cluster-replicas 1`)
-    /// with a 500 ms node timeout, so that a replica is promoted within
-    /// seconds of its master's death, and waits until every node reports
-    /// `cluster_state:ok` and every replica is linked to its master.
-    ///
-    /// `cluster-require-full-coverage no`: while a master is dead and not
-    /// yet replaced, only its own slots fail; with `yes` (Redis' default)
-    /// every node answers `CLUSTERDOWN` for every slot until the promotion.
-    pub fn start_with_replicas() -> RedisCluster {
+    /// [`start`](Self::start) with a 500 ms node timeout, so that a dead
+    /// master's replica is promoted within seconds.
+    pub fn start_failing_over_fast() -> RedisCluster {
+        RedisCluster::launch(true)
+    }
+
+    fn launch(failing_over: bool) -> RedisCluster {
+        let node_timeout = if failing_over { "500" } else { "15000" };
+        // While a master is dead and not yet replaced, only its own slots
+        // fail; with `yes` (Redis' default) every node answers
+        // `CLUSTERDOWN` for every slot until the promotion.
         let extra = [
             "--cluster-require-full-coverage",
             "no",
@@ -44,10 +53,7 @@ impl RedisCluster {
             "--repl-diskless-sync-delay",
             "0",
         ];
-        RedisCluster::launch(6, 1, "500", &extra)
-    }
-
-    fn launch(nodes: usize, replicas: u8, node_timeout: &str, extra: &[&str]) -> RedisCluster {
+        let (nodes, replicas) = (6, 1);
         let dir = std::env::temp_dir().join(format!(
             "fleetgate-cluster-{}-{}",
             std::process::id(),
@@ -68,7 +74,7 @@ impl RedisCluster {
                 &dir.to_string_lossy(),
             ]
             .iter()
-            .chain(extra)
+            .chain(&extra)
             .map(|s| s.to_string())
             .collect();
             // A port can be taken between the check and the bind: retry.
@@ -76,8 +82,9 @@ impl RedisCluster {
                 servers.push(node);
             }
         }
-        let cluster = RedisCluster {
+        let mut cluster = RedisCluster {
             nodes: servers,
+            masters: Vec::new(),
             dir,
         };
         let mut create = Command::new(cli());
@@ -88,9 +95,14 @@ impl RedisCluster {
         create.args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"]);
         cluster.run(create, "--cluster create");
         cluster.wait_until_ok();
-        if replicas > 0 {
-            cluster.wait_until_replicated();
-        }
+        cluster.wait_until_replicated(failing_over);
+        cluster.masters = (0..cluster.nodes.len())
+            .filter(|&i| {
+                let mut conn = cluster.nodes[i].client().get_connection().expect("node");
+                role(&mut conn).expect("ROLE") == Role::Master
+            })
+            .collect();
+        assert_eq!(cluster.masters.len(), 3, "masters of a new cluster");
         cluster
     }
 
@@ -99,15 +111,23 @@ impl RedisCluster {
         self.nodes.iter().map(|n| n.url()).collect()
     }
 
-    /// The nodes, each a plain server.
+    /// The nodes, each a plain server: masters and replicas.
     pub fn nodes(&self) -> &[RedisServer] {
         &self.nodes
     }
 
-    /// Moves `slots` slots from node `from` to node `to` with
+    /// The three masters, as they were once the cluster was up (a
+    /// failover or a reshard does not change this list).
+    pub fn masters(&self) -> Vec<&RedisServer> {
+        self.masters.iter().map(|&i| &self.nodes[i]).collect()
+    }
+
+    /// Moves `slots` slots from master `from` to master `to` (indices in
+    /// [`masters`](Self::masters)) with
     /// `redis-cli --cluster reshard`, keys included, while clients keep
     /// running: they see `ASK` during the move and `MOVED` after it.
     pub fn reshard(&self, from: usize, to: usize, slots: u32) {
+        let (from, to) = (self.masters[from], self.masters[to]);
         let id = |i: usize| -> String {
             let mut conn = self.nodes[i].client().get_connection().expect("node");
             redis::cmd("CLUSTER")
@@ -174,11 +194,13 @@ impl RedisCluster {
 }
 
 impl RedisCluster {
-    /// Every node knows every replica, none is flagged failing or still in
-    /// handshake, and each replica's `ROLE` says its link to its master is
-    /// up: only then can a replica be elected when its master dies. Polled,
-    /// for at most 30 s.
-    fn wait_until_replicated(&self) {
+    /// Each replica's `ROLE` says its link to its master is up and, for
+    /// `elections`, every node knows every replica and none is flagged
+    /// failing or still in handshake: only then can a replica be elected
+    /// when its master dies. (Gossip spreads that in seconds, more with a
+    /// long node timeout: tests that kill no master need not wait for it.)
+    /// Polled, for at most 30 s.
+    fn wait_until_replicated(&self, elections: bool) {
         let deadline = Instant::now() + Duration::from_secs(30);
         let replicas = self.nodes.len() / 2;
         for node in &self.nodes {
@@ -200,7 +222,7 @@ impl RedisCluster {
                     Ok(Role::Master) => true,
                     Err(_) => false,
                 };
-                if linked == replicas && !troubled && synced {
+                if synced && (!elections || (linked == replicas && !troubled)) {
                     break;
                 }
                 assert!(
