@@ -34,9 +34,10 @@
 //! - `FLEETGATE_POLICIES`: a TOML policy file (see `examples/policies.toml`)
 //!   whose routes and policies replace the built-in rate limits of
 //!   `/api/ping` and `/api/window`: limits change without a rebuild.
-//! - `FLEETGATE_MEMORY_MAX_KEYS`: without `REDIS_URL` (or a cluster), the most identities
-//!   the in-process store keeps per kind of state (default 100000); past
-//!   it, expired state and then the state closest to expiry is evicted.
+//! - `FLEETGATE_MEMORY_MAX_KEYS`: without `REDIS_URL` or a cluster, the
+//!   most identities the in-process store keeps per kind of state (default
+//!   100000); past it, expired state and then the state closest to expiry
+//!   is evicted.
 //! - `FLEETGATE_SHED_WORKERS`: the worker capacity of the worker-utilization
 //!   shedder in front of `/api/charge` and `/api/report` (default 64).
 //!
