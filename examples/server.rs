@@ -3,12 +3,19 @@
 //! ```text
 //! cargo run --example server                                  # in-process store
 //! REDIS_URL=redis://127.0.0.1:6379 cargo run --example server # shared through Redis
+//! FLEETGATE_REDIS_CLUSTER=127.0.0.1:7000,127.0.0.1:7001 \
+//!   cargo run --features cluster --example server              # through a Redis Cluster
 //! ```
 //!
 //! Environment:
 //! - `FLEETGATE_ADDR`: listen address (default `127.0.0.1:3000`).
 //! - `REDIS_URL`: when set, limits live in that Redis, so every instance
 //!   pointed at it shares the same counts.
+//! - `FLEETGATE_REDIS_CLUSTER`: comma-separated `host:port` of any nodes of
+//!   a Redis Cluster (needs the `cluster` feature): limits live in the
+//!   cluster, which must answer at start-up; the client follows its
+//!   failovers (a replica promoted in place of a dead master) and
+//!   resharding. Set this or `REDIS_URL`, not both.
 //! - `RUST_LOG`: log filter (default `info`; `fleetgate=debug` shows denials).
 //! - `FLEETGATE_FAILURE_POLICY`: what every limited route (`/api/ping`,
 //!   `/api/window`, `/api/slow`, `/api/report`) does when Redis is down or
@@ -27,9 +34,10 @@
 //! - `FLEETGATE_POLICIES`: a TOML policy file (see `examples/policies.toml`)
 //!   whose routes and policies replace the built-in rate limits of
 //!   `/api/ping` and `/api/window`: limits change without a rebuild.
-//! - `FLEETGATE_MEMORY_MAX_KEYS`: without `REDIS_URL`, the most identities
-//!   the in-process store keeps per kind of state (default 100000); past
-//!   it, expired state and then the state closest to expiry is evicted.
+//! - `FLEETGATE_MEMORY_MAX_KEYS`: without `REDIS_URL` or a cluster, the
+//!   most identities the in-process store keeps per kind of state (default
+//!   100000); past it, expired state and then the state closest to expiry
+//!   is evicted.
 //! - `FLEETGATE_SHED_WORKERS`: the worker capacity of the worker-utilization
 //!   shedder in front of `/api/charge` and `/api/report` (default 64).
 //!
@@ -180,27 +188,17 @@ async fn run() -> Result<(), BoxError> {
     let upkeep = metrics.clone();
     every_five_seconds(move || upkeep.run_upkeep());
 
-    let (store, store_name): (Arc<dyn Store>, String) = match std::env::var("REDIS_URL") {
-        Ok(url) if !url.is_empty() => {
-            // Lazy: the demo serves even while Redis is down, and connects
-            // (and reconnects) in the background.
-            let store = RedisStore::builder()
-                .prefix("fleetgate-demo")
-                .connect_lazy(&url)
-                .map_err(|err| format!("REDIS_URL {url}: {err}"))?;
-            let when_down = match failure {
-                FailurePolicy::Closed => "fails closed".to_owned(),
-                FailurePolicy::Local(share) => {
-                    format!("falls back to {share} of each limit in this process")
-                }
-                _ => "fails open".to_owned(),
-            };
-            (
-                Arc::new(store),
-                format!("redis {url}, {when_down} when Redis is down"),
-            )
+    let when_down = match failure {
+        FailurePolicy::Closed => "fails closed".to_owned(),
+        FailurePolicy::Local(share) => {
+            format!("falls back to {share} of each limit in this process")
         }
-        _ => {
+        _ => "fails open".to_owned(),
+    };
+    let cluster = std::env::var("FLEETGATE_REDIS_CLUSTER").unwrap_or_default();
+    let url = std::env::var("REDIS_URL").unwrap_or_default();
+    let (store, store_name): (Arc<dyn Store>, String) = match (cluster.as_str(), url.as_str()) {
+        ("", "") => {
             let max_keys = match std::env::var("FLEETGATE_MEMORY_MAX_KEYS") {
                 Err(_) => 100_000,
                 Ok(n) => n
@@ -217,6 +215,33 @@ async fn run() -> Result<(), BoxError> {
             every_five_seconds(move || swept.sweep());
             println!("memory store: at most {max_keys} identities per kind of state");
             (Arc::new(store), "memory".to_owned())
+        }
+        ("", url) => {
+            // Lazy: the demo serves even while Redis is down, and connects
+            // (and reconnects) in the background.
+            let store = RedisStore::builder()
+                .prefix("fleetgate-demo")
+                .connect_lazy(url)
+                .map_err(|err| format!("REDIS_URL {url}: {err}"))?;
+            (
+                Arc::new(store),
+                format!("redis {url}, {when_down} when Redis is down"),
+            )
+        }
+        (nodes, "") => {
+            let (store, seeds) = connect_cluster(nodes).await?;
+            (
+                store,
+                format!(
+                    "redis cluster, {seeds} seed node{} ({nodes}), {when_down} when Redis is down",
+                    if seeds == 1 { "" } else { "s" }
+                ),
+            )
+        }
+        _ => {
+            return Err(
+                "FLEETGATE_REDIS_CLUSTER and REDIS_URL are both set; set one of them".into(),
+            );
         }
     };
 
@@ -347,6 +372,49 @@ async fn run() -> Result<(), BoxError> {
     }
     println!("fleetgate demo stopped");
     Ok(())
+}
+
+/// A store on the Redis Cluster reached through `nodes`
+/// (`FLEETGATE_REDIS_CLUSTER`: comma-separated `host:port` of any of its
+/// nodes; `redis://` or `rediss://` URLs work too), and how many seeds it
+/// was given. Unlike a single node, the cluster must answer at start-up:
+/// the client reads its slot map there. Afterwards it follows failovers
+/// and resharding by itself.
+#[cfg(feature = "cluster")]
+async fn connect_cluster(nodes: &str) -> Result<(Arc<dyn Store>, usize), BoxError> {
+    let seeds: Vec<String> = nodes
+        .split(',')
+        .map(str::trim)
+        .filter(|node| !node.is_empty())
+        .map(|node| {
+            if node.contains("://") {
+                node.to_owned()
+            } else {
+                format!("redis://{node}")
+            }
+        })
+        .collect();
+    if seeds.is_empty() {
+        return Err(format!("FLEETGATE_REDIS_CLUSTER {nodes:?}: no node").into());
+    }
+    let count = seeds.len();
+    let store = RedisStore::builder()
+        .prefix("fleetgate-demo")
+        .connect_cluster(seeds)
+        .await
+        .map_err(|err| format!("FLEETGATE_REDIS_CLUSTER {nodes}: {err}"))?;
+    Ok((Arc::new(store), count))
+}
+
+/// Without the `cluster` feature the demo cannot reach a cluster: say how
+/// to build it.
+#[cfg(not(feature = "cluster"))]
+async fn connect_cluster(nodes: &str) -> Result<(Arc<dyn Store>, usize), BoxError> {
+    Err(format!(
+        "FLEETGATE_REDIS_CLUSTER {nodes}: this demo was built without the `cluster` feature; \
+         run it with `cargo run --features cluster --example server`"
+    )
+    .into())
 }
 
 /// Runs `chore` every 5 s, for as long as the demo runs.

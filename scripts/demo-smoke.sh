@@ -8,11 +8,14 @@
 # charge still passes (fleet-wide with Redis), /metrics counts the
 # decisions, FLEETGATE_POLICIES loads limits from a file, and with Redis
 # killed and restarted each FLEETGATE_FAILURE_POLICY does what it says and
-# Redis decides again once it is back.
+# Redis decides again once it is back, and two instances given different
+# seed nodes of one Redis Cluster (3 masters, 3 replicas) share their
+# counts.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-cargo build --quiet --example server
+# With the `cluster` feature, for the Redis Cluster case (the last one).
+cargo build --quiet --features cluster --example server
 demo=target/debug/examples/server
 tmp=$(mktemp -d)
 pids=()
@@ -241,12 +244,13 @@ check_shed() { # label, url of 1st held report, url of 2nd and of the probes
 check_shed "memory store /api/report + /api/charge" "$url" "$url"
 
 redis_bin="${REDIS_SERVER:-redis-server}"
-# Starts redis-server on $1 and waits until it accepts connections; sets
-# rpid. Fails if it does not come up.
-start_redis() {
+# Starts redis-server on $1 (with the extra arguments that follow) and
+# waits until it accepts connections; sets rpid. Fails if it does not come
+# up.
+start_redis() { # port, extra arguments...
   local log="$tmp/redis-$1-$RANDOM.log"
   "$redis_bin" --port "$1" --bind 127.0.0.1 --save "" --appendonly no --dir "$tmp" \
-    --logfile "$log" &
+    --logfile "$log" "${@:2}" &
   rpid=$!
   for _ in $(seq 50); do
     grep -q "Ready to accept connections" "$log" 2>/dev/null && break
@@ -383,5 +387,53 @@ if [ "$got" != "exit=0 calls=200 200" ]; then
   exit 1
 fi
 check_slow "after SIGTERM, the same key on another instance" "$b" "$b" "$b" "$key $key $key other-$key"
+
+# A Redis Cluster of 3 masters and 3 replicas (FLEETGATE_REDIS_CLUSTER):
+# two demos given different seed nodes share one limit, and say which
+# topology they use.
+cli_bin="${REDIS_CLI:-redis-cli}"
+cluster_nodes=()
+while [ "${#cluster_nodes[@]}" -lt 6 ]; do
+  # The cluster bus listens on port + 10000.
+  port=$((20000 + RANDOM % 25000))
+  if start_redis "$port" --cluster-enabled yes --cluster-config-file "nodes-$port.conf" \
+    --cluster-node-timeout 500 --cluster-require-full-coverage no; then
+    cluster_nodes+=("127.0.0.1:$port")
+  fi
+done
+"$cli_bin" --cluster create "${cluster_nodes[@]}" --cluster-replicas 1 --cluster-yes >"$tmp/cluster-create.log" 2>&1 ||
+  { cat "$tmp/cluster-create.log" >&2; echo "FAIL: redis-cli --cluster create" >&2; exit 1; }
+for node in "${cluster_nodes[@]}"; do
+  for _ in $(seq 100); do
+    "$cli_bin" -p "${node#*:}" cluster info 2>/dev/null | grep -q "cluster_state:ok" && break
+    sleep 0.1
+  done
+  "$cli_bin" -p "${node#*:}" cluster info | grep -q "cluster_state:ok" ||
+    { echo "FAIL: cluster node $node never reported cluster_state:ok" >&2; exit 1; }
+done
+start_demo c1 env FLEETGATE_REDIS_CLUSTER="${cluster_nodes[0]},${cluster_nodes[1]}"
+c1_log=$demo_log
+start_demo c2 env FLEETGATE_REDIS_CLUSTER="${cluster_nodes[5]}"
+got=$(grep -o 'store: redis cluster, [^)]*)' "$c1_log")
+echo "cluster demo startup: $got"
+case "$got" in
+  "store: redis cluster, 2 seed nodes (${cluster_nodes[0]},${cluster_nodes[1]})") ;;
+  *) echo "FAIL: the startup line must name the cluster and its seed nodes" >&2; exit 1 ;;
+esac
+got=""
+for i in 1 2 3 4 5 6; do
+  if [ $((i % 2)) -eq 1 ]; then u=$c1; else u=$c2; fi
+  got+=$(codes "$u" 1 smoke-cluster-key)
+done
+echo "two instances, one redis cluster: $got"
+case "$got" in
+  "200 200 200 200 200 429 ") ;;
+  *) echo "FAIL: two instances did not share one limit through the cluster" >&2; exit 1 ;;
+esac
+if out=$(env FLEETGATE_SMOKE_RUN=$$ FLEETGATE_REDIS_CLUSTER="${cluster_nodes[0]}" \
+  REDIS_URL="redis://${cluster_nodes[0]}" timeout 10 "$demo" 2>&1); then
+  echo "FAIL: the demo started with both FLEETGATE_REDIS_CLUSTER and REDIS_URL" >&2; exit 1
+fi
+echo "refused both FLEETGATE_REDIS_CLUSTER and REDIS_URL: ${out##*Error: }"
 
 echo "demo smoke test passed"

@@ -1,5 +1,5 @@
-//! The Redis store on a real 3-master Redis Cluster that the test starts
-//! itself: the same decisions as the memory store, exact under concurrency
+//! The Redis store on a real Redis Cluster (3 masters, a replica each)
+//! that the test starts itself: the same decisions as the memory store, exact under concurrency
 //! with keys of many identities spread over all masters, and undisturbed
 //! by slots moving (`ASK`, `MOVED`) or scripts vanishing (`NOSCRIPT` per
 //! node) mid-run.
@@ -38,7 +38,7 @@ async fn cluster_store(cluster: &RedisCluster, time: TimeSource) -> RedisStore {
 /// Keys on each master (`DBSIZE`).
 async fn keys_per_node(cluster: &RedisCluster) -> Vec<u64> {
     let mut sizes = Vec::new();
-    for node in cluster.nodes() {
+    for node in cluster.masters() {
         let mut conn = node
             .client()
             .get_multiplexed_async_connection()
@@ -52,7 +52,7 @@ async fn keys_per_node(cluster: &RedisCluster) -> Vec<u64> {
 /// Keys matching `pattern` on each master.
 async fn matching_per_node(cluster: &RedisCluster, pattern: &str) -> Vec<usize> {
     let mut counts = Vec::new();
-    for node in cluster.nodes() {
+    for node in cluster.masters() {
         let mut conn = node
             .client()
             .get_multiplexed_async_connection()
@@ -268,8 +268,8 @@ async fn cluster_survives_resharding_and_script_flush() {
         "keys did not move: {before:?} -> {after:?}"
     );
 
-    // Each node answered NOSCRIPT, and was sent the script's source.
-    for node in cluster.nodes() {
+    // Each master answered NOSCRIPT, and was sent the script's source.
+    for node in cluster.masters() {
         let mut conn = node
             .client()
             .get_multiplexed_async_connection()
@@ -311,7 +311,7 @@ async fn cluster_node_hang_is_bounded_and_local_to_its_slots() {
         assert!(limiter.check(key, 1).await.unwrap().is_allowed());
     }
 
-    cluster.nodes()[0].pause();
+    cluster.masters()[0].pause();
     let (mut decided, mut failed) = (0, 0);
     for key in &keys {
         let started = std::time::Instant::now();
@@ -329,7 +329,7 @@ async fn cluster_node_hang_is_bounded_and_local_to_its_slots() {
             Err(_) => failed += 1,
         }
     }
-    cluster.nodes()[0].resume();
+    cluster.masters()[0].resume();
     // A third of the slots hang, the rest answer.
     assert!(
         decided >= 5 && failed >= 5,
@@ -371,8 +371,8 @@ async fn a_hung_node_does_not_keep_scripts_from_the_others() {
     let limiter = Limiter::new(policy.clone(), store.clone());
     let keys: Vec<Key> = (0..12).map(|i| Key::new(format!("site:{i}"))).collect();
     // Which keys the master about to hang owns, asked of another master.
-    let hung = i64::from(cluster.nodes()[0].port());
-    let mut admin = cluster.nodes()[1]
+    let hung = i64::from(cluster.masters()[0].port());
+    let mut admin = cluster.masters()[1]
         .client()
         .get_multiplexed_async_connection()
         .await
@@ -417,7 +417,7 @@ async fn a_hung_node_does_not_keep_scripts_from_the_others() {
         on_hung.push(owner == hung);
     }
 
-    cluster.nodes()[0].pause();
+    cluster.masters()[0].pause();
     let mut failed_elsewhere = Vec::new();
     for (key, &on_hung) in keys.iter().zip(&on_hung) {
         match limiter.check(key, 1).await {
@@ -426,7 +426,7 @@ async fn a_hung_node_does_not_keep_scripts_from_the_others() {
             Err(_) => {}
         }
     }
-    cluster.nodes()[0].resume();
+    cluster.masters()[0].resume();
     assert!(
         on_hung.iter().any(|&h| h) && on_hung.iter().any(|&h| !h),
         "the keys do not spread over the masters"

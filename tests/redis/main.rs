@@ -13,6 +13,8 @@ mod common;
 
 mod batching;
 mod cluster;
+#[cfg(feature = "cluster")]
+mod cluster_failover;
 mod faults;
 mod leases;
 mod local_fallback;
