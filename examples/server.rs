@@ -4,7 +4,9 @@
 //! cargo run --example server                                  # in-process store
 //! REDIS_URL=redis://127.0.0.1:6379 cargo run --example server # shared through Redis
 //! FLEETGATE_REDIS_CLUSTER=127.0.0.1:7000,127.0.0.1:7001 \
-//!   cargo run --features cluster --example server              # through a Redis Cluster
+//!   cargo run --example server                                # through a Redis Cluster
+//! FLEETGATE_REDIS_SENTINELS=127.0.0.1:26379,127.0.0.1:26380 \
+//!   cargo run --example server                                # through Redis Sentinel
 //! ```
 //!
 //! Environment:
@@ -12,10 +14,16 @@
 //! - `REDIS_URL`: when set, limits live in that Redis, so every instance
 //!   pointed at it shares the same counts.
 //! - `FLEETGATE_REDIS_CLUSTER`: comma-separated `host:port` of any nodes of
-//!   a Redis Cluster (needs the `cluster` feature): limits live in the
-//!   cluster, which must answer at start-up; the client follows its
-//!   failovers (a replica promoted in place of a dead master) and
-//!   resharding. Set this or `REDIS_URL`, not both.
+//!   a Redis Cluster: limits live in the cluster, which must answer at
+//!   start-up; the client follows its failovers (a replica promoted in
+//!   place of a dead master) and resharding.
+//! - `FLEETGATE_REDIS_SENTINELS`: comma-separated `host:port` of Redis
+//!   Sentinels, which name the master (`FLEETGATE_REDIS_MASTER`, default
+//!   `mymaster`): limits live in that master, and the demo follows the
+//!   sentinels to its replica when it fails over. Like `REDIS_URL`, the
+//!   demo starts while they are down and finds the master when it can.
+//! - Set at most one of `REDIS_URL`, `FLEETGATE_REDIS_CLUSTER` and
+//!   `FLEETGATE_REDIS_SENTINELS`.
 //! - `RUST_LOG`: log filter (default `info`; `fleetgate=debug` shows denials).
 //! - `FLEETGATE_FAILURE_POLICY`: what every limited route (`/api/ping`,
 //!   `/api/window`, `/api/slow`, `/api/report`) does when Redis is down or
@@ -196,8 +204,39 @@ async fn run() -> Result<(), BoxError> {
         _ => "fails open".to_owned(),
     };
     let cluster = std::env::var("FLEETGATE_REDIS_CLUSTER").unwrap_or_default();
+    let sentinels = std::env::var("FLEETGATE_REDIS_SENTINELS").unwrap_or_default();
     let url = std::env::var("REDIS_URL").unwrap_or_default();
+    let chosen = [&url, &cluster, &sentinels]
+        .iter()
+        .filter(|v| !v.is_empty())
+        .count();
+    if chosen > 1 {
+        return Err("set at most one of REDIS_URL, FLEETGATE_REDIS_CLUSTER and \
+                    FLEETGATE_REDIS_SENTINELS"
+            .into());
+    }
     let (store, store_name): (Arc<dyn Store>, String) = match (cluster.as_str(), url.as_str()) {
+        ("", "") if !sentinels.is_empty() => {
+            let master = std::env::var("FLEETGATE_REDIS_MASTER")
+                .ok()
+                .filter(|name| !name.is_empty())
+                .unwrap_or_else(|| "mymaster".to_owned());
+            let seeds = node_urls("FLEETGATE_REDIS_SENTINELS", &sentinels)?;
+            let count = seeds.len();
+            // Lazy, as for REDIS_URL: the master is found in the background.
+            let store = RedisStore::builder()
+                .prefix("fleetgate-demo")
+                .connect_sentinel_lazy(&master, seeds)
+                .map_err(|err| format!("FLEETGATE_REDIS_SENTINELS {sentinels}: {err}"))?;
+            (
+                Arc::new(store),
+                format!(
+                    "redis sentinel, master {master} named by {count} sentinel{} ({sentinels}), \
+                     {when_down} when Redis is down",
+                    if count == 1 { "" } else { "s" }
+                ),
+            )
+        }
         ("", "") => {
             let max_keys = match std::env::var("FLEETGATE_MEMORY_MAX_KEYS") {
                 Err(_) => 100_000,
@@ -238,11 +277,7 @@ async fn run() -> Result<(), BoxError> {
                 ),
             )
         }
-        _ => {
-            return Err(
-                "FLEETGATE_REDIS_CLUSTER and REDIS_URL are both set; set one of them".into(),
-            );
-        }
+        _ => unreachable!("at most one store variable is set"),
     };
 
     let (api_key, api_keys) = api_key_extractor()?;
@@ -374,15 +409,10 @@ async fn run() -> Result<(), BoxError> {
     Ok(())
 }
 
-/// A store on the Redis Cluster reached through `nodes`
-/// (`FLEETGATE_REDIS_CLUSTER`: comma-separated `host:port` of any of its
-/// nodes; `redis://` or `rediss://` URLs work too), and how many seeds it
-/// was given. Unlike a single node, the cluster must answer at start-up:
-/// the client reads its slot map there. Afterwards it follows failovers
-/// and resharding by itself.
-#[cfg(feature = "cluster")]
-async fn connect_cluster(nodes: &str) -> Result<(Arc<dyn Store>, usize), BoxError> {
-    let seeds: Vec<String> = nodes
+/// The URLs of a comma-separated list of `host:port` (`redis://` or
+/// `rediss://` URLs pass as they are), read from the variable `var`.
+fn node_urls(var: &str, nodes: &str) -> Result<Vec<String>, BoxError> {
+    let urls: Vec<String> = nodes
         .split(',')
         .map(str::trim)
         .filter(|node| !node.is_empty())
@@ -394,9 +424,19 @@ async fn connect_cluster(nodes: &str) -> Result<(Arc<dyn Store>, usize), BoxErro
             }
         })
         .collect();
-    if seeds.is_empty() {
-        return Err(format!("FLEETGATE_REDIS_CLUSTER {nodes:?}: no node").into());
+    if urls.is_empty() {
+        return Err(format!("{var} {nodes:?}: no node").into());
     }
+    Ok(urls)
+}
+
+/// A store on the Redis Cluster reached through `nodes`
+/// (`FLEETGATE_REDIS_CLUSTER`), and how many seeds it was given. Unlike a
+/// single node, the cluster must answer at start-up: the client reads its
+/// slot map there. Afterwards it follows failovers and resharding by
+/// itself.
+async fn connect_cluster(nodes: &str) -> Result<(Arc<dyn Store>, usize), BoxError> {
+    let seeds = node_urls("FLEETGATE_REDIS_CLUSTER", nodes)?;
     let count = seeds.len();
     let store = RedisStore::builder()
         .prefix("fleetgate-demo")
@@ -404,17 +444,6 @@ async fn connect_cluster(nodes: &str) -> Result<(Arc<dyn Store>, usize), BoxErro
         .await
         .map_err(|err| format!("FLEETGATE_REDIS_CLUSTER {nodes}: {err}"))?;
     Ok((Arc::new(store), count))
-}
-
-/// Without the `cluster` feature the demo cannot reach a cluster: say how
-/// to build it.
-#[cfg(not(feature = "cluster"))]
-async fn connect_cluster(nodes: &str) -> Result<(Arc<dyn Store>, usize), BoxError> {
-    Err(format!(
-        "FLEETGATE_REDIS_CLUSTER {nodes}: this demo was built without the `cluster` feature; \
-         run it with `cargo run --features cluster --example server`"
-    )
-    .into())
 }
 
 /// Runs `chore` every 5 s, for as long as the demo runs.
