@@ -365,6 +365,20 @@ async fn cluster_master_killed_under_load_its_replica_takes_over() {
     }
     let before_kill = held_on(&cluster, victim, &held_names).await;
     assert_eq!(before_kill, 12, "the held leases are not on the victim");
+    // Scripts write, so they run on masters only: under load, no replica
+    // has run one (replication sends their effects, not the scripts).
+    let replicas: Vec<usize> = (0..cluster.nodes().len())
+        .filter(|&i| {
+            let port = cluster.nodes()[i].port();
+            !cluster.masters().iter().any(|m| m.port() == port)
+        })
+        .collect();
+    assert_eq!(replicas.len(), 3, "replicas of the cluster");
+    for &r in &replicas {
+        let mut admin = cluster.nodes()[r].admin().await;
+        let scripts = common::stats::script_calls(&mut admin).await;
+        assert_eq!(scripts, 0, "replica {r} ran scripts before the failover");
+    }
     let killed = Instant::now();
     cluster.kill(victim);
     let promotion = promoted(&cluster, heir).await;
@@ -585,4 +599,10 @@ async fn cluster_master_killed_under_load_its_replica_takes_over() {
     let mut admin = cluster.nodes()[heir].admin().await;
     let calls = common::stats::command_calls(&mut admin).await;
     assert!(calls.get("eval").copied().unwrap_or(0) >= 1, "{calls:?}");
+    // The replicas that stayed replicas still never ran a script.
+    for &r in replicas.iter().filter(|&&r| r != heir) {
+        let mut admin = cluster.nodes()[r].admin().await;
+        let scripts = common::stats::script_calls(&mut admin).await;
+        assert_eq!(scripts, 0, "replica {r} ran scripts");
+    }
 }
