@@ -42,7 +42,7 @@
 //! - `FLEETGATE_POLICIES`: a TOML policy file (see `examples/policies.toml`)
 //!   whose routes and policies replace the built-in rate limits of
 //!   `/api/ping` and `/api/window`: limits change without a rebuild.
-//! - `FLEETGATE_MEMORY_MAX_KEYS`: without `REDIS_URL` or a cluster, the
+//! - `FLEETGATE_MEMORY_MAX_KEYS`: without Redis (none of the three above), the
 //!   most identities the in-process store keeps per kind of state (default
 //!   100000); past it, expired state and then the state closest to expiry
 //!   is evicted.
@@ -227,13 +227,16 @@ async fn run() -> Result<(), BoxError> {
             let store = RedisStore::builder()
                 .prefix("fleetgate-demo")
                 .connect_sentinel_lazy(&master, seeds)
-                .map_err(|err| format!("FLEETGATE_REDIS_SENTINELS {sentinels}: {err}"))?;
+                .map_err(|err| {
+                    format!("FLEETGATE_REDIS_SENTINELS {}: {err}", redacted(&sentinels))
+                })?;
             (
                 Arc::new(store),
                 format!(
-                    "redis sentinel, master {master} named by {count} sentinel{} ({sentinels}), \
+                    "redis sentinel, master {master} named by {count} sentinel{} ({}), \
                      {when_down} when Redis is down",
-                    if count == 1 { "" } else { "s" }
+                    if count == 1 { "" } else { "s" },
+                    redacted(&sentinels)
                 ),
             )
         }
@@ -261,10 +264,10 @@ async fn run() -> Result<(), BoxError> {
             let store = RedisStore::builder()
                 .prefix("fleetgate-demo")
                 .connect_lazy(url)
-                .map_err(|err| format!("REDIS_URL {url}: {err}"))?;
+                .map_err(|err| format!("REDIS_URL {}: {err}", redacted(url)))?;
             (
                 Arc::new(store),
-                format!("redis {url}, {when_down} when Redis is down"),
+                format!("redis {}, {when_down} when Redis is down", redacted(url)),
             )
         }
         (nodes, "") => {
@@ -272,8 +275,9 @@ async fn run() -> Result<(), BoxError> {
             (
                 store,
                 format!(
-                    "redis cluster, {seeds} seed node{} ({nodes}), {when_down} when Redis is down",
-                    if seeds == 1 { "" } else { "s" }
+                    "redis cluster, {seeds} seed node{} ({}), {when_down} when Redis is down",
+                    if seeds == 1 { "" } else { "s" },
+                    redacted(nodes)
                 ),
             )
         }
@@ -409,6 +413,26 @@ async fn run() -> Result<(), BoxError> {
     Ok(())
 }
 
+/// `urls` (one URL or a comma-separated list) with every password replaced
+/// by `***`, for the startup line and error messages.
+fn redacted(urls: &str) -> String {
+    urls.split(',')
+        .map(|url| {
+            let Some((scheme, rest)) = url.split_once("://") else {
+                return url.to_owned();
+            };
+            match rest.split_once('@') {
+                Some((userinfo, host)) => {
+                    let user = userinfo.split_once(':').map_or("", |(user, _)| user);
+                    format!("{scheme}://{user}:***@{host}")
+                }
+                None => url.to_owned(),
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 /// The URLs of a comma-separated list of `host:port` (`redis://` or
 /// `rediss://` URLs pass as they are), read from the variable `var`.
 fn node_urls(var: &str, nodes: &str) -> Result<Vec<String>, BoxError> {
@@ -442,7 +466,7 @@ async fn connect_cluster(nodes: &str) -> Result<(Arc<dyn Store>, usize), BoxErro
         .prefix("fleetgate-demo")
         .connect_cluster(seeds)
         .await
-        .map_err(|err| format!("FLEETGATE_REDIS_CLUSTER {nodes}: {err}"))?;
+        .map_err(|err| format!("FLEETGATE_REDIS_CLUSTER {}: {err}", redacted(nodes)))?;
     Ok((Arc::new(store), count))
 }
 
