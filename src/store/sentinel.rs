@@ -277,7 +277,9 @@ impl SentinelConn {
     /// Asks every sentinel at once, each within the connect timeout, and
     /// returns the first master found (named by a sentinel that does not
     /// flag it down, and saying `ROLE` master); the other questions are
-    /// then dropped.
+    /// then dropped. Once most sentinels have answered without a master,
+    /// the lookup fails without waiting for the rest: a silent sentinel
+    /// does not hold up the next lookup either.
     async fn ask_sentinels(&self) -> redis::RedisResult<redis::Client> {
         let mut asking = tokio::task::JoinSet::new();
         for client in &self.clients {
@@ -291,11 +293,16 @@ impl SentinelConn {
             });
         }
         let mut last = None;
+        let mut failed = 0;
         while let Some(answer) = asking.join_next().await {
             match answer {
                 Ok(Ok(client)) => return Ok(client),
                 Ok(Err(err)) => last = Some(err),
                 Err(_) => {}
+            }
+            failed += 1;
+            if !most_still_asked(failed, self.clients.len()) {
+                break;
             }
         }
         Err(last.unwrap_or_else(|| {
@@ -427,6 +434,12 @@ fn lookup_after(err: Option<&RedisError>) -> Option<bool> {
                 && e.to_string().contains("READONLY"))
     });
     (broken || moved).then_some(err.is_some() && broken)
+}
+
+/// Whether, with `failed` of `sentinels` answered without a master, a
+/// master may still come: not once most of them (more than half) failed.
+fn most_still_asked(failed: usize, sentinels: usize) -> bool {
+    failed * 2 <= sentinels
 }
 
 /// How long a connection kept after a timeout has to answer `PING`: half
@@ -584,6 +597,15 @@ mod tests {
             answers_ping(&mut Pong, within).await,
             "a live connection replaced"
         );
+    }
+
+    #[test]
+    fn a_lookup_ends_once_most_sentinels_failed() {
+        assert!(most_still_asked(1, 3));
+        assert!(!most_still_asked(2, 3), "two of three");
+        assert!(most_still_asked(2, 4), "two of four: half");
+        assert!(!most_still_asked(3, 4), "a silent one of four");
+        assert!(!most_still_asked(1, 1));
     }
 
     #[test]
