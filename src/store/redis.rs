@@ -970,7 +970,8 @@ impl RedisStoreBuilder {
     /// [connect timeout](Self::connect_timeout), so a sentinel that never
     /// answers delays nothing; it takes the first master named that
     /// sentinel does not flag down and that says `ROLE` master, connects
-    /// to it (within the connect timeout) and checks `ROLE` again. After a
+    /// to it (within the connect timeout) and checks `ROLE` again; it gives
+    /// up once more than half the sentinels answered without one. After a
     /// dropped or refused connection (or `READONLY`, ...) the connection is
     /// always replaced. After a timeout, if the sentinels still name the
     /// same address, the connection in use is sent a `PING` with half the
