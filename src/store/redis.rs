@@ -946,6 +946,11 @@ impl RedisStoreBuilder {
 #[cfg(feature = "sentinel")]
 pub(crate) const DEFAULT_SENTINEL_POLL: Duration = Duration::from_millis(500);
 
+/// The longest [`RedisStoreBuilder::sentinel_poll`] taken (longer ones
+/// would overflow the clock of the periodic check).
+#[cfg(feature = "sentinel")]
+const MAX_SENTINEL_POLL: Duration = Duration::from_secs(24 * 3600);
+
 #[cfg(feature = "sentinel")]
 impl RedisStoreBuilder {
     /// Connects to the Redis master that Redis Sentinel names `master_name`,
@@ -957,13 +962,23 @@ impl RedisStoreBuilder {
     /// never reconnects to an address by itself: a new connection is made
     /// only to a server the sentinels name as master and that itself says
     /// `ROLE` master, so no call is sent to a replica on purpose. A lookup
-    /// runs in the background (one at a time, at most one per 100 ms, each
-    /// bounded by the [connect timeout](Self::connect_timeout)) when a call
-    /// fails in a way that says the master may have moved: its connection
-    /// dropped or refused, a timeout (the connection is then replaced only
-    /// if it no longer answers `PING`, or the sentinels name another
-    /// master), `READONLY` (the server was demoted to a replica),
-    /// `MASTERDOWN` or `NOREPLICAS`. The sentinels are also asked every
+    /// runs in the background (one at a time, at most one per 100 ms) when
+    /// a call fails in a way that says the master may have moved: its
+    /// connection dropped or refused, a timeout, `READONLY` (the server was
+    /// demoted to a replica), `MASTERDOWN` or `NOREPLICAS`. A lookup asks
+    /// all the sentinels at once, each within the
+    /// [connect timeout](Self::connect_timeout), so a sentinel that never
+    /// answers delays nothing; it takes the first master named that
+    /// sentinel does not flag down and that says `ROLE` master, connects
+    /// to it (within the connect timeout) and checks `ROLE` again; it gives
+    /// up once more than half the sentinels answered without one. After a
+    /// dropped or refused connection (or `READONLY`, ...) the connection is
+    /// always replaced. After a timeout, if the sentinels still name the
+    /// same address, the connection in use is sent a `PING` with half the
+    /// connect timeout to answer: it is kept if it answers, and replaced
+    /// if it does not (a half-open connection, whose peer is gone without a
+    /// reset). Repeated lookup failures are logged at `warn`, at most once
+    /// a second. The sentinels are also asked every
     /// [`sentinel_poll`](Self::sentinel_poll) which address the master has,
     /// and a different answer starts a lookup: a demoted master, or one cut
     /// off from the sentinels, may go on answering (and taking writes that
@@ -973,6 +988,14 @@ impl RedisStoreBuilder {
     /// their [`FailurePolicy`](crate::FailurePolicy). Calls are batched and
     /// scripts loaded as on a single server; a promoted replica has no
     /// scripts cached, so one `SCRIPT LOAD` follows each failover.
+    ///
+    /// Redis 7 or later is recommended: before 7, a write in a script run
+    /// on a demoted master comes back as `ERR ... -READONLY ...`, which
+    /// starts a lookup as well but is not a transient error for the
+    /// layers' failure policy.
+    ///
+    /// Must be called within a tokio runtime (otherwise
+    /// [`ConfigError::NoRuntime`]).
     ///
     /// What a failover costs, besides the time without a master (from the
     /// old master's end to about one second after the replica's promotion,
@@ -1023,6 +1046,12 @@ impl RedisStoreBuilder {
         I: IntoIterator<Item = T>,
         T: redis::IntoConnectionInfo,
     {
+        if tokio::runtime::Handle::try_current().is_err() {
+            return Err(ConfigError::NoRuntime {
+                what: "RedisStoreBuilder::connect_sentinel",
+            }
+            .into());
+        }
         let settings = self.sentinel_settings(master_name, sentinels)?;
         let conn = super::sentinel::SentinelConn::new(&settings)?;
         conn.lookup(true).await?;
@@ -1069,7 +1098,8 @@ impl RedisStoreBuilder {
     /// (default 500 ms): the longest a master that was replaced while it
     /// still answers (a failover by hand, a partition) keeps the store's
     /// calls. Failures of the calls themselves start a lookup at once.
-    /// Zero is refused ([`ConfigError::ZeroTimeout`]).
+    /// Zero is refused ([`ConfigError::ZeroTimeout`]); more than a day is
+    /// taken as a day.
     pub fn sentinel_poll(mut self, every: Duration) -> Self {
         self.sentinel_poll = every;
         self
@@ -1100,7 +1130,7 @@ impl RedisStoreBuilder {
             sentinels,
             node: self.sentinel_node.clone().unwrap_or_default(),
             connect_timeout: self.connect_timeout,
-            poll: self.sentinel_poll,
+            poll: self.sentinel_poll.min(MAX_SENTINEL_POLL),
         })
     }
 }

@@ -4,9 +4,13 @@
 //! for a connection to the new master after a failover.
 //!
 //! The connection never reconnects by itself: the only way to any server is
-//! a lookup, which asks the sentinels for the master and checks that the
-//! server named says `ROLE` master (the redis crate's `SentinelClient`), so
-//! the store never sends to an address it merely used to know. A lookup
+//! a lookup, which asks every sentinel at once (each through its own redis
+//! crate `SentinelClient`, each bounded by the connect timeout, so one
+//! sentinel that never answers delays nothing), takes the first master
+//! named by a sentinel that does not flag it down and that itself says
+//! `ROLE` master, connects to it and checks `ROLE` again on that
+//! connection; so the store never sends to an address it merely used to
+//! know. A lookup
 //! runs in the background, one at a time and at most one per
 //! [`LOOKUP_EVERY`], when a call fails in a way that says the master may
 //! have moved (its connection dropped or refused, a timeout, `READONLY`,
@@ -24,7 +28,12 @@ use std::time::{Duration, Instant};
 
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
-use redis::{AsyncConnectionConfig, ConnectionInfo, ErrorKind, RedisError, ServerErrorKind};
+use redis::{AsyncConnectionConfig, ConnectionInfo, ErrorKind, RedisError, ServerErrorKind, Value};
+
+use crate::log::LogGate;
+
+/// Failed lookups are logged at `warn` at most once a second per process.
+static LOOKUP_WARNINGS: LogGate = LogGate::new();
 
 /// The shortest time between the starts of two lookups: calls failing by
 /// the thousand during a failover start one lookup per this, not one each.
@@ -33,10 +42,11 @@ pub(crate) const LOOKUP_EVERY: Duration = Duration::from_millis(100);
 /// The master the sentinels name, and the store's connection to it.
 pub(crate) struct SentinelConn {
     name: String,
-    /// Asks the sentinels and checks the master's `ROLE`; locked by the one
-    /// lookup running.
-    client: tokio::sync::Mutex<SentinelClient>,
-    current: RwLock<Option<Master>>,
+    /// One client per sentinel, each asking only its own sentinel (for
+    /// `SENTINEL MASTERS`) and checking the master's `ROLE`; locked by the
+    /// one lookup running.
+    clients: Vec<Arc<tokio::sync::Mutex<SentinelClient>>>,
+    current: RwLock<Option<Arc<Master>>>,
     /// Whether a lookup is running.
     looking: AtomicBool,
     /// The zero of `last_lookup`.
@@ -50,7 +60,6 @@ pub(crate) struct SentinelConn {
     swaps: AtomicU64,
 }
 
-#[derive(Clone)]
 struct Master {
     /// `host:port`, as the sentinels name it.
     addr: String,
@@ -72,15 +81,22 @@ impl SentinelConn {
     /// ([`SentinelConn::lookup`] or [`SentinelConn::trigger`]) and starts
     /// the periodic check ([`SentinelConn::watch`]).
     pub(crate) fn new(settings: &Settings) -> redis::RedisResult<Arc<Self>> {
-        let client = SentinelClient::build(
-            settings.sentinels.clone(),
-            settings.name.clone(),
-            Some(settings.node.clone()),
-            SentinelServerType::Master,
-        )?;
+        let clients = settings
+            .sentinels
+            .iter()
+            .map(|sentinel| {
+                SentinelClient::build(
+                    vec![sentinel.clone()],
+                    settings.name.clone(),
+                    Some(settings.node.clone()),
+                    SentinelServerType::Master,
+                )
+                .map(|client| Arc::new(tokio::sync::Mutex::new(client)))
+            })
+            .collect::<redis::RedisResult<Vec<_>>>()?;
         Ok(Arc::new(SentinelConn {
             name: settings.name.clone(),
-            client: tokio::sync::Mutex::new(client),
+            clients,
             current: RwLock::new(None),
             looking: AtomicBool::new(false),
             start: Instant::now(),
@@ -90,7 +106,7 @@ impl SentinelConn {
         }))
     }
 
-    fn master(&self) -> Option<Master> {
+    fn master(&self) -> Option<Arc<Master>> {
         self.current
             .read()
             .unwrap_or_else(PoisonError::into_inner)
@@ -115,7 +131,7 @@ impl SentinelConn {
     /// transient one that starts a lookup) while none is known.
     pub(crate) fn connection(&self) -> redis::RedisResult<MultiplexedConnection> {
         match self.master() {
-            Some(master) => Ok(master.conn),
+            Some(master) => Ok(master.conn.clone()),
             None => Err(std::io::Error::new(
                 std::io::ErrorKind::NotConnected,
                 "no Redis master known yet; asking the sentinels",
@@ -131,17 +147,8 @@ impl SentinelConn {
     /// Takes note of a failed call (`None`: the store's own timeout): one
     /// that may mean the master moved starts a lookup.
     pub(crate) fn failed(self: &Arc<Self>, err: Option<&RedisError>) {
-        let broken = err.is_none_or(|e| e.is_io_error() || e.is_connection_dropped());
-        let moved = err.is_some_and(|e| {
-            matches!(
-                e.kind(),
-                ErrorKind::Server(ServerErrorKind::ReadOnly | ServerErrorKind::MasterDown)
-            ) || e.code() == Some("NOREPLICAS")
-        });
-        if broken || moved {
-            // A timeout says nothing certain about the connection: the
-            // lookup checks it before replacing it.
-            self.trigger(err.is_some() && broken);
+        if let Some(broken) = lookup_after(err) {
+            self.trigger(broken);
         }
     }
 
@@ -189,36 +196,20 @@ impl SentinelConn {
     }
 
     /// Asks the sentinels for the master and swaps the connection if they
-    /// name another one (or, with `broken`, in any case), all within the
-    /// connect timeout. On failure the current connection stays.
+    /// name another one (or, with `broken`, in any case; without, the
+    /// current connection is also replaced if it does not answer `PING`
+    /// within [`ping_timeout`]). Each step is bounded: each sentinel's
+    /// answer and the new connection by the connect timeout. On failure
+    /// the current connection stays.
     pub(crate) async fn lookup(&self, broken: bool) -> Result<(), RedisError> {
-        let found = tokio::time::timeout(self.connect_timeout, async {
-            let client = self.client.lock().await.async_get_client().await?;
-            let addr = client.get_connection_info().addr().to_string();
-            if !broken && let Some(mut current) = self.master().filter(|m| m.addr == addr) {
-                let pong: redis::RedisResult<()> =
-                    redis::cmd("PING").query_async(&mut current.conn).await;
-                if pong.is_ok() {
-                    return Ok(None);
-                }
-            }
-            let config = AsyncConnectionConfig::new()
-                .set_response_timeout(None)
-                .set_connection_timeout(Some(self.connect_timeout));
-            let conn = client
-                .get_multiplexed_async_connection_with_config(&config)
-                .await?;
-            Ok::<_, RedisError>(Some(Master { addr, conn }))
-        })
-        .await;
-        match found {
-            Ok(Ok(Some(master))) => {
+        match self.find(broken).await {
+            Ok(Some(master)) => {
                 let addr = master.addr.clone();
                 let old = self
                     .current
                     .write()
                     .unwrap_or_else(PoisonError::into_inner)
-                    .replace(master);
+                    .replace(Arc::new(master));
                 self.swaps.fetch_add(1, Ordering::Relaxed);
                 match old {
                     Some(old) if old.addr != addr => tracing::warn!(
@@ -236,20 +227,87 @@ impl SentinelConn {
                 }
                 Ok(())
             }
-            Ok(Ok(None)) => Ok(()),
-            Ok(Err(err)) => {
-                tracing::debug!(master = %self.name, error = %err, "sentinel: master lookup failed");
+            Ok(None) => Ok(()),
+            Err(err) => {
+                if LOOKUP_WARNINGS.allow() {
+                    tracing::warn!(master = %self.name, error = %err, "sentinel: Redis master lookup failed");
+                } else {
+                    tracing::debug!(master = %self.name, error = %err, "sentinel: Redis master lookup failed");
+                }
                 Err(err)
             }
-            Err(_) => {
-                tracing::debug!(master = %self.name, "sentinel: master lookup timed out");
-                Err(std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    "asking the sentinels for the master timed out",
-                )
-                .into())
+        }
+    }
+
+    /// The new master to swap in, or `None` to keep the current one.
+    async fn find(&self, broken: bool) -> redis::RedisResult<Option<Master>> {
+        let client = self.ask_sentinels().await?;
+        let addr = client.get_connection_info().addr().to_string();
+        if !broken && let Some(current) = self.master().filter(|m| m.addr == addr) {
+            let mut conn = current.conn.clone();
+            if answers_ping(&mut conn, ping_timeout(self.connect_timeout)).await {
+                return Ok(None);
             }
         }
+        let config = AsyncConnectionConfig::new()
+            .set_response_timeout(None)
+            .set_connection_timeout(Some(self.connect_timeout));
+        let mut conn = bounded(
+            self.connect_timeout,
+            "connecting to the Redis master",
+            client.get_multiplexed_async_connection_with_config(&config),
+        )
+        .await?;
+        let role: Value = bounded(
+            self.connect_timeout,
+            "asking the Redis master its ROLE",
+            redis::cmd("ROLE").query_async(&mut conn),
+        )
+        .await?;
+        if !says_master(&role) {
+            return Err(RedisError::from((
+                ErrorKind::MasterNameNotFoundBySentinel,
+                "the server the sentinels named is not a master",
+                addr,
+            )));
+        }
+        Ok(Some(Master { addr, conn }))
+    }
+
+    /// Asks every sentinel at once, each within the connect timeout, and
+    /// returns the first master found (named by a sentinel that does not
+    /// flag it down, and saying `ROLE` master); the other questions are
+    /// then dropped. Once most sentinels have answered without a master,
+    /// the lookup fails without waiting for the rest: a silent sentinel
+    /// does not hold up the next lookup either.
+    async fn ask_sentinels(&self) -> redis::RedisResult<redis::Client> {
+        let mut asking = tokio::task::JoinSet::new();
+        for client in &self.clients {
+            let client = client.clone();
+            let timeout = self.connect_timeout;
+            asking.spawn(async move {
+                bounded(timeout, "asking a sentinel for the master", async {
+                    client.lock().await.async_get_client().await
+                })
+                .await
+            });
+        }
+        let mut last = None;
+        let mut failed = 0;
+        while let Some(answer) = asking.join_next().await {
+            match answer {
+                Ok(Ok(client)) => return Ok(client),
+                Ok(Err(err)) => last = Some(err),
+                Err(_) => {}
+            }
+            failed += 1;
+            if !most_still_asked(failed, self.clients.len()) {
+                break;
+            }
+        }
+        Err(last.unwrap_or_else(|| {
+            RedisError::from((ErrorKind::EmptySentinelList, "no sentinel answered"))
+        }))
     }
 
     /// Asks the sentinels every `every` which address the master has, and
@@ -326,7 +384,8 @@ impl Asker {
             let answer = tokio::time::timeout(timeout, self.ask_one(name)).await;
             match answer {
                 Ok(Ok(Some((host, port)))) => return Some(format!("{host}:{port}")),
-                Ok(Ok(None)) => return None,
+                // This sentinel does not know the name (or failed): ask the
+                // next one.
                 _ => {
                     self.conn = None;
                     self.next = (self.next + 1) % self.sentinels.len().max(1);
@@ -356,6 +415,75 @@ impl Asker {
             .arg(name)
             .query_async(&mut conn)
             .await
+    }
+}
+
+/// Whether a failed call (`None`: the store's own timeout) starts a lookup,
+/// and if so whether the connection is surely broken (`Some(true)`: replace
+/// it in any case) or may still be sound (`Some(false)`: a timeout says
+/// nothing certain, the lookup checks the connection before replacing it).
+fn lookup_after(err: Option<&RedisError>) -> Option<bool> {
+    let broken = err.is_none_or(|e| e.is_io_error() || e.is_connection_dropped());
+    let moved = err.is_some_and(|e| {
+        matches!(
+            e.kind(),
+            ErrorKind::Server(ServerErrorKind::ReadOnly | ServerErrorKind::MasterDown)
+        ) || e.code() == Some("NOREPLICAS")
+            // Redis < 7 wraps a script's error: `ERR ... -READONLY ...`.
+            || (e.kind() == ErrorKind::Server(ServerErrorKind::ResponseError)
+                && e.to_string().contains("READONLY"))
+    });
+    (broken || moved).then_some(err.is_some() && broken)
+}
+
+/// Whether, with `failed` of `sentinels` answered without a master, a
+/// master may still come: not once most of them (more than half) failed.
+fn most_still_asked(failed: usize, sentinels: usize) -> bool {
+    failed * 2 <= sentinels
+}
+
+/// How long a connection kept after a timeout has to answer `PING`: half
+/// the connect timeout, so that a lookup that found the same address still
+/// has time to connect anew.
+pub(crate) fn ping_timeout(connect_timeout: Duration) -> Duration {
+    connect_timeout / 2
+}
+
+/// Whether `conn` answers `PING` within `within`; a connection that does
+/// not (half-open, its peer gone without a reset) is replaced.
+async fn answers_ping<C: ConnectionLike + Send>(conn: &mut C, within: Duration) -> bool {
+    let ping = redis::cmd("PING");
+    matches!(
+        tokio::time::timeout(within, ping.query_async::<()>(conn)).await,
+        Ok(Ok(()))
+    )
+}
+
+/// Whether a `ROLE` answer says master.
+fn says_master(role: &Value) -> bool {
+    let Value::Array(items) = role else {
+        return false;
+    };
+    match items.first() {
+        Some(Value::BulkString(b)) => b == b"master",
+        Some(Value::SimpleString(s)) => s == "master",
+        _ => false,
+    }
+}
+
+/// `what`, bounded by `timeout` (its expiry an I/O error, a transient one).
+async fn bounded<T>(
+    timeout: Duration,
+    what: &'static str,
+    fut: impl std::future::Future<Output = redis::RedisResult<T>>,
+) -> redis::RedisResult<T> {
+    match tokio::time::timeout(timeout, fut).await {
+        Ok(result) => result,
+        Err(_) => Err(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!("{what} timed out"),
+        )
+        .into()),
     }
 }
 
@@ -408,5 +536,110 @@ mod tests {
         assert!(c.lookup(true).await.is_err());
         assert_eq!(c.addr(), None);
         assert_eq!(c.swaps(), 0);
+    }
+
+    /// A connection whose every command waits forever, as on a half-open
+    /// TCP connection.
+    struct Silent;
+
+    impl ConnectionLike for Silent {
+        fn req_packed_command<'a>(
+            &'a mut self,
+            _: &'a redis::Cmd,
+        ) -> redis::RedisFuture<'a, Value> {
+            Box::pin(std::future::pending())
+        }
+        fn req_packed_commands<'a>(
+            &'a mut self,
+            _: &'a redis::Pipeline,
+            _: usize,
+            _: usize,
+        ) -> redis::RedisFuture<'a, Vec<Value>> {
+            Box::pin(std::future::pending())
+        }
+        fn get_db(&self) -> i64 {
+            0
+        }
+    }
+
+    /// A connection that answers every command with `PONG`.
+    struct Pong;
+
+    impl ConnectionLike for Pong {
+        fn req_packed_command<'a>(
+            &'a mut self,
+            _: &'a redis::Cmd,
+        ) -> redis::RedisFuture<'a, Value> {
+            Box::pin(async { Ok(Value::SimpleString("PONG".into())) })
+        }
+        fn req_packed_commands<'a>(
+            &'a mut self,
+            _: &'a redis::Pipeline,
+            _: usize,
+            _: usize,
+        ) -> redis::RedisFuture<'a, Vec<Value>> {
+            Box::pin(async { Ok(vec![]) })
+        }
+        fn get_db(&self) -> i64 {
+            0
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_connection_that_does_not_answer_ping_in_time_is_replaced() {
+        let within = ping_timeout(Duration::from_secs(1));
+        assert_eq!(within, Duration::from_millis(500));
+        assert!(
+            !answers_ping(&mut Silent, within).await,
+            "a silent connection kept"
+        );
+        assert!(
+            answers_ping(&mut Pong, within).await,
+            "a live connection replaced"
+        );
+    }
+
+    #[test]
+    fn a_lookup_ends_once_most_sentinels_failed() {
+        assert!(most_still_asked(1, 3));
+        assert!(!most_still_asked(2, 3), "two of three");
+        assert!(most_still_asked(2, 4), "two of four: half");
+        assert!(!most_still_asked(3, 4), "a silent one of four");
+        assert!(!most_still_asked(1, 1));
+    }
+
+    #[test]
+    fn only_a_role_master_is_a_master() {
+        let bulk = |s: &str| Value::BulkString(s.as_bytes().to_vec());
+        assert!(says_master(&Value::Array(vec![
+            bulk("master"),
+            Value::Int(0)
+        ])));
+        assert!(!says_master(&Value::Array(vec![
+            bulk("slave"),
+            bulk("127.0.0.1")
+        ])));
+        assert!(!says_master(&Value::Array(vec![])));
+        assert!(!says_master(&Value::Nil));
+    }
+
+    #[test]
+    fn a_readonly_wrapped_in_a_script_error_starts_a_lookup() {
+        let err = RedisError::from((
+            ErrorKind::Server(ServerErrorKind::ResponseError),
+            "Error running script",
+            "-READONLY You can't write against a read only replica.".to_owned(),
+        ));
+        assert_eq!(lookup_after(Some(&err)), Some(false));
+        let plain = RedisError::from((
+            ErrorKind::Server(ServerErrorKind::ResponseError),
+            "Error running script",
+            "-ERR wrong number of arguments".to_owned(),
+        ));
+        assert_eq!(lookup_after(Some(&plain)), None);
+        assert_eq!(lookup_after(None), Some(false), "a timeout");
+        let dropped: RedisError =
+            std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset").into();
+        assert_eq!(lookup_after(Some(&dropped)), Some(true));
     }
 }

@@ -1,7 +1,8 @@
 //! `RedisStore` on Redis Sentinel (`connect_sentinel`), against real
 //! processes: a master, a replica and three sentinels started for each test
 //! (`tests/common/sentinel.rs`). The master killed under load, the master
-//! demoted by hand (`READONLY`), one sentinel down, passwords.
+//! demoted by hand (`READONLY`), one sentinel down, one never answering,
+//! passwords.
 //!
 //! The failover test bounds every call's latency, so it holds
 //! `machine::alone()`; the others share the machine.
@@ -580,7 +581,8 @@ async fn passwords_on_sentinels_and_master() {
 
 /// `connect_sentinel_lazy`: the store is built at once, decisions fail
 /// until the master is found in the background, then Redis decides.
-/// Outside a runtime it is refused.
+/// Outside a runtime it is refused, as the eager one is; an absurd poll
+/// interval is clamped.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lazy_store_finds_the_master_in_the_background() {
     let _shared = crate::machine::shared().await;
@@ -597,10 +599,29 @@ async fn a_lazy_store_finds_the_master_in_the_background() {
     .join()
     .unwrap();
     assert!(outside.is_err(), "a lazy store outside a runtime");
+    // Nor the eager one: polled outside a runtime, it is refused at once
+    // (no panic).
+    let eager_outside = std::thread::spawn({
+        let urls = urls.clone();
+        move || {
+            let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+            let mut connecting =
+                std::pin::pin!(RedisStore::builder().connect_sentinel(MASTER_NAME, urls));
+            matches!(
+                std::future::Future::poll(connecting.as_mut(), &mut cx),
+                std::task::Poll::Ready(Err(_))
+            )
+        }
+    })
+    .join()
+    .expect("an eager store outside a runtime panicked");
+    assert!(eager_outside, "an eager store outside a runtime");
 
     let store = RedisStore::builder()
         .prefix("sentinel")
         .timeout(Duration::from_secs(2))
+        // Absurdly long: taken as a day, no overflow.
+        .sentinel_poll(Duration::MAX)
         .connect_sentinel_lazy(MASTER_NAME, urls)
         .expect("a lazy store");
     let limiter = Limiter::new(hot_policy(), store.clone());
@@ -614,4 +635,63 @@ async fn a_lazy_store_finds_the_master_in_the_background() {
     }
     let master = format!("127.0.0.1:{}", set.master_port());
     assert!(format!("{store:?}").contains(&master), "{store:?}");
+}
+
+/// A sentinel that takes connections and never answers (blackholed) is
+/// the first of the list: the store connects through the others, and
+/// follows a kill -9 of the master within [`RESUME`] of the promotion,
+/// as with every sentinel up: the sentinels are asked at once, each
+/// within the connect timeout, not one after the other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_first_sentinel_delays_nothing() {
+    let _shared = crate::machine::shared().await;
+    let mut set = SentinelSet::start().await;
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let silent_port = silent.local_addr().unwrap().port();
+    let held = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = silent.accept().await {
+            held.push(socket);
+        }
+    });
+    let mut urls = vec![format!("redis://127.0.0.1:{silent_port}")];
+    urls.extend(set.sentinel_urls());
+    let store = RedisStore::builder()
+        .prefix("sentinel")
+        .timeout(TIMEOUT)
+        .deny_cache(0)
+        .sentinel_poll(Duration::from_millis(200))
+        .connect_sentinel(MASTER_NAME, urls)
+        .await
+        .expect("connect through the sentinels that answer");
+    let limiter = Limiter::new(hot_policy(), store.clone());
+    let key = Key::new("silent-first");
+    assert!(limiter.check(&key, 1).await.is_ok());
+
+    let new = set.replica.port();
+    set.master.take().expect("the master").stop();
+    let promotion = promoted(&set, new, Duration::from_secs(15)).await;
+    let on_new = format!("127.0.0.1:{new}");
+    let deadline = promotion + RESUME + MARGIN;
+    let resumed = loop {
+        let decided = limiter.check(&key, 1).await.is_ok();
+        if decided && format!("{store:?}").contains(&on_new) {
+            break Instant::now();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the store did not follow the failover: {store:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    eprintln!(
+        "sentinel, first of four silent: first decision on the new master {:?} after promotion",
+        resumed - promotion
+    );
+    assert!(
+        resumed - promotion <= RESUME + MARGIN,
+        "{:?} after promotion",
+        resumed - promotion
+    );
+    held.abort();
 }
