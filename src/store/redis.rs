@@ -1046,14 +1046,11 @@ impl RedisStoreBuilder {
         I: IntoIterator<Item = T>,
         T: redis::IntoConnectionInfo,
     {
-        if tokio::runtime::Handle::try_current().is_err() {
-            return Err(ConfigError::NoRuntime {
-                what: "RedisStoreBuilder::connect_sentinel",
-            }
-            .into());
-        }
-        let settings = self.sentinel_settings(master_name, sentinels)?;
-        let conn = super::sentinel::SentinelConn::new(&settings)?;
+        let (conn, settings) = self.sentinel_conn(
+            "RedisStoreBuilder::connect_sentinel",
+            master_name,
+            sentinels,
+        )?;
         conn.lookup(true).await?;
         super::sentinel::SentinelConn::watch(&conn, settings.sentinels, settings.poll);
         self.build(Conn::Sentinel(conn))
@@ -1072,14 +1069,11 @@ impl RedisStoreBuilder {
         I: IntoIterator<Item = T>,
         T: redis::IntoConnectionInfo,
     {
-        if tokio::runtime::Handle::try_current().is_err() {
-            return Err(ConfigError::NoRuntime {
-                what: "RedisStoreBuilder::connect_sentinel_lazy",
-            }
-            .into());
-        }
-        let settings = self.sentinel_settings(master_name, sentinels)?;
-        let conn = super::sentinel::SentinelConn::new(&settings)?;
+        let (conn, settings) = self.sentinel_conn(
+            "RedisStoreBuilder::connect_sentinel_lazy",
+            master_name,
+            sentinels,
+        )?;
         conn.trigger(true);
         super::sentinel::SentinelConn::watch(&conn, settings.sentinels, settings.poll);
         self.build(Conn::Sentinel(conn))
@@ -1103,6 +1097,33 @@ impl RedisStoreBuilder {
     pub fn sentinel_poll(mut self, every: Duration) -> Self {
         self.sentinel_poll = every;
         self
+    }
+
+    /// What both Sentinel connects share: a tokio runtime to run the
+    /// lookups on (`what` is refused without one), the settings, and the
+    /// connection before its first master.
+    fn sentinel_conn<I, T>(
+        &self,
+        what: &'static str,
+        master_name: &str,
+        sentinels: I,
+    ) -> Result<
+        (
+            Arc<super::sentinel::SentinelConn>,
+            super::sentinel::Settings,
+        ),
+        StoreError,
+    >
+    where
+        I: IntoIterator<Item = T>,
+        T: redis::IntoConnectionInfo,
+    {
+        if tokio::runtime::Handle::try_current().is_err() {
+            return Err(ConfigError::NoRuntime { what }.into());
+        }
+        let settings = self.sentinel_settings(master_name, sentinels)?;
+        let conn = super::sentinel::SentinelConn::new(&settings)?;
+        Ok((conn, settings))
     }
 
     fn sentinel_settings<I, T>(
