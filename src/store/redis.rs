@@ -968,15 +968,18 @@ impl RedisStoreBuilder {
     /// demoted to a replica), `MASTERDOWN` or `NOREPLICAS`. A lookup asks
     /// all the sentinels at once, each within the
     /// [connect timeout](Self::connect_timeout), so a sentinel that never
-    /// answers delays nothing; it takes the first master named that
+    /// answers does not hold up a master the others name; it takes the
+    /// first master named that
     /// sentinel does not flag down and that says `ROLE` master, connects
     /// to it (within the connect timeout) and checks `ROLE` again; it gives
     /// up once more than half the sentinels answered without one. After a
-    /// dropped or refused connection (or `READONLY`, ...) the connection is
-    /// always replaced. After a timeout, if the sentinels still name the
-    /// same address, the connection in use is sent a `PING` with half the
-    /// connect timeout to answer: it is kept if it answers, and replaced
-    /// if it does not (a half-open connection, whose peer is gone without a
+    /// dropped or refused connection the connection is always replaced.
+    /// After a timeout, `READONLY`, `MASTERDOWN` or `NOREPLICAS`, if the
+    /// sentinels still name the same address, the connection in use is
+    /// sent a `PING` with half the connect timeout to answer: it is kept if
+    /// it answers (so a demoted server the sentinels still name stays in
+    /// use, refusing writes, until they name another), and replaced if it
+    /// does not (a half-open connection, whose peer is gone without a
     /// reset). Repeated lookup failures are logged at `warn`, at most once
     /// a second. The sentinels are also asked every
     /// [`sentinel_poll`](Self::sentinel_poll) which address the master has,

@@ -6,7 +6,8 @@
 //! The connection never reconnects by itself: the only way to any server is
 //! a lookup, which asks every sentinel at once (each through its own redis
 //! crate `SentinelClient`, each bounded by the connect timeout, so one
-//! sentinel that never answers delays nothing), takes the first master
+//! sentinel that never answers does not hold up a master the others
+//! name), takes the first master
 //! named by a sentinel that does not flag it down and that itself says
 //! `ROLE` master, connects to it and checks `ROLE` again on that
 //! connection; so the store never sends to an address it merely used to
@@ -278,8 +279,9 @@ impl SentinelConn {
     /// returns the first master found (named by a sentinel that does not
     /// flag it down, and saying `ROLE` master); the other questions are
     /// then dropped. Once most sentinels have answered without a master,
-    /// the lookup fails without waiting for the rest: a silent sentinel
-    /// does not hold up the next lookup either.
+    /// the lookup fails without waiting for the rest, so that with three
+    /// sentinels (or any odd number) a silent one does not hold up the next
+    /// lookup either; with two, a failing lookup waits for both.
     async fn ask_sentinels(&self) -> redis::RedisResult<redis::Client> {
         let mut asking = tokio::task::JoinSet::new();
         for client in &self.clients {
