@@ -18,27 +18,6 @@ pub struct GcraCall<'a> {
 }
 
 impl GcraCall<'_> {
-    /// The policy whose limits decide.
-    pub fn policy(&self) -> &Policy {
-        self.policy
-    }
-
-    /// The identity being limited.
-    pub fn key(&self) -> &Key {
-        self.key
-    }
-
-    /// The call's cost (weight).
-    pub fn cost(&self) -> u64 {
-        self.cost
-    }
-
-    /// In reserve mode, the longest the caller is willing to wait; zero for
-    /// an ordinary check.
-    pub fn max_wait(&self) -> Duration {
-        self.max_wait
-    }
-
     pub(crate) fn max_wait_us(&self) -> u64 {
         u64::try_from(self.max_wait.as_micros()).unwrap_or(u64::MAX)
     }
@@ -54,21 +33,6 @@ pub struct WindowCall<'a> {
 }
 
 impl WindowCall<'_> {
-    /// The policy whose windows decide.
-    pub fn policy(&self) -> &Policy {
-        self.policy
-    }
-
-    /// The identity being limited.
-    pub fn key(&self) -> &Key {
-        self.key
-    }
-
-    /// The call's cost (weight).
-    pub fn cost(&self) -> u64 {
-        self.cost
-    }
-
     /// The same call as an ordinary GCRA check.
     pub(crate) fn as_gcra(&self) -> GcraCall<'_> {
         GcraCall {

@@ -17,21 +17,6 @@ pub struct DeferCall<'a> {
 }
 
 impl DeferCall<'_> {
-    /// The policy whose limits are held back.
-    pub fn policy(&self) -> &Policy {
-        self.policy
-    }
-
-    /// The identity to pause.
-    pub fn key(&self) -> &Key {
-        self.key
-    }
-
-    /// How long from now the next call must wait at least.
-    pub fn pause(&self) -> Duration {
-        self.pause
-    }
-
     pub(crate) fn pause_us(&self) -> u64 {
         u64::try_from(self.pause.as_micros()).unwrap_or(u64::MAX)
     }

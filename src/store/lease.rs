@@ -34,31 +34,6 @@ pub struct LeaseCall<'a> {
 }
 
 impl LeaseCall<'_> {
-    /// The name of the limit the lease belongs to.
-    pub fn name(&self) -> &str {
-        self.name
-    }
-
-    /// The identity whose leases these are.
-    pub fn key(&self) -> &Key {
-        self.key
-    }
-
-    /// The lease.
-    pub fn id(&self) -> &LeaseId {
-        self.id
-    }
-
-    /// How many unexpired leases the key may hold at once.
-    pub fn capacity(&self) -> u64 {
-        self.capacity
-    }
-
-    /// How long a lease lives unless renewed or released.
-    pub fn ttl(&self) -> Duration {
-        self.ttl
-    }
-
     pub(crate) fn ttl_us(&self) -> u64 {
         u64::try_from(self.ttl.as_micros()).unwrap_or(u64::MAX)
     }
