@@ -180,6 +180,27 @@ pub enum ConfigError {
         /// The policy's algorithm.
         algorithm: crate::algorithm::Algorithm,
     },
+    /// A live policy replaced by one of another name: the name is part of
+    /// every stored key, so a policy keeps it for life.
+    #[error("policy {name:?} cannot be replaced by a policy named {new:?}")]
+    PolicyRenamed {
+        /// The policy's name.
+        name: String,
+        /// The name of the policy offered in its place.
+        new: String,
+    },
+    /// More identities with limits of their own than live policies keep.
+    #[error("at most {max} identities may have limits of their own")]
+    TooManyIdentities {
+        /// The bound.
+        max: usize,
+    },
+    /// A plan that was never defined.
+    #[error("no plan is named {name:?}")]
+    UnknownPlan {
+        /// The name given.
+        name: String,
+    },
     /// A concurrency limit of zero requests in flight: nothing could pass.
     #[error("a concurrency limit must allow at least one request in flight")]
     ZeroInFlight,

@@ -178,6 +178,7 @@ mod layer;
 pub mod lease;
 mod limit;
 mod limiter;
+pub mod live;
 mod log;
 pub mod metrics;
 mod rate;

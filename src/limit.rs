@@ -307,6 +307,11 @@ impl Policy {
         self.inner.name.clone()
     }
 
+    /// The address of the shared value: equal for clones of one policy.
+    pub(crate) fn as_ptr(&self) -> *const () {
+        Arc::as_ptr(&self.inner).cast()
+    }
+
     /// Whether both are the same policy value (clones of one another).
     pub(crate) fn same_as(&self, other: &Policy) -> bool {
         Arc::ptr_eq(&self.inner, &other.inner)

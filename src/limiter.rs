@@ -8,6 +8,7 @@ use crate::decision::Decision;
 use crate::error::ConfigError;
 use crate::key::Key;
 use crate::limit::{MAX_TOLERANCE_MICROS, Policy};
+use crate::live::Cell;
 use crate::store::{DeferCall, GcraCall, MemoryStore, Store, StoreFuture, WindowCall};
 
 /// A [`Policy`] bound to a [`Store`]: the part of every layer that decides.
@@ -30,19 +31,29 @@ use crate::store::{DeferCall, GcraCall, MemoryStore, Store, StoreFuture, WindowC
 /// assert!(denied.retry_after().is_some());
 /// # Ok(()) }
 /// ```
+///
+/// The policy is live: [`set_policy`](Self::set_policy) replaces it for
+/// every clone of the limiter (and every layer built on it) from the next
+/// decision on. For limits changed across a fleet, per-identity limits and
+/// plans, see [`LivePolicies`](crate::live::LivePolicies).
 #[derive(Clone)]
 pub struct Limiter {
-    policy: Policy,
+    cell: Arc<Cell>,
     store: Arc<dyn Store>,
 }
 
 impl Limiter {
     /// Binds `policy` to `store`.
     pub fn new(policy: Policy, store: impl IntoStore) -> Self {
-        Limiter {
-            policy,
-            store: store.into_store(),
-        }
+        Limiter::from_cell(Arc::new(Cell::new(policy)), store.into_store())
+    }
+
+    pub(crate) fn from_cell(cell: Arc<Cell>, store: Arc<dyn Store>) -> Self {
+        Limiter { cell, store }
+    }
+
+    pub(crate) fn cell(&self) -> &Arc<Cell> {
+        &self.cell
     }
 
     /// Binds `policy` to a fresh [`MemoryStore`].
@@ -50,9 +61,54 @@ impl Limiter {
         Limiter::new(policy, MemoryStore::new())
     }
 
-    /// The policy.
-    pub fn policy(&self) -> &Policy {
-        &self.policy
+    /// The policy (of every identity without limits of its own), as it is
+    /// now.
+    pub fn policy(&self) -> Policy {
+        self.cell.rules().base.clone()
+    }
+
+    /// The policy's name, which never changes.
+    pub(crate) fn name(&self) -> &str {
+        self.cell.name()
+    }
+
+    /// Replaces the policy from the next decision on, for every clone of
+    /// this limiter and every layer built on it. `policy` must have the
+    /// same name (the name is part of every stored key).
+    ///
+    /// Stored state carries over: an identity's state is kept and read
+    /// under the new limits (a GCRA identity that used its burst under
+    /// `10/s burst 20` and is now under `10/s burst 5` waits until it is
+    /// back within 5). A policy whose algorithm changes starts fresh, for
+    /// each algorithm keeps its state apart; the old state expires on its
+    /// own.
+    ///
+    /// ```
+    /// use fleetgate::{Key, Limit, Limiter, Policy, Rate};
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let limiter = Limiter::in_memory(Policy::single("api", Limit::new(Rate::per_hour(1))?)?);
+    /// let who = Key::new("user:1");
+    /// assert!(limiter.check_now(&who, 1).ok_or("memory")?.is_allowed());
+    /// assert!(!limiter.check_now(&who, 1).ok_or("memory")?.is_allowed());
+    /// limiter.set_policy(Policy::single("api", Limit::builder(Rate::per_hour(1)).burst(2).build()?)?)?;
+    /// assert!(limiter.check_now(&who, 1).ok_or("memory")?.is_allowed());
+    /// # Ok(()) }
+    /// ```
+    pub fn set_policy(&self, policy: Policy) -> Result<(), ConfigError> {
+        if policy.name() != self.name() {
+            return Err(ConfigError::PolicyRenamed {
+                name: self.name().to_owned(),
+                new: policy.name().to_owned(),
+            });
+        }
+        let rules = self.cell.rules();
+        self.cell.set(crate::live::Rules {
+            base: policy,
+            by_key: rules.by_key.clone(),
+            by_plan: rules.by_plan.clone(),
+        });
+        Ok(())
     }
 
     /// The store.
@@ -67,7 +123,7 @@ impl Limiter {
     /// does I/O decides when the returned future is first polled, so
     /// dropping it unpolled charges nothing there.
     pub fn check(&self, key: &Key, cost: u64) -> StoreFuture<Decision> {
-        self.decide(key, cost, Duration::ZERO)
+        self.decide(key, cost, None)
     }
 
     /// [`check`](Self::check) at once, in the calling thread, when no I/O
@@ -89,8 +145,10 @@ impl Limiter {
     /// # Ok(()) }
     /// ```
     pub fn check_now(&self, key: &Key, cost: u64) -> Option<Decision> {
-        match self.call(key, cost, Duration::ZERO) {
-            Call::Never => Some(self.never()),
+        let rules = self.cell.rules();
+        let policy = rules.resolve(key, None);
+        match call(policy, key, cost, Duration::ZERO) {
+            Call::Never => Some(never(policy)),
             Call::Gcra(call) => self.store.gcra_now(call),
             Call::Window(call) => self.store.window_now(call),
         }
@@ -106,12 +164,8 @@ impl Limiter {
     /// with [`ConfigError::ReserveNeedsGcra`](crate::ConfigError::ReserveNeedsGcra)
     /// (as [`StoreError::Config`](crate::StoreError::Config)).
     pub fn reserve(&self, key: &Key, cost: u64, max_wait: Duration) -> StoreFuture<Decision> {
-        let algorithm = self.policy.algorithm();
-        if algorithm.is_window() {
-            return StoreFuture::ready(Err(ConfigError::ReserveNeedsGcra { algorithm }.into()));
-        }
         let cap = Duration::from_micros(MAX_TOLERANCE_MICROS);
-        self.decide(key, cost, max_wait.min(cap))
+        self.decide(key, cost, Some(max_wait.min(cap)))
     }
 
     /// Records that the upstream asked `key` to hold off for `pause`: the
@@ -143,59 +197,65 @@ impl Limiter {
     /// ```
     pub fn defer(&self, key: &Key, pause: Duration) -> StoreFuture<()> {
         let cap = Duration::from_micros(MAX_TOLERANCE_MICROS);
+        let rules = self.cell.rules();
         self.store().gcra_defer(DeferCall {
-            policy: self.policy(),
+            policy: rules.resolve(key, None),
             key,
             pause: pause.min(cap),
         })
     }
 
-    /// The refusal of a cost above what any limit could admit (no amount
-    /// of waiting admits it), answered without asking the store.
-    fn never(&self) -> Decision {
-        let i = self
-            .policy
-            .limits()
-            .iter()
-            .enumerate()
-            .min_by_key(|(_, l)| l.burst())
-            .map_or(0, |(i, _)| i);
-        Decision::never(i)
-    }
-
-    fn decide(&self, key: &Key, cost: u64, max_wait: Duration) -> StoreFuture<Decision> {
-        match self.call(key, cost, max_wait) {
-            Call::Never => StoreFuture::ready(Ok(self.never())),
+    /// Decides with the policy of `key` (its own, or the base); with a
+    /// `max_wait`, reserves, which only GCRA can.
+    #[inline]
+    fn decide(&self, key: &Key, cost: u64, max_wait: Option<Duration>) -> StoreFuture<Decision> {
+        let rules = self.cell.rules();
+        let policy = rules.resolve(key, None);
+        let algorithm = policy.algorithm();
+        if max_wait.is_some() && algorithm.is_window() {
+            return StoreFuture::ready(Err(ConfigError::ReserveNeedsGcra { algorithm }.into()));
+        }
+        let max_wait = max_wait.unwrap_or(Duration::ZERO);
+        match call(policy, key, cost, max_wait) {
+            Call::Never => StoreFuture::ready(Ok(never(policy))),
             Call::Gcra(call) => self.store.gcra(call),
             Call::Window(call) => self.store.window(call),
         }
     }
-
-    /// What deciding `cost` for `key` asks of the store, whether it is to
-    /// answer at once or with a future.
-    #[inline]
-    fn call<'a>(&'a self, key: &'a Key, cost: u64, max_wait: Duration) -> Call<'a> {
-        if cost > self.policy.max_cost() {
-            // No amount of waiting admits this: answered without the store.
-            return Call::Never;
-        }
-        if self.policy.algorithm().is_window() {
-            return Call::Window(WindowCall {
-                policy: &self.policy,
-                key,
-                cost,
-            });
-        }
-        Call::Gcra(GcraCall {
-            policy: &self.policy,
-            key,
-            cost,
-            max_wait,
-        })
-    }
 }
 
-/// The store call a decision takes, if any: see [`Limiter::call`].
+/// The refusal of a cost above what any limit could admit (no amount of
+/// waiting admits it), answered without asking the store.
+fn never(policy: &Policy) -> Decision {
+    let i = policy
+        .limits()
+        .iter()
+        .enumerate()
+        .min_by_key(|(_, l)| l.burst())
+        .map_or(0, |(i, _)| i);
+    Decision::never(i)
+}
+
+/// What deciding `cost` for `key` under `policy` asks of the store,
+/// whether it is to answer at once or with a future.
+#[inline]
+fn call<'a>(policy: &'a Policy, key: &'a Key, cost: u64, max_wait: Duration) -> Call<'a> {
+    if cost > policy.max_cost() {
+        // No amount of waiting admits this: answered without the store.
+        return Call::Never;
+    }
+    if policy.algorithm().is_window() {
+        return Call::Window(WindowCall { policy, key, cost });
+    }
+    Call::Gcra(GcraCall {
+        policy,
+        key,
+        cost,
+        max_wait,
+    })
+}
+
+/// The store call a decision takes, if any: see [`call`].
 enum Call<'a> {
     /// A cost above what any limit could admit: refused without the store.
     Never,
@@ -206,7 +266,7 @@ enum Call<'a> {
 impl fmt::Debug for Limiter {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Limiter")
-            .field("policy", &self.policy.name())
+            .field("policy", &self.name())
             .field("store", &self.store)
             .finish()
     }

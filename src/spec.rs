@@ -72,6 +72,7 @@
 //! Add such a layer with `Router::layer` or `Router::route_layer`, so that
 //! the matched route (`/users/{id}`) is known.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::ops::Range;
 use std::str::FromStr;
@@ -711,7 +712,7 @@ mod tests {
 #[cfg_attr(feature = "serde", serde(deny_unknown_fields))]
 pub struct PolicyFile {
     /// The policies, by name.
-    pub policies: std::collections::BTreeMap<String, PolicySpec>,
+    pub policies: BTreeMap<String, PolicySpec>,
     /// Routes and the policy each one uses, first match wins.
     #[cfg_attr(
         feature = "serde",
@@ -725,6 +726,15 @@ pub struct PolicyFile {
         serde(default, skip_serializing_if = "Option::is_none")
     )]
     pub default: Option<String>,
+    /// Plans (`[plans.pro]`): under each plan, other limits for some of
+    /// the policies (`api = "100/s"`), for the identities
+    /// [`LivePolicies`](crate::live::LivePolicies) assigns the plan and the
+    /// requests that name it.
+    #[cfg_attr(
+        feature = "serde",
+        serde(default, skip_serializing_if = "BTreeMap::is_empty")
+    )]
+    pub plans: BTreeMap<String, BTreeMap<String, PolicySpec>>,
 }
 
 /// One route of a [`PolicyFile`]: requests whose matched path (and method,
@@ -748,8 +758,8 @@ pub struct RouteSpec {
 impl PolicyFile {
     /// Checks every policy, route and the default, and builds the policies,
     /// each named after its key.
-    pub fn policies(&self) -> Result<std::collections::BTreeMap<String, Policy>, ConfigError> {
-        let mut built = std::collections::BTreeMap::new();
+    pub fn policies(&self) -> Result<BTreeMap<String, Policy>, ConfigError> {
+        let mut built = BTreeMap::new();
         for (name, spec) in &self.policies {
             built.insert(name.clone(), spec.build(name.clone())?);
         }
@@ -781,6 +791,24 @@ impl PolicyFile {
             known(default)?;
         }
         Ok(built)
+    }
+
+    /// Checks and builds every plan: plan → policy → limits. Each plan
+    /// must name policies of the file.
+    pub fn plans(&self) -> Result<BTreeMap<String, BTreeMap<String, Policy>>, ConfigError> {
+        let mut plans = BTreeMap::new();
+        for (plan, specs) in &self.plans {
+            crate::limit::check_name(plan)?;
+            let mut built = BTreeMap::new();
+            for (name, spec) in specs {
+                if !self.policies.contains_key(name) {
+                    return Err(ConfigError::UnknownPolicy { name: name.clone() });
+                }
+                built.insert(name.clone(), spec.build(name.clone())?);
+            }
+            plans.insert(plan.clone(), built);
+        }
+        Ok(plans)
     }
 }
 

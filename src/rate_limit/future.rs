@@ -297,7 +297,7 @@ where
                     } = &mut **report;
                     let recorded = ready!(Pin::new(report).poll(cx));
                     if FEEDBACK_WARNINGS.allow() {
-                        let policy = this.settings.limiter.policy().name();
+                        let policy = this.settings.limiter.name();
                         match recorded {
                             Ok(()) => tracing::warn!(
                                 policy,
@@ -423,8 +423,7 @@ where
                 RejectionKind::Limited(d) => {
                     let limit = self
                         .settings
-                        .limiter
-                        .policy()
+                        .policy
                         .limits()
                         .get(d.limit_index())
                         .map(|l| l.name().to_owned())

@@ -7,17 +7,13 @@ use bytes::Bytes;
 use http::Response;
 use tower_layer::Layer;
 
-use super::Routes;
 use super::routes::RoutePolicies;
-use super::{
-    FailurePolicy, NoFeedback, OnMissingKey, RateLimit, RateLimitParts, RateSettings, RejectFn,
-    mode,
-};
+use super::{FailurePolicy, NoFeedback, OnMissingKey, RateLimit, RateLimitParts, RejectFn, mode};
+use super::{LiveSettings, Recipe, Routes};
 use crate::error::ConfigError;
 use crate::key::PeerIp;
 use crate::limiter::Limiter;
-use crate::metrics::LayerMetrics;
-use crate::response::{HeaderStyle, PolicyHeaders, Rejection};
+use crate::response::{HeaderStyle, Rejection};
 use crate::store::MemoryStore;
 
 /// Applies a [`Limiter`] to every request of the wrapped service.
@@ -319,46 +315,17 @@ impl<K: Clone, C: Clone, M, F: Clone> Clone for RateLimitLayer<K, C, M, F> {
 }
 
 impl<K, C, M, F> RateLimitLayer<K, C, M, F> {
-    /// The settings every decision of `limiter` shares.
-    fn settings_for(&self, limiter: &Limiter) -> Arc<RateSettings> {
-        let metrics = LayerMetrics::new("rate_limit", limiter.policy().name_arc());
-        let fallback = match (self.failure, &self.local) {
-            (FailurePolicy::Local(share), Some(store)) => {
-                let local = Limiter::new(limiter.policy().scaled(share), store.clone());
-                Some(self.settings(local, metrics.clone(), None, true))
-            }
-            _ => None,
-        };
-        self.settings(limiter.clone(), metrics, fallback, false)
-    }
-
-    /// The settings deciding with `limiter`: the layer's own, with their
-    /// `fallback` if any, or (`local`) those of a local fallback.
-    fn settings(
-        &self,
-        limiter: Limiter,
-        metrics: LayerMetrics,
-        fallback: Option<Arc<RateSettings>>,
-        local: bool,
-    ) -> Arc<RateSettings> {
-        Arc::new(RateSettings {
-            headers: PolicyHeaders::new(limiter.policy(), self.headers),
-            limiter,
+    /// What every limiter's settings are made of.
+    fn recipe(&self) -> Recipe {
+        Recipe {
             on_missing: self.on_missing.clone(),
+            headers: self.headers,
             shadow: self.shadow,
-            // The local limiter's memory store cannot fail; should it
-            // ever, the request passes.
-            failure: if local {
-                FailurePolicy::Open
-            } else {
-                self.failure
-            },
+            failure: self.failure,
+            local: self.local.clone(),
             rejection: self.rejection.clone(),
             max_wait: self.max_wait,
-            metrics,
-            fallback,
-            local,
-        })
+        }
     }
 }
 
@@ -379,13 +346,15 @@ impl<S, K: Clone, C: Clone, M, F: Clone> Layer<S> for RateLimitLayer<K, C, M, F>
     type Service = RateLimit<S, K, C, M, F>;
 
     fn layer(&self, inner: S) -> Self::Service {
+        let recipe = self.recipe();
+        let live = |limiter: &Limiter| Arc::new(LiveSettings::new(limiter, recipe.clone()));
         let routes = self.routes.as_ref().map(|table| Routes {
             rules: table
                 .rules
                 .iter()
-                .map(|rule| rule.with_value(self.settings_for(&rule.value)))
+                .map(|rule| rule.with_value(live(&rule.value)))
                 .collect(),
-            default: table.default.as_ref().map(|l| self.settings_for(l)),
+            default: table.default.as_ref().map(live),
         });
         RateLimit::new(
             inner,
@@ -393,7 +362,7 @@ impl<S, K: Clone, C: Clone, M, F: Clone> Layer<S> for RateLimitLayer<K, C, M, F>
                 key: self.key.clone(),
                 cost: self.cost.clone(),
                 feedback: self.feedback.clone(),
-                settings: self.settings_for(&self.limiter),
+                settings: live(&self.limiter),
                 routes,
             }),
         )

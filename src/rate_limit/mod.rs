@@ -129,6 +129,7 @@ mod cost;
 mod feedback;
 mod future;
 mod layer;
+mod live;
 mod retry_after;
 mod routes;
 mod service;
@@ -149,11 +150,13 @@ pub use self::upstream::within_window;
 pub(crate) use self::cost::Cost;
 pub(crate) use self::feedback::NoFeedback;
 use self::future::ResponseFuture;
+pub(crate) use self::live::{LiveSettings, Recipe};
 
 use crate::decision::Decision;
 use crate::error::StoreError;
 use crate::key::Key;
 use crate::layer::{FailurePolicy, OnMissingKey, fall_back_locally, log_store_failure, mode};
+use crate::limit::Policy;
 use crate::limiter::Limiter;
 use crate::log::{LogGate, decision_span, warn_missing_key};
 use crate::metrics::{LayerMetrics, Outcome, near_limit};
@@ -169,7 +172,11 @@ pub(crate) type RejectFn = Arc<dyn Fn(&Rejection<'_>) -> Response<Bytes> + Send 
 
 /// Settings every clone of a service and every response future shares.
 pub(crate) struct RateSettings {
+    /// Decides with `policy` alone: the live limiter's rules were resolved
+    /// when these settings were chosen ([`LiveSettings`]).
     pub(crate) limiter: Limiter,
+    /// The policy `headers` and rejections describe.
+    pub(crate) policy: Policy,
     pub(crate) headers: PolicyHeaders,
     pub(crate) on_missing: OnMissingKey,
     pub(crate) shadow: bool,
@@ -221,7 +228,7 @@ impl RateSettings {
     }
 
     fn log_failure(&self, err: &StoreError) {
-        let policy = self.limiter.policy().name();
+        let policy = self.limiter.name();
         log_store_failure(
             "rate-limit",
             policy,
@@ -241,7 +248,7 @@ impl RateSettings {
         result: Result<Decision, StoreError>,
         latency: Option<Duration>,
     ) -> Result<Option<Decision>, RejectionKind> {
-        let policy = self.limiter.policy();
+        let policy = &self.policy;
         let span = decision_span("rate_limit", policy.name(), None, latency);
         let _entered = span.enter();
         let record = |outcome: Outcome| {
@@ -282,7 +289,7 @@ impl RateSettings {
     /// A request without a key, refused with `status` (or, in shadow mode,
     /// let through: `None`), in a decision span of its own.
     pub(crate) fn missing_key(&self, status: http::StatusCode) -> Option<RejectionKind> {
-        let span = decision_span("rate_limit", self.limiter.policy().name(), None, None);
+        let span = decision_span("rate_limit", self.limiter.name(), None, None);
         let _entered = span.enter();
         self.refuse(RejectionKind::MissingKey(status))
     }
@@ -291,7 +298,7 @@ impl RateSettings {
     /// rejection is only logged and the request goes through. Counts the
     /// outcome.
     pub(crate) fn refuse(&self, kind: RejectionKind) -> Option<RejectionKind> {
-        let policy = self.limiter.policy().name();
+        let policy = self.limiter.name();
         if let RejectionKind::MissingKey(_) = kind {
             warn_missing_key("rate-limit", policy);
         }
@@ -324,7 +331,7 @@ impl RateSettings {
             return None;
         }
         if self.shadow {
-            tracing::debug!(policy = self.limiter.policy().name(), ?wait, "shadow-wait");
+            tracing::debug!(policy = self.limiter.name(), ?wait, "shadow-wait");
             return None;
         }
         Some(wait)
@@ -333,7 +340,7 @@ impl RateSettings {
     pub(crate) fn rejection(&self, kind: RejectionKind) -> Response<Bytes> {
         let rejection = Rejection {
             kind,
-            policy: self.limiter.policy(),
+            policy: &self.policy,
             headers: &self.headers,
         };
         match &self.rejection {
@@ -349,21 +356,21 @@ pub(crate) struct RateLimitParts<K, C, F> {
     pub(crate) key: K,
     pub(crate) cost: C,
     pub(crate) feedback: F,
-    pub(crate) settings: Arc<RateSettings>,
+    pub(crate) settings: Arc<LiveSettings>,
     /// With per-route policies: the settings of each route.
     pub(crate) routes: Option<Routes>,
 }
 
 /// The per-route table, each rule with its own settings.
 pub(crate) struct Routes {
-    pub(crate) rules: Vec<RouteRule<Arc<RateSettings>>>,
-    pub(crate) default: Option<Arc<RateSettings>>,
+    pub(crate) rules: Vec<RouteRule<Arc<LiveSettings>>>,
+    pub(crate) default: Option<Arc<LiveSettings>>,
 }
 
 impl Routes {
     /// The settings deciding `req`, or `None` when no route or default
     /// applies (the request is not limited).
-    pub(crate) fn select<B>(&self, req: &http::Request<B>) -> Option<&Arc<RateSettings>> {
+    pub(crate) fn select<B>(&self, req: &http::Request<B>) -> Option<&Arc<LiveSettings>> {
         route::select(&self.rules, req.method(), route::route_path(req)).or(self.default.as_ref())
     }
 }

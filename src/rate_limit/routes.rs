@@ -71,13 +71,23 @@ impl RoutePolicies {
     pub fn from_file(file: &PolicyFile, store: impl IntoStore) -> Result<Self, ConfigError> {
         let store = store.into_store();
         let policies = file.policies()?;
-        let limiter = |name: &str| {
+        RoutePolicies::from_limiters(file, |name| {
             policies
                 .get(name)
                 .map(|p| Limiter::new(p.clone(), Arc::clone(&store)))
-                .ok_or_else(|| ConfigError::UnknownPolicy {
-                    name: name.to_owned(),
-                })
+        })
+    }
+
+    /// The table of `file`'s routes, the limiter of each policy name made
+    /// by `limiter` (`None`: no such policy).
+    pub(crate) fn from_limiters(
+        file: &PolicyFile,
+        limiter: impl Fn(&str) -> Option<Limiter>,
+    ) -> Result<Self, ConfigError> {
+        let limiter = |name: &str| {
+            limiter(name).ok_or_else(|| ConfigError::UnknownPolicy {
+                name: name.to_owned(),
+            })
         };
         let mut table = RoutePolicies::new();
         for route in &file.routes {

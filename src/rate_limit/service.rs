@@ -10,11 +10,12 @@ use tower_service::Service;
 
 use super::future::Start;
 use super::{
-    Cost, NoFeedback, OnMissingKey, RateLimitParts, RateSettings, ResponseFuture, UpstreamFeedback,
-    mode,
+    Cost, LiveSettings, NoFeedback, OnMissingKey, RateLimitParts, RateSettings, ResponseFuture,
+    UpstreamFeedback, mode,
 };
 use crate::error::BoxError;
 use crate::key::KeyExtractor;
+use crate::live::Plan;
 use crate::response::{RefusalBody, ResponseBody};
 
 /// The service [`RateLimitLayer`](super::RateLimitLayer) produces.
@@ -76,11 +77,12 @@ impl<S, K, C, M, F> RateLimit<S, K, C, M, F> {
         C: Cost<Req>,
         F: UpstreamFeedback<S::Response>,
     {
-        self.start_with(req, self.shared.settings.clone())
+        let live = self.shared.settings.clone();
+        self.start_with(req, &live, None)
     }
 
-    /// Decides `req` with the settings `settings` (the layer's, or its
-    /// route's).
+    /// Decides `req` with the settings of `live` (the layer's, or its
+    /// route's) for its key, and the plan the request named.
     ///
     /// `req` is only borrowed until the decision is in, and then moved
     /// once: moved earlier into a function of its own (even one inlined),
@@ -89,7 +91,8 @@ impl<S, K, C, M, F> RateLimit<S, K, C, M, F> {
     fn start_with<Req>(
         &mut self,
         req: Req,
-        settings: Arc<RateSettings>,
+        live: &LiveSettings,
+        plan: Option<Plan>,
     ) -> ResponseFuture<S, Req, M, F>
     where
         S: Service<Req> + Clone,
@@ -100,15 +103,21 @@ impl<S, K, C, M, F> RateLimit<S, K, C, M, F> {
         let feedback = self.shared.feedback.clone();
         let key = match self.shared.key.extract(&req) {
             Some(key) => key,
-            None => match &settings.on_missing {
-                OnMissingKey::Fallback(key) => key.clone(),
-                OnMissingKey::Reject(status) => {
-                    let status = *status;
-                    return self.without_key(req, settings, feedback, Some(status));
+            None => {
+                let settings = live.base();
+                match &settings.on_missing {
+                    OnMissingKey::Fallback(key) => key.clone(),
+                    OnMissingKey::Reject(status) => {
+                        let status = *status;
+                        return self.without_key(req, settings, feedback, Some(status));
+                    }
+                    OnMissingKey::Allow => {
+                        return self.without_key(req, settings, feedback, None);
+                    }
                 }
-                OnMissingKey::Allow => return self.without_key(req, settings, feedback, None),
-            },
+            }
         };
+        let settings = live.select(&key, plan.as_ref().map(Plan::name));
         let cost = self.shared.cost.cost(&req);
         let mut start = Start::new(settings, feedback);
         let mut decision = start.settings.ask(&key, cost);
@@ -184,7 +193,7 @@ impl<S: fmt::Debug, K, C, M, F> fmt::Debug for RateLimit<S, K, C, M, F> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RateLimit")
             .field("inner", &self.inner)
-            .field("limiter", &self.shared.settings.limiter)
+            .field("limiter", self.shared.settings.limiter())
             .finish_non_exhaustive()
     }
 }
@@ -203,20 +212,24 @@ impl<S, K, C, M, F> RateLimit<S, K, C, M, F> {
         C: Cost<Request<ReqBody>>,
         F: UpstreamFeedback<S::Response>,
     {
-        let Some(routes) = &self.shared.routes else {
-            return self.start(req);
+        let live = match &self.shared.routes {
+            None => self.shared.settings.clone(),
+            Some(routes) => match routes.select(&req) {
+                Some(live) => live.clone(),
+                // No rule and no default: this route is not limited.
+                None => {
+                    let settings = self.shared.settings.base();
+                    let start = Start::new(settings, self.shared.feedback.clone());
+                    return ResponseFuture::calling(start, self.inner.call(req), None);
+                }
+            },
         };
-        match routes.select(&req) {
-            Some(settings) => {
-                let settings = settings.clone();
-                self.start_with(req, settings)
-            }
-            // No rule and no default: this route is not limited.
-            None => {
-                let start = Start::new(self.shared.settings.clone(), self.shared.feedback.clone());
-                ResponseFuture::calling(start, self.inner.call(req), None)
-            }
-        }
+        // Only looked up when some plan has limits of its own here.
+        let plan = match live.has_plans() {
+            true => req.extensions().get::<Plan>().cloned(),
+            false => None,
+        };
+        self.start_with(req, &live, plan)
     }
 }
 

@@ -38,6 +38,8 @@ pub use self::lease::LeaseGrant;
 pub(crate) use self::lease::{LeaseCall, LeaseId};
 pub use self::memory::{MemoryStore, MemoryStoreBuilder, MemoryStoreStats};
 #[cfg(feature = "redis")]
+pub(crate) use self::redis::live as redis_live;
+#[cfg(feature = "redis")]
 pub use self::redis::{RedisStore, RedisStoreBuilder, TimeSource};
 
 #[cfg(feature = "redis")]
@@ -93,6 +95,22 @@ mod sealed {
         /// the key's next call is admitted no earlier than the pause from now
         /// (see [`Limiter::defer`](crate::Limiter::defer)). One round trip.
         fn gcra_defer(&self, call: DeferCall<'_>) -> StoreFuture<()>;
+
+        /// TEMPORARY until the reset branch lands.
+        fn reset(&self, name: &str, key: &crate::key::Key) -> StoreFuture<()> {
+            let _ = (name, key);
+            StoreFuture::ready(Ok(()))
+        }
+
+        /// TEMPORARY until the reset branch lands.
+        fn forget_denials(&self) {}
+
+        /// This store as a [`RedisStore`], whose live policies are shared
+        /// by the fleet; `None` for a store of one process.
+        #[cfg(feature = "redis")]
+        fn as_redis(&self) -> Option<&RedisStore> {
+            None
+        }
 
         /// Takes a lease if the key holds fewer unexpired leases than the
         /// call's capacity (expired ones are dropped first); see

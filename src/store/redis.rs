@@ -11,6 +11,7 @@ use super::deny_cache::{DenyCache, DenyCacheStats, RealClock};
 mod batch;
 mod defer;
 mod lease;
+pub(crate) mod live;
 mod release;
 mod window;
 
@@ -654,6 +655,10 @@ impl Store for RedisStore {
 }
 
 impl StoreOps for RedisStore {
+    fn as_redis(&self) -> Option<&RedisStore> {
+        Some(self)
+    }
+
     fn gcra(&self, call: GcraCall<'_>) -> StoreFuture<Decision> {
         self.run_gcra(call)
     }

@@ -482,7 +482,7 @@ async fn redis_keys_are_named_and_carry_a_ttl() {
     let who = Key::new("user:1");
     assert!(l.check(&who, 1).await.unwrap().is_allowed());
     let key = "fg-keys:ttl:{user:1}:0";
-    assert_eq!(store.gcra_key(l.policy(), &who, 0), key);
+    assert_eq!(store.gcra_key(&l.policy(), &who, 0), key);
     assert_eq!(keys(&mut conn, "*").await, [key]);
     let ttl = pttl(&mut conn, key).await;
     assert!(

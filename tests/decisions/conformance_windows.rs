@@ -563,7 +563,7 @@ async fn redis_window_keys_names_and_ttls() {
 
     let log = Limiter::new(dual(Algorithm::SlidingLog), store.clone());
     assert_eq!(
-        store.window_keys(log.policy(), &who),
+        store.window_keys(&log.policy(), &who),
         ["win:dual:{user:1}:log"]
     );
     assert!(log.check(&who, 2).await.unwrap().is_allowed());

@@ -283,7 +283,7 @@ async fn an_unreadable_key_fails_only_its_own_call() {
     let mut admin = server.admin().await;
     let bad = Key::new("bad");
     let () = redis::cmd("LPUSH")
-        .arg(store.gcra_key(limiter.policy(), &bad, 0))
+        .arg(store.gcra_key(&limiter.policy(), &bad, 0))
         .arg("x")
         .query_async(&mut admin)
         .await

@@ -1,0 +1,882 @@
+//! Live policies: change limits while the fleet runs, give identities
+//! limits of their own or a plan, and reset an identity.
+//!
+//! [`LivePolicies`] hands out the limiters of a service (one per policy)
+//! and changes them all at once. On a [`RedisStore`](crate::RedisStore)
+//! the changes are the fleet's: written to Redis under the store's prefix
+//! (so a restarted instance finds them), and picked up by every instance
+//! sharing the store within one poll (250 ms by default) of a version that
+//! every change bumps. On a [`MemoryStore`](crate::MemoryStore) they apply
+//! to the one process. A decision reads its limits from memory, never from
+//! Redis: a change costs nothing on the request path.
+//!
+//! ```
+//! use fleetgate::key::Key;
+//! use fleetgate::live::LivePolicies;
+//! use fleetgate::spec::PolicySpec;
+//! use fleetgate::MemoryStore;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let live = LivePolicies::new(MemoryStore::new());
+//! let api = live.limiter("1/min".parse::<PolicySpec>()?.build("api")?);
+//! // A plan, defined in code (or in a policy file's `[plans.pro]`).
+//! live.define_plan("pro", "100/min".parse::<PolicySpec>()?.build("api")?)?;
+//! live.start().await?;
+//!
+//! let (alice, bob) = (Key::new("user:alice"), Key::new("user:bob"));
+//! live.assign_plan(&alice, Some("pro")).await?;
+//! for _ in 0..50 {
+//!     assert!(api.check(&alice, 1).await?.is_allowed());
+//! }
+//! assert!(api.check(&bob, 1).await?.is_allowed());
+//! assert!(!api.check(&bob, 1).await?.is_allowed());
+//!
+//! // Raise everyone's limit, with no restart.
+//! live.set_policy("api", "1/min burst 2").await?;
+//! assert!(api.check(&bob, 1).await?.is_allowed());
+//! // And clear bob's state: his next call is decided as if he were new.
+//! live.reset(&bob, None).await?;
+//! assert!(api.check(&bob, 1).await?.is_allowed());
+//! # Ok(()) }
+//! ```
+//!
+//! # What decides an identity
+//!
+//! Its own limits for the policy ([`set_override`](LivePolicies::set_override))
+//! first, then the plan it was assigned
+//! ([`assign_plan`](LivePolicies::assign_plan)), then the plan its request
+//! names (a [`Plan`] its authentication layer put in the request's
+//! extensions), then the policy. Identities are keys as the layer's
+//! extractor makes them ([`Key`](crate::Key)), so an API key is stored only
+//! as its hash. A plan that does not define a policy leaves that policy's
+//! limits as they are.
+//!
+//! State carries over a change: an identity's state is read under its new
+//! limits; a change of algorithm starts fresh state (see
+//! [`Limiter::set_policy`](crate::Limiter::set_policy)).
+
+mod rules;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+pub(crate) use self::rules::{Cell, Rules};
+
+use crate::concurrency::ConcurrencyLimiter;
+use crate::error::{ConfigError, StoreError};
+use crate::key::Key;
+use crate::limit::{Policy, check_name};
+use crate::limiter::{IntoStore, Limiter};
+use crate::log::LogGate;
+use crate::rate_limit::RoutePolicies;
+use crate::spec::{ParseError, PolicyFile, PolicySpec};
+use crate::store::Store;
+#[cfg(feature = "redis")]
+use crate::store::{RedisStore, redis_live};
+
+/// Live-policy warnings (a stored text that no longer parses, a failed
+/// sync) are logged at most once a second per process.
+static LIVE_WARNINGS: LogGate = LogGate::new();
+
+/// The most identities with limits of their own (overrides and assigned
+/// plans together) one fleet keeps: changes beyond it are refused, so that
+/// a flood of them cannot grow every instance's memory without bound.
+const MAX_IDENTITIES: usize = 100_000;
+
+/// How often an instance checks the fleet's version by default.
+const DEFAULT_POLL: Duration = Duration::from_millis(250);
+
+/// How often an instance records its heartbeat.
+const HEARTBEAT: Duration = Duration::from_secs(1);
+
+/// An instance not seen for this long no longer counts as live.
+const LIVE_WINDOW: Duration = Duration::from_secs(3);
+
+/// A heartbeat older than this is deleted from Redis.
+const FORGET_AFTER: Duration = Duration::from_secs(60);
+
+/// The plan a request was sold, put in its extensions by the
+/// application's authentication layer (from a token's claim, say). A
+/// [`RateLimitLayer`](crate::RateLimitLayer) on a limiter of
+/// [`LivePolicies`] then decides the request with that plan's limits,
+/// unless its identity has limits of its own.
+///
+/// ```
+/// use fleetgate::live::Plan;
+///
+/// let mut req = http::Request::new(());
+/// req.extensions_mut().insert(Plan::new("pro"));
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Plan(Arc<str>);
+
+impl Plan {
+    /// The plan named `name`.
+    pub fn new(name: &str) -> Self {
+        Plan(Arc::from(name))
+    }
+
+    /// The plan's name.
+    pub fn name(&self) -> &str {
+        &self.0
+    }
+}
+
+/// An instance sharing the store, from its heartbeat.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Instance {
+    /// A random id, new at each start.
+    pub id: String,
+    /// The address it said it serves ([`LivePolicies::address`]), or empty.
+    pub address: String,
+    /// When it started.
+    pub started: SystemTime,
+    /// When its last heartbeat reached the store (the store's clock).
+    pub last_seen: SystemTime,
+}
+
+/// Why a live change was refused. Nothing was changed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LiveError {
+    /// The policy text does not parse.
+    #[error(transparent)]
+    Parse(#[from] ParseError),
+    /// The policy, plan or name is refused (an unknown policy is
+    /// [`ConfigError::UnknownPolicy`], an unknown plan
+    /// [`ConfigError::UnknownPlan`]).
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The store could not record the change.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// The limiters of a service, their policies changed while it runs, for
+/// the whole fleet on a Redis store. See the [module docs](self).
+#[derive(Clone)]
+pub struct LivePolicies {
+    fleet: Arc<Fleet>,
+}
+
+struct Fleet {
+    store: Arc<dyn Store>,
+    #[cfg(feature = "redis")]
+    redis: Option<(RedisStore, redis_live::Scripts)>,
+    state: Mutex<State>,
+    id: String,
+    started: SystemTime,
+    poll: Duration,
+}
+
+#[derive(Default)]
+struct State {
+    /// The rate limiters handed out, by policy name, with the policy they
+    /// were given (or the policy file's): what a removed change restores.
+    limiters: BTreeMap<String, Registered>,
+    /// Concurrency policies, known for [`LivePolicies::reset`].
+    concurrency: BTreeSet<String>,
+    /// Plans defined in code or in a policy file: plan → policy → limits.
+    plans: BTreeMap<String, BTreeMap<String, Policy>>,
+    /// The fleet's changes, as stored.
+    changes: Changes,
+    version: u64,
+    address: String,
+    started: bool,
+    instances: Vec<Instance>,
+}
+
+struct Registered {
+    cell: Arc<Cell>,
+    default: Policy,
+}
+
+/// The fleet's changes as text, exactly as stored in Redis.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct Changes {
+    /// Policy → its replacement.
+    policies: BTreeMap<String, String>,
+    /// (policy, identity) → that identity's limits.
+    overrides: BTreeMap<(String, String), String>,
+    /// (plan, policy) → the plan's limits, defined at run time.
+    plans: BTreeMap<(String, String), String>,
+    /// Identity → its plan.
+    assigned: BTreeMap<String, String>,
+}
+
+impl LivePolicies {
+    /// Live policies on `store`: the fleet's, on a
+    /// [`RedisStore`](crate::RedisStore); this process's otherwise.
+    /// Nothing is read until [`start`](Self::start).
+    pub fn new(store: impl IntoStore) -> Self {
+        let store = store.into_store();
+        #[cfg(feature = "redis")]
+        let redis = store
+            .as_redis()
+            .map(|r| (r.clone(), redis_live::Scripts::new()));
+        let id = instance_id();
+        LivePolicies {
+            fleet: Arc::new(Fleet {
+                store,
+                #[cfg(feature = "redis")]
+                redis,
+                state: Mutex::new(State::default()),
+                id,
+                started: SystemTime::now(),
+                poll: DEFAULT_POLL,
+            }),
+        }
+    }
+
+    /// How often each instance checks for changes (default 250 ms):
+    /// changes reach every instance within about this long. Each check is
+    /// one small script call; at least 10 ms. Set before [`start`](Self::start).
+    pub fn poll_every(mut self, every: Duration) -> Self {
+        if let Some(fleet) = Arc::get_mut(&mut self.fleet) {
+            fleet.poll = every.max(Duration::from_millis(10));
+        }
+        self
+    }
+
+    /// The address this instance serves, shown with its heartbeat in
+    /// [`instances`](Self::instances).
+    pub fn address(self, address: impl Into<String>) -> Self {
+        self.fleet.lock().address = address.into();
+        self
+    }
+
+    /// A limiter for `policy`, whose limits follow the fleet's changes to
+    /// the policy of its name. Asking again for the same name gives the
+    /// same limiter (the policy given first stays the default).
+    pub fn limiter(&self, policy: Policy) -> Limiter {
+        let mut state = self.fleet.lock();
+        let name = policy.name().to_owned();
+        let cell = match state.limiters.get(&name) {
+            Some(registered) => registered.cell.clone(),
+            None => {
+                let cell = Arc::new(Cell::new(policy.clone()));
+                state.limiters.insert(
+                    name.clone(),
+                    Registered {
+                        cell: cell.clone(),
+                        default: policy,
+                    },
+                );
+                state.apply_one(&name);
+                cell
+            }
+        };
+        Limiter::from_cell(cell, self.fleet.store.clone())
+    }
+
+    /// Makes the policy of `limiter` known to [`reset`](Self::reset), which
+    /// then drops an identity's leases too; returns the limiter.
+    pub fn concurrency(&self, limiter: ConcurrencyLimiter) -> ConcurrencyLimiter {
+        self.fleet
+            .lock()
+            .concurrency
+            .insert(limiter.policy().name().to_owned());
+        limiter
+    }
+
+    /// The route table of a policy file, each policy a live limiter (see
+    /// [`RoutePolicies::from_file`]), and the file's plans defined.
+    pub fn routes(&self, file: &PolicyFile) -> Result<RoutePolicies, ConfigError> {
+        let policies = file.policies()?;
+        let plans = file.plans()?;
+        let table = RoutePolicies::from_limiters(file, |name| {
+            policies.get(name).map(|p| self.limiter(p.clone()))
+        })?;
+        let mut state = self.fleet.lock();
+        state.plans = plans;
+        state.apply_all();
+        Ok(table)
+    }
+
+    /// Replaces the defaults with a re-read policy file: each policy the
+    /// file names that has a limiter takes its new limits (unless the fleet
+    /// changed it), and the file's plans replace those defined before.
+    /// Routes and new policies need a restart. Nothing changes when the
+    /// file is refused.
+    pub fn reload(&self, file: &PolicyFile) -> Result<(), ConfigError> {
+        let policies = file.policies()?;
+        let plans = file.plans()?;
+        let mut state = self.fleet.lock();
+        for (name, policy) in policies {
+            if let Some(registered) = state.limiters.get_mut(&name) {
+                registered.default = policy;
+            }
+        }
+        state.plans = plans;
+        state.apply_all();
+        Ok(())
+    }
+
+    /// Defines (in code, for this process) the limits `policy` has under
+    /// plan `plan`, for the policy of its name.
+    pub fn define_plan(&self, plan: &str, policy: Policy) -> Result<(), ConfigError> {
+        check_name(plan)?;
+        let mut state = self.fleet.lock();
+        state
+            .plans
+            .entry(plan.to_owned())
+            .or_default()
+            .insert(policy.name().to_owned(), policy);
+        state.apply_all();
+        Ok(())
+    }
+
+    /// Reads the fleet's changes, then keeps following them (with a Redis
+    /// store: a task polls the version and records this instance's
+    /// heartbeat, until every clone of this value is dropped). Call it
+    /// once, inside a tokio runtime, after the limiters are made. Fails
+    /// when the store cannot be read; with Redis, the task then keeps
+    /// trying.
+    pub async fn start(&self) -> Result<(), StoreError> {
+        let first = {
+            let mut state = self.fleet.lock();
+            !std::mem::replace(&mut state.started, true)
+        };
+        #[cfg(feature = "redis")]
+        if first && self.fleet.redis.is_some() {
+            let result = self.refresh().await;
+            let _ = self.fleet.heartbeat().await;
+            spawn_sync(Arc::downgrade(&self.fleet));
+            return result;
+        }
+        let _ = first;
+        Ok(())
+    }
+
+    /// Reads the fleet's changes now (what the poll does when the version
+    /// moves). Nothing to do on a memory store.
+    pub async fn refresh(&self) -> Result<(), StoreError> {
+        self.fleet.refresh().await
+    }
+
+    /// Replaces policy `name`'s limits with `text` (the policy syntax of
+    /// [`spec`](crate::spec), such as `10/s burst 20`), fleet-wide; the
+    /// policy as it now is.
+    pub async fn set_policy(&self, name: &str, text: &str) -> Result<Policy, LiveError> {
+        let policy = self.fleet.parse_for(name, text)?;
+        let text = PolicySpec::from(&policy).to_string();
+        self.fleet
+            .write(Change::Policy(name.to_owned()), Some(text))
+            .await?;
+        Ok(policy)
+    }
+
+    /// Undoes the fleet's change to policy `name`: it has its default
+    /// limits again (from code or the policy file).
+    pub async fn restore_policy(&self, name: &str) -> Result<Policy, LiveError> {
+        self.fleet.known(name)?;
+        self.fleet
+            .write(Change::Policy(name.to_owned()), None)
+            .await?;
+        Ok(self.fleet.current(name)?)
+    }
+
+    /// Gives `key` limits of its own (`Some(text)`) under policy `policy`,
+    /// or (`None`) takes them away, fleet-wide.
+    pub async fn set_override(
+        &self,
+        policy: &str,
+        key: &Key,
+        text: Option<&str>,
+    ) -> Result<(), LiveError> {
+        let text = match text {
+            Some(text) => Some(PolicySpec::from(&self.fleet.parse_for(policy, text)?).to_string()),
+            None => {
+                self.fleet.known(policy)?;
+                None
+            }
+        };
+        let change = Change::Override(policy.to_owned(), key.text().to_string());
+        self.fleet.write(change, text).await
+    }
+
+    /// Defines (`Some(text)`) or removes the limits policy `policy` has
+    /// under plan `plan`, fleet-wide (a plan defined in code or a file is
+    /// shadowed, not removed).
+    pub async fn set_plan(
+        &self,
+        plan: &str,
+        policy: &str,
+        text: Option<&str>,
+    ) -> Result<(), LiveError> {
+        check_name(plan)?;
+        let text = match text {
+            Some(text) => Some(PolicySpec::from(&self.fleet.parse_for(policy, text)?).to_string()),
+            None => None,
+        };
+        let change = Change::Plan(plan.to_owned(), policy.to_owned());
+        self.fleet.write(change, text).await
+    }
+
+    /// Assigns `key` the plan `plan` (which must be defined), or (`None`)
+    /// none, fleet-wide.
+    pub async fn assign_plan(&self, key: &Key, plan: Option<&str>) -> Result<(), LiveError> {
+        if let Some(plan) = plan
+            && !self.fleet.lock().has_plan(plan)
+        {
+            return Err(ConfigError::UnknownPlan {
+                name: plan.to_owned(),
+            }
+            .into());
+        }
+        let change = Change::Assigned(key.text().to_string());
+        self.fleet.write(change, plan.map(str::to_owned)).await
+    }
+
+    /// Clears `key`'s state under policy `policy` (a rate or concurrency
+    /// policy of these live policies), or under every one of them
+    /// (`None`), fleet-wide: its next call is decided as if it were new,
+    /// and its concurrency leases are dropped. Instances that remember a
+    /// denial of it forget it at their next poll.
+    pub async fn reset(&self, key: &Key, policy: Option<&str>) -> Result<(), LiveError> {
+        let names: Vec<String> = {
+            let state = self.fleet.lock();
+            match policy {
+                Some(name) if state.knows(name) => vec![name.to_owned()],
+                Some(name) => {
+                    return Err(ConfigError::UnknownPolicy {
+                        name: name.to_owned(),
+                    }
+                    .into());
+                }
+                None => state
+                    .limiters
+                    .keys()
+                    .chain(&state.concurrency)
+                    .cloned()
+                    .collect(),
+            }
+        };
+        for name in &names {
+            self.fleet.store.reset(name, key).await?;
+        }
+        self.fleet.write(Change::Reset, None).await
+    }
+
+    /// Every policy with a limiter here, and its limits as text now.
+    pub fn policies(&self) -> BTreeMap<String, String> {
+        let state = self.fleet.lock();
+        state
+            .limiters
+            .iter()
+            .map(|(name, r)| {
+                (
+                    name.clone(),
+                    PolicySpec::from(&r.cell.rules().base).to_string(),
+                )
+            })
+            .collect()
+    }
+
+    /// The instances sharing the store, as of the last heartbeat (every
+    /// second with Redis: instances seen in the last 3 s); this one alone
+    /// on a memory store.
+    pub fn instances(&self) -> Vec<Instance> {
+        let state = self.fleet.lock();
+        if state.instances.is_empty() {
+            return vec![Instance {
+                id: self.fleet.id.clone(),
+                address: state.address.clone(),
+                started: self.fleet.started,
+                last_seen: SystemTime::now(),
+            }];
+        }
+        state.instances.clone()
+    }
+
+    /// How many instances share the store, as of the last heartbeat (at
+    /// least 1).
+    pub fn instance_count(&self) -> usize {
+        self.fleet.lock().instances.len().max(1)
+    }
+}
+
+impl fmt::Debug for LivePolicies {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = self.fleet.lock();
+        f.debug_struct("LivePolicies")
+            .field("store", &self.fleet.store)
+            .field("policies", &state.limiters.keys().collect::<Vec<_>>())
+            .field("version", &state.version)
+            .finish_non_exhaustive()
+    }
+}
+
+/// One change of the fleet's.
+enum Change {
+    Policy(String),
+    Override(String, String),
+    Plan(String, String),
+    Assigned(String),
+    /// No table changes: the version moves, so that every instance forgets
+    /// the denials it remembers.
+    Reset,
+}
+
+impl Fleet {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock leaves consistent data: every
+        // change is applied as a whole after it is validated.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn known(&self, name: &str) -> Result<(), ConfigError> {
+        if self.lock().limiters.contains_key(name) {
+            Ok(())
+        } else {
+            Err(ConfigError::UnknownPolicy {
+                name: name.to_owned(),
+            })
+        }
+    }
+
+    fn current(&self, name: &str) -> Result<Policy, ConfigError> {
+        self.lock()
+            .limiters
+            .get(name)
+            .map(|r| r.cell.rules().base.clone())
+            .ok_or_else(|| ConfigError::UnknownPolicy {
+                name: name.to_owned(),
+            })
+    }
+
+    /// `text` as limits for the policy named `name`, which must have a
+    /// limiter here.
+    fn parse_for(&self, name: &str, text: &str) -> Result<Policy, LiveError> {
+        self.known(name)?;
+        Ok(text.parse::<PolicySpec>()?.build(name)?)
+    }
+
+    /// Records a change: in Redis (then read back with every other change
+    /// made meanwhile), or in this process.
+    async fn write(&self, change: Change, value: Option<String>) -> Result<(), LiveError> {
+        #[cfg(feature = "redis")]
+        if let Some((redis, scripts)) = &self.redis {
+            use redis_live::Table;
+            let (table, field) = match &change {
+                Change::Policy(name) => (Table::Policies, name.clone()),
+                Change::Override(policy, key) => (Table::Overrides, format!("{policy} {key}")),
+                Change::Plan(plan, policy) => (Table::Plans, format!("{plan} {policy}")),
+                Change::Assigned(key) => (Table::Assigned, key.clone()),
+                Change::Reset => {
+                    redis.live_bump(scripts).await?;
+                    self.store.forget_denials();
+                    return Ok(());
+                }
+            };
+            if value.is_some() && self.adds_identity(&change) {
+                return Err(too_many().into());
+            }
+            redis
+                .live_write(scripts, table, &field, value.as_deref())
+                .await?;
+            self.refresh().await?;
+            return Ok(());
+        }
+        let mut state = self.lock();
+        if value.is_some() && state.adds_identity(&change) {
+            return Err(too_many().into());
+        }
+        let mut changes = state.changes.clone();
+        changes.set(change, value);
+        state.changes = changes;
+        state.version += 1;
+        state.apply_all();
+        Ok(())
+    }
+
+    fn adds_identity(&self, change: &Change) -> bool {
+        self.lock().adds_identity(change)
+    }
+
+    /// Reads every change from Redis and applies them; nothing on a memory
+    /// store.
+    async fn refresh(&self) -> Result<(), StoreError> {
+        #[cfg(feature = "redis")]
+        if let Some((redis, scripts)) = &self.redis {
+            let snapshot = redis.live_load(scripts).await?;
+            let changes = Changes::from_snapshot(&snapshot);
+            let mut state = self.lock();
+            if snapshot.version != state.version || changes != state.changes {
+                state.version = snapshot.version;
+                state.changes = changes;
+                state.apply_all();
+                drop(state);
+                // A denial remembered under the old limits (or before a
+                // reset) may no longer hold.
+                self.store.forget_denials();
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks the version, and reads the changes when it moved.
+    #[cfg(feature = "redis")]
+    async fn poll(&self) -> Result<(), StoreError> {
+        if let Some((redis, scripts)) = &self.redis {
+            let version = redis.live_version(scripts).await?;
+            if version != self.lock().version {
+                self.refresh().await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Records this instance's heartbeat and reads the others'.
+    #[cfg(feature = "redis")]
+    async fn heartbeat(&self) -> Result<(), StoreError> {
+        let Some((redis, scripts)) = &self.redis else {
+            return Ok(());
+        };
+        let address = self.lock().address.clone();
+        let started = millis(self.started);
+        let (now, list) = redis
+            .live_heartbeat(scripts, &self.id, started, &address, ms(FORGET_AFTER))
+            .await?;
+        let mut instances: Vec<Instance> = list
+            .iter()
+            .filter_map(|(id, value)| parse_heartbeat(id, value))
+            .filter(|i| now.saturating_sub(millis(i.last_seen)) <= ms(LIVE_WINDOW))
+            .collect();
+        instances.sort_by(|a, b| a.started.cmp(&b.started).then(a.id.cmp(&b.id)));
+        let mut state = self.lock();
+        let resized = state.instances.len() != instances.len();
+        state.instances = instances;
+        if resized {
+            // Local shares follow the fleet's size.
+            for registered in state.limiters.values() {
+                registered.cell.touch();
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Changes {
+    fn set(&mut self, change: Change, value: Option<String>) {
+        match (change, value) {
+            (Change::Policy(k), Some(v)) => {
+                self.policies.insert(k, v);
+            }
+            (Change::Policy(k), None) => {
+                self.policies.remove(&k);
+            }
+            (Change::Override(p, k), Some(v)) => {
+                self.overrides.insert((p, k), v);
+            }
+            (Change::Override(p, k), None) => {
+                self.overrides.remove(&(p, k));
+            }
+            (Change::Plan(p, k), Some(v)) => {
+                self.plans.insert((p, k), v);
+            }
+            (Change::Plan(p, k), None) => {
+                self.plans.remove(&(p, k));
+            }
+            (Change::Assigned(k), Some(v)) => {
+                self.assigned.insert(k, v);
+            }
+            (Change::Assigned(k), None) => {
+                self.assigned.remove(&k);
+            }
+            (Change::Reset, _) => {}
+        }
+    }
+
+    #[cfg(feature = "redis")]
+    fn from_snapshot(snapshot: &redis_live::Snapshot) -> Self {
+        use redis_live::Table;
+        let split = |field: &str| {
+            field
+                .split_once(' ')
+                .map(|(a, b)| (a.to_owned(), b.to_owned()))
+        };
+        Changes {
+            policies: snapshot.table(Table::Policies).iter().cloned().collect(),
+            overrides: snapshot
+                .table(Table::Overrides)
+                .iter()
+                .filter_map(|(f, v)| Some((split(f)?, v.clone())))
+                .collect(),
+            plans: snapshot
+                .table(Table::Plans)
+                .iter()
+                .filter_map(|(f, v)| Some((split(f)?, v.clone())))
+                .collect(),
+            assigned: snapshot.table(Table::Assigned).iter().cloned().collect(),
+        }
+    }
+}
+
+impl State {
+    fn knows(&self, name: &str) -> bool {
+        self.limiters.contains_key(name) || self.concurrency.contains(name)
+    }
+
+    fn has_plan(&self, plan: &str) -> bool {
+        self.plans.contains_key(plan) || self.changes.plans.keys().any(|(p, _)| p == plan)
+    }
+
+    /// Whether recording `change` would add an identity past the bound.
+    fn adds_identity(&self, change: &Change) -> bool {
+        let count = self.changes.overrides.len() + self.changes.assigned.len();
+        let new = match change {
+            Change::Override(p, k) => !self.changes.overrides.contains_key(&(p.clone(), k.clone())),
+            Change::Assigned(k) => !self.changes.assigned.contains_key(k),
+            _ => false,
+        };
+        new && count >= MAX_IDENTITIES
+    }
+
+    fn apply_all(&self) {
+        for name in self.limiters.keys() {
+            self.apply_one(name);
+        }
+    }
+
+    /// Builds the rules of policy `name` from its default and the changes,
+    /// and swaps them in. A stored text that no longer parses (written by
+    /// a newer version, say) is skipped and logged.
+    fn apply_one(&self, name: &str) {
+        let Some(registered) = self.limiters.get(name) else {
+            return;
+        };
+        let parse = |what: &str, text: &str| match text
+            .parse::<PolicySpec>()
+            .map_err(LiveError::from)
+            .and_then(|spec| Ok(spec.build(name)?))
+        {
+            Ok(policy) => Some(policy),
+            Err(err) => {
+                if LIVE_WARNINGS.allow() {
+                    tracing::warn!(policy = name, what, text, error = %err, "live policy text refused; kept the previous limits");
+                }
+                None
+            }
+        };
+        let base = self
+            .changes
+            .policies
+            .get(name)
+            .and_then(|text| parse("policy", text))
+            .unwrap_or_else(|| registered.default.clone());
+        let mut by_plan: HashMap<Arc<str>, Policy> = HashMap::new();
+        for (plan, policies) in &self.plans {
+            if let Some(policy) = policies.get(name) {
+                by_plan.insert(Arc::from(plan.as_str()), policy.clone());
+            }
+        }
+        for ((plan, policy), text) in &self.changes.plans {
+            if policy == name
+                && let Some(policy) = parse("plan", text)
+            {
+                by_plan.insert(Arc::from(plan.as_str()), policy);
+            }
+        }
+        let mut by_key = HashMap::new();
+        for (key, plan) in &self.changes.assigned {
+            if let Some(policy) = by_plan.get(plan.as_str()) {
+                by_key.insert(Key::new(key), policy.clone());
+            }
+        }
+        for ((policy, key), text) in &self.changes.overrides {
+            if policy == name
+                && let Some(policy) = parse("override", text)
+            {
+                by_key.insert(Key::new(key), policy);
+            }
+        }
+        registered.cell.set(Rules {
+            base,
+            by_key,
+            by_plan,
+        });
+    }
+}
+
+fn too_many() -> ConfigError {
+    ConfigError::TooManyIdentities {
+        max: MAX_IDENTITIES,
+    }
+}
+
+#[cfg(feature = "redis")]
+fn spawn_sync(fleet: Weak<Fleet>) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    let poll = match fleet.upgrade() {
+        Some(f) => f.poll,
+        None => return,
+    };
+    runtime.spawn(async move {
+        let mut ticks = tokio::time::interval(poll);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut last_beat = tokio::time::Instant::now();
+        loop {
+            ticks.tick().await;
+            let Some(fleet) = fleet.upgrade() else { return };
+            let result = if last_beat.elapsed() >= HEARTBEAT {
+                last_beat = tokio::time::Instant::now();
+                match fleet.heartbeat().await {
+                    Ok(()) => fleet.poll().await,
+                    Err(err) => Err(err),
+                }
+            } else {
+                fleet.poll().await
+            };
+            if let Err(err) = result
+                && LIVE_WARNINGS.allow()
+            {
+                tracing::warn!(error = %err, "live policies: reading the fleet's changes failed; keeping the current limits");
+            }
+        }
+    });
+}
+
+/// A random id for this instance: 16 hex digits from the OS's hasher
+/// seed, the clock and the process id.
+fn instance_id() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos(),
+    );
+    h.write_u32(std::process::id());
+    format!("{:016x}", h.finish())
+}
+
+fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+fn millis(t: SystemTime) -> u64 {
+    ms(t.duration_since(UNIX_EPOCH).unwrap_or_default())
+}
+
+/// `started last_seen address`, as the heartbeat script stores it.
+#[cfg(feature = "redis")]
+fn parse_heartbeat(id: &str, value: &str) -> Option<Instance> {
+    let mut parts = value.splitn(3, ' ');
+    let started: u64 = parts.next()?.parse().ok()?;
+    let seen: u64 = parts.next()?.parse().ok()?;
+    let address = parts.next().unwrap_or("").to_owned();
+    Some(Instance {
+        id: id.to_owned(),
+        address,
+        started: UNIX_EPOCH + Duration::from_millis(started),
+        last_seen: UNIX_EPOCH + Duration::from_millis(seen),
+    })
+}

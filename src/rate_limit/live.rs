@@ -1,0 +1,224 @@
+//! A layer's settings for one limiter, following the limiter's live rules:
+//! the settings of its policy, and of each identity or plan with limits of
+//! their own, rebuilt when the rules change.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+
+use super::{RateSettings, RejectFn};
+use crate::key::Key;
+use crate::layer::{FailurePolicy, OnMissingKey};
+use crate::limit::Policy;
+use crate::limiter::Limiter;
+use crate::live::Rules;
+use crate::metrics::LayerMetrics;
+use crate::response::{HeaderStyle, PolicyHeaders};
+use crate::store::{MemoryStore, Store};
+
+/// What a layer's settings are made of, besides the policy.
+#[derive(Clone)]
+pub(crate) struct Recipe {
+    pub(crate) on_missing: OnMissingKey,
+    pub(crate) headers: HeaderStyle,
+    pub(crate) shadow: bool,
+    pub(crate) failure: FailurePolicy,
+    /// Under [`FailurePolicy::Local`]: the local limiters' state.
+    pub(crate) local: Option<MemoryStore>,
+    pub(crate) rejection: Option<RejectFn>,
+    pub(crate) max_wait: Option<Duration>,
+}
+
+impl Recipe {
+    /// The settings deciding with `policy` on `store`, with their local
+    /// fallback if the failure policy has one.
+    fn settings(
+        &self,
+        policy: &Policy,
+        store: &Arc<dyn Store>,
+        metrics: &LayerMetrics,
+    ) -> Arc<RateSettings> {
+        let fallback = match (self.failure, &self.local) {
+            (FailurePolicy::Local(share), Some(local)) => {
+                let scaled = policy.scaled(share);
+                let limiter = Limiter::new(scaled.clone(), local.clone());
+                Some(self.make(scaled, limiter, metrics.clone(), None, true))
+            }
+            _ => None,
+        };
+        let limiter = Limiter::new(policy.clone(), Arc::clone(store));
+        self.make(policy.clone(), limiter, metrics.clone(), fallback, false)
+    }
+
+    fn make(
+        &self,
+        policy: Policy,
+        limiter: Limiter,
+        metrics: LayerMetrics,
+        fallback: Option<Arc<RateSettings>>,
+        local: bool,
+    ) -> Arc<RateSettings> {
+        Arc::new(RateSettings {
+            headers: PolicyHeaders::new(&policy, self.headers),
+            policy,
+            limiter,
+            on_missing: self.on_missing.clone(),
+            shadow: self.shadow,
+            // The local limiter's memory store cannot fail; should it
+            // ever, the request passes.
+            failure: if local {
+                FailurePolicy::Open
+            } else {
+                self.failure
+            },
+            rejection: self.rejection.clone(),
+            max_wait: self.max_wait,
+            metrics,
+            fallback,
+            local,
+        })
+    }
+}
+
+/// The settings of one (live) limiter: those of its policy, and of each
+/// identity and plan with limits of their own.
+pub(crate) struct LiveSettings {
+    limiter: Limiter,
+    recipe: Recipe,
+    metrics: LayerMetrics,
+    derived: ArcSwap<Derived>,
+    /// Held while rebuilding, so that one request rebuilds and the others
+    /// find the result.
+    rebuilding: Mutex<()>,
+}
+
+struct Derived {
+    /// The limiter's generation these were built for.
+    generation: u64,
+    base: Arc<RateSettings>,
+    by_key: HashMap<Key, Arc<RateSettings>>,
+    by_plan: HashMap<Arc<str>, Arc<RateSettings>>,
+}
+
+impl LiveSettings {
+    pub(crate) fn new(limiter: &Limiter, recipe: Recipe) -> Self {
+        let metrics = LayerMetrics::new("rate_limit", Arc::from(limiter.name()));
+        let generation = limiter.cell().generation();
+        let derived = derive(
+            &limiter.cell().rules(),
+            limiter,
+            &recipe,
+            &metrics,
+            generation,
+        );
+        LiveSettings {
+            limiter: limiter.clone(),
+            recipe,
+            metrics,
+            derived: ArcSwap::from_pointee(derived),
+            rebuilding: Mutex::new(()),
+        }
+    }
+
+    /// The settings deciding `key`, whose request names `plan`.
+    #[inline]
+    pub(crate) fn select(&self, key: &Key, plan: Option<&str>) -> Arc<RateSettings> {
+        let derived = self.current();
+        if !derived.by_key.is_empty()
+            && let Some(settings) = derived.by_key.get(key)
+        {
+            return settings.clone();
+        }
+        if let Some(plan) = plan
+            && let Some(settings) = derived.by_plan.get(plan)
+        {
+            return settings.clone();
+        }
+        derived.base.clone()
+    }
+
+    /// The settings of the policy itself (for a request without a key).
+    pub(crate) fn base(&self) -> Arc<RateSettings> {
+        self.current().base.clone()
+    }
+
+    /// Whether some plan has limits of its own here: only then is a
+    /// request's [`Plan`](crate::live::Plan) looked up.
+    #[inline]
+    pub(crate) fn has_plans(&self) -> bool {
+        !self.derived.load().by_plan.is_empty()
+    }
+
+    /// The limiter (the live one, as the layer was given it).
+    pub(crate) fn limiter(&self) -> &Limiter {
+        &self.limiter
+    }
+
+    #[inline]
+    fn current(&self) -> arc_swap::Guard<Arc<Derived>> {
+        let derived = self.derived.load();
+        if derived.generation == self.limiter.cell().generation() {
+            return derived;
+        }
+        drop(derived);
+        self.rebuild()
+    }
+
+    #[cold]
+    fn rebuild(&self) -> arc_swap::Guard<Arc<Derived>> {
+        let _one = self.rebuilding.lock().unwrap_or_else(|e| e.into_inner());
+        // Read before the rules: a change made meanwhile leaves these
+        // settings stale, and the next request rebuilds them again.
+        let generation = self.limiter.cell().generation();
+        let derived = self.derived.load();
+        if derived.generation == generation {
+            return derived;
+        }
+        let rules = self.limiter.cell().rules();
+        self.derived.store(Arc::new(derive(
+            &rules,
+            &self.limiter,
+            &self.recipe,
+            &self.metrics,
+            generation,
+        )));
+        self.derived.load()
+    }
+}
+
+/// The settings of every distinct policy of `rules`, each built once.
+fn derive(
+    rules: &Rules,
+    limiter: &Limiter,
+    recipe: &Recipe,
+    metrics: &LayerMetrics,
+    generation: u64,
+) -> Derived {
+    let store = limiter.store();
+    let mut built: HashMap<*const (), Arc<RateSettings>> = HashMap::new();
+    let mut settings = |policy: &Policy| {
+        built
+            .entry(policy.as_ptr())
+            .or_insert_with(|| recipe.settings(policy, store, metrics))
+            .clone()
+    };
+    let base = settings(&rules.base);
+    let by_key = rules
+        .by_key
+        .iter()
+        .map(|(k, p)| (k.clone(), settings(p)))
+        .collect();
+    let by_plan = rules
+        .by_plan
+        .iter()
+        .map(|(k, p)| (k.clone(), settings(p)))
+        .collect();
+    Derived {
+        generation,
+        base,
+        by_key,
+        by_plan,
+    }
+}

@@ -1,0 +1,256 @@
+//! Live policies in Redis: the fleet's changes (policies, overrides,
+//! plans, assignments) in hashes under one hash tag, a version bumped by
+//! every change, and each instance's heartbeat. Read by every instance at
+//! start and whenever the version moves.
+
+use redis::Value;
+
+use super::{LuaScript, RedisStore};
+use crate::error::StoreError;
+
+/// Which table of the fleet's changes a write goes to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Table {
+    /// Policy name → policy text.
+    Policies,
+    /// `{policy} {identity}` → policy text.
+    Overrides,
+    /// `{plan} {policy}` → policy text.
+    Plans,
+    /// Identity → plan name.
+    Assigned,
+}
+
+impl Table {
+    const ALL: [Table; 4] = [
+        Table::Policies,
+        Table::Overrides,
+        Table::Plans,
+        Table::Assigned,
+    ];
+
+    fn suffix(self) -> &'static str {
+        match self {
+            Table::Policies => "policies",
+            Table::Overrides => "overrides",
+            Table::Plans => "plans",
+            Table::Assigned => "assigned",
+        }
+    }
+}
+
+/// Every table of the fleet's changes as one snapshot, and its version.
+#[derive(Debug, Default)]
+pub(crate) struct Snapshot {
+    pub(crate) version: u64,
+    /// In [`Table::ALL`]'s order: each table's fields and values.
+    pub(crate) tables: [Vec<(String, String)>; 4],
+}
+
+impl Snapshot {
+    pub(crate) fn table(&self, table: Table) -> &[(String, String)] {
+        let i = Table::ALL.iter().position(|t| *t == table).unwrap_or(0);
+        &self.tables[i]
+    }
+}
+
+// KEYS: version, then the four tables. Returns the version and each
+// table's HGETALL, read atomically.
+const LOAD_LUA: &str = r"
+local out = { tonumber(redis.call('GET', KEYS[1]) or '0') }
+for i = 2, 5 do out[i] = redis.call('HGETALL', KEYS[i]) end
+return out
+";
+
+// KEYS: version. A script rather than a GET, so that it shares the
+// store's timeout, reconnection and metrics with every other call.
+const VERSION_LUA: &str = "return tonumber(redis.call('GET', KEYS[1]) or '0')";
+
+// KEYS: version.
+const BUMP_LUA: &str = "return redis.call('INCR', KEYS[1])";
+
+// KEYS: version, table. ARGV: field, then the value (absent: delete).
+// Returns the new version.
+const WRITE_LUA: &str = r"
+if ARGV[2] then
+  redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
+else
+  redis.call('HDEL', KEYS[2], ARGV[1])
+end
+return redis.call('INCR', KEYS[1])
+";
+
+// KEYS: instances. ARGV: id, started (ms), address, forget after (ms).
+// Records this instance as seen now (the server's clock), forgets those
+// not seen for `forget after`, and returns the rest as
+// `id, "started last_seen address"` pairs.
+const HEARTBEAT_LUA: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2] .. ' ' .. now .. ' ' .. ARGV[3])
+local all = redis.call('HGETALL', KEYS[1])
+local out = {}
+for i = 1, #all, 2 do
+  local seen = tonumber(string.match(all[i + 1], '^%d+ (%d+)')) or 0
+  if now - seen > tonumber(ARGV[4]) then
+    redis.call('HDEL', KEYS[1], all[i])
+  else
+    out[#out + 1] = all[i]
+    out[#out + 1] = all[i + 1]
+  end
+end
+redis.call('PEXPIRE', KEYS[1], ARGV[4])
+return { now, out }
+";
+
+/// The live-policy scripts, hashed once per [`LivePolicies`](crate::live::LivePolicies).
+#[derive(Debug)]
+pub(crate) struct Scripts {
+    load: LuaScript,
+    version: LuaScript,
+    write: LuaScript,
+    bump: LuaScript,
+    heartbeat: LuaScript,
+}
+
+impl Scripts {
+    pub(crate) fn new() -> Self {
+        Scripts {
+            load: LuaScript::new("live_load", LOAD_LUA),
+            version: LuaScript::new("live_version", VERSION_LUA),
+            write: LuaScript::new("live_write", WRITE_LUA),
+            bump: LuaScript::new("live_bump", BUMP_LUA),
+            heartbeat: LuaScript::new("live_heartbeat", HEARTBEAT_LUA),
+        }
+    }
+}
+
+impl RedisStore {
+    /// `{prefix}:{live}:<name>`: one hash tag for every live key, so that
+    /// the scripts touch one slot on a cluster.
+    fn live_key(&self, name: &str) -> String {
+        format!("{}:{{live}}:{name}", self.prefix())
+    }
+
+    /// Every table of the fleet's changes, and their version.
+    pub(crate) async fn live_load(&self, scripts: &Scripts) -> Result<Snapshot, StoreError> {
+        let mut keys = vec![self.live_key("version")];
+        keys.extend(Table::ALL.iter().map(|t| self.live_key(t.suffix())));
+        let reply = self.eval(&scripts.load, &keys, &[]).await?;
+        let unexpected = || StoreError::UnexpectedReply(format!("live load: {reply:?}"));
+        let Value::Array(items) = &reply else {
+            return Err(unexpected());
+        };
+        let [version, tables @ ..] = items.as_slice() else {
+            return Err(unexpected());
+        };
+        let mut snapshot = Snapshot {
+            version: integer(version).ok_or_else(unexpected)?,
+            ..Snapshot::default()
+        };
+        if tables.len() != 4 {
+            return Err(unexpected());
+        }
+        for (i, table) in tables.iter().enumerate() {
+            snapshot.tables[i] = pairs(table).ok_or_else(unexpected)?;
+        }
+        Ok(snapshot)
+    }
+
+    /// The version of the fleet's changes: one `GET`.
+    pub(crate) async fn live_version(&self, scripts: &Scripts) -> Result<u64, StoreError> {
+        let keys = [self.live_key("version")];
+        let reply = self.eval(&scripts.version, &keys, &[]).await?;
+        integer(&reply).ok_or_else(|| StoreError::UnexpectedReply(format!("{reply:?}")))
+    }
+
+    /// Sets (or with `None` deletes) one field of one table and bumps the
+    /// version; the new version.
+    pub(crate) async fn live_write(
+        &self,
+        scripts: &Scripts,
+        table: Table,
+        field: &str,
+        value: Option<&str>,
+    ) -> Result<u64, StoreError> {
+        let keys = [self.live_key("version"), self.live_key(table.suffix())];
+        let mut args = vec![field.to_owned()];
+        args.extend(value.map(str::to_owned));
+        let reply = self.eval(&scripts.write, &keys, &args).await?;
+        integer(&reply).ok_or_else(|| StoreError::UnexpectedReply(format!("{reply:?}")))
+    }
+
+    /// Bumps the version alone (after a reset), so that every instance
+    /// reads the changes again and forgets the denials it remembers.
+    pub(crate) async fn live_bump(&self, scripts: &Scripts) -> Result<u64, StoreError> {
+        let keys = [self.live_key("version")];
+        let reply = self.eval(&scripts.bump, &keys, &[]).await?;
+        integer(&reply).ok_or_else(|| StoreError::UnexpectedReply(format!("{reply:?}")))
+    }
+
+    /// Records this instance's heartbeat; the server's time (ms) and every
+    /// instance seen within `forget_ms`, as `(id, "started last_seen
+    /// address")`.
+    pub(crate) async fn live_heartbeat(
+        &self,
+        scripts: &Scripts,
+        id: &str,
+        started_ms: u64,
+        address: &str,
+        forget_ms: u64,
+    ) -> Result<(u64, Vec<(String, String)>), StoreError> {
+        let keys = [self.live_key("instances")];
+        let args = [
+            id.to_owned(),
+            started_ms.to_string(),
+            address.to_owned(),
+            forget_ms.to_string(),
+        ];
+        let reply = self.eval(&scripts.heartbeat, &keys, &args).await?;
+        let unexpected = || StoreError::UnexpectedReply(format!("heartbeat: {reply:?}"));
+        match &reply {
+            Value::Array(items) => match items.as_slice() {
+                [now, list] => Ok((
+                    integer(now).ok_or_else(unexpected)?,
+                    pairs(list).ok_or_else(unexpected)?,
+                )),
+                _ => Err(unexpected()),
+            },
+            _ => Err(unexpected()),
+        }
+    }
+}
+
+fn integer(value: &Value) -> Option<u64> {
+    match value {
+        Value::Int(n) => u64::try_from(*n).ok(),
+        Value::BulkString(bytes) => std::str::from_utf8(bytes).ok()?.parse().ok(),
+        _ => None,
+    }
+}
+
+fn text(value: &Value) -> Option<String> {
+    match value {
+        Value::BulkString(bytes) => String::from_utf8(bytes.clone()).ok(),
+        Value::SimpleString(s) => Some(s.clone()),
+        _ => None,
+    }
+}
+
+/// An HGETALL reply (a flat array, or a map under RESP3) as pairs.
+fn pairs(value: &Value) -> Option<Vec<(String, String)>> {
+    match value {
+        Value::Array(items) => items
+            .chunks(2)
+            .map(|pair| match pair {
+                [k, v] => Some((text(k)?, text(v)?)),
+                _ => None,
+            })
+            .collect(),
+        Value::Map(items) => items
+            .iter()
+            .map(|(k, v)| Some((text(k)?, text(v)?)))
+            .collect(),
+        _ => None,
+    }
+}
