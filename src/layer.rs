@@ -81,6 +81,13 @@ impl FailurePolicy {
     pub fn local(share: f64) -> Result<Self, ConfigError> {
         LocalShare::new(share).map(FailurePolicy::Local)
     }
+
+    /// [`FailurePolicy::Local`] with one equal share of the fleet as its
+    /// heartbeats count it ([`LocalShare::auto`]): with 8 instances seen,
+    /// each enforces an eighth of every limit while the store is down.
+    pub fn local_auto() -> Self {
+        FailurePolicy::Local(LocalShare::auto())
+    }
 }
 
 /// Marker types choosing how a layer refuses requests: with an HTTP

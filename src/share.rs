@@ -2,8 +2,34 @@
 //! its own while the store is unreachable.
 
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::error::ConfigError;
+
+/// How many instances share the store, as the heartbeats of this
+/// process's [`LivePolicies`](crate::live::LivePolicies) last counted
+/// them (1 until then): what [`LocalShare::auto`] divides by.
+static FLEET_SIZE: AtomicU64 = AtomicU64::new(1);
+
+/// Bumped whenever [`FLEET_SIZE`] changes, so that layers rebuild their
+/// local fallbacks.
+static FLEET_EPOCH: AtomicU64 = AtomicU64::new(0);
+
+/// Records the fleet's size as a heartbeat counted it.
+pub(crate) fn set_fleet_size(instances: usize) {
+    let n = u64::try_from(instances)
+        .unwrap_or(MAX_DENOM)
+        .clamp(1, MAX_DENOM);
+    if FLEET_SIZE.swap(n, Ordering::AcqRel) != n {
+        FLEET_EPOCH.fetch_add(1, Ordering::AcqRel);
+    }
+}
+
+/// Moves whenever the fleet's size does.
+#[inline]
+pub(crate) fn fleet_epoch() -> u64 {
+    FLEET_EPOCH.load(Ordering::Acquire)
+}
 
 /// One instance's share of a limit, from a millionth to the whole
 /// (`1e-6 <= share <= 1`): what
@@ -85,9 +111,43 @@ impl LocalShare {
         })
     }
 
-    /// The share, in `(0, 1]`.
+    /// One equal share of the fleet, however many instances it has now:
+    /// `1/n` for the `n` instances seen in the last heartbeats of this
+    /// process's [`LivePolicies`](crate::live::LivePolicies) (1 without
+    /// them). A rate-limit layer rescales its local limits whenever `n`
+    /// changes; a concurrency limit or shedder takes `n` as it is when its
+    /// failure policy is set, so set it after
+    /// [`LivePolicies::start`](crate::live::LivePolicies::start).
+    ///
+    /// ```
+    /// use fleetgate::LocalShare;
+    ///
+    /// // No heartbeats seen in this process: the whole limit.
+    /// assert_eq!(LocalShare::auto().scale(100), 100);
+    /// assert_eq!(LocalShare::auto().to_string(), "auto");
+    /// ```
+    pub fn auto() -> Self {
+        LocalShare { numer: 0, denom: 0 }
+    }
+
+    /// Whether this is [`LocalShare::auto`].
+    pub(crate) fn is_auto(self) -> bool {
+        self.denom == 0
+    }
+
+    /// The share as a fraction now.
+    fn fraction(self) -> (u64, u64) {
+        if self.is_auto() {
+            (1, FLEET_SIZE.load(Ordering::Acquire))
+        } else {
+            (self.numer, self.denom)
+        }
+    }
+
+    /// The share, in `(0, 1]` (for [`auto`](Self::auto), as it is now).
     pub fn get(self) -> f64 {
-        self.numer as f64 / self.denom as f64
+        let (numer, denom) = self.fraction();
+        numer as f64 / denom as f64
     }
 
     /// `n` scaled by the share: rounded down to a whole number, at least 1.
@@ -98,7 +158,8 @@ impl LocalShare {
     /// `n` scaled by the share, rounded down: 0 when the share of `n` is
     /// less than one.
     pub(crate) fn floor_of(self, n: u64) -> u64 {
-        let scaled = u128::from(n) * u128::from(self.numer) / u128::from(self.denom);
+        let (numer, denom) = self.fraction();
+        let scaled = u128::from(n) * u128::from(numer) / u128::from(denom);
         // At most `n`: the share is at most 1.
         u64::try_from(scaled).unwrap_or(n)
     }
@@ -133,12 +194,15 @@ fn nearest_fraction(x: f64) -> (u64, u64) {
 
 impl fmt::Debug for LocalShare {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "LocalShare({}/{})", self.numer, self.denom)
+        write!(f, "LocalShare({self})")
     }
 }
 
 impl fmt::Display for LocalShare {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.is_auto() {
+            return f.write_str("auto");
+        }
         write!(f, "{}/{}", self.numer, self.denom)
     }
 }

@@ -648,15 +648,9 @@ impl Fleet {
             .filter(|i| now.saturating_sub(millis(i.last_seen)) <= ms(LIVE_WINDOW))
             .collect();
         instances.sort_by(|a, b| a.started.cmp(&b.started).then(a.id.cmp(&b.id)));
-        let mut state = self.lock();
-        let resized = state.instances.len() != instances.len();
-        state.instances = instances;
-        if resized {
-            // Local shares follow the fleet's size.
-            for registered in state.limiters.values() {
-                registered.cell.touch();
-            }
-        }
+        // Local shares follow the fleet's size.
+        crate::share::set_fleet_size(instances.len());
+        self.lock().instances = instances;
         Ok(())
     }
 }

@@ -57,9 +57,8 @@ impl Rules {
 pub(crate) struct Cell {
     name: Arc<str>,
     rules: ArcSwap<Rules>,
-    /// Bumped after every swap, and when the fleet's size changes (local
-    /// shares follow it): layers rebuild what they derive from the rules
-    /// when it moves.
+    /// Bumped after every swap: layers rebuild what they derive from the
+    /// rules when it moves.
     generation: AtomicU64,
 }
 
@@ -83,11 +82,6 @@ impl Cell {
 
     pub(crate) fn set(&self, rules: Rules) {
         self.rules.store(Arc::new(rules));
-        self.touch();
-    }
-
-    /// Marks what layers derived from the rules as stale.
-    pub(crate) fn touch(&self) {
         self.generation.fetch_add(1, Ordering::AcqRel);
     }
 

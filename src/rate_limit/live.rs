@@ -16,6 +16,7 @@ use crate::limiter::Limiter;
 use crate::live::Rules;
 use crate::metrics::LayerMetrics;
 use crate::response::{HeaderStyle, PolicyHeaders};
+use crate::share::fleet_epoch;
 use crate::store::{MemoryStore, Store};
 
 /// What a layer's settings are made of, besides the policy.
@@ -92,11 +93,15 @@ pub(crate) struct LiveSettings {
     /// Held while rebuilding, so that one request rebuilds and the others
     /// find the result.
     rebuilding: Mutex<()>,
+    /// Whether the local fallback's share follows the fleet's size
+    /// ([`LocalShare::auto`](crate::LocalShare::auto)).
+    follows_fleet: bool,
 }
 
 struct Derived {
-    /// The limiter's generation these were built for.
-    generation: u64,
+    /// The limiter's generation these were built for, and the fleet's
+    /// size epoch if they follow it.
+    generation: (u64, u64),
     base: Arc<RateSettings>,
     by_key: HashMap<Key, Arc<RateSettings>>,
     by_plan: HashMap<Arc<str>, Arc<RateSettings>>,
@@ -105,21 +110,24 @@ struct Derived {
 impl LiveSettings {
     pub(crate) fn new(limiter: &Limiter, recipe: Recipe) -> Self {
         let metrics = LayerMetrics::new("rate_limit", Arc::from(limiter.name()));
-        let generation = limiter.cell().generation();
-        let derived = derive(
-            &limiter.cell().rules(),
-            limiter,
-            &recipe,
-            &metrics,
-            generation,
-        );
+        let follows_fleet = matches!(recipe.failure, FailurePolicy::Local(s) if s.is_auto());
+        let generation = generation(limiter, follows_fleet);
+        let rules = limiter.cell().rules();
+        let derived = derive(&rules, limiter, &recipe, &metrics, generation);
         LiveSettings {
             limiter: limiter.clone(),
             recipe,
             metrics,
             derived: ArcSwap::from_pointee(derived),
             rebuilding: Mutex::new(()),
+            follows_fleet,
         }
+    }
+
+    /// What the derived settings must have been built for to be current.
+    #[inline]
+    fn generation(&self) -> (u64, u64) {
+        generation(&self.limiter, self.follows_fleet)
     }
 
     /// The settings deciding `key`, whose request names `plan`.
@@ -159,7 +167,7 @@ impl LiveSettings {
     #[inline]
     fn current(&self) -> arc_swap::Guard<Arc<Derived>> {
         let derived = self.derived.load();
-        if derived.generation == self.limiter.cell().generation() {
+        if derived.generation == self.generation() {
             return derived;
         }
         drop(derived);
@@ -171,21 +179,30 @@ impl LiveSettings {
         let _one = self.rebuilding.lock().unwrap_or_else(|e| e.into_inner());
         // Read before the rules: a change made meanwhile leaves these
         // settings stale, and the next request rebuilds them again.
-        let generation = self.limiter.cell().generation();
+        let generation = self.generation();
         let derived = self.derived.load();
         if derived.generation == generation {
             return derived;
         }
         let rules = self.limiter.cell().rules();
-        self.derived.store(Arc::new(derive(
+        let derived = derive(
             &rules,
             &self.limiter,
             &self.recipe,
             &self.metrics,
             generation,
-        )));
+        );
+        self.derived.store(Arc::new(derived));
         self.derived.load()
     }
+}
+
+/// The limiter's generation, and the fleet's size epoch if the settings
+/// follow it.
+#[inline]
+fn generation(limiter: &Limiter, follows_fleet: bool) -> (u64, u64) {
+    let epoch = if follows_fleet { fleet_epoch() } else { 0 };
+    (limiter.cell().generation(), epoch)
 }
 
 /// The settings of every distinct policy of `rules`, each built once.
@@ -194,7 +211,7 @@ fn derive(
     limiter: &Limiter,
     recipe: &Recipe,
     metrics: &LayerMetrics,
-    generation: u64,
+    generation: (u64, u64),
 ) -> Derived {
     let store = limiter.store();
     let mut built: HashMap<*const (), Arc<RateSettings>> = HashMap::new();
