@@ -12,6 +12,7 @@ mod batch;
 mod defer;
 mod lease;
 mod release;
+mod reset;
 mod window;
 
 use super::{DeferCall, GcraCall, LeaseCall, LeaseGrant, Store, StoreFuture, StoreOps, WindowCall};
@@ -676,6 +677,16 @@ impl StoreOps for RedisStore {
 
     fn lease_renew(&self, call: LeaseCall<'_>) -> StoreFuture<bool> {
         self.run_lease_renew(call)
+    }
+
+    fn reset(&self, name: &str, key: &Key) -> StoreFuture<()> {
+        self.run_reset(name, key)
+    }
+
+    fn forget_denials(&self) {
+        if let Some(cache) = &self.inner.deny {
+            cache.clear();
+        }
     }
 }
 
