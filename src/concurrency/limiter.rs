@@ -98,6 +98,39 @@ impl ConcurrencyLimiter {
         }
     }
 
+    /// Drops every lease `key` holds under this limiter's policy, fleet-wide
+    /// on Redis (one round trip, within the store's timeout; a failure is a
+    /// [`StoreError`]): its next acquire is decided as if it held none.
+    ///
+    /// Guards still held for those leases stay harmless: dropping one
+    /// releases nothing (the store answers that the lease was not held,
+    /// which is not an error), and their renewals find the lease gone and
+    /// stop. Their requests still run to their end, so until they do the
+    /// key may have more in flight than the policy allows.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use fleetgate::concurrency::{Admission, ConcurrencyLimiter, ConcurrencyPolicy};
+    /// use fleetgate::{Key, MemoryStore};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let policy = ConcurrencyPolicy::builder("jobs", 1)
+    ///     .lease_ttl(Duration::from_secs(60))
+    ///     .build()?;
+    /// let limiter = ConcurrencyLimiter::new(policy, MemoryStore::new());
+    /// let who = Key::new("tenant:acme");
+    /// let stuck = limiter.acquire(&who).await?;
+    /// assert!(matches!(limiter.acquire(&who).await?, Admission::Refused(_)));
+    /// limiter.reset(&who).await?;
+    /// assert!(matches!(limiter.acquire(&who).await?, Admission::Acquired(_)));
+    /// drop(stuck); // releases nothing
+    /// # Ok(()) }
+    /// ```
+    pub fn reset(&self, key: &Key) -> StoreFuture<()> {
+        self.store.reset(self.policy.name(), key)
+    }
+
     /// How many releases this limiter's leases have handed to spawned tasks
     /// that have not reached the store yet.
     pub fn pending_releases(&self) -> usize {
