@@ -308,3 +308,51 @@ async fn reset_against_a_hung_redis_times_out() {
     );
     assert!(took < timeout + Duration::from_secs(1), "waited {took:?}");
 }
+
+/// On a Redis Cluster: each identity's keys share its hash tag, so one
+/// script resets them on the master that owns them, whichever it is.
+#[cfg(feature = "cluster")]
+#[tokio::test]
+async fn reset_on_a_cluster_clears_every_identity_on_its_own_master() {
+    let _shared = crate::machine::shared().await;
+    let cluster = crate::redis_cluster::RedisCluster::start();
+    let store = RedisStore::builder()
+        .timeout(Duration::from_secs(2))
+        .connect_cluster(cluster.urls())
+        .await
+        .expect("connect to the cluster");
+    let gcra = Limiter::new(policy("api", Algorithm::Gcra, 2, 2), store.clone());
+    let log = Limiter::new(policy("api", Algorithm::SlidingLog, 2, 0), store.clone());
+    let leases = concurrency(&store, "api", 1);
+    // Enough identities to land on every master.
+    let keys: Vec<Key> = (0..12).map(|i| Key::new(format!("user:{i}"))).collect();
+    let mut guards = Vec::new();
+    for key in &keys {
+        exhaust(&gcra, key, 2).await;
+        exhaust(&log, key, 2).await;
+        guards.push(acquired(&leases, key).await.expect("a lease"));
+    }
+    let mut per_node = Vec::new();
+    for node in cluster.masters() {
+        let mut conn = node.admin().await;
+        let n: usize = redis::cmd("DBSIZE").query_async(&mut conn).await.unwrap();
+        per_node.push(n);
+    }
+    assert!(per_node.iter().all(|&n| n > 0), "{per_node:?}");
+    assert_eq!(per_node.iter().sum::<usize>(), keys.len() * (3 + 1 + 1));
+
+    for key in &keys {
+        gcra.reset(key).await.unwrap();
+    }
+    for node in cluster.masters() {
+        let mut conn = node.admin().await;
+        let n: usize = redis::cmd("DBSIZE").query_async(&mut conn).await.unwrap();
+        assert_eq!(n, 0, "keys left on a master after the resets");
+    }
+    for key in &keys {
+        assert!(gcra.check(key, 1).await.unwrap().is_allowed());
+        assert!(log.check(key, 1).await.unwrap().is_allowed());
+        assert!(acquired(&leases, key).await.is_some());
+    }
+    drop(guards);
+}
