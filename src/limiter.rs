@@ -291,3 +291,40 @@ impl IntoStore for Arc<dyn Store> {
         self
     }
 }
+
+impl Limiter {
+    /// Clears `key`'s state under this limiter's policy (every limit, and
+    /// whatever algorithm wrote it): its next call is decided as if the
+    /// identity were new, by every instance sharing the store. One round
+    /// trip on Redis, within the store's timeout; a failure is a
+    /// [`StoreError`](crate::StoreError), as for a decision. The state is
+    /// found by the policy's name, so a limiter of another policy of the
+    /// same name resets the same state. The memory store frees the
+    /// identity's entries at once.
+    ///
+    /// On Redis this instance forgets its cached denials of `key` (see
+    /// [`RedisStoreBuilder::deny_cache`](crate::RedisStoreBuilder::deny_cache));
+    /// other instances' caches may still refuse it locally until the retry
+    /// time they were told, at most.
+    ///
+    /// ```
+    /// use fleetgate::{Key, Limit, Limiter, MemoryStore, Policy, Rate};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let policy = Policy::single("login", Limit::builder(Rate::per_hour(3)).build()?)?;
+    /// let limiter = Limiter::new(policy, MemoryStore::new());
+    /// let who = Key::new("user:42");
+    /// for _ in 0..3 {
+    ///     assert!(limiter.check(&who, 1).await?.is_allowed());
+    /// }
+    /// assert!(!limiter.check(&who, 1).await?.is_allowed());
+    /// // An operator unblocks the user.
+    /// limiter.reset(&who).await?;
+    /// assert!(limiter.check(&who, 1).await?.is_allowed());
+    /// # Ok(()) }
+    /// ```
+    pub fn reset(&self, key: &Key) -> StoreFuture<()> {
+        self.store.reset(self.policy.name(), key)
+    }
+}

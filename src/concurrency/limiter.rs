@@ -98,6 +98,66 @@ impl ConcurrencyLimiter {
         }
     }
 
+    /// Drops every lease `key` holds under this limiter's policy, fleet-wide
+    /// on Redis (one round trip, within the store's timeout; a failure is a
+    /// [`StoreError`]): its next acquire is decided as if it held none.
+    ///
+    /// Guards still held for those leases stay harmless: dropping one
+    /// releases nothing (the store answers that the lease was not held,
+    /// which is not an error). Once the reset has succeeded, this limiter
+    /// (and its clones) stops renewing the leases it renewed for `key` when
+    /// `reset` was called, quietly. Other instances' renewals find their
+    /// leases gone and stop too, logging the lease as lost (at `warn`, at
+    /// most once a second), as does a renewal of this instance already on
+    /// its way when the reset lands. Their requests still run to their end,
+    /// so until they do the key may have more in flight than the policy
+    /// allows.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use fleetgate::concurrency::{Admission, ConcurrencyLimiter, ConcurrencyPolicy};
+    /// use fleetgate::{Key, MemoryStore};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let policy = ConcurrencyPolicy::builder("jobs", 1)
+    ///     .lease_ttl(Duration::from_secs(60))
+    ///     .build()?;
+    /// let limiter = ConcurrencyLimiter::new(policy, MemoryStore::new());
+    /// let who = Key::new("tenant:acme");
+    /// let stuck = limiter.acquire(&who).await?;
+    /// assert!(matches!(limiter.acquire(&who).await?, Admission::Refused(_)));
+    /// limiter.reset(&who).await?;
+    /// assert!(matches!(limiter.acquire(&who).await?, Admission::Acquired(_)));
+    /// drop(stuck); // releases nothing
+    /// # Ok(()) }
+    /// ```
+    pub fn reset(&self, key: &Key) -> StoreFuture<()> {
+        let mut reset = self.store.reset(self.policy.name(), key);
+        let Some(renewer) = self.renewer.clone() else {
+            return reset;
+        };
+        // Once the leases are gone, this limiter's renewer stops renewing
+        // them rather than find them gone and warn of a lost lease: those
+        // it renews now, not leases taken while the reset is on its way.
+        let name = self.policy.name();
+        let held = renewer.registered(|lease| lease.name() == name && lease.key() == key);
+        let forget = move |result: &Result<(), StoreError>| {
+            if result.is_ok() {
+                renewer.forget(&held);
+            }
+        };
+        if let Some(result) = reset.take_ready() {
+            forget(&result);
+            return StoreFuture::ready(result);
+        }
+        StoreFuture::pending(async move {
+            let result = reset.await;
+            forget(&result);
+            result
+        })
+    }
+
     /// How many releases this limiter's leases have handed to spawned tasks
     /// that have not reached the store yet.
     pub fn pending_releases(&self) -> usize {
@@ -200,5 +260,85 @@ impl fmt::Debug for Acquire {
         f.debug_struct("Acquire")
             .field("grant", &self.grant)
             .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::MemoryStore;
+    use crate::clock::MonotonicClock;
+
+    fn renewing(store: impl IntoStore) -> ConcurrencyLimiter {
+        let policy = ConcurrencyPolicy::builder("jobs", 2)
+            .lease_ttl(Duration::from_secs(10))
+            .renew_every(Duration::from_secs(1))
+            .build()
+            .unwrap();
+        ConcurrencyLimiter::new(policy, store)
+    }
+
+    fn renewed(limiter: &ConcurrencyLimiter) -> usize {
+        limiter.renewer.as_ref().map_or(0, Renewer::len)
+    }
+
+    async fn acquire(limiter: &ConcurrencyLimiter, key: &Key) -> LeaseGuard<StoreLease> {
+        match limiter.acquire(key).await.unwrap() {
+            Admission::Acquired(guard) => guard,
+            Admission::Refused(grant) => panic!("refused: {grant:?}"),
+        }
+    }
+
+    /// The reset key's leases leave the renewer at once (no renewal will
+    /// find them gone and warn); other keys' stay, and leases taken after
+    /// the reset are renewed as usual.
+    #[tokio::test(start_paused = true)]
+    async fn a_reset_stops_renewing_the_keys_leases() {
+        let store = MemoryStore::builder().clock(MonotonicClock::new()).build();
+        let limiter = renewing(store.clone());
+        let (who, other) = (Key::new("a"), Key::new("b"));
+        let stuck = [acquire(&limiter, &who).await, acquire(&limiter, &who).await];
+        let _kept = acquire(&limiter, &other).await;
+        assert_eq!(renewed(&limiter), 3);
+        limiter.reset(&who).await.unwrap();
+        assert_eq!(renewed(&limiter), 1);
+        let fresh = acquire(&limiter, &who).await;
+        assert_eq!(renewed(&limiter), 2);
+        drop(stuck);
+        assert_eq!(
+            renewed(&limiter),
+            2,
+            "an old guard left the new lease's place"
+        );
+        tokio::time::advance(Duration::from_secs(3)).await;
+        tokio::task::yield_now().await;
+        assert_eq!(renewed(&limiter), 2);
+        assert_eq!(store.lease_count(), 2);
+        drop(fresh);
+        assert_eq!(renewed(&limiter), 1);
+    }
+
+    /// A reset that failed changed nothing: the leases are still renewed.
+    #[cfg(feature = "redis")]
+    #[tokio::test]
+    async fn a_failed_reset_keeps_renewing() {
+        let store = crate::RedisStore::builder()
+            .timeout(Duration::from_millis(100))
+            .connect_lazy("redis://127.0.0.1:1")
+            .unwrap();
+        let limiter = renewing(store);
+        let lease = StoreLease::new(
+            limiter.store.clone(),
+            limiter.policy.name_arc(),
+            Key::new("a"),
+            limiter.policy.lease_ttl(),
+            limiter.pending.clone(),
+        );
+        let renewer = limiter.renewer.clone().unwrap();
+        let guard = LeaseGuard::new(lease).renewed_by(&renewer);
+        assert_eq!(renewed(&limiter), 1);
+        assert!(limiter.reset(&Key::new("a")).await.is_err());
+        assert_eq!(renewed(&limiter), 1);
+        guard.disarm();
     }
 }

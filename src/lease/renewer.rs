@@ -69,6 +69,28 @@ impl<L: Lease> Renewer<L> {
         self.len() == 0
     }
 
+    /// The registrations of the leases `pick` picks, for
+    /// [`forget`](Self::forget).
+    pub(crate) fn registered(&self, pick: impl Fn(&L) -> bool) -> Vec<u64> {
+        lock(&self.shared.state)
+            .leases
+            .iter()
+            .filter(|(_, entry)| pick(&entry.lease))
+            .map(|(&id, _)| id)
+            .collect()
+    }
+
+    /// Stops renewing the leases of `ids`, as if their guards had left: for
+    /// leases the store no longer holds (a reset dropped them), whose
+    /// renewals would only find them gone. Their guards' registrations
+    /// then remove nothing.
+    pub(crate) fn forget(&self, ids: &[u64]) {
+        let mut state = lock(&self.shared.state);
+        for id in ids {
+            state.leases.remove(id);
+        }
+    }
+
     /// Adds `lease` until the returned registration is dropped; `None`
     /// without a tokio runtime (nothing could renew it).
     pub(super) fn register(&self, lease: Arc<L>) -> Option<Registration<L>> {
@@ -145,8 +167,11 @@ async fn run<L: Lease>(mut running: Running<L>) {
                 match lease.renew().await {
                     Ok(true) => {}
                     Ok(false) => {
-                        log_lost();
-                        lock(&shared.state).leases.remove(&id);
+                        // Not if the lease left meanwhile (its guard
+                        // dropped, or a reset dropped the lease on purpose).
+                        if lock(&shared.state).leases.remove(&id).is_some() {
+                            log_lost();
+                        }
                     }
                     Err(err) => log_renew_failure(&err),
                 }

@@ -21,8 +21,12 @@
 //! So until the cached retry time the script would deny the same call
 //! again, naming the same limit or window (the one with the longest retry
 //! still has it). Only a wipe of the key's state (a Redis restart without
-//! persistence, `FLUSHALL`, a hand-made `DEL`) makes Redis admit sooner: a
-//! client denied just before waits out the retry time it was already told.
+//! persistence, `FLUSHALL`, a hand-made `DEL`, a reset) makes Redis admit
+//! sooner: a client denied just before waits out the retry time it was
+//! already told. A reset through the instance that holds the entry drops
+//! it (`forget`), after the reset's round trip; a denial whose reply
+//! crosses the reset on its way may still be cached, for its retry time
+//! at most.
 //!
 //! With the callers' clocks
 //! ([`TimeSource::Client`](crate::TimeSource::Client)) the instances
@@ -361,6 +365,42 @@ impl DenyCache {
         self.inserts.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Forgets every denial of `key` under a policy named `name`: after a
+    /// reset of its state, the next call goes to Redis.
+    pub(crate) fn forget(&self, name: &str, key: &Key) {
+        if self.held.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        let mut shard = self.shard(key);
+        let Some(slot) = shard.map.get_mut(key) else {
+            return;
+        };
+        let before = slot.len();
+        slot.retain(|e| e.policy.name() != name);
+        let removed = before - slot.len();
+        if slot.is_empty() {
+            shard.map.remove(key);
+        }
+        shard.entries -= removed;
+        drop(shard);
+        self.held.fetch_sub(removed, Ordering::Relaxed);
+    }
+
+    /// Forgets every denial: the next call of every identity goes to Redis.
+    pub(crate) fn clear(&self) {
+        for shard in &self.shards {
+            let mut shard = shard
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            let removed = shard.entries;
+            shard.map = HashMap::new();
+            shard.entries = 0;
+            shard.earliest = u64::MAX;
+            drop(shard);
+            self.held.fetch_sub(removed, Ordering::Relaxed);
+        }
+    }
+
     pub(crate) fn stats(&self) -> DenyCacheStats {
         let entries = self
             .shards
@@ -548,6 +588,35 @@ mod tests {
                 .lookup(&p, &Key::new("j"), 1, Duration::ZERO)
                 .is_none()
         );
+    }
+
+    /// Forgetting one identity under one name leaves the others; clearing
+    /// leaves nothing, and the cache goes on recording afterwards.
+    #[test]
+    fn forgetting_and_clearing_drop_denials() {
+        let clock = ManualClock::new(Duration::from_secs(100));
+        let cache = DenyCache::new(100, Arc::new(clock));
+        let (p, k, j) = (policy(), Key::new("k"), Key::new("j"));
+        let other = Policy::single("q", p.limits()[0].clone()).unwrap();
+        for (policy, key) in [(&p, &k), (&other, &k), (&p, &j)] {
+            cache.record(policy, key, 1, cache.now(), &denied(S, 4 * S));
+        }
+        assert_eq!(cache.stats().entries, 3);
+        cache.forget("p", &k);
+        assert!(cache.lookup(&p, &k, 1, Duration::ZERO).is_none());
+        assert!(cache.lookup(&other, &k, 1, Duration::ZERO).is_some());
+        assert!(cache.lookup(&p, &j, 1, Duration::ZERO).is_some());
+        assert_eq!(cache.stats().entries, 2);
+        cache.forget("p", &Key::new("nobody"));
+        assert_eq!(cache.stats().entries, 2);
+        cache.clear();
+        assert_eq!(cache.stats().entries, 0);
+        assert_eq!(cache.held.load(Ordering::Relaxed), 0);
+        assert!(cache.lookup(&other, &k, 1, Duration::ZERO).is_none());
+        assert!(cache.lookup(&p, &j, 1, Duration::ZERO).is_none());
+        cache.record(&p, &k, 1, cache.now(), &denied(S, 4 * S));
+        assert!(cache.lookup(&p, &k, 1, Duration::ZERO).is_some());
+        assert_eq!(cache.held.load(Ordering::Relaxed), 1);
     }
 
     #[test]

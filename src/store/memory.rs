@@ -228,6 +228,21 @@ impl MemoryStore {
         self.inner.leases.count()
     }
 
+    /// Removes every state of `key` under `name`: its GCRA entry, its
+    /// window entries and its lease set, so that their memory is freed.
+    fn remove(&self, name: &str, key: &Key) {
+        let hash = hash_key(&self.inner.hasher, key);
+        let shard = &self.inner.shards[shard_index(hash, self.inner.shards.len())];
+        if let Ok(entry) = write(shard)
+            .map
+            .find_entry(hash, |slot| slot.is_named(key, name))
+        {
+            entry.remove();
+        }
+        self.inner.windows.remove(&self.inner.hasher, name, key);
+        self.inner.leases.remove(name, key);
+    }
+
     fn decide(&self, call: &GcraCall<'_>) -> Decision {
         let check = Check {
             cost: call.cost,
@@ -579,6 +594,11 @@ impl StoreOps for MemoryStore {
         let now = self.inner.clock.now_micros();
         self.inner.tick(now);
         StoreFuture::ready(Ok(self.inner.leases.renew(&call, now)))
+    }
+
+    fn reset(&self, name: &str, key: &Key) -> StoreFuture<()> {
+        self.remove(name, key);
+        StoreFuture::ready(Ok(()))
     }
 }
 

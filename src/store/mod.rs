@@ -50,6 +50,7 @@ pub(crate) use self::redis::{decode_gcra, hash_tag};
 
 use crate::decision::Decision;
 use crate::error::StoreError;
+use crate::key::Key;
 
 /// Holds limiter state and decides calls atomically.
 ///
@@ -123,6 +124,18 @@ mod sealed {
         /// Extends an unexpired lease to `now + ttl`; `false` if it is no longer
         /// held (released, or expired and dropped). One round trip in Redis.
         fn lease_renew(&self, call: LeaseCall<'_>) -> StoreFuture<bool>;
+
+        /// Clears every state `key` has under the name `name`: the GCRA
+        /// state of every limit, every window algorithm's state, and the
+        /// concurrency leases held under that name (a concurrency policy's
+        /// name). The next call is decided as if the identity were new.
+        /// One round trip in Redis.
+        fn reset(&self, name: &str, key: &Key) -> StoreFuture<()>;
+
+        /// Forgets the denials this instance remembers (the Redis store's
+        /// deny cache), so that the next calls go to the store; stores that
+        /// remember none do nothing.
+        fn forget_denials(&self) {}
     }
 }
 

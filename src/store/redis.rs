@@ -13,6 +13,7 @@ mod defer;
 mod lease;
 pub(crate) mod live;
 mod release;
+mod reset;
 mod window;
 
 use super::{DeferCall, GcraCall, LeaseCall, LeaseGrant, Store, StoreFuture, StoreOps, WindowCall};
@@ -682,6 +683,16 @@ impl StoreOps for RedisStore {
     fn lease_renew(&self, call: LeaseCall<'_>) -> StoreFuture<bool> {
         self.run_lease_renew(call)
     }
+
+    fn reset(&self, name: &str, key: &Key) -> StoreFuture<()> {
+        self.run_reset(name, key)
+    }
+
+    fn forget_denials(&self) {
+        if let Some(cache) = &self.inner.deny {
+            cache.clear();
+        }
+    }
 }
 
 /// Configures a [`RedisStore`]; see [`RedisStore::builder`].
@@ -898,9 +909,11 @@ impl RedisStoreBuilder {
     /// give. A client hammering one key far past its limit then costs Redis
     /// about the admitted rate plus one denied call per instance and retry
     /// period. The answers are those Redis would give, except after a wipe
-    /// of the key's state in Redis (restart without persistence, `DEL`):
-    /// then the cache keeps denying for at most the retry time it already
-    /// announced. An entry takes about 150 bytes plus the identity; when
+    /// of the key's state in Redis (restart without persistence, `DEL`, a
+    /// reset through another instance): then the cache keeps denying for
+    /// at most the retry time it already announced. A reset through this
+    /// instance ([`Limiter::reset`](crate::Limiter::reset)) forgets its
+    /// cached denials of that key and policy. An entry takes about 150 bytes plus the identity; when
     /// full, expired entries go first, then those closest to expiry.
     pub fn deny_cache(mut self, capacity: usize) -> Self {
         self.deny_cache = capacity;

@@ -14,4 +14,5 @@ mod deny_cache;
 mod exactness;
 mod harness;
 mod memory_store;
+mod reset;
 mod spec;

@@ -22,6 +22,7 @@ mod private_server;
 #[cfg(feature = "cluster")]
 mod redis_cluster;
 mod redis_down;
+mod reset;
 #[cfg(feature = "sentinel")]
 mod sentinel;
 

@@ -154,6 +154,15 @@ impl Leases {
         true
     }
 
+    /// Drops every lease `key` holds under the limit `name`, and their
+    /// set; returns how many leases went.
+    pub(super) fn remove(&self, name: &str, key: &Key) -> usize {
+        let mut shard = self.shard(key);
+        let held = shard.find(key, name).map_or(0, |set| set.leases.len());
+        shard.remove(key, name);
+        held
+    }
+
     /// Every lease recorded, expired ones included until they are dropped.
     pub(super) fn count(&self) -> usize {
         self.shards

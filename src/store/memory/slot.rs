@@ -37,6 +37,11 @@ impl Slot {
         &self.key
     }
 
+    /// Whether this is `key`'s state under the policy named `name`.
+    pub(super) fn is_named(&self, key: &Key, name: &str) -> bool {
+        self.key == *key && self.policy.name() == name
+    }
+
     /// Whether this is `key`'s state under a policy of `policy`'s name.
     #[inline(always)]
     pub(super) fn is(&self, key: &Key, policy: &Policy) -> bool {

@@ -77,6 +77,24 @@ impl Table {
         self.shards.iter().map(|s| lock(s).map.capacity()).sum()
     }
 
+    /// Drops every entry of `key` under the policy named `name`, whatever
+    /// its algorithm; returns how many went.
+    pub(super) fn remove(&self, hasher: &impl BuildHasher, name: &str, key: &Key) -> usize {
+        let index = hasher.hash_one(key) as usize % self.shards.len();
+        let mut shard = lock(&self.shards[index]);
+        let Some(slot) = shard.map.get_mut(key) else {
+            return 0;
+        };
+        let before = slot.len();
+        slot.retain(|e| &*e.policy != name);
+        let removed = before - slot.len();
+        if slot.is_empty() {
+            shard.map.remove(key);
+        }
+        shard.entries -= removed;
+        removed
+    }
+
     /// Drops the expired entries of shard `index`; returns how many
     /// entries it looked at.
     pub(super) fn sweep_shard(&self, index: usize, now: u64) -> usize {

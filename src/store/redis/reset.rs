@@ -1,0 +1,89 @@
+//! Resetting one identity's state on Redis: `lua/reset.lua`, one round
+//! trip that deletes every key the identity may hold under one name.
+
+use std::sync::LazyLock;
+
+use ::redis::Value;
+
+use super::{LuaScript, RedisStore, limit_key};
+use crate::error::StoreError;
+use crate::key::Key;
+use crate::limit::MAX_LIMITS_PER_POLICY;
+use crate::store::StoreFuture;
+
+/// Held here rather than in the store's `Inner`, as `gcra_defer` is (see
+/// `defer.rs`): hashed once per process, and this operation stays in its
+/// own file.
+static RESET: LazyLock<LuaScript> =
+    LazyLock::new(|| LuaScript::new("reset", include_str!("../../../lua/reset.lua")));
+
+impl RedisStore {
+    /// Every key `key` may hold under the name `name`, for a policy of any
+    /// algorithm and as many limits as a policy may hold (its limits may
+    /// have changed since the state was written): `{base}:{i}` (GCRA),
+    /// `{base}:sw:{i}` and `{base}:fw:{i}` (window counters) for `i` up to
+    /// the most limits a policy may hold, `{base}:log` (sliding log) and
+    /// `{base}:lease` (concurrency leases).
+    pub(crate) fn reset_keys(&self, name: &str, key: &Key) -> Vec<String> {
+        let base = self.key_base(name, key);
+        let mut keys = Vec::with_capacity(3 * MAX_LIMITS_PER_POLICY + 2);
+        keys.extend((0..MAX_LIMITS_PER_POLICY).map(|i| limit_key(&base, i)));
+        for tag in [":sw:", ":fw:"] {
+            let mut digits = itoa::Buffer::new();
+            keys.extend(
+                (0..MAX_LIMITS_PER_POLICY)
+                    .map(|i| crate::text::concat(&[&base, tag, digits.format(i)])),
+            );
+        }
+        keys.push(crate::text::concat(&[&base, ":log"]));
+        keys.push(crate::text::concat(&[&base, ":lease"]));
+        keys
+    }
+
+    /// Deletes every key of [`reset_keys`](Self::reset_keys) in one script,
+    /// within the store's timeout, then forgets this instance's cached
+    /// denials of `key` under `name` (whatever the outcome: a call that
+    /// timed out may have run). Other instances' deny caches keep what
+    /// they hold, until its retry time at most.
+    pub(super) fn run_reset(&self, name: &str, key: &Key) -> StoreFuture<()> {
+        let keys = self.reset_keys(name, key);
+        let store = self.clone();
+        let (name, key) = (name.to_owned(), key.clone());
+        StoreFuture::pending(async move {
+            let reply = store.eval(&RESET, &keys, &[]).await;
+            if let Some(cache) = &store.inner.deny {
+                cache.forget(&name, &key);
+            }
+            decode_reset(&reply?, keys.len())
+        })
+    }
+}
+
+/// The script returns how many keys existed: 0 to all of them.
+fn decode_reset(reply: &Value, keys: usize) -> Result<(), StoreError> {
+    match reply {
+        Value::Int(n) if usize::try_from(*n).is_ok_and(|n| n <= keys) => Ok(()),
+        _ => Err(StoreError::UnexpectedReply(format!("{reply:?}"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn odd_reset_replies_are_errors() {
+        for reply in [
+            Value::Nil,
+            Value::Okay,
+            Value::Int(-1),
+            Value::Int(51),
+            Value::Array(vec![Value::Int(1)]),
+            Value::BulkString(b"1".to_vec()),
+        ] {
+            assert!(decode_reset(&reply, 50).is_err(), "{reply:?}");
+        }
+        assert!(decode_reset(&Value::Int(0), 50).is_ok());
+        assert!(decode_reset(&Value::Int(50), 50).is_ok());
+    }
+}
