@@ -97,15 +97,6 @@ mod sealed {
         /// (see [`Limiter::defer`](crate::Limiter::defer)). One round trip.
         fn gcra_defer(&self, call: DeferCall<'_>) -> StoreFuture<()>;
 
-        /// TEMPORARY until the reset branch lands.
-        fn reset(&self, name: &str, key: &crate::key::Key) -> StoreFuture<()> {
-            let _ = (name, key);
-            StoreFuture::ready(Ok(()))
-        }
-
-        /// TEMPORARY until the reset branch lands.
-        fn forget_denials(&self) {}
-
         /// This store as a [`RedisStore`], whose live policies are shared
         /// by the fleet; `None` for a store of one process.
         #[cfg(feature = "redis")]
