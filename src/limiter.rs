@@ -325,6 +325,6 @@ impl Limiter {
     /// # Ok(()) }
     /// ```
     pub fn reset(&self, key: &Key) -> StoreFuture<()> {
-        self.store.reset(self.policy.name(), key)
+        self.store.reset(self.name(), key)
     }
 }
