@@ -56,6 +56,8 @@
 //! limits; a change of algorithm starts fresh state (see
 //! [`Limiter::set_policy`](crate::Limiter::set_policy)).
 
+#[cfg(feature = "admin")]
+mod admin;
 mod rules;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -63,6 +65,8 @@ use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+#[cfg(feature = "admin")]
+pub use self::admin::AdminApi;
 pub(crate) use self::rules::{Cell, Rules};
 
 use crate::concurrency::ConcurrencyLimiter;
