@@ -30,7 +30,9 @@
 //!   slow (every call times out after 50 ms): `open` (default) lets the
 //!   call through unlimited, `closed` answers 503 with `Retry-After`,
 //!   `local` limits each instance to half the limit on its own
-//!   (`local:0.25` to a quarter: one of four instances). `/api/charge` is
+//!   (`local:0.25` to a quarter: one of four instances; `local:auto` to
+//!   one share of the instances the heartbeats saw last, so a fleet of 8
+//!   admits an eighth each). `/api/charge` is
 //!   critical and never shed, whatever the policy. The demo starts even
 //!   while Redis is down and reconnects by itself when it is back; failures
 //!   are logged at `warn`, at most once a second.
@@ -41,7 +43,14 @@
 //!   `x-api-key` value is trusted as an identity (logged at start-up).
 //! - `FLEETGATE_POLICIES`: a TOML policy file (see `examples/policies.toml`)
 //!   whose routes and policies replace the built-in rate limits of
-//!   `/api/ping` and `/api/window`: limits change without a rebuild.
+//!   `/api/ping` and `/api/window`: limits change without a rebuild. Its
+//!   `[plans.pro]` defines the plan `pro` (without a file, the demo
+//!   defines the same one).
+//! - `FLEETGATE_ADMIN_TOKEN`: when set, the admin API answers under
+//!   `/admin` (routes below), each call needing `Authorization: Bearer
+//!   <token>` (401 otherwise); when unset, every `/admin/*` path is 404.
+//!   Its changes reach every instance sharing the store within a poll
+//!   (250 ms) and outlive restarts (they are kept in Redis).
 //! - `FLEETGATE_MEMORY_MAX_KEYS`: without Redis (none of the three above), the
 //!   most identities the in-process store keeps per kind of state (default
 //!   100000); past it, expired state and then the state closest to expiry
@@ -75,6 +84,18 @@
 //!   has had more than 80% of `FLEETGATE_SHED_WORKERS` busy for a while
 //!   (28 s with all of them busy; longer the closer it is to 80%).
 //!
+//! - `/admin/...` (with `FLEETGATE_ADMIN_TOKEN`): `GET /admin/policies`
+//!   (JSON: each policy and its limits now), `PUT /admin/policies/{policy}`
+//!   (body: limits such as `1/s burst 5`; 400 names a parse error and
+//!   changes nothing; `DELETE` restores the default),
+//!   `PUT`/`DELETE /admin/overrides/{policy}/{identity}` (one identity's own
+//!   limits), `PUT`/`DELETE /admin/plans/{identity}` (body: a plan name),
+//!   `POST /admin/reset/{policy}/{identity}` and `POST /admin/reset/{identity}`
+//!   (clear its state: its next call is admitted as if new), `GET
+//!   /admin/instances` (JSON: the instances sharing the store). `{identity}`
+//!   is an `x-api-key` value, or a client IP for calls without one. See
+//!   `docs/live-policies.md`.
+//!
 //! Try: `for i in $(seq 8); do curl -s -o /dev/null -w '%{http_code}\n' localhost:3000/api/ping; done`
 //! and `for i in 1 2 3; do curl -s -w ' %{http_code}\n' 'localhost:3000/api/slow?ms=3000' & done; wait`
 //! and `for i in 1 2 3 4; do curl -s -w ' %{http_code}\n' 'localhost:3000/api/report?ms=3000' & done; curl -s -w ' %{http_code}\n' -X POST localhost:3000/api/charge; wait`
@@ -94,15 +115,15 @@ use axum::middleware::{self, Next};
 use axum::response::Response;
 use axum::routing::{get, post};
 use fleetgate::concurrency::{ConcurrencyLimitLayer, ConcurrencyLimiter, ConcurrencyPolicy};
-use fleetgate::key::{ExtensionKey, HeaderKey, KeyExtractor, PeerIp};
-use fleetgate::rate_limit::RoutePolicies;
+use fleetgate::key::{ExtensionKey, HeaderKey, Key, KeyExtractor, PeerIp};
+use fleetgate::live::{AdminApi, LivePolicies};
 use fleetgate::shed::{
     FleetShedLayer, FleetShedPolicy, FleetShedder, RouteTiers, Tiers, UtilizationShedLayer,
     UtilizationShedder,
 };
-use fleetgate::spec::PolicyFile;
+use fleetgate::spec::{PolicyFile, PolicySpec};
 use fleetgate::{
-    Algorithm, FailurePolicy, Limit, Limiter, MemoryStore, Policy, Rate, RateLimitLayer,
+    Algorithm, FailurePolicy, Limit, LocalShare, MemoryStore, Policy, Rate, RateLimitLayer,
     RedisStore, Store,
 };
 use tracing_subscriber::EnvFilter;
@@ -116,6 +137,14 @@ GET /metrics   Prometheus metrics: decisions by policy and outcome, store latenc
 GET /api/slow?ms=N  answers after N ms (default 1000); per x-api-key (or client IP): 2 in flight
 POST /api/charge?ms=N  answers after N ms (default 1000); critical: never shed
 GET /api/report?ms=N  answers after N ms (default 1000); low priority: 503 beyond 2 of the fleet's 4 in flight
+/admin/...  only with FLEETGATE_ADMIN_TOKEN, each call with Authorization: Bearer <token>:
+  GET /admin/policies  every policy and its limits now (JSON)
+  PUT /admin/policies/{policy}  body: new limits (1/s burst 5); DELETE: back to the defaults
+  PUT /admin/overrides/{policy}/{identity}  body: that identity's own limits; DELETE: removes them
+  PUT /admin/plans/{identity}  body: a plan (pro); DELETE: no plan
+  POST /admin/reset/{policy}/{identity}  clears its state (POST /admin/reset/{identity}: every policy)
+  GET /admin/instances  the instances sharing the store (JSON)
+  {identity}: an x-api-key value, or a client IP for calls without one
 ";
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -171,6 +200,7 @@ async fn run() -> Result<(), BoxError> {
     let failure = match std::env::var("FLEETGATE_FAILURE_POLICY").as_deref() {
         Err(_) | Ok("" | "open") => FailurePolicy::Open,
         Ok("closed") => FailurePolicy::Closed,
+        Ok("local:auto") => FailurePolicy::local_auto(),
         Ok("local") => {
             FailurePolicy::local(0.5).map_err(|err| format!("FLEETGATE_FAILURE_POLICY: {err}"))?
         }
@@ -179,7 +209,8 @@ async fn run() -> Result<(), BoxError> {
                 .map_err(|err| format!("FLEETGATE_FAILURE_POLICY: {err}"))?,
             _ => {
                 return Err(format!(
-                    "FLEETGATE_FAILURE_POLICY: {other:?}; use open, closed, local or local:<share>"
+                    "FLEETGATE_FAILURE_POLICY: {other:?}; use open, closed, local, local:<share> \
+                     or local:auto"
                 )
                 .into());
             }
@@ -198,6 +229,9 @@ async fn run() -> Result<(), BoxError> {
 
     let when_down = match failure {
         FailurePolicy::Closed => "fails closed".to_owned(),
+        FailurePolicy::Local(share) if share == LocalShare::auto() => {
+            "falls back to 1/<instances seen> of each limit in this process".to_owned()
+        }
         FailurePolicy::Local(share) => {
             format!("falls back to {share} of each limit in this process")
         }
@@ -285,6 +319,10 @@ async fn run() -> Result<(), BoxError> {
     };
 
     let (api_key, api_keys) = api_key_extractor()?;
+    // Every limit below follows the fleet's changes (the admin API, another
+    // instance's): read from memory on each request, synced by one small
+    // Redis call per poll.
+    let live = LivePolicies::new(store.clone());
 
     let ping = Policy::single(
         "ping",
@@ -304,7 +342,8 @@ async fn run() -> Result<(), BoxError> {
                 .map_err(|err| format!("FLEETGATE_POLICIES {path}: {err}"))?;
             let file: PolicyFile =
                 toml::from_str(&text).map_err(|err| format!("FLEETGATE_POLICIES {path}: {err}"))?;
-            let routes = RoutePolicies::from_file(&file, store.clone())
+            let routes = live
+                .routes(&file)
                 .map_err(|err| format!("FLEETGATE_POLICIES {path}: {err}"))?;
             println!("policies from {path}: {}", describe(&file));
             Router::new()
@@ -316,21 +355,30 @@ async fn run() -> Result<(), BoxError> {
                         .on_store_error(failure),
                 )
         }
-        _ => Router::new()
-            .route("/api/ping", get(|| async { "pong\n" }))
-            .route_layer(
-                RateLimitLayer::new(Limiter::new(ping, store.clone()))
-                    .key(api_key.clone())
-                    .on_store_error(failure),
-            )
-            .route(
-                "/api/window",
-                get(|| async { "window\n" }).layer(
-                    RateLimitLayer::new(Limiter::new(window, store.clone()))
+        _ => {
+            // The plan of examples/policies.toml, for the built-in limits.
+            for (policy, limits) in [
+                ("ping", "10/s burst 50"),
+                ("window", "250/5s + 3000/min sliding-log"),
+            ] {
+                live.define_plan("pro", limits.parse::<PolicySpec>()?.build(policy)?)?;
+            }
+            Router::new()
+                .route("/api/ping", get(|| async { "pong\n" }))
+                .route_layer(
+                    RateLimitLayer::new(live.limiter(ping))
                         .key(api_key.clone())
                         .on_store_error(failure),
-                ),
-            ),
+                )
+                .route(
+                    "/api/window",
+                    get(|| async { "window\n" }).layer(
+                        RateLimitLayer::new(live.limiter(window))
+                            .key(api_key.clone())
+                            .on_store_error(failure),
+                    ),
+                )
+        }
     };
     let workers = match std::env::var("FLEETGATE_SHED_WORKERS") {
         Err(_) => 64,
@@ -343,19 +391,21 @@ async fn run() -> Result<(), BoxError> {
         .build()
         .map_err(|err| format!("FLEETGATE_SHED_WORKERS {workers}: {err}"))?;
     // Kept to wait for their lease releases on shutdown.
-    let slow = ConcurrencyLimiter::new(
+    let slow = live.concurrency(ConcurrencyLimiter::new(
         ConcurrencyPolicy::builder("slow", 2)
             .lease_ttl(Duration::from_secs(30))
             .build()?,
         store.clone(),
-    );
+    ));
     let fleet = FleetShedder::new(
         FleetShedPolicy::builder("fleet", 4)
             .share("low", 0.5)
             .build()?,
         store.clone(),
     );
+    let admin = admin_routes(&live, api_key.clone(), api_keys.clone());
     let app = limited
+        .merge(admin)
         .merge(slow_routes(slow.clone(), api_key, failure))
         .merge(shed_routes(fleet.clone(), local, failure)?)
         .route("/", get(|| async { ROUTES }))
@@ -375,6 +425,11 @@ async fn run() -> Result<(), BoxError> {
 
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let local = listener.local_addr()?;
+    // The fleet's changes so far, then a task that follows them. With
+    // Redis down the demo starts all the same and that task catches up.
+    if let Err(err) = live.clone().address(local.to_string()).start().await {
+        tracing::warn!(error = %err, "live policies: the store could not be read; following it in the background");
+    }
     println!("fleetgate demo listening on http://{local} (store: {store_name})");
     let (stopping, stop) = tokio::sync::watch::channel(false);
     let server = axum::serve(
@@ -504,6 +559,36 @@ async fn shutdown_signal() -> &'static str {
         let _ = tokio::signal::ctrl_c().await;
         "Ctrl-C"
     }
+}
+
+/// The admin API under `/admin` when `FLEETGATE_ADMIN_TOKEN` is set (each
+/// call needing that bearer token); otherwise no route, so that every
+/// `/admin/*` path answers 404.
+fn admin_routes(live: &LivePolicies, api_key: ApiKey, keys: Arc<HashSet<String>>) -> Router {
+    let token = std::env::var("FLEETGATE_ADMIN_TOKEN").unwrap_or_default();
+    if token.is_empty() {
+        return Router::new();
+    }
+    println!("admin API on /admin (FLEETGATE_ADMIN_TOKEN)");
+    let api = AdminApi::new(live.clone(), move |raw| identity_key(&api_key, &keys, raw));
+    Router::new().nest("/admin", api.token(token).router())
+}
+
+/// The key the limits know a client by, from what it sends: its
+/// `x-api-key` value (checked against `FLEETGATE_API_KEYS` as
+/// [`check_api_key`] does), or its IP address.
+fn identity_key(api_key: &ApiKey, keys: &HashSet<String>, raw: &str) -> Option<Key> {
+    if let Ok(ip) = raw.parse::<std::net::IpAddr>() {
+        return Some(Key::from_ip(ip.to_canonical()));
+    }
+    let mut req = Request::new(Body::empty());
+    req.headers_mut()
+        .insert("x-api-key", axum::http::HeaderValue::from_str(raw).ok()?);
+    if keys.contains(raw.trim()) {
+        req.extensions_mut()
+            .insert(ApiClient(Arc::from(raw.trim())));
+    }
+    api_key.extract(&req)
 }
 
 /// The key every limited route is kept by, and the API keys
