@@ -11,6 +11,12 @@
 # Redis decides again once it is back, and two instances given different
 # seed nodes of one Redis Cluster (3 masters, 3 replicas) share their
 # counts, as do two instances that find one master through Redis Sentinel.
+# The admin API (FLEETGATE_ADMIN_TOKEN) is 404 without the variable and 401
+# without the token; on two instances sharing one Redis, a policy changed
+# through one is enforced by the other within a second, a broken text
+# changes nothing, an override and a plan apply to their identity only, a
+# reset unblocks, a restarted instance keeps the change, and both
+# instances are listed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -243,6 +249,44 @@ check_shed() { # label, url of 1st held report, url of 2nd and of the probes
   esac
 }
 check_shed "memory store /api/report + /api/charge" "$url" "$url"
+
+# The admin API. Without FLEETGATE_ADMIN_TOKEN, /admin does not exist.
+admin_token="smoke-$RANDOM$RANDOM"
+admin() { # url, method, path, [body]: prints the status; the body is in $tmp/admin-body
+  curl -s -o "$tmp/admin-body" -w '%{http_code}' -X "$2" -H "Authorization: Bearer $admin_token" \
+    ${4+--data-binary "$4"} "$1/admin$3"
+}
+expect_admin() { # label, expected status, url, method, path, [body]
+  local got
+  got=$(admin "${@:3}")
+  if [ "$got" != "$2" ]; then
+    echo "FAIL: $1: $4 $5 answered $got, expected $2: $(cat "$tmp/admin-body")" >&2
+    exit 1
+  fi
+}
+expect_codes() { # label, expected, url, count, api key
+  local got
+  got=$(codes "$3" "$4" "$5")
+  if [ "$got" != "$2" ]; then echo "FAIL: $1: got $got, expected $2" >&2; exit 1; fi
+}
+got="$(admin "$url" GET /policies) $(admin "$url" PUT /policies/ping '1/min')"
+echo "admin API without FLEETGATE_ADMIN_TOKEN: $got"
+[ "$got" = "404 404" ] || { echo "FAIL: /admin must be 404 without FLEETGATE_ADMIN_TOKEN" >&2; exit 1; }
+start_demo adm env FLEETGATE_ADMIN_TOKEN="$admin_token"
+got="$(curl -s -o /dev/null -w '%{http_code}' "$adm/admin/policies")"
+got+=" $(curl -s -o /dev/null -w '%{http_code}' -H "Authorization: Bearer wrong" "$adm/admin/policies")"
+got+=" $(curl -s -o /dev/null -w '%{http_code}' -X PUT --data-binary 1/min "$adm/admin/policies/ping")"
+echo "admin API without or with a wrong token: $got"
+[ "$got" = "401 401 401" ] || { echo "FAIL: /admin must be 401 without the bearer token" >&2; exit 1; }
+expect_admin "memory admin" 200 "$adm" PUT /policies/ping '1/min burst 2'
+expect_codes "memory admin, ping = 1/min burst 2" "200 200 429 " "$adm" 3 mem-a
+expect_admin "memory admin, broken text" 400 "$adm" PUT /policies/ping '1/min burst'
+expect_admin "memory admin" 200 "$adm" PUT /overrides/ping/mem-vip '1/min burst 3'
+expect_codes "memory admin, override" "200 200 200 429 " "$adm" 4 mem-vip
+expect_codes "memory admin, another key" "200 200 429 " "$adm" 3 mem-b
+expect_admin "memory admin, reset" 204 "$adm" POST /reset/ping/mem-b
+expect_codes "memory admin, after reset" "200 " "$adm" 1 mem-b
+echo "memory admin API: policy, broken text (400), override and reset as expected"
 
 redis_bin="${REDIS_SERVER:-redis-server}"
 # Starts redis-server on $1 (with the extra arguments that follow) and
@@ -487,5 +531,74 @@ case "$got" in
   "200 200 200 200 200 429 ") ;;
   *) echo "FAIL: two instances did not share one limit through sentinel" >&2; exit 1 ;;
 esac
+
+# The admin API on two instances sharing a Redis of their own (the others
+# above must not see these changes). The plan `pro` of the policy file
+# allows ping a burst of 3.
+for _ in 1 2 3 4 5; do
+  port=$((20000 + RANDOM % 40000))
+  if start_redis "$port"; then break; fi
+done
+sed 's/^ping = "10\/s burst 50"/ping = "1\/min burst 3"/' examples/policies.toml >"$tmp/plans.toml"
+grep -q '^ping = "1/min burst 3"' "$tmp/plans.toml" || { echo "FAIL: no [plans.pro] ping in examples/policies.toml" >&2; exit 1; }
+admin_env=(env REDIS_URL="redis://127.0.0.1:$port" FLEETGATE_ADMIN_TOKEN="$admin_token" FLEETGATE_POLICIES="$tmp/plans.toml")
+start_demo ra "${admin_env[@]}"
+ra_pid=$demo_pid
+start_demo rb "${admin_env[@]}"
+got="$(curl -s -o /dev/null -w '%{http_code}' "$rb/admin/instances")"
+got+=" $(curl -s -o /dev/null -w '%{http_code}' -H "Authorization: Bearer $admin_token-" "$rb/admin/instances")"
+[ "$got" = "401 401" ] || { echo "FAIL: redis /admin without or with a wrong token: $got" >&2; exit 1; }
+expect_admin "redis admin, override" 200 "$ra" PUT /overrides/ping/vip '1/min burst 4'
+expect_admin "redis admin, plan" 200 "$ra" PUT /plans/pro-user pro
+expect_admin "redis admin, unknown plan" 400 "$ra" PUT /plans/pro-user gold
+expect_admin "redis admin, unknown policy" 404 "$ra" PUT /policies/nope '1/min'
+# The policy change goes last: once instance b enforces it, it has read
+# the override and the plan too (each poll reads every change at once).
+start_ms=$(date +%s%3N)
+expect_admin "redis admin, policy" 200 "$ra" PUT /policies/ping '1/min burst 2'
+i=0
+until [ "$(codes "$rb" 3 "propagate-$i")" = "200 200 429 " ]; do
+  i=$((i + 1))
+  if [ $(($(date +%s%3N) - start_ms)) -gt 2000 ]; then
+    echo "FAIL: instance b did not enforce the policy changed through a within 2 s" >&2; exit 1
+  fi
+done
+took=$(($(date +%s%3N) - start_ms))
+echo "redis admin: ping changed through a, enforced by b after ${took} ms ($i earlier probes)"
+if [ "$took" -gt 1000 ]; then echo "FAIL: a change must reach every instance within 1 s" >&2; exit 1; fi
+expect_codes "redis admin, override on b" "200 200 200 200 429 " "$rb" 5 vip
+expect_codes "redis admin, plan on b" "200 200 200 429 " "$rb" 4 pro-user
+expect_codes "redis admin, another key on b" "200 200 429 " "$rb" 3 plain-user
+echo "redis admin: override (burst 4), plan pro (burst 3), another key (burst 2) as expected on b"
+expect_admin "redis admin, broken text" 400 "$rb" PUT /policies/ping '2/lightyear'
+broken=$(cat "$tmp/admin-body")
+expect_admin "redis admin" 200 "$ra" GET /policies
+grep -q '"ping": "1/min burst 2"' "$tmp/admin-body" ||
+  { echo "FAIL: a broken text changed ping: $(cat "$tmp/admin-body")" >&2; exit 1; }
+expect_codes "redis admin, after the broken text" "200 200 429 " "$ra" 3 after-broken
+echo "redis admin: broken text refused (400: $broken), ping unchanged"
+expect_admin "redis admin, reset" 204 "$rb" POST /reset/ping/vip
+expect_admin "redis admin, reset everything" 204 "$rb" POST /reset/pro-user
+got="$(codes "$rb" 1 vip)$(codes "$rb" 1 pro-user)$(codes "$rb" 1 plain-user)"
+echo "redis admin: after resetting vip and pro-user: $got(plain-user not reset)"
+[ "$got" = "200 200 429 " ] || { echo "FAIL: a reset must unblock that identity only" >&2; exit 1; }
+# Restart: the change lives in Redis, and a new instance starts with it.
+kill -TERM "$ra_pid"
+wait "$ra_pid" || true
+start_demo ra "${admin_env[@]}"
+expect_admin "redis admin, restarted" 200 "$ra" GET /policies
+grep -q '"ping": "1/min burst 2"' "$tmp/admin-body" ||
+  { echo "FAIL: a restarted instance lost the change: $(cat "$tmp/admin-body")" >&2; exit 1; }
+expect_codes "redis admin, restarted instance" "200 200 429 " "$ra" 3 after-restart
+echo "redis admin: a restarted instance keeps ping = 1/min burst 2"
+for _ in $(seq 40); do
+  expect_admin "redis admin, instances" 200 "$rb" GET /instances
+  if grep -q "\"address\": \"${ra#http://}\"" "$tmp/admin-body" &&
+    grep -q "\"address\": \"${rb#http://}\"" "$tmp/admin-body"; then break; fi
+  sleep 0.05
+done
+grep -q "\"address\": \"${ra#http://}\"" "$tmp/admin-body" ||
+  { echo "FAIL: /admin/instances does not list the restarted instance: $(cat "$tmp/admin-body")" >&2; exit 1; }
+echo "redis admin: /admin/instances lists both: $(grep -c '"id"' "$tmp/admin-body") entries"
 
 echo "demo smoke test passed"
