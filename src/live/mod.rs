@@ -57,6 +57,7 @@
 //! [`Limiter::set_policy`](crate::Limiter::set_policy)).
 
 mod rules;
+mod watch;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
