@@ -702,19 +702,18 @@ impl Changes {
                 .split_once(' ')
                 .map(|(a, b)| (a.to_owned(), b.to_owned()))
         };
+        // Written past this crate's bounds (by hand, say), a table is read
+        // only up to them.
+        let table = |t| snapshot.table(t).iter().take(MAX_IDENTITIES);
         Changes {
-            policies: snapshot.table(Table::Policies).iter().cloned().collect(),
-            overrides: snapshot
-                .table(Table::Overrides)
-                .iter()
+            policies: table(Table::Policies).cloned().collect(),
+            overrides: table(Table::Overrides)
                 .filter_map(|(f, v)| Some((split(f)?, v.clone())))
                 .collect(),
-            plans: snapshot
-                .table(Table::Plans)
-                .iter()
+            plans: table(Table::Plans)
                 .filter_map(|(f, v)| Some((split(f)?, v.clone())))
                 .collect(),
-            assigned: snapshot.table(Table::Assigned).iter().cloned().collect(),
+            assigned: table(Table::Assigned).cloned().collect(),
         }
     }
 }
