@@ -156,7 +156,7 @@ impl LiveSettings {
     /// request's [`Plan`](crate::live::Plan) looked up.
     #[inline]
     pub(crate) fn has_plans(&self) -> bool {
-        !self.derived.load().by_plan.is_empty()
+        !self.current().by_plan.is_empty()
     }
 
     /// The limiter (the live one, as the layer was given it).
