@@ -43,9 +43,12 @@
 //!   `x-api-key` value is trusted as an identity (logged at start-up).
 //! - `FLEETGATE_POLICIES`: a TOML policy file (see `examples/policies.toml`)
 //!   whose routes and policies replace the built-in rate limits of
-//!   `/api/ping` and `/api/window`: limits change without a rebuild. Its
-//!   `[plans.pro]` defines the plan `pro` (without a file, the demo
-//!   defines the same one).
+//!   `/api/ping` and `/api/window`: limits change without a rebuild. The
+//!   file is re-read when it changes and on SIGHUP: new limits and plans
+//!   apply within about a second (routes and new policies need a
+//!   restart), and an edit that does not parse keeps the previous ones
+//!   (logged at `warn`). Its `[plans.pro]` defines the plan `pro`
+//!   (without a file, the demo defines the same one).
 //! - `FLEETGATE_ADMIN_TOKEN`: when set, the admin API answers under
 //!   `/admin` (routes below), each call needing `Authorization: Bearer
 //!   <token>` (401 otherwise); when unset, every `/admin/*` path is 404.
@@ -344,6 +347,10 @@ async fn run() -> Result<(), BoxError> {
                 toml::from_str(&text).map_err(|err| format!("FLEETGATE_POLICIES {path}: {err}"))?;
             let routes = live
                 .routes(&file)
+                .map_err(|err| format!("FLEETGATE_POLICIES {path}: {err}"))?;
+            // Edits to the file (or a SIGHUP) change the limits and plans
+            // while the demo runs; a broken edit keeps the previous ones.
+            live.watch_file(path.clone(), |text| toml::from_str::<PolicyFile>(text))
                 .map_err(|err| format!("FLEETGATE_POLICIES {path}: {err}"))?;
             println!("policies from {path}: {}", describe(&file));
             Router::new()
