@@ -6,7 +6,8 @@
 # most 2 calls per key be in flight at once (fleet-wide with Redis), the
 # fleet load shedder answers 503 to reports beyond 2 in flight while a
 # charge still passes (fleet-wide with Redis), /metrics counts the
-# decisions, FLEETGATE_POLICIES loads limits from a file, and with Redis
+# decisions, FLEETGATE_POLICIES loads limits from a file (and re-reads it
+# when edited, keeping the previous limits when it breaks), and with Redis
 # killed and restarted each FLEETGATE_FAILURE_POLICY does what it says and
 # Redis decides again once it is back, and two instances given different
 # seed nodes of one Redis Cluster (3 masters, 3 replicas) share their
@@ -127,12 +128,35 @@ fi
 # Policies from a file (FLEETGATE_POLICIES) replace the built-in limits.
 sed 's/ping = "1\/s burst 5"/ping = "1\/min burst 2"/' examples/policies.toml >"$tmp/policies.toml"
 start_demo filed env FLEETGATE_POLICIES="$tmp/policies.toml"
+filed_log=$demo_log
 got=$(codes "$filed" 4)
 echo "policies from a file (ping = 1/min burst 2): $got"
 case "$got" in
   "200 200 429 429 ") ;;
   *) echo "FAIL: expected the file's burst of 2" >&2; exit 1 ;;
 esac
+# The file is watched: an edit applies within 2 s, a broken one changes
+# nothing (the demo logs that it kept the previous policies).
+sed -i 's/ping = "1\/min burst 2"/ping = "1\/min burst 3"/' "$tmp/policies.toml"
+start_ms=$(date +%s%3N) i=0
+until [ "$(codes "$filed" 4 "edited-$i")" = "200 200 200 429 " ]; do
+  i=$((i + 1))
+  if [ $(($(date +%s%3N) - start_ms)) -gt 2000 ]; then
+    echo "FAIL: the edited policy file did not apply within 2 s" >&2; exit 1
+  fi
+  sleep 0.05
+done
+echo "policy file edited (burst 3): applied after $(($(date +%s%3N) - start_ms)) ms"
+sed -i 's/ping = "1\/min burst 3"/ping = "1\/min burst"/' "$tmp/policies.toml"
+for _ in $(seq 60); do grep -q "policy file refused" "$filed_log" && break; sleep 0.05; done
+grep -q "policy file refused" "$filed_log" || { echo "FAIL: a broken policy file was not refused" >&2; exit 1; }
+expect_codes() { # label, expected, url, count, api key
+  local got
+  got=$(codes "$3" "$4" "$5")
+  if [ "$got" != "$2" ]; then echo "FAIL: $1: got $got, expected $2" >&2; exit 1; fi
+}
+expect_codes "a broken policy file" "200 200 200 429 " "$filed" 4 after-broken-file
+echo "policy file broken: refused, burst 3 kept"
 
 # /api/window: 25 per 5 s (and 300 per minute). The 26th quick call is
 # refused, and the body names the short window.
@@ -263,11 +287,6 @@ expect_admin() { # label, expected status, url, method, path, [body]
     echo "FAIL: $1: $4 $5 answered $got, expected $2: $(cat "$tmp/admin-body")" >&2
     exit 1
   fi
-}
-expect_codes() { # label, expected, url, count, api key
-  local got
-  got=$(codes "$3" "$4" "$5")
-  if [ "$got" != "$2" ]; then echo "FAIL: $1: got $got, expected $2" >&2; exit 1; fi
 }
 got="$(admin "$url" GET /policies) $(admin "$url" PUT /policies/ping '1/min')"
 echo "admin API without FLEETGATE_ADMIN_TOKEN: $got"
