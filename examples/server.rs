@@ -326,6 +326,18 @@ async fn run() -> Result<(), BoxError> {
     // instance's): read from memory on each request, synced by one small
     // Redis call per poll.
     let live = LivePolicies::new(store.clone());
+    // Bound first, so that the heartbeat names the real address (with port
+    // 0 too).
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let bound = listener.local_addr()?;
+    // The fleet's changes so far, then a task that follows them; limiters
+    // made afterwards take them when made. Started before the layers:
+    // with `local:auto`, the concurrency and shedding layers take the
+    // fleet's size when their failure policy is set. With Redis down the
+    // demo starts all the same and the task catches up.
+    if let Err(err) = live.clone().address(bound.to_string()).start().await {
+        tracing::warn!(error = %err, "live policies: the store could not be read; following it in the background");
+    }
 
     let ping = Policy::single(
         "ping",
@@ -430,14 +442,7 @@ async fn run() -> Result<(), BoxError> {
         // Outermost, so that every limit sees the identity it verified.
         .layer(middleware::from_fn_with_state(api_keys, check_api_key));
 
-    let listener = tokio::net::TcpListener::bind(addr).await?;
-    let local = listener.local_addr()?;
-    // The fleet's changes so far, then a task that follows them. With
-    // Redis down the demo starts all the same and that task catches up.
-    if let Err(err) = live.clone().address(local.to_string()).start().await {
-        tracing::warn!(error = %err, "live policies: the store could not be read; following it in the background");
-    }
-    println!("fleetgate demo listening on http://{local} (store: {store_name})");
+    println!("fleetgate demo listening on http://{bound} (store: {store_name})");
     let (stopping, stop) = tokio::sync::watch::channel(false);
     let server = axum::serve(
         listener,

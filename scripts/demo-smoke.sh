@@ -560,7 +560,8 @@ for _ in 1 2 3 4 5; do
 done
 sed 's/^ping = "10\/s burst 50"/ping = "1\/min burst 3"/' examples/policies.toml >"$tmp/plans.toml"
 grep -q '^ping = "1/min burst 3"' "$tmp/plans.toml" || { echo "FAIL: no [plans.pro] ping in examples/policies.toml" >&2; exit 1; }
-admin_env=(env REDIS_URL="redis://127.0.0.1:$port" FLEETGATE_ADMIN_TOKEN="$admin_token" FLEETGATE_POLICIES="$tmp/plans.toml")
+admin_env=(env REDIS_URL="redis://127.0.0.1:$port" FLEETGATE_ADMIN_TOKEN="$admin_token"
+  FLEETGATE_POLICIES="$tmp/plans.toml" FLEETGATE_FAILURE_POLICY=local:auto)
 start_demo ra "${admin_env[@]}"
 ra_pid=$demo_pid
 start_demo rb "${admin_env[@]}"
@@ -619,5 +620,25 @@ done
 grep -q "\"address\": \"${ra#http://}\"" "$tmp/admin-body" ||
   { echo "FAIL: /admin/instances does not list the restarted instance: $(cat "$tmp/admin-body")" >&2; exit 1; }
 echo "redis admin: /admin/instances lists both: $(grep -c '"id"' "$tmp/admin-body") entries"
+
+# FLEETGATE_FAILURE_POLICY=local:auto: once instance a's heartbeat counts
+# two instances (the stopped one ages out after 3 s), Redis killed, it
+# enforces half of ping's burst of 5 on its own.
+expect_admin "redis admin, restore" 200 "$ra" DELETE /policies/ping
+grep -q "falls back to 1/<instances seen> of each limit" "$demo_log" ||
+  { echo "FAIL: the local:auto startup line" >&2; exit 1; }
+for _ in $(seq 100); do
+  expect_admin "redis admin, instances" 200 "$ra" GET /instances
+  [ "$(grep -c '"id"' "$tmp/admin-body")" = 2 ] && break
+  sleep 0.1
+done
+[ "$(grep -c '"id"' "$tmp/admin-body")" = 2 ] ||
+  { echo "FAIL: the stopped instance never aged out: $(cat "$tmp/admin-body")" >&2; exit 1; }
+{ kill -9 "$rpid" && wait "$rpid"; } 2>/dev/null || true
+got=""
+for expected in 200 200 429 429; do
+  r=$(timed "$ra" auto-down); slow_check "$r" "$expected"; got+="${r% *} "
+done
+echo "redis killed: local:auto with 2 instances (half of burst 5): $got"
 
 echo "demo smoke test passed"
