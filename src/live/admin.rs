@@ -25,8 +25,8 @@ const MAX_BODY: usize = 4 * 1024;
 /// Turns an identity as clients send it into the key the limits know.
 type Identify = dyn Fn(&str) -> Option<Key> + Send + Sync;
 
-/// The admin API of [`LivePolicies`]: an axum [`Router`] that changes the
-/// fleet's limits while it runs. Nest it where you want it (`/admin`
+/// The admin API of [`LivePolicies`] (cargo feature `admin`): an axum
+/// [`Router`] that changes the fleet's limits while it runs. Nest it where you want it (`/admin`
 /// below); its routes are relative to that path. Bodies are plain text in
 /// the policy syntax of [`spec`](crate::spec) (`1/s burst 5`,
 /// `25/5s + 300/min sliding-log`), at most 4 KiB (413 beyond).
@@ -99,7 +99,9 @@ impl AdminApi {
     }
 
     /// Requires `Authorization: Bearer <token>` on every call, compared in
-    /// constant time (only digests of it are kept and compared).
+    /// constant time (only digests of it are kept and compared). An empty
+    /// token matches no call: a token read from an unset variable locks
+    /// the API rather than opening it.
     pub fn token(mut self, token: impl AsRef<[u8]>) -> Self {
         self.token = Some(Sha256::digest(token.as_ref()).into());
         self
@@ -144,8 +146,9 @@ async fn authorize(State(api): Api, req: Request, next: Next) -> Response {
         let given = req
             .headers()
             .get(header::AUTHORIZATION)
-            .and_then(|value| value.as_bytes().strip_prefix(b"Bearer "))
-            .map(|token| <[u8; 32]>::from(Sha256::digest(token)));
+            .map(|value| value.as_bytes())
+            .filter(|value| value.len() > 7 && value[..7].eq_ignore_ascii_case(b"bearer "))
+            .map(|value| <[u8; 32]>::from(Sha256::digest(&value[7..])));
         let same = given.is_some_and(|given| {
             // Every byte is compared, whatever differs first.
             given
@@ -425,6 +428,17 @@ mod tests {
             .body(Body::empty())
             .unwrap();
         assert_eq!(app.clone().oneshot(wrong).await.unwrap().status(), 401);
+        let lower = http::Request::get("/policies")
+            .header(header::AUTHORIZATION, "bearer s3cret")
+            .body(Body::empty())
+            .unwrap();
+        assert_eq!(app.clone().oneshot(lower).await.unwrap().status(), 200);
+        let locked: Router = AdminApi::new(live.clone(), |_| None).token("").router();
+        let empty = http::Request::get("/policies")
+            .header(header::AUTHORIZATION, "Bearer ")
+            .body(Body::empty())
+            .unwrap();
+        assert_eq!(locked.oneshot(empty).await.unwrap().status(), 401);
 
         assert_eq!(
             call(&app, "GET", "/policies", "").await,
