@@ -52,8 +52,8 @@
 //! - `FLEETGATE_ADMIN_TOKEN`: when set, the admin API answers under
 //!   `/admin` (routes below), each call needing `Authorization: Bearer
 //!   <token>` (401 otherwise); when unset, every `/admin/*` path is 404.
-//!   Its changes reach every instance sharing the store within a poll
-//!   (250 ms) and outlive restarts (they are kept in Redis).
+//!   With Redis, its changes reach every instance sharing the store within
+//!   a poll (250 ms) and outlive restarts (they are kept in Redis).
 //! - `FLEETGATE_MEMORY_MAX_KEYS`: without Redis (none of the three above), the
 //!   most identities the in-process store keeps per kind of state (default
 //!   100000); past it, expired state and then the state closest to expiry
@@ -86,7 +86,6 @@
 //!   a worker-utilization shedder sheds reports first once this process
 //!   has had more than 80% of `FLEETGATE_SHED_WORKERS` busy for a while
 //!   (28 s with all of them busy; longer the closer it is to 80%).
-//!
 //! - `/admin/...` (with `FLEETGATE_ADMIN_TOKEN`): `GET /admin/policies`
 //!   (JSON: each policy and its limits now), `PUT /admin/policies/{policy}`
 //!   (body: limits such as `1/s burst 5`; 400 names a parse error and
