@@ -431,11 +431,23 @@ fn lookup_after(err: Option<&RedisError>) -> Option<bool> {
             e.kind(),
             ErrorKind::Server(ServerErrorKind::ReadOnly | ServerErrorKind::MasterDown)
         ) || e.code() == Some("NOREPLICAS")
-            // Redis < 7 wraps a script's error: `ERR ... -READONLY ...`.
-            || (e.kind() == ErrorKind::Server(ServerErrorKind::ResponseError)
-                && e.to_string().contains("READONLY"))
+            || ["READONLY", "MASTERDOWN", "NOREPLICAS"]
+                .into_iter()
+                .any(|code| wraps(e, code))
     });
     (broken || moved).then_some(err.is_some() && broken)
+}
+
+/// Whether `err` is a script's `ERR` with a failover's `code` in its text,
+/// as Redis < 7 sends what a call inside a script answered: `ERR Error
+/// running script (call to f_...): @user_script:1: -READONLY You can't
+/// write against a read only replica.` (The same test as in
+/// `redis::is_transient`, which must not depend on this feature.)
+fn wraps(err: &RedisError, code: &str) -> bool {
+    err.kind() == ErrorKind::Server(ServerErrorKind::ResponseError) && {
+        let text = err.to_string();
+        text.contains(&format!("-{code} ")) || text.contains(&format!(": {code} "))
+    }
 }
 
 /// Whether, with `failed` of `sentinels` answered without a master, a
@@ -623,6 +635,54 @@ mod tests {
         ])));
         assert!(!says_master(&Value::Array(vec![])));
         assert!(!says_master(&Value::Nil));
+    }
+
+    /// A script's error as Redis < 7 sends it, parsed as from the wire.
+    fn script_error(inner: &str) -> RedisError {
+        let reply = format!(
+            "-ERR Error running script (call to f_0123456789abcdef): \
+             @user_script:1: @user_script: 1: {inner}\r\n"
+        );
+        match redis::parse_redis_value(reply.as_bytes()).and_then(Value::extract_error) {
+            Err(err) => err,
+            Ok(value) => panic!("not an error: {value:?}"),
+        }
+    }
+
+    #[test]
+    fn a_failover_reply_wrapped_in_a_script_error_is_transient() {
+        let transient = super::super::redis::is_transient;
+        let readonly = script_error("-READONLY You can't write against a read only replica.");
+        assert_eq!(
+            readonly.kind(),
+            ErrorKind::Server(ServerErrorKind::ResponseError),
+            "{readonly}"
+        );
+        assert!(transient(&readonly), "{readonly}");
+        assert_eq!(lookup_after(Some(&readonly)), Some(false), "{readonly}");
+        // Without its leading `-`, as some versions write it.
+        let bare = script_error("READONLY You can't write against a read only replica.");
+        assert!(transient(&bare), "{bare}");
+        assert_eq!(lookup_after(Some(&bare)), Some(false));
+        for inner in [
+            "-MASTERDOWN Link with MASTER is down and replica-serve-stale-data is set to 'no'.",
+            "-NOREPLICAS Not enough good replicas to write.",
+        ] {
+            let err = script_error(inner);
+            assert!(transient(&err), "{err}");
+            assert_eq!(lookup_after(Some(&err)), Some(false), "{err}");
+        }
+        let noreplicas =
+            redis::parse_redis_value(b"-NOREPLICAS Not enough good replicas to write.\r\n")
+                .and_then(Value::extract_error)
+                .err();
+        assert!(noreplicas.as_ref().is_some_and(transient), "{noreplicas:?}");
+        // A script's own error is not, even one that names a key READONLY.
+        let own = script_error("-ERR wrong number of arguments for 'set' command");
+        assert!(!transient(&own), "{own}");
+        assert_eq!(lookup_after(Some(&own)), None);
+        let key = script_error("user_script:3: bad key READONLY:1");
+        assert!(!transient(&key), "{key}");
     }
 
     #[test]
