@@ -19,6 +19,10 @@
 //! sentinels (`SENTINEL GET-MASTER-ADDR-BY-NAME`) names another address
 //! than the one in use: a master demoted by hand, or cut off from the
 //! sentinels, still answers normally, so the calls alone would not tell.
+//! Each connection swapped in has a generation, and a call reports its
+//! failure with the generation of the connection it was sent on: a call
+//! sent to the old master that fails after the swap starts no lookup (it
+//! would replace the new master's sound connection once more).
 //! Calls never wait for a lookup: until it swaps the connection they fail
 //! (at once on a dropped connection) and the layers follow their failure
 //! policy.
@@ -57,7 +61,9 @@ pub(crate) struct SentinelConn {
     last_lookup: AtomicU64,
     /// Bounds each lookup, and each question of the periodic check.
     connect_timeout: Duration,
-    /// How many times the connection was swapped (for `Debug`).
+    /// How many times the connection was swapped (for `Debug`): the
+    /// generation of the connection in use (0: none yet). Changed only
+    /// with `current` locked for writing.
     swaps: AtomicU64,
 }
 
@@ -65,6 +71,64 @@ struct Master {
     /// `host:port`, as the sentinels name it.
     addr: String,
     conn: MultiplexedConnection,
+    /// [`SentinelConn::swaps`] when this connection was swapped in: its
+    /// generation, which tells a failure of it from one of a connection
+    /// it replaced.
+    generation: u64,
+}
+
+/// The connection a call is sent on: the master's, tagged with its
+/// generation, so that a failure is reported with the connection it
+/// happened on ([`SentinelConn::failed_on`]).
+pub(crate) struct Tagged {
+    conn: MultiplexedConnection,
+    generation: u64,
+    owner: Arc<SentinelConn>,
+}
+
+impl Tagged {
+    /// Reports a failure: the connection's, or the server's error reply
+    /// (which the client hands over as a value, made an error later).
+    fn report(&self, result: Result<&[Value], &RedisError>) {
+        match result {
+            Err(err) => self.owner.failed_on(self.generation, err),
+            Ok(values) => {
+                for value in values {
+                    if let Value::ServerError(err) = value {
+                        self.owner
+                            .failed_on(self.generation, &RedisError::from(err.clone()));
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl ConnectionLike for Tagged {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a redis::Cmd) -> redis::RedisFuture<'a, Value> {
+        Box::pin(async move {
+            let result = self.conn.req_packed_command(cmd).await;
+            self.report(result.as_ref().map(std::slice::from_ref));
+            result
+        })
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<Value>> {
+        Box::pin(async move {
+            let result = self.conn.req_packed_commands(pipeline, offset, count).await;
+            self.report(result.as_ref().map(Vec::as_slice));
+            result
+        })
+    }
+
+    fn get_db(&self) -> i64 {
+        self.conn.get_db()
+    }
 }
 
 /// What the settings of
@@ -125,19 +189,27 @@ impl SentinelConn {
 
     /// How many times the master connection was made or swapped.
     pub(crate) fn swaps(&self) -> u64 {
-        self.swaps.load(Ordering::Relaxed)
+        self.swaps.load(Ordering::Acquire)
     }
 
-    /// The current master's connection, or an error (of the I/O kind, so a
-    /// transient one that starts a lookup) while none is known.
-    pub(crate) fn connection(&self) -> redis::RedisResult<MultiplexedConnection> {
+    /// The current master's connection, tagged with its generation, or an
+    /// error (of the I/O kind, a transient one) while none is known, which
+    /// starts a lookup.
+    pub(crate) fn connection(self: &Arc<Self>) -> redis::RedisResult<Tagged> {
         match self.master() {
-            Some(master) => Ok(master.conn.clone()),
-            None => Err(std::io::Error::new(
-                std::io::ErrorKind::NotConnected,
-                "no Redis master known yet; asking the sentinels",
-            )
-            .into()),
+            Some(master) => Ok(Tagged {
+                conn: master.conn.clone(),
+                generation: master.generation,
+                owner: self.clone(),
+            }),
+            None => {
+                self.trigger(true);
+                Err(std::io::Error::new(
+                    std::io::ErrorKind::NotConnected,
+                    "no Redis master known yet; asking the sentinels",
+                )
+                .into())
+            }
         }
     }
 
@@ -145,10 +217,27 @@ impl SentinelConn {
         self.master().map_or(0, |m| m.conn.get_db())
     }
 
-    /// Takes note of a failed call (`None`: the store's own timeout): one
-    /// that may mean the master moved starts a lookup.
+    /// Takes note of a failed call (`None`: the store's own timeout). A
+    /// timeout starts a lookup that keeps the connection if it answers
+    /// `PING`; an error was already reported, with the generation of the
+    /// connection it came from, by [`Tagged`] ([`failed_on`](Self::failed_on)),
+    /// or by [`connection`](Self::connection) when there was none.
     pub(crate) fn failed(self: &Arc<Self>, err: Option<&RedisError>) {
-        if let Some(broken) = lookup_after(err) {
+        if err.is_none() {
+            self.trigger(false);
+        }
+    }
+
+    /// Takes note of `err` on the connection of generation `generation`:
+    /// one that may mean the master moved starts a lookup, unless the
+    /// connection was replaced since (a call sent on the old master's
+    /// connection failing after the swap says nothing about the new one).
+    fn failed_on(self: &Arc<Self>, generation: u64, err: &RedisError) {
+        if generation != self.swaps() {
+            tracing::trace!(master = %self.name, error = %err, "sentinel: a replaced connection failed");
+            return;
+        }
+        if let Some(broken) = lookup_after(Some(err)) {
             self.trigger(broken);
         }
     }
@@ -204,14 +293,13 @@ impl SentinelConn {
     /// the current connection stays.
     pub(crate) async fn lookup(&self, broken: bool) -> Result<(), RedisError> {
         match self.find(broken).await {
-            Ok(Some(master)) => {
+            Ok(Some(mut master)) => {
                 let addr = master.addr.clone();
-                let old = self
-                    .current
-                    .write()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .replace(Arc::new(master));
-                self.swaps.fetch_add(1, Ordering::Relaxed);
+                let old = {
+                    let mut current = self.current.write().unwrap_or_else(PoisonError::into_inner);
+                    master.generation = self.swaps.fetch_add(1, Ordering::AcqRel) + 1;
+                    current.replace(Arc::new(master))
+                };
                 match old {
                     Some(old) if old.addr != addr => tracing::warn!(
                         master = %self.name,
@@ -272,7 +360,11 @@ impl SentinelConn {
                 addr,
             )));
         }
-        Ok(Some(Master { addr, conn }))
+        Ok(Some(Master {
+            addr,
+            conn,
+            generation: 0,
+        }))
     }
 
     /// Asks every sentinel at once, each within the connect timeout, and
@@ -543,13 +635,42 @@ mod tests {
         };
         assert!(err.is_io_error(), "{err}");
         assert_eq!(c.addr(), None);
-        // A failure starts one lookup, in the background; it fails
-        // (nothing listens on port 1) and leaves no master.
-        c.failed(Some(&err));
+        // Asking for the connection started one lookup, in the background;
+        // it fails (nothing listens on port 1) and leaves no master.
         assert!(c.looking.load(Ordering::Acquire) || c.last_lookup.load(Ordering::Acquire) != 0);
         assert!(c.lookup(true).await.is_err());
         assert_eq!(c.addr(), None);
         assert_eq!(c.swaps(), 0);
+    }
+
+    fn lookup_started(c: &SentinelConn) -> bool {
+        c.looking.load(Ordering::Acquire) || c.last_lookup.load(Ordering::Acquire) != 0
+    }
+
+    /// A call sent on the old master's connection that fails after the
+    /// swap (its connection dropped, say) starts no lookup: one would
+    /// replace the new master's sound connection (a failure with `broken`
+    /// replaces it even when the sentinels still name its address). A
+    /// failure of the connection in use still does.
+    #[tokio::test]
+    async fn a_failure_of_a_replaced_connection_starts_no_lookup() {
+        let c = conn();
+        // The connection in use is the second one; calls sent on the
+        // first may still be failing.
+        c.swaps.store(2, Ordering::Release);
+        let dropped: RedisError =
+            std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset").into();
+        c.failed_on(1, &dropped);
+        assert!(!lookup_started(&c), "a stale failure started a lookup");
+        let readonly = RedisError::from((
+            ErrorKind::Server(ServerErrorKind::ReadOnly),
+            "READONLY",
+            "You can't write against a read only replica.".to_owned(),
+        ));
+        c.failed_on(1, &readonly);
+        assert!(!lookup_started(&c), "a stale READONLY started a lookup");
+        c.failed_on(2, &dropped);
+        assert!(lookup_started(&c), "a failure of the connection in use");
     }
 
     /// A connection whose every command waits forever, as on a half-open
