@@ -555,3 +555,83 @@ fn parse_command(buf: &[u8]) -> Option<(Vec<String>, usize)> {
     }
     Some((args, at))
 }
+
+/// A TCP proxy on a free loopback port to a server on 127.0.0.1. After
+/// [`freeze`](Self::freeze), the connections open at that moment stay
+/// open but carry nothing more either way (a half-open connection: its
+/// peer gone without a reset); connections made later work. Stopped when
+/// dropped.
+pub struct FreezingProxy {
+    port: u16,
+    /// Connections numbered below this are frozen.
+    frozen_below: tokio::sync::watch::Sender<u64>,
+    next: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl FreezingProxy {
+    pub async fn start(upstream: u16) -> FreezingProxy {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind a proxy");
+        let port = listener.local_addr().expect("its address").port();
+        let (frozen_below, _) = tokio::sync::watch::channel(0u64);
+        let next = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let (frozen, counter) = (frozen_below.clone(), next.clone());
+        let task = tokio::spawn(async move {
+            let mut conns = tokio::task::JoinSet::new();
+            while let Ok((client, _)) = listener.accept().await {
+                let id = counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                conns.spawn(pipe(id, client, upstream, frozen.subscribe()));
+            }
+        });
+        FreezingProxy {
+            port,
+            frozen_below,
+            next,
+            task,
+        }
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Freezes every connection open now.
+    pub fn freeze(&self) {
+        let below = self.next.load(std::sync::atomic::Ordering::SeqCst);
+        self.frozen_below.send_replace(below);
+    }
+}
+
+impl Drop for FreezingProxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn pipe(
+    id: u64,
+    client: tokio::net::TcpStream,
+    upstream: u16,
+    mut frozen_below: tokio::sync::watch::Receiver<u64>,
+) {
+    let Ok(server) = tokio::net::TcpStream::connect(("127.0.0.1", upstream)).await else {
+        return;
+    };
+    let (mut client_read, mut client_write) = client.into_split();
+    let (mut server_read, mut server_write) = server.into_split();
+    let forward = async {
+        let _ = tokio::join!(
+            tokio::io::copy(&mut client_read, &mut server_write),
+            tokio::io::copy(&mut server_read, &mut client_write),
+        );
+    };
+    tokio::select! {
+        () = forward => return,
+        _ = frozen_below.wait_for(|below| id < *below) => {}
+    }
+    // Frozen: both sockets stay open, nothing is read or sent.
+    std::future::pending::<()>().await;
+    drop((client_read, client_write, server_read, server_write));
+}

@@ -15,7 +15,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use common::RedisServer;
-use common::sentinel::{FakeConfig, FakeSentinel, MASTER_NAME, Passwords, SentinelSet};
+use common::sentinel::{
+    FakeConfig, FakeSentinel, FreezingProxy, MASTER_NAME, Passwords, SentinelSet,
+};
 use fleetgate::concurrency::{Admission, ConcurrencyLimiter, ConcurrencyPolicy};
 use fleetgate::key::Key;
 use fleetgate::{Limit, Limiter, Policy, Rate, RedisStore};
@@ -840,4 +842,80 @@ async fn sentinels_that_saw_no_master_yet_are_asked_again() {
     );
     let limiter = Limiter::new(hot_policy(), store);
     assert!(limiter.check(&Key::new("asked-again"), 1).await.is_ok());
+}
+
+/// The connection to the master goes half-open (its packets vanish, no
+/// reset: a proxy in between freezes it) while the sentinels go on naming
+/// the same address. The calls time out; the lookup that starts finds the
+/// address unchanged, sends the connection a `PING`, which gets no answer
+/// within half the connect timeout, and connects anew: decisions resume
+/// without anyone restarting anything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_half_open_connection_is_replaced() {
+    let _shared = crate::machine::shared().await;
+    let master = RedisServer::start();
+    let proxy = FreezingProxy::start(master.port()).await;
+    let mut fakes = Vec::new();
+    for _ in 0..3 {
+        fakes.push(
+            FakeSentinel::start(FakeConfig {
+                master_port: proxy.port(),
+                ..FakeConfig::default()
+            })
+            .await,
+        );
+    }
+    let connect_timeout = Duration::from_secs(1);
+    let store = RedisStore::builder()
+        .prefix("sentinel")
+        .timeout(TIMEOUT)
+        .connect_timeout(connect_timeout)
+        .deny_cache(0)
+        // Only the calls' failures start lookups.
+        .sentinel_poll(Duration::from_secs(3600))
+        .connect_sentinel(MASTER_NAME, fakes.iter().map(FakeSentinel::url))
+        .await
+        .expect("connect through the sentinels");
+    let limiter = Limiter::new(hot_policy(), store.clone());
+    let key = Key::new("half-open");
+    assert!(limiter.check(&key, 1).await.is_ok());
+    assert!(format!("{store:?}").contains("swaps: 1"), "{store:?}");
+
+    proxy.freeze();
+    let frozen = Instant::now();
+    // The first call times out, then calls fail until the PING has had
+    // its half of the connect timeout and the new connection is in.
+    let bound = TIMEOUT + connect_timeout / 2 + connect_timeout + MARGIN;
+    let mut failures = 0;
+    let resumed = loop {
+        let started = Instant::now();
+        let decided = limiter.check(&key, 1).await.is_ok();
+        let took = started.elapsed();
+        assert!(
+            took <= TIMEOUT + MARGIN,
+            "a call took {took:?} on the half-open connection"
+        );
+        if decided {
+            break Instant::now();
+        }
+        failures += 1;
+        assert!(
+            frozen.elapsed() < bound,
+            "no new connection after {:?}: {store:?}",
+            frozen.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    let debug = format!("{store:?}");
+    eprintln!(
+        "sentinel, half-open connection: decisions resumed {:?} after the freeze, {failures} \
+         calls failed; {debug}",
+        resumed - frozen
+    );
+    assert!(failures >= 1, "the frozen connection answered");
+    assert!(debug.contains("swaps: 2"), "not reconnected: {debug}");
+    assert!(
+        debug.contains(&format!("127.0.0.1:{}", proxy.port())),
+        "{debug}"
+    );
 }
