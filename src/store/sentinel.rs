@@ -408,12 +408,13 @@ impl SentinelConn {
             .saturating_add(1)
     }
 
-    /// Asks the sentinels for the master and swaps the connection if they
-    /// name another one (or, with `broken`, in any case; without, the
-    /// current connection is also replaced if it does not answer `PING`
-    /// within [`ping_timeout`]). Each step is bounded: each sentinel's
-    /// answer and the new connection by the connect timeout. On failure
-    /// the current connection stays.
+    /// Asks the sentinels for the master and swaps the connection if a
+    /// majority of them name another one (or, with `broken`, in any case;
+    /// without, the current connection is also replaced if it does not
+    /// answer `PING` within [`ping_timeout`]). Bounded: the sentinels'
+    /// answers by the connect timeout ([`find`](Self::find)), each
+    /// connection attempt by the connect timeout too. On failure the
+    /// current connection stays.
     pub(crate) async fn lookup(&self, broken: bool) -> Result<(), RedisError> {
         match self.find(broken).await {
             Ok(Some(mut master)) => {
