@@ -527,10 +527,22 @@ pub(super) struct Failure {
     pub(super) transient: bool,
 }
 
-fn is_transient(err: &redis::RedisError) -> bool {
+/// Whether the same call sent again may succeed: the connection failed, or
+/// the server cannot run it for now. A failover's replies count, also as
+/// Redis < 7 gives them from inside a script, wrapped in an `ERR`
+/// (`ERR Error running script ...: -READONLY You can't write against a read
+/// only replica.`), and `NOREPLICAS` (`min-replicas-to-write` unmet).
+pub(super) fn is_transient(err: &redis::RedisError) -> bool {
     if err.is_io_error() || err.is_connection_dropped() || err.is_timeout() {
         return true;
     }
+    // A failover's code inside the text of a script's `ERR`.
+    let wrapped = |code: &str| {
+        err.kind() == ErrorKind::Server(ServerErrorKind::ResponseError) && {
+            let text = err.to_string();
+            text.contains(&format!("-{code} ")) || text.contains(&format!(": {code} "))
+        }
+    };
     match err.kind() {
         ErrorKind::Server(
             ServerErrorKind::BusyLoading
@@ -540,8 +552,14 @@ fn is_transient(err: &redis::RedisError) -> bool {
             | ServerErrorKind::ReadOnly,
         )
         | ErrorKind::ClusterConnectionNotFound => true,
-        // A script running past its time limit: not a code the client names.
-        _ => err.code() == Some("BUSY"),
+        // `BUSY`, a script running past its time limit, and `NOREPLICAS`:
+        // not codes the client names.
+        _ => {
+            matches!(err.code(), Some("BUSY" | "NOREPLICAS"))
+                || ["READONLY", "MASTERDOWN", "NOREPLICAS"]
+                    .into_iter()
+                    .any(wrapped)
+        }
     }
 }
 
