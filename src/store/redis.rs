@@ -1002,13 +1002,16 @@ impl RedisStoreBuilder {
     /// a call fails in a way that says the master may have moved: its
     /// connection dropped or refused, a timeout, `READONLY` (the server was
     /// demoted to a replica), `MASTERDOWN` or `NOREPLICAS`. A lookup asks
-    /// all the sentinels at once, each within the
+    /// all the sentinels at once, within the
     /// [connect timeout](Self::connect_timeout), so a sentinel that never
-    /// answers does not hold up a master the others name; it takes the
-    /// first master named that
-    /// sentinel does not flag down and that says `ROLE` master, connects
-    /// to it (within the connect timeout) and checks `ROLE` again; it gives
-    /// up once more than half the sentinels answered without one. After a
+    /// answers holds nothing up; it takes a master only once more than
+    /// half of all the sentinels given name it (and do not flag it down),
+    /// so that a sentinel cut off with the old master cannot move the
+    /// store back there; with most sentinels unreachable no lookup
+    /// succeeds, and the store keeps the connection it has. Sentinels that
+    /// answered without a master, or named another, are asked again every
+    /// 50 ms until the connect timeout; only sentinels that fail end the
+    /// lookup sooner. It connects to the master and checks `ROLE`. After a
     /// dropped or refused connection the connection is always replaced.
     /// After a timeout, `READONLY`, `MASTERDOWN` or `NOREPLICAS`, if the
     /// sentinels still name the same address, the connection in use is
@@ -1028,10 +1031,9 @@ impl RedisStoreBuilder {
     /// scripts loaded as on a single server; a promoted replica has no
     /// scripts cached, so one `SCRIPT LOAD` follows each failover.
     ///
-    /// Redis 7 or later is recommended: before 7, a write in a script run
-    /// on a demoted master comes back as `ERR ... -READONLY ...`, which
-    /// starts a lookup as well but is not a transient error for the
-    /// layers' failure policy.
+    /// Before Redis 7, a write in a script run on a demoted master comes
+    /// back as `ERR ... -READONLY ...`: it starts a lookup and counts as a
+    /// transient error too.
     ///
     /// Must be called within a tokio runtime (otherwise
     /// [`ConfigError::NoRuntime`]).
