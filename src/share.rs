@@ -16,6 +16,7 @@ static FLEET_SIZE: AtomicU64 = AtomicU64::new(1);
 static FLEET_EPOCH: AtomicU64 = AtomicU64::new(0);
 
 /// Records the fleet's size as a heartbeat counted it.
+#[cfg(feature = "redis")]
 pub(crate) fn set_fleet_size(instances: usize) {
     let n = u64::try_from(instances)
         .unwrap_or(MAX_DENOM)

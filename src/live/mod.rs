@@ -2,7 +2,7 @@
 //! limits of their own or a plan, and reset an identity.
 //!
 //! [`LivePolicies`] hands out the limiters of a service (one per policy)
-//! and changes them all at once. On a [`RedisStore`](crate::RedisStore)
+//! and changes them all at once. On a [`RedisStore`]
 //! the changes are the fleet's: written to Redis under the store's prefix
 //! (so a restarted instance finds them), and picked up by every instance
 //! sharing the store within one poll (250 ms by default) of a version that
@@ -48,7 +48,7 @@
 //! ([`assign_plan`](LivePolicies::assign_plan)), then the plan its request
 //! names (a [`Plan`] its authentication layer put in the request's
 //! extensions), then the policy. Identities are keys as the layer's
-//! extractor makes them ([`Key`](crate::Key)), so an API key is stored only
+//! extractor makes them ([`Key`]), so an API key is stored only
 //! as its hash. A plan that does not define a policy leaves that policy's
 //! limits as they are.
 //!
@@ -63,7 +63,9 @@ mod watch;
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+#[cfg(feature = "redis")]
+use std::sync::Weak;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 #[cfg(feature = "admin")]
@@ -95,12 +97,15 @@ const MAX_IDENTITIES: usize = 100_000;
 const DEFAULT_POLL: Duration = Duration::from_millis(250);
 
 /// How often an instance records its heartbeat.
+#[cfg(feature = "redis")]
 const HEARTBEAT: Duration = Duration::from_secs(1);
 
 /// An instance not seen for this long no longer counts as live.
+#[cfg(feature = "redis")]
 const LIVE_WINDOW: Duration = Duration::from_secs(3);
 
 /// A heartbeat older than this is deleted from Redis.
+#[cfg(feature = "redis")]
 const FORGET_AFTER: Duration = Duration::from_secs(60);
 
 /// The plan a request was sold, put in its extensions by the
@@ -215,7 +220,7 @@ struct Changes {
 
 impl LivePolicies {
     /// Live policies on `store`: the fleet's, on a
-    /// [`RedisStore`](crate::RedisStore); this process's otherwise.
+    /// [`RedisStore`]; this process's otherwise.
     /// Nothing is read until [`start`](Self::start).
     pub fn new(store: impl IntoStore) -> Self {
         let store = store.into_store();
@@ -606,6 +611,7 @@ impl Fleet {
         Ok(())
     }
 
+    #[cfg(feature = "redis")]
     fn adds_identity(&self, change: &Change) -> bool {
         self.lock().adds_identity(change)
     }
@@ -863,10 +869,12 @@ fn instance_id() -> String {
     format!("{:016x}", h.finish())
 }
 
+#[cfg(feature = "redis")]
 fn ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
+#[cfg(feature = "redis")]
 fn millis(t: SystemTime) -> u64 {
     ms(t.duration_since(UNIX_EPOCH).unwrap_or_default())
 }

@@ -4,6 +4,7 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Weak;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use super::{Fleet, LIVE_WARNINGS, LivePolicies};
@@ -67,10 +68,13 @@ async fn watch<F, E>(
     let mut ticks = tokio::time::interval(WATCH_EVERY);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        let forced = tokio::select! {
-            _ = ticks.tick() => false,
-            () = hangups.next() => true,
-        };
+        // A SIGHUP, or else the next tick (`tokio::select!` would need
+        // tokio's macros, which the memory-only build has no other use for).
+        let forced = std::future::poll_fn(|cx| match hangups.poll(cx) {
+            Poll::Ready(()) => Poll::Ready(true),
+            Poll::Pending => ticks.poll_tick(cx).map(|_| false),
+        })
+        .await;
         let Some(fleet) = fleet.upgrade() else { return };
         // A policy file is small: read in place, as a config crate would.
         let text = match std::fs::read_to_string(&path) {
@@ -126,14 +130,17 @@ impl Hangups {
         }
     }
 
-    async fn next(&mut self) {
+    fn poll(&mut self, cx: &mut Context<'_>) -> Poll<()> {
         #[cfg(unix)]
         if let Some(signal) = &mut self.signal {
-            if signal.recv().await.is_some() {
-                return;
+            match signal.poll_recv(cx) {
+                Poll::Ready(Some(())) => return Poll::Ready(()),
+                // The handler is gone: no SIGHUP will come.
+                Poll::Ready(None) => self.signal = None,
+                Poll::Pending => {}
             }
-            self.signal = None;
         }
-        std::future::pending::<()>().await;
+        let _ = cx;
+        Poll::Pending
     }
 }
