@@ -739,7 +739,8 @@ impl State {
 
     /// Builds the rules of policy `name` from its default and the changes,
     /// and swaps them in. A stored text that no longer parses (written by
-    /// a newer version, say) is skipped and logged.
+    /// a newer version, say) is skipped and logged: the limits in force
+    /// where it applies stay (on a fresh start, those from code).
     fn apply_one(&self, name: &str) {
         let Some(registered) = self.limiters.get(name) else {
             return;
@@ -757,12 +758,13 @@ impl State {
                 None
             }
         };
-        let base = self
-            .changes
-            .policies
-            .get(name)
-            .and_then(|text| parse("policy", text))
-            .unwrap_or_else(|| registered.default.clone());
+        // What a text that does not parse leaves in force: the limits of
+        // the rules it would have replaced.
+        let previous = registered.cell.rules();
+        let base = match self.changes.policies.get(name) {
+            Some(text) => parse("policy", text).unwrap_or_else(|| previous.base.clone()),
+            None => registered.default.clone(),
+        };
         let mut by_plan: HashMap<Arc<str>, Policy> = HashMap::new();
         for (plan, policies) in &self.plans {
             if let Some(policy) = policies.get(name) {
@@ -770,10 +772,14 @@ impl State {
             }
         }
         for ((plan, policy), text) in &self.changes.plans {
-            if policy == name
-                && let Some(policy) = parse("plan", text)
+            if policy != name {
+                continue;
+            }
+            let plan = plan.as_str();
+            if let Some(policy) =
+                parse("plan", text).or_else(|| previous.by_plan.get(plan).cloned())
             {
-                by_plan.insert(Arc::from(plan.as_str()), policy);
+                by_plan.insert(Arc::from(plan), policy);
             }
         }
         let mut by_key = HashMap::new();
@@ -783,10 +789,14 @@ impl State {
             }
         }
         for ((policy, key), text) in &self.changes.overrides {
-            if policy == name
-                && let Some(policy) = parse("override", text)
+            if policy != name {
+                continue;
+            }
+            let key = Key::new(key);
+            if let Some(policy) =
+                parse("override", text).or_else(|| previous.by_key.get(&key).cloned())
             {
-                by_key.insert(Key::new(key), policy);
+                by_key.insert(key, policy);
             }
         }
         registered.cell.set(Rules {
