@@ -153,10 +153,12 @@ impl LiveSettings {
     }
 
     /// Whether some plan has limits of its own here: only then is a
-    /// request's [`Plan`](crate::live::Plan) looked up.
+    /// request's [`Plan`](crate::live::Plan) looked up. Asked of the
+    /// current settings: the first request after a plan is defined must
+    /// see it.
     #[inline]
     pub(crate) fn has_plans(&self) -> bool {
-        !self.derived.load().by_plan.is_empty()
+        !self.current().by_plan.is_empty()
     }
 
     /// The limiter (the live one, as the layer was given it).
