@@ -5,16 +5,17 @@
 //! plans and the plan a request names decide only their identities, in
 //! that order before the policy; state carries over a change of limits
 //! but not of algorithm; a reset of one policy or all unblocks.
-use axum::Router;
+use std::convert::Infallible;
+
 use axum::body::Body;
-use axum::routing::get;
 use fleetgate::concurrency::{Admission, ConcurrencyLimiter, ConcurrencyPolicy};
 use fleetgate::key::{Key, key_fn};
 use fleetgate::live::{LiveError, LivePolicies, Plan};
 use fleetgate::spec::PolicySpec;
 use fleetgate::{ConfigError, Limiter, MemoryStore, Policy, RateLimitLayer};
-use http::{Request, StatusCode};
-use tower::ServiceExt;
+use http::{Request, Response, StatusCode};
+use tower::util::BoxCloneService;
+use tower::{Layer, ServiceExt};
 
 fn policy(name: &str, text: &str) -> Policy {
     text.parse::<PolicySpec>().unwrap().build(name).unwrap()
@@ -24,20 +25,28 @@ fn user(name: &str) -> Key {
     Key::new(format!("user:{name}"))
 }
 
-/// `GET /` limited by `limiter`, each request keyed by its `x-user`.
-fn app(limiter: Limiter) -> Router {
+/// A service limited by `limiter`, each request keyed by its `x-user`.
+///
+/// Built once, as a server builds its service: an axum `Router` called
+/// directly, as tests do, layered its route anew for each request here,
+/// which hid what the layer keeps between requests (a plan defined since
+/// was missed by the first request naming it).
+fn app(limiter: Limiter) -> App {
     let by_user = key_fn(|req: &Request<Body>| {
         let name = req.headers().get("x-user")?.to_str().ok()?;
         Some(user(name))
     });
-    Router::new()
-        .route("/", get(|| async { "ok" }))
-        .route_layer(RateLimitLayer::new(limiter).key(by_user))
+    let ok = tower::service_fn(|_: Request<Body>| async {
+        Ok::<_, Infallible>(Response::new(Body::from("ok")))
+    });
+    BoxCloneService::new(RateLimitLayer::new(limiter).key(by_user).layer(ok))
 }
+
+type App = BoxCloneService<Request<Body>, Response<Body>, Infallible>;
 
 /// One request of `name`, naming `plan` if any: its status and the quota
 /// its `RateLimit-Policy` header advertises (`q=`).
-async fn call(app: &Router, name: &str, plan: Option<&str>) -> (StatusCode, u64) {
+async fn call(app: &App, name: &str, plan: Option<&str>) -> (StatusCode, u64) {
     let mut req = Request::get("/")
         .header("x-user", name)
         .body(Body::empty())
@@ -64,7 +73,7 @@ async fn call(app: &Router, name: &str, plan: Option<&str>) -> (StatusCode, u64)
 
 /// Requests of `name` admitted through `app` before the first refusal
 /// (at most `max + 1` requests), each advertising `quota`.
-async fn admitted_via(app: &Router, name: &str, plan: Option<&str>, quota: u64, max: u64) -> u64 {
+async fn admitted_via(app: &App, name: &str, plan: Option<&str>, quota: u64, max: u64) -> u64 {
     for n in 0..=max {
         let (status, q) = call(app, name, plan).await;
         assert_eq!(q, quota, "{name} (plan {plan:?}): request {n}");

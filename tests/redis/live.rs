@@ -13,9 +13,9 @@ use crate::common;
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant, SystemTime};
 
-use axum::Router;
+use std::convert::Infallible;
+
 use axum::body::Body;
-use axum::routing::get;
 use common::RedisServer;
 use fleetgate::key::GlobalKey;
 use fleetgate::live::{LiveError, LivePolicies};
@@ -23,7 +23,8 @@ use fleetgate::spec::PolicySpec;
 use fleetgate::{FailurePolicy, Key, Limiter, LocalShare, Policy, RateLimitLayer, RedisStore};
 use http::{Request, StatusCode};
 use redis::AsyncCommands;
-use tower::ServiceExt;
+use tower::util::BoxCloneService;
+use tower::{Layer, ServiceExt};
 
 /// The stores' prefix: the fleet's changes live under it.
 const PREFIX: &str = "svc";
@@ -492,20 +493,21 @@ async fn local_auto_enforces_the_instances_share_while_redis_is_gone() {
     let b = LivePolicies::new(store(&server, timeout).await);
     let api = a.limiter(policy("local-auto", "8/h"));
     b.limiter(policy("local-auto", "8/h"));
+    // The service is built, and decides once, while a counts itself alone:
+    // its local fallback then holds the whole limit, and must follow the
+    // fleet's size when b comes.
     a.start().await.unwrap();
-    b.start().await.unwrap();
-    until(Duration::from_secs(5), "two instances", || {
-        a.instance_count() == 2 && b.instance_count() == 2
-    })
-    .await;
-    assert_eq!(LocalShare::auto().scale(8), 4);
-    let app = Router::new()
-        .route("/", get(|| async { "ok" }))
-        .route_layer(
-            RateLimitLayer::new(api)
-                .key(GlobalKey::new())
-                .on_store_error(FailurePolicy::local_auto()),
-        );
+    assert_eq!(a.instance_count(), 1);
+    assert_eq!(LocalShare::auto().scale(8), 8);
+    let ok = tower::service_fn(|_: Request<Body>| async {
+        Ok::<_, Infallible>(http::Response::new(Body::from("ok")))
+    });
+    let app = BoxCloneService::new(
+        RateLimitLayer::new(api)
+            .key(GlobalKey::new())
+            .on_store_error(FailurePolicy::local_auto())
+            .layer(ok),
+    );
     let quota = |response: &http::Response<Body>| {
         let header = response.headers().get("ratelimit-policy").unwrap();
         let header = header.to_str().unwrap().to_owned();
@@ -519,6 +521,13 @@ async fn local_auto_enforces_the_instances_share_while_redis_is_gone() {
     let get = || Request::get("/").body(Body::empty()).unwrap();
     let response = app.clone().oneshot(get()).await.unwrap();
     assert_eq!((response.status(), quota(&response)), (StatusCode::OK, 8));
+
+    b.start().await.unwrap();
+    until(Duration::from_secs(5), "two instances", || {
+        a.instance_count() == 2 && b.instance_count() == 2
+    })
+    .await;
+    assert_eq!(LocalShare::auto().scale(8), 4);
 
     server.stop();
     let mut got = Vec::new();
