@@ -411,7 +411,10 @@ impl LivePolicies {
         check_name(plan)?;
         let text = match text {
             Some(text) => Some(PolicySpec::from(&self.fleet.parse_for(policy, text)?).to_string()),
-            None => None,
+            None => {
+                self.fleet.known(policy)?;
+                None
+            }
         };
         let change = Change::Plan(plan.to_owned(), policy.to_owned());
         self.fleet.write(change, text).await
