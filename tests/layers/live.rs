@@ -211,6 +211,7 @@ async fn a_broken_text_or_an_unknown_policy_changes_nothing() {
     );
     unknown(live.set_override("nope", &bob, None).await.unwrap_err());
     unknown(live.set_plan("pro", "nope", Some("5/h")).await.unwrap_err());
+    unknown(live.set_plan("pro", "nope", None).await.unwrap_err());
     unknown(live.reset(&bob, Some("nope")).await.unwrap_err());
     match live.assign_plan(&bob, Some("platinum")).await.unwrap_err() {
         LiveError::Config(ConfigError::UnknownPlan { name }) => assert_eq!(name, "platinum"),
