@@ -151,7 +151,12 @@ pub enum LiveError {
     /// [`ConfigError::UnknownPlan`]).
     #[error(transparent)]
     Config(#[from] ConfigError),
-    /// The store could not record the change.
+    /// The store could not record the change. Nothing changed in this
+    /// process; but a write that timed out may still be applied by Redis
+    /// later (a hung server runs what it was sent when it wakes), as for
+    /// any call that times out: read the fleet's state back
+    /// ([`refresh`](LivePolicies::refresh), [`policies`](LivePolicies::policies))
+    /// before retrying.
     #[error(transparent)]
     Store(#[from] StoreError),
 }
