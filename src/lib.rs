@@ -13,6 +13,9 @@
 //! - [`ConcurrencyLimitLayer`] caps the requests in flight per identity
 //!   across the fleet with leases held until the response body ends
 //!   ([`concurrency`]); [`lease`] holds the reusable release-on-drop pieces.
+//! - [`live`] changes limits while the fleet runs (no restart, no round
+//!   trip per request): per-identity limits and plans, resetting an
+//!   identity, policy files re-read when they change.
 //! - Under overload, [`shed`] drops the least important traffic first:
 //!   [`FleetShedLayer`] gives each priority tier a share of the fleet's
 //!   capacity and answers 503 beyond it, never to critical traffic;

@@ -57,8 +57,9 @@
 //! [`Limiter::set_policy`](crate::Limiter::set_policy)).
 
 mod rules;
+mod watch;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -73,9 +74,9 @@ use crate::limiter::{IntoStore, Limiter};
 use crate::log::LogGate;
 use crate::rate_limit::RoutePolicies;
 use crate::spec::{ParseError, PolicyFile, PolicySpec};
-use crate::store::Store;
 #[cfg(feature = "redis")]
 use crate::store::{RedisStore, redis_live};
+use crate::store::{Store, StoreFuture};
 
 /// Live-policy warnings (a stored text that no longer parses, a failed
 /// sync) are logged at most once a second per process.
@@ -183,8 +184,8 @@ struct State {
     /// The rate limiters handed out, by policy name, with the policy they
     /// were given (or the policy file's): what a removed change restores.
     limiters: BTreeMap<String, Registered>,
-    /// Concurrency policies, known for [`LivePolicies::reset`].
-    concurrency: BTreeSet<String>,
+    /// Concurrency limiters, known for [`LivePolicies::reset`].
+    concurrency: BTreeMap<String, ConcurrencyLimiter>,
     /// Plans defined in code or in a policy file: plan → policy → limits.
     plans: BTreeMap<String, BTreeMap<String, Policy>>,
     /// The fleet's changes, as stored.
@@ -284,7 +285,7 @@ impl LivePolicies {
         self.fleet
             .lock()
             .concurrency
-            .insert(limiter.policy().name().to_owned());
+            .insert(limiter.policy().name().to_owned(), limiter.clone());
         limiter
     }
 
@@ -446,26 +447,33 @@ impl LivePolicies {
     /// and its concurrency leases are dropped. Instances that remember a
     /// denial of it forget it at their next poll.
     pub async fn reset(&self, key: &Key, policy: Option<&str>) -> Result<(), LiveError> {
-        let names: Vec<String> = {
+        // Each store call, made outside the lock: a concurrency limiter's
+        // own reset, which also stops renewing the leases it drops.
+        let resets: Vec<StoreFuture<()>> = {
             let state = self.fleet.lock();
-            match policy {
-                Some(name) if state.knows(name) => vec![name.to_owned()],
-                Some(name) => {
-                    return Err(ConfigError::UnknownPolicy {
-                        name: name.to_owned(),
-                    }
-                    .into());
+            if let Some(name) = policy
+                && !state.knows(name)
+            {
+                return Err(ConfigError::UnknownPolicy {
+                    name: name.to_owned(),
                 }
-                None => state
-                    .limiters
-                    .keys()
-                    .chain(&state.concurrency)
-                    .cloned()
-                    .collect(),
+                .into());
             }
+            let wanted = |name: &str| policy.is_none_or(|p| p == name);
+            let rate = state
+                .limiters
+                .keys()
+                .filter(|n| wanted(n))
+                .map(|name| self.fleet.store.reset(name, key));
+            let concurrency = state
+                .concurrency
+                .iter()
+                .filter(|(n, _)| wanted(n))
+                .map(|(_, limiter)| limiter.reset(key));
+            rate.chain(concurrency).collect()
         };
-        for name in &names {
-            self.fleet.store.reset(name, key).await?;
+        for reset in resets {
+            reset.await?;
         }
         self.fleet.write(Change::Reset, None).await
     }
@@ -702,26 +710,25 @@ impl Changes {
                 .split_once(' ')
                 .map(|(a, b)| (a.to_owned(), b.to_owned()))
         };
+        // Written past this crate's bounds (by hand, say), a table is read
+        // only up to them.
+        let table = |t| snapshot.table(t).iter().take(MAX_IDENTITIES);
         Changes {
-            policies: snapshot.table(Table::Policies).iter().cloned().collect(),
-            overrides: snapshot
-                .table(Table::Overrides)
-                .iter()
+            policies: table(Table::Policies).cloned().collect(),
+            overrides: table(Table::Overrides)
                 .filter_map(|(f, v)| Some((split(f)?, v.clone())))
                 .collect(),
-            plans: snapshot
-                .table(Table::Plans)
-                .iter()
+            plans: table(Table::Plans)
                 .filter_map(|(f, v)| Some((split(f)?, v.clone())))
                 .collect(),
-            assigned: snapshot.table(Table::Assigned).iter().cloned().collect(),
+            assigned: table(Table::Assigned).cloned().collect(),
         }
     }
 }
 
 impl State {
     fn knows(&self, name: &str) -> bool {
-        self.limiters.contains_key(name) || self.concurrency.contains(name)
+        self.limiters.contains_key(name) || self.concurrency.contains_key(name)
     }
 
     fn has_plan(&self, plan: &str) -> bool {

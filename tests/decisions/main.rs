@@ -16,3 +16,4 @@ mod harness;
 mod memory_store;
 mod reset;
 mod spec;
+mod watch;
