@@ -17,6 +17,7 @@ use std::convert::Infallible;
 
 use axum::body::Body;
 use common::RedisServer;
+use fleetgate::concurrency::{Admission, ConcurrencyLimiter, ConcurrencyPolicy};
 use fleetgate::key::GlobalKey;
 use fleetgate::live::{LiveError, LivePolicies};
 use fleetgate::spec::PolicySpec;
@@ -213,9 +214,26 @@ async fn a_reset_unblocks_on_every_instance_past_their_deny_caches() {
         b.limiter(policy("api", "2/h")),
         b.limiter(policy("search", "1/h")),
     );
+    // One lease at a time per identity, fleet-wide.
+    let jobs = |live: &LivePolicies, store: RedisStore| {
+        let policy = ConcurrencyPolicy::builder("jobs", 1)
+            .lease_ttl(Duration::from_secs(60))
+            .build()
+            .unwrap();
+        live.concurrency(ConcurrencyLimiter::new(policy, store))
+    };
+    let jobs_a = jobs(&a, store(&server, Duration::from_secs(2)).await);
+    let jobs_b = jobs(&b, store_b.clone());
     a.start().await.unwrap();
     b.start().await.unwrap();
     let (bob, carol) = (user("bob"), user("carol"));
+    let Admission::Acquired(held) = jobs_b.acquire(&bob).await.unwrap() else {
+        panic!("the first lease is free");
+    };
+    assert!(matches!(
+        jobs_a.acquire(&bob).await.unwrap(),
+        Admission::Refused(_)
+    ));
     for key in [&bob, &carol] {
         assert_eq!(admitted(&api_b, key, 5).await, 2);
         assert_eq!(admitted(&search_b, key, 5).await, 1);
@@ -244,6 +262,10 @@ async fn a_reset_unblocks_on_every_instance_past_their_deny_caches() {
     assert!(!search_a.check(&bob, 1).await.unwrap().is_allowed());
     assert!(!search_b.check(&bob, 1).await.unwrap().is_allowed());
     assert!(!api_b.check(&carol, 1).await.unwrap().is_allowed());
+    assert!(matches!(
+        jobs_a.acquire(&bob).await.unwrap(),
+        Admission::Refused(_)
+    ));
 
     // Every policy, through b: a forgets its cached denials too.
     let hits = store_b.deny_cache_stats().hits;
@@ -260,6 +282,19 @@ async fn a_reset_unblocks_on_every_instance_past_their_deny_caches() {
     }
     assert_eq!(admitted(&api_a, &bob, 5).await, 2);
     assert!(!search_b.check(&bob, 1).await.unwrap().is_allowed());
+    // b's lease is gone: a takes the one slot, and b's guard, dropped,
+    // frees nothing of it.
+    assert_eq!(server.leases_held().await, 0);
+    let Admission::Acquired(_taken) = jobs_a.acquire(&bob).await.unwrap() else {
+        panic!("bob's lease was not dropped");
+    };
+    drop(held);
+    jobs_b.releases_settled().await;
+    assert_eq!(server.leases_held().await, 1);
+    assert!(matches!(
+        jobs_b.acquire(&bob).await.unwrap(),
+        Admission::Refused(_)
+    ));
     assert!(!api_a.check(&carol, 1).await.unwrap().is_allowed());
     assert!(!search_a.check(&carol, 1).await.unwrap().is_allowed());
 }
