@@ -405,3 +405,74 @@ async fn a_reset_of_one_policy_or_all_unblocks() {
     live.reset(&carol, Some("jobs")).await.unwrap();
     assert!(!api.check(&carol, 1).await.unwrap().is_allowed());
 }
+
+/// A policy file's route table, each policy live: a change to one policy
+/// decides its routes' next requests, and the file's plans can be
+/// assigned.
+#[tokio::test]
+async fn a_policy_files_routes_follow_live_changes_and_plans() {
+    let file: fleetgate::spec::PolicyFile = toml::from_str(
+        r#"
+        default = "general"
+        [policies]
+        general = "1/h"
+        login = "1/h"
+        [[routes]]
+        path = "/login"
+        policy = "login"
+        [plans.pro]
+        general = "3/h"
+        "#,
+    )
+    .unwrap();
+    let live = LivePolicies::new(MemoryStore::new());
+    let routes = live.routes(&file).unwrap();
+    live.start().await.unwrap();
+    let by_user = key_fn(|req: &Request<Body>| {
+        let name = req.headers().get("x-user")?.to_str().ok()?;
+        Some(user(name))
+    });
+    let app = axum::Router::new()
+        .route("/login", axum::routing::post(|| async { "in" }))
+        .route("/data", axum::routing::get(|| async { "data" }))
+        .layer(RateLimitLayer::per_route(routes).unwrap().key(by_user));
+    let statuses = |method: &'static str, path: &'static str, name: &'static str| {
+        let app = app.clone();
+        async move {
+            let mut out = Vec::new();
+            for _ in 0..4 {
+                let req = Request::builder()
+                    .method(method)
+                    .uri(path)
+                    .header("x-user", name)
+                    .body(Body::empty())
+                    .unwrap();
+                out.push(app.clone().oneshot(req).await.unwrap().status().as_u16());
+            }
+            out
+        }
+    };
+    assert_eq!(
+        statuses("POST", "/login", "bob").await,
+        [200, 429, 429, 429]
+    );
+    live.set_policy("login", "1/h burst 3").await.unwrap();
+    assert_eq!(
+        statuses("POST", "/login", "bob").await,
+        [200, 200, 429, 429]
+    );
+    assert_eq!(statuses("GET", "/data", "bob").await, [200, 429, 429, 429]);
+
+    live.assign_plan(&user("ann"), Some("pro")).await.unwrap();
+    assert_eq!(statuses("GET", "/data", "ann").await, [200, 200, 200, 429]);
+    // The plan has no limits for `login`: the policy's.
+    assert_eq!(
+        statuses("POST", "/login", "ann").await,
+        [200, 200, 200, 429]
+    );
+    assert_eq!(
+        statuses("POST", "/login", "cat").await,
+        [200, 200, 200, 429]
+    );
+    assert_eq!(live.policies()["general"], "1/h");
+}
