@@ -649,3 +649,38 @@ async fn a_change_while_redis_is_gone_fails_within_the_timeout_and_changes_nothi
     assert_eq!(api.policy(), policy("api", "1/h"));
     assert_eq!(gone.policies()["api"], "1/h");
 }
+
+/// An instance started while Redis is down keeps trying, and follows the
+/// fleet's changes once Redis is there.
+#[tokio::test]
+async fn an_instance_started_while_redis_is_down_follows_once_it_is_back() {
+    let _shared = crate::machine::shared().await;
+    let port = common::redis_server::free_port();
+    let early = LivePolicies::new(
+        RedisStore::builder()
+            .prefix(PREFIX)
+            .timeout(Duration::from_millis(500))
+            .connect_lazy(&format!("redis://127.0.0.1:{port}"))
+            .unwrap(),
+    );
+    let api = early.limiter(policy("api", "1/h"));
+    assert!(early.start().await.is_err());
+    assert_eq!(api.policy(), policy("api", "1/h"));
+
+    let server = RedisServer::start_on(port).expect("a server on the free port");
+    let other = instance(&server).await;
+    other.limiter(policy("api", "1/h"));
+    other.start().await.unwrap();
+    other.set_policy("api", "4/h").await.unwrap();
+    let want = policy("api", "4/h");
+    until(
+        Duration::from_secs(10),
+        "the change, once Redis is back",
+        || api.policy() == want,
+    )
+    .await;
+    until(Duration::from_secs(10), "both heartbeats", || {
+        early.instance_count() == 2
+    })
+    .await;
+}
