@@ -476,3 +476,42 @@ async fn a_policy_files_routes_follow_live_changes_and_plans() {
     );
     assert_eq!(live.policies()["general"], "1/h");
 }
+
+/// An identity is its key as the extractor makes it: an override written
+/// for `ip:<address>` decides the requests of that peer.
+#[tokio::test]
+async fn an_override_of_an_ip_key_decides_that_peer() {
+    use axum::extract::ConnectInfo;
+    use fleetgate::key::PeerIp;
+    use std::net::SocketAddr;
+
+    let live = LivePolicies::new(MemoryStore::new());
+    let api = live.limiter(policy("api", "1/h"));
+    live.start().await.unwrap();
+    let ok = tower::service_fn(|_: Request<Body>| async {
+        Ok::<_, Infallible>(Response::new(Body::from("ok")))
+    });
+    let app: App = BoxCloneService::new(RateLimitLayer::new(api).key(PeerIp).layer(ok));
+    live.set_override("api", &Key::new("ip:192.0.2.7"), Some("3/h"))
+        .await
+        .unwrap();
+    live.set_override("api", &Key::new("ip:2001:db8::7"), Some("2/h"))
+        .await
+        .unwrap();
+    let statuses = |peer: &'static str| {
+        let app = app.clone();
+        async move {
+            let mut out = Vec::new();
+            for _ in 0..4 {
+                let mut req = Request::get("/").body(Body::empty()).unwrap();
+                let addr: SocketAddr = peer.parse().unwrap();
+                req.extensions_mut().insert(ConnectInfo(addr));
+                out.push(app.clone().oneshot(req).await.unwrap().status().as_u16());
+            }
+            out
+        }
+    };
+    assert_eq!(statuses("192.0.2.7:1000").await, [200, 200, 200, 429]);
+    assert_eq!(statuses("[2001:db8::7]:1000").await, [200, 200, 429, 429]);
+    assert_eq!(statuses("192.0.2.8:1000").await, [200, 429, 429, 429]);
+}
