@@ -684,3 +684,39 @@ async fn an_instance_started_while_redis_is_down_follows_once_it_is_back() {
     })
     .await;
 }
+
+/// A version that is not a number (written by hand): changes fail with a
+/// store error and the limits stay, no panic; once it is a number again,
+/// changes flow.
+#[tokio::test]
+async fn a_hand_written_version_that_is_not_a_number_stops_nothing_else() {
+    let _shared = crate::machine::shared().await;
+    let server = RedisServer::start();
+    let (a, b) = (instance(&server).await, instance(&server).await);
+    let api_a = a.limiter(policy("api", "1/h"));
+    let api_b = b.limiter(policy("api", "1/h"));
+    a.start().await.unwrap();
+    b.start().await.unwrap();
+    a.set_policy("api", "2/h").await.unwrap();
+    until(PROPAGATION, "2/h", || {
+        api_b.policy() == policy("api", "2/h")
+    })
+    .await;
+
+    let mut conn = server.admin().await;
+    let version = format!("{PREFIX}:{{live}}:version");
+    let _: () = conn.set(&version, "not a number").await.unwrap();
+    let err = a.set_policy("api", "3/h").await.unwrap_err();
+    assert!(matches!(err, LiveError::Store(_)), "{err:?}");
+    assert!(b.refresh().await.is_err());
+    assert_eq!(api_a.policy(), policy("api", "2/h"));
+    assert_eq!(api_b.policy(), policy("api", "2/h"));
+    assert_eq!(admitted(&api_b, &user("bob"), 5).await, 2);
+
+    let _: () = conn.set(&version, 100).await.unwrap();
+    a.set_policy("api", "3/h").await.unwrap();
+    until(PROPAGATION, "3/h", || {
+        api_b.policy() == policy("api", "3/h")
+    })
+    .await;
+}
