@@ -174,6 +174,11 @@ struct Fleet {
     #[cfg(feature = "redis")]
     redis: Option<(RedisStore, redis_live::Scripts)>,
     state: Mutex<State>,
+    /// Held by a refresh from reading the changes to applying them: one
+    /// at a time, so that a snapshot read earlier is never applied over
+    /// one read later (a writer then found its own change undone).
+    #[cfg(feature = "redis")]
+    refreshing: tokio::sync::Mutex<()>,
     id: String,
     started: SystemTime,
     poll: Duration,
@@ -233,6 +238,8 @@ impl LivePolicies {
                 state: Mutex::new(State::default()),
                 id,
                 started: SystemTime::now(),
+                #[cfg(feature = "redis")]
+                refreshing: tokio::sync::Mutex::new(()),
                 poll: DEFAULT_POLL,
             }),
         }
@@ -619,6 +626,7 @@ impl Fleet {
     async fn refresh(&self) -> Result<(), StoreError> {
         #[cfg(feature = "redis")]
         if let Some((redis, scripts)) = &self.redis {
+            let _one = self.refreshing.lock().await;
             let snapshot = redis.live_load(scripts).await?;
             let changes = Changes::from_snapshot(&snapshot);
             let mut state = self.lock();
