@@ -527,10 +527,22 @@ pub(super) struct Failure {
     pub(super) transient: bool,
 }
 
-fn is_transient(err: &redis::RedisError) -> bool {
+/// Whether the same call sent again may succeed: the connection failed, or
+/// the server cannot run it for now. A failover's replies count, also as
+/// Redis < 7 gives them from inside a script, wrapped in an `ERR`
+/// (`ERR Error running script ...: -READONLY You can't write against a read
+/// only replica.`), and `NOREPLICAS` (`min-replicas-to-write` unmet).
+pub(super) fn is_transient(err: &redis::RedisError) -> bool {
     if err.is_io_error() || err.is_connection_dropped() || err.is_timeout() {
         return true;
     }
+    // A failover's code inside the text of a script's `ERR`.
+    let wrapped = |code: &str| {
+        err.kind() == ErrorKind::Server(ServerErrorKind::ResponseError) && {
+            let text = err.to_string();
+            text.contains(&format!("-{code} ")) || text.contains(&format!(": {code} "))
+        }
+    };
     match err.kind() {
         ErrorKind::Server(
             ServerErrorKind::BusyLoading
@@ -540,8 +552,14 @@ fn is_transient(err: &redis::RedisError) -> bool {
             | ServerErrorKind::ReadOnly,
         )
         | ErrorKind::ClusterConnectionNotFound => true,
-        // A script running past its time limit: not a code the client names.
-        _ => err.code() == Some("BUSY"),
+        // `BUSY`, a script running past its time limit, and `NOREPLICAS`:
+        // not codes the client names.
+        _ => {
+            matches!(err.code(), Some("BUSY" | "NOREPLICAS"))
+                || ["READONLY", "MASTERDOWN", "NOREPLICAS"]
+                    .into_iter()
+                    .any(wrapped)
+        }
     }
 }
 
@@ -984,13 +1002,16 @@ impl RedisStoreBuilder {
     /// a call fails in a way that says the master may have moved: its
     /// connection dropped or refused, a timeout, `READONLY` (the server was
     /// demoted to a replica), `MASTERDOWN` or `NOREPLICAS`. A lookup asks
-    /// all the sentinels at once, each within the
+    /// all the sentinels at once, within the
     /// [connect timeout](Self::connect_timeout), so a sentinel that never
-    /// answers does not hold up a master the others name; it takes the
-    /// first master named that
-    /// sentinel does not flag down and that says `ROLE` master, connects
-    /// to it (within the connect timeout) and checks `ROLE` again; it gives
-    /// up once more than half the sentinels answered without one. After a
+    /// answers holds nothing up; it takes a master only once more than
+    /// half of all the sentinels given name it (and do not flag it down),
+    /// so that a sentinel cut off with the old master cannot move the
+    /// store back there; with most sentinels unreachable no lookup
+    /// succeeds, and the store keeps the connection it has. Sentinels that
+    /// answered without a master, or named another, are asked again every
+    /// 50 ms until the connect timeout; only sentinels that fail end the
+    /// lookup sooner. It connects to the master and checks `ROLE`. After a
     /// dropped or refused connection the connection is always replaced.
     /// After a timeout, `READONLY`, `MASTERDOWN` or `NOREPLICAS`, if the
     /// sentinels still name the same address, the connection in use is
@@ -1010,10 +1031,9 @@ impl RedisStoreBuilder {
     /// scripts loaded as on a single server; a promoted replica has no
     /// scripts cached, so one `SCRIPT LOAD` follows each failover.
     ///
-    /// Redis 7 or later is recommended: before 7, a write in a script run
-    /// on a demoted master comes back as `ERR ... -READONLY ...`, which
-    /// starts a lookup as well but is not a transient error for the
-    /// layers' failure policy.
+    /// Before Redis 7, a write in a script run on a demoted master comes
+    /// back as `ERR ... -READONLY ...`: it starts a lookup and counts as a
+    /// transient error too.
     ///
     /// Must be called within a tokio runtime (otherwise
     /// [`ConfigError::NoRuntime`]).

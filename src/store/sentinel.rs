@@ -4,21 +4,52 @@
 //! for a connection to the new master after a failover.
 //!
 //! The connection never reconnects by itself: the only way to any server is
-//! a lookup, which asks every sentinel at once (each through its own redis
-//! crate `SentinelClient`, each bounded by the connect timeout, so one
-//! sentinel that never answers does not hold up a master the others
-//! name), takes the first master
-//! named by a sentinel that does not flag it down and that itself says
-//! `ROLE` master, connects to it and checks `ROLE` again on that
-//! connection; so the store never sends to an address it merely used to
-//! know. A lookup
-//! runs in the background, one at a time and at most one per
+//! a lookup, which
+//!
+//! - asks every sentinel at once (`SENTINEL MASTER <name>`), within the
+//!   connect timeout, so one sentinel that never answers holds nothing up;
+//! - takes an address only once **more than half of all the configured
+//!   sentinels** (not only of those that answered) name it, as a master
+//!   they do not flag down. A sentinel cut off with the old master, which
+//!   still answers `ROLE` master, names it for as long as the cut lasts:
+//!   taking the first answer (as this module did before) let that one
+//!   sentinel move the store back to the old master, and the next periodic
+//!   check move it forward again. Sentinel itself needs a majority to fail
+//!   over, so the majority's address is the one that can have been
+//!   promoted. The price: with more than half the sentinels unreachable
+//!   from the store, no lookup succeeds, and the store keeps the
+//!   connection it has (or, with none, fails calls under the failure
+//!   policy) until they are back;
+//! - while no address has that majority, asks the sentinels that answered
+//!   again every [`ASK_AGAIN`]: one that saw no master (flags it down, a
+//!   failover under way) or named another address may name the winner a
+//!   moment later. Only sentinels that failed (an error, or no answer in
+//!   time) are not asked again, and only they end the lookup early, once
+//!   the others cannot make a majority any more; otherwise it runs until
+//!   the connect timeout;
+//! - connects to the winner (through a redis crate `SentinelClient` of a
+//!   sentinel that named it, which holds the master's password and TLS
+//!   settings, and checks its `ROLE`), checks `ROLE` again on the new
+//!   connection, and swaps it in; a winner that cannot be connected to or
+//!   is no master is tried again while the majority names it, within the
+//!   same time. So the store never sends to an address it merely used to
+//!   know, nor to one a minority of the sentinels names.
+//!
+//! A lookup runs in the background, one at a time and at most one per
 //! [`LOOKUP_EVERY`], when a call fails in a way that says the master may
 //! have moved (its connection dropped or refused, a timeout, `READONLY`,
-//! `MASTERDOWN`, `NOREPLICAS`), and when a periodic question to the
-//! sentinels (`SENTINEL GET-MASTER-ADDR-BY-NAME`) names another address
-//! than the one in use: a master demoted by hand, or cut off from the
-//! sentinels, still answers normally, so the calls alone would not tell.
+//! `MASTERDOWN`, `NOREPLICAS`, also wrapped in a Redis < 7 script error),
+//! and when the periodic check asks one sentinel (`SENTINEL
+//! GET-MASTER-ADDR-BY-NAME`) and it names another address than the one in
+//! use: a master demoted by hand, or cut off from the sentinels, still
+//! answers normally, so the calls alone would not tell. After such a
+//! disagreement the check asks the next sentinel, so that one sentinel in
+//! the minority does not start a lookup at every check.
+//!
+//! Each connection swapped in has a generation, and a call reports its
+//! failure with the generation of the connection it was sent on: a call
+//! sent to the old master that fails after the swap starts no lookup (it
+//! would replace the new master's sound connection once more).
 //! Calls never wait for a lookup: until it swaps the connection they fail
 //! (at once on a dropped connection) and the layers follow their failure
 //! policy.
@@ -43,10 +74,8 @@ pub(crate) const LOOKUP_EVERY: Duration = Duration::from_millis(100);
 /// The master the sentinels name, and the store's connection to it.
 pub(crate) struct SentinelConn {
     name: String,
-    /// One client per sentinel, each asking only its own sentinel (for
-    /// `SENTINEL MASTERS`) and checking the master's `ROLE`; locked by the
-    /// one lookup running.
-    clients: Vec<Arc<tokio::sync::Mutex<SentinelClient>>>,
+    /// The sentinels, as the lookups ask them.
+    voters: Vec<Arc<Voter>>,
     current: RwLock<Option<Arc<Master>>>,
     /// Whether a lookup is running.
     looking: AtomicBool,
@@ -57,7 +86,9 @@ pub(crate) struct SentinelConn {
     last_lookup: AtomicU64,
     /// Bounds each lookup, and each question of the periodic check.
     connect_timeout: Duration,
-    /// How many times the connection was swapped (for `Debug`).
+    /// How many times the connection was swapped (for `Debug`): the
+    /// generation of the connection in use (0: none yet). Changed only
+    /// with `current` locked for writing.
     swaps: AtomicU64,
 }
 
@@ -65,7 +96,157 @@ struct Master {
     /// `host:port`, as the sentinels name it.
     addr: String,
     conn: MultiplexedConnection,
+    /// [`SentinelConn::swaps`] when this connection was swapped in: its
+    /// generation, which tells a failure of it from one of a connection
+    /// it replaced.
+    generation: u64,
 }
+
+/// The connection a call is sent on: the master's, tagged with its
+/// generation, so that a failure is reported with the connection it
+/// happened on ([`SentinelConn::failed_on`]).
+pub(crate) struct Tagged {
+    conn: MultiplexedConnection,
+    generation: u64,
+    owner: Arc<SentinelConn>,
+}
+
+impl Tagged {
+    /// Reports a failure: the connection's, or the server's error reply
+    /// (which the client hands over as a value, made an error later).
+    fn report(&self, result: Result<&[Value], &RedisError>) {
+        match result {
+            Err(err) => self.owner.failed_on(self.generation, err),
+            Ok(values) => {
+                for value in values {
+                    if let Value::ServerError(err) = value {
+                        self.owner
+                            .failed_on(self.generation, &RedisError::from(err.clone()));
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl ConnectionLike for Tagged {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a redis::Cmd) -> redis::RedisFuture<'a, Value> {
+        Box::pin(async move {
+            let result = self.conn.req_packed_command(cmd).await;
+            self.report(result.as_ref().map(std::slice::from_ref));
+            result
+        })
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<Value>> {
+        Box::pin(async move {
+            let result = self.conn.req_packed_commands(pipeline, offset, count).await;
+            self.report(result.as_ref().map(Vec::as_slice));
+            result
+        })
+    }
+
+    fn get_db(&self) -> i64 {
+        self.conn.get_db()
+    }
+}
+
+/// One sentinel, as the lookups ask it.
+struct Voter {
+    info: ConnectionInfo,
+    /// The lookups' connection to it, made on the first question and
+    /// dropped when a question fails.
+    conn: tokio::sync::Mutex<Option<MultiplexedConnection>>,
+    /// Connects to the master this sentinel names (asking it again, with
+    /// `SENTINEL MASTERS`, and checking the master's `ROLE`), with the
+    /// settings of the master's connection (password, TLS).
+    client: tokio::sync::Mutex<SentinelClient>,
+}
+
+/// What one sentinel answered a lookup.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Answer {
+    /// It names this `host:port`, a master it does not flag down.
+    Names(String),
+    /// It answered without a master: it does not know the name, or flags
+    /// the master down (a failover is under way). It is asked again.
+    NoMaster,
+    /// No answer: an error, or none within the lookup's time. It is not
+    /// asked again in this lookup.
+    Failed,
+}
+
+/// The latest answer of each sentinel in one lookup.
+#[derive(Debug)]
+struct Tally {
+    latest: Vec<Option<Answer>>,
+}
+
+impl Tally {
+    fn new(sentinels: usize) -> Self {
+        Tally {
+            latest: vec![None; sentinels],
+        }
+    }
+
+    fn set(&mut self, sentinel: usize, answer: Answer) {
+        if let Some(slot) = self.latest.get_mut(sentinel) {
+            *slot = Some(answer);
+        }
+    }
+
+    /// The address more than half of all the sentinels (not only of those
+    /// that answered) name now, and which of them name it.
+    fn winner(&self) -> Option<(&str, Vec<usize>)> {
+        let named = |i: usize| match self.latest.get(i) {
+            Some(Some(Answer::Names(addr))) => Some(addr.as_str()),
+            _ => None,
+        };
+        (0..self.latest.len()).find_map(|i| {
+            let addr = named(i)?;
+            let voters: Vec<usize> = (0..self.latest.len())
+                .filter(|&j| named(j) == Some(addr))
+                .collect();
+            (voters.len() * 2 > self.latest.len()).then_some((addr, voters))
+        })
+    }
+
+    /// Whether no address can have a majority any more: so many sentinels
+    /// failed that the others are half or fewer. Only failures count: a
+    /// sentinel that answered without a master, or named another address,
+    /// is asked again and may name the winner yet.
+    fn hopeless(&self) -> bool {
+        let failed = self
+            .latest
+            .iter()
+            .filter(|a| matches!(a, Some(Answer::Failed)))
+            .count();
+        (self.latest.len() - failed) * 2 <= self.latest.len()
+    }
+
+    /// For an error: what the sentinels answered last.
+    fn summary(&self) -> String {
+        self.latest
+            .iter()
+            .map(|a| match a {
+                Some(Answer::Names(addr)) => addr.as_str(),
+                Some(Answer::NoMaster) => "no master",
+                Some(Answer::Failed) => "failed",
+                None => "no answer yet",
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+/// How long a sentinel that answered is left before it is asked again,
+/// while no address has a majority.
+const ASK_AGAIN: Duration = Duration::from_millis(50);
 
 /// What the settings of
 /// [`connect_sentinel`](super::RedisStoreBuilder::connect_sentinel) make.
@@ -82,7 +263,7 @@ impl SentinelConn {
     /// ([`SentinelConn::lookup`] or [`SentinelConn::trigger`]) and starts
     /// the periodic check ([`SentinelConn::watch`]).
     pub(crate) fn new(settings: &Settings) -> redis::RedisResult<Arc<Self>> {
-        let clients = settings
+        let voters = settings
             .sentinels
             .iter()
             .map(|sentinel| {
@@ -92,12 +273,18 @@ impl SentinelConn {
                     Some(settings.node.clone()),
                     SentinelServerType::Master,
                 )
-                .map(|client| Arc::new(tokio::sync::Mutex::new(client)))
+                .map(|client| {
+                    Arc::new(Voter {
+                        info: sentinel.clone(),
+                        conn: tokio::sync::Mutex::new(None),
+                        client: tokio::sync::Mutex::new(client),
+                    })
+                })
             })
             .collect::<redis::RedisResult<Vec<_>>>()?;
         Ok(Arc::new(SentinelConn {
             name: settings.name.clone(),
-            clients,
+            voters,
             current: RwLock::new(None),
             looking: AtomicBool::new(false),
             start: Instant::now(),
@@ -125,19 +312,27 @@ impl SentinelConn {
 
     /// How many times the master connection was made or swapped.
     pub(crate) fn swaps(&self) -> u64 {
-        self.swaps.load(Ordering::Relaxed)
+        self.swaps.load(Ordering::Acquire)
     }
 
-    /// The current master's connection, or an error (of the I/O kind, so a
-    /// transient one that starts a lookup) while none is known.
-    pub(crate) fn connection(&self) -> redis::RedisResult<MultiplexedConnection> {
+    /// The current master's connection, tagged with its generation, or an
+    /// error (of the I/O kind, a transient one) while none is known, which
+    /// starts a lookup.
+    pub(crate) fn connection(self: &Arc<Self>) -> redis::RedisResult<Tagged> {
         match self.master() {
-            Some(master) => Ok(master.conn.clone()),
-            None => Err(std::io::Error::new(
-                std::io::ErrorKind::NotConnected,
-                "no Redis master known yet; asking the sentinels",
-            )
-            .into()),
+            Some(master) => Ok(Tagged {
+                conn: master.conn.clone(),
+                generation: master.generation,
+                owner: self.clone(),
+            }),
+            None => {
+                self.trigger(true);
+                Err(std::io::Error::new(
+                    std::io::ErrorKind::NotConnected,
+                    "no Redis master known yet; asking the sentinels",
+                )
+                .into())
+            }
         }
     }
 
@@ -145,10 +340,27 @@ impl SentinelConn {
         self.master().map_or(0, |m| m.conn.get_db())
     }
 
-    /// Takes note of a failed call (`None`: the store's own timeout): one
-    /// that may mean the master moved starts a lookup.
+    /// Takes note of a failed call (`None`: the store's own timeout). A
+    /// timeout starts a lookup that keeps the connection if it answers
+    /// `PING`; an error was already reported, with the generation of the
+    /// connection it came from, by [`Tagged`] ([`failed_on`](Self::failed_on)),
+    /// or by [`connection`](Self::connection) when there was none.
     pub(crate) fn failed(self: &Arc<Self>, err: Option<&RedisError>) {
-        if let Some(broken) = lookup_after(err) {
+        if err.is_none() {
+            self.trigger(false);
+        }
+    }
+
+    /// Takes note of `err` on the connection of generation `generation`:
+    /// one that may mean the master moved starts a lookup, unless the
+    /// connection was replaced since (a call sent on the old master's
+    /// connection failing after the swap says nothing about the new one).
+    fn failed_on(self: &Arc<Self>, generation: u64, err: &RedisError) {
+        if generation != self.swaps() {
+            tracing::trace!(master = %self.name, error = %err, "sentinel: a replaced connection failed");
+            return;
+        }
+        if let Some(broken) = lookup_after(Some(err)) {
             self.trigger(broken);
         }
     }
@@ -196,22 +408,22 @@ impl SentinelConn {
             .saturating_add(1)
     }
 
-    /// Asks the sentinels for the master and swaps the connection if they
-    /// name another one (or, with `broken`, in any case; without, the
-    /// current connection is also replaced if it does not answer `PING`
-    /// within [`ping_timeout`]). Each step is bounded: each sentinel's
-    /// answer and the new connection by the connect timeout. On failure
-    /// the current connection stays.
+    /// Asks the sentinels for the master and swaps the connection if a
+    /// majority of them name another one (or, with `broken`, in any case;
+    /// without, the current connection is also replaced if it does not
+    /// answer `PING` within [`ping_timeout`]). Bounded: the sentinels'
+    /// answers by the connect timeout ([`find`](Self::find)), each
+    /// connection attempt by the connect timeout too. On failure the
+    /// current connection stays.
     pub(crate) async fn lookup(&self, broken: bool) -> Result<(), RedisError> {
         match self.find(broken).await {
-            Ok(Some(master)) => {
+            Ok(Some(mut master)) => {
                 let addr = master.addr.clone();
-                let old = self
-                    .current
-                    .write()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .replace(Arc::new(master));
-                self.swaps.fetch_add(1, Ordering::Relaxed);
+                let old = {
+                    let mut current = self.current.write().unwrap_or_else(PoisonError::into_inner);
+                    master.generation = self.swaps.fetch_add(1, Ordering::AcqRel) + 1;
+                    current.replace(Arc::new(master))
+                };
                 match old {
                     Some(old) if old.addr != addr => tracing::warn!(
                         master = %self.name,
@@ -241,14 +453,119 @@ impl SentinelConn {
     }
 
     /// The new master to swap in, or `None` to keep the current one.
+    ///
+    /// Asks every sentinel at once, and again every [`ASK_AGAIN`] while
+    /// no address has a majority, until more than half of all the
+    /// sentinels name the same master (not flagged down by them); then
+    /// connects to it, unless it is the one in use and that answers
+    /// `PING` (without `broken`). A master that cannot be connected to, or
+    /// does not say `ROLE` master, is tried again after [`ASK_AGAIN`] if
+    /// the majority still names it. All within the connect timeout (plus
+    /// one connection attempt begun before its end); it fails sooner only
+    /// once so many sentinels failed (error, or no answer in time) that
+    /// the rest cannot make a majority.
     async fn find(&self, broken: bool) -> redis::RedisResult<Option<Master>> {
-        let client = self.ask_sentinels().await?;
-        let addr = client.get_connection_info().addr().to_string();
+        let deadline = tokio::time::Instant::now() + self.connect_timeout;
+        let (tx, mut answers) = tokio::sync::mpsc::unbounded_channel();
+        let mut asking = tokio::task::JoinSet::new();
+        for (i, voter) in self.voters.iter().enumerate() {
+            let (voter, tx, name) = (voter.clone(), tx.clone(), self.name.clone());
+            asking.spawn(async move {
+                loop {
+                    let answer = match tokio::time::timeout_at(deadline, voter.ask(&name)).await {
+                        Ok(answer) => answer,
+                        Err(_) => Err(std::io::Error::new(
+                            std::io::ErrorKind::TimedOut,
+                            "asking a sentinel for the master timed out",
+                        )
+                        .into()),
+                    };
+                    let failed = answer.is_err();
+                    if tx.send((i, answer)).is_err() || failed {
+                        return;
+                    }
+                    tokio::time::sleep(ASK_AGAIN).await;
+                }
+            });
+        }
+        drop(tx);
+        let mut tally = Tally::new(self.voters.len());
+        let mut last_err: Option<RedisError> = None;
+        let mut tried: Option<tokio::time::Instant> = None;
+        loop {
+            let Ok(Some((i, answer))) = tokio::time::timeout_at(deadline, answers.recv()).await
+            else {
+                break;
+            };
+            let answer = answer.unwrap_or_else(|err| {
+                last_err = Some(err);
+                Answer::Failed
+            });
+            tally.set(i, answer);
+            if tally.hopeless() {
+                break;
+            }
+            let Some((addr, voters)) = tally.winner() else {
+                continue;
+            };
+            if tried.is_some_and(|t| t.elapsed() < ASK_AGAIN) {
+                continue;
+            }
+            tried = Some(tokio::time::Instant::now());
+            let addr = addr.to_owned();
+            match self.take(&addr, &voters, broken).await {
+                Ok(found) => return Ok(found),
+                Err(err) => last_err = Some(err),
+            }
+        }
+        Err(match last_err {
+            // The master failed us: that is the news.
+            Some(err) if tally.winner().is_some() => err,
+            last_err => RedisError::from((
+                ErrorKind::MasterNameNotFoundBySentinel,
+                "no master named by a majority of the sentinels",
+                match last_err {
+                    Some(err) => format!("they answered: {}; last error: {err}", tally.summary()),
+                    None => format!("they answered: {}", tally.summary()),
+                },
+            )),
+        })
+    }
+
+    /// `addr`, named by a majority (`voters`): `None` if it is the address
+    /// in use and the connection answers `PING` (without `broken`),
+    /// otherwise a new connection to it that says `ROLE` master.
+    async fn take(
+        &self,
+        addr: &str,
+        voters: &[usize],
+        broken: bool,
+    ) -> redis::RedisResult<Option<Master>> {
         if !broken && let Some(current) = self.master().filter(|m| m.addr == addr) {
             let mut conn = current.conn.clone();
             if answers_ping(&mut conn, ping_timeout(self.connect_timeout)).await {
                 return Ok(None);
             }
+        }
+        // The settings of the master's connection are in the sentinel
+        // clients: one of the sentinels that named it connects.
+        let voter = voters
+            .first()
+            .and_then(|&i| self.voters.get(i))
+            .ok_or_else(|| RedisError::from((ErrorKind::EmptySentinelList, "no sentinel")))?;
+        let client = bounded(
+            self.connect_timeout,
+            "asking a sentinel for the master",
+            async { voter.client.lock().await.async_get_client().await },
+        )
+        .await?;
+        let named = client.get_connection_info().addr().to_string();
+        if named != addr {
+            return Err(RedisError::from((
+                ErrorKind::MasterNameNotFoundBySentinel,
+                "a sentinel named another master meanwhile",
+                format!("{named}, not {addr}"),
+            )));
         }
         let config = AsyncConnectionConfig::new()
             .set_response_timeout(None)
@@ -269,46 +586,13 @@ impl SentinelConn {
             return Err(RedisError::from((
                 ErrorKind::MasterNameNotFoundBySentinel,
                 "the server the sentinels named is not a master",
-                addr,
+                named,
             )));
         }
-        Ok(Some(Master { addr, conn }))
-    }
-
-    /// Asks every sentinel at once, each within the connect timeout, and
-    /// returns the first master found (named by a sentinel that does not
-    /// flag it down, and saying `ROLE` master); the other questions are
-    /// then dropped. Once most sentinels have answered without a master,
-    /// the lookup fails without waiting for the rest, so that with three
-    /// sentinels (or any odd number) a silent one does not hold up the next
-    /// lookup either; with two, a failing lookup waits for both.
-    async fn ask_sentinels(&self) -> redis::RedisResult<redis::Client> {
-        let mut asking = tokio::task::JoinSet::new();
-        for client in &self.clients {
-            let client = client.clone();
-            let timeout = self.connect_timeout;
-            asking.spawn(async move {
-                bounded(timeout, "asking a sentinel for the master", async {
-                    client.lock().await.async_get_client().await
-                })
-                .await
-            });
-        }
-        let mut last = None;
-        let mut failed = 0;
-        while let Some(answer) = asking.join_next().await {
-            match answer {
-                Ok(Ok(client)) => return Ok(client),
-                Ok(Err(err)) => last = Some(err),
-                Err(_) => {}
-            }
-            failed += 1;
-            if !most_still_asked(failed, self.clients.len()) {
-                break;
-            }
-        }
-        Err(last.unwrap_or_else(|| {
-            RedisError::from((ErrorKind::EmptySentinelList, "no sentinel answered"))
+        Ok(Some(Master {
+            addr: named,
+            conn,
+            generation: 0,
         }))
     }
 
@@ -342,7 +626,15 @@ impl SentinelConn {
                 let current = this.addr();
                 match (named, current) {
                     (_, None) => this.trigger(true),
-                    (Some(named), Some(current)) if named != current => this.trigger(false),
+                    (Some(named), Some(current)) if named != current => {
+                        // The lookup moves the store only if a majority
+                        // agrees; this sentinel may be alone in its view
+                        // (cut off with the old master): ask the next one
+                        // from now on, so that it does not start a lookup
+                        // every time.
+                        this.trigger(false);
+                        asker.skip();
+                    }
                     _ => {}
                 }
             }
@@ -378,7 +670,87 @@ struct Asker {
     conn: Option<MultiplexedConnection>,
 }
 
+impl Voter {
+    /// What the sentinel answers `SENTINEL MASTER <name>` (an error: no
+    /// answer).
+    async fn ask(&self, name: &str) -> redis::RedisResult<Answer> {
+        let mut cached = self.conn.lock().await;
+        let mut conn = match cached.clone() {
+            Some(conn) => conn,
+            None => {
+                let config = AsyncConnectionConfig::new().set_response_timeout(None);
+                let conn = redis::Client::open(self.info.clone())?
+                    .get_multiplexed_async_connection_with_config(&config)
+                    .await?;
+                *cached = Some(conn.clone());
+                conn
+            }
+        };
+        let reply: redis::RedisResult<Value> = redis::cmd("SENTINEL")
+            .arg("MASTER")
+            .arg(name)
+            .query_async(&mut conn)
+            .await;
+        match reply {
+            Ok(fields) => Ok(named_master(&fields)),
+            // `ERR No such master with that name`: it answered.
+            Err(err) if err.kind() == ErrorKind::Server(ServerErrorKind::ResponseError) => {
+                Ok(Answer::NoMaster)
+            }
+            Err(err) => {
+                *cached = None;
+                Err(err)
+            }
+        }
+    }
+}
+
+/// The master in a `SENTINEL MASTER` reply (field names and values in
+/// turn, or a map), unless flagged down or not a master.
+fn named_master(reply: &Value) -> Answer {
+    let text = |v: &Value| match v {
+        Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
+        Value::SimpleString(s) => Some(s.clone()),
+        Value::Int(i) => Some(i.to_string()),
+        _ => None,
+    };
+    let pairs: Vec<(String, String)> = match reply {
+        Value::Array(items) => items
+            .chunks_exact(2)
+            .filter_map(|kv| Some((text(&kv[0])?, text(&kv[1])?)))
+            .collect(),
+        Value::Map(items) => items
+            .iter()
+            .filter_map(|(k, v)| Some((text(k)?, text(v)?)))
+            .collect(),
+        _ => return Answer::NoMaster,
+    };
+    let field = |name: &str| {
+        pairs
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    };
+    let (Some(ip), Some(port), Some(flags)) = (field("ip"), field("port"), field("flags")) else {
+        return Answer::NoMaster;
+    };
+    let flags: Vec<&str> = flags.split(',').collect();
+    if !flags.contains(&"master") || flags.contains(&"s_down") || flags.contains(&"o_down") {
+        return Answer::NoMaster;
+    }
+    match port.parse::<u16>() {
+        Ok(port) => Answer::Names(format!("{ip}:{port}")),
+        Err(_) => Answer::NoMaster,
+    }
+}
+
 impl Asker {
+    /// Asks the next sentinel from now on.
+    fn skip(&mut self) {
+        self.conn = None;
+        self.next = (self.next + 1) % self.sentinels.len().max(1);
+    }
+
     /// `host:port` of the master as the first sentinel that answers names
     /// it; `None` if none does.
     async fn ask(&mut self, name: &str, timeout: Duration) -> Option<String> {
@@ -388,10 +760,7 @@ impl Asker {
                 Ok(Ok(Some((host, port)))) => return Some(format!("{host}:{port}")),
                 // This sentinel does not know the name (or failed): ask the
                 // next one.
-                _ => {
-                    self.conn = None;
-                    self.next = (self.next + 1) % self.sentinels.len().max(1);
-                }
+                _ => self.skip(),
             }
         }
         None
@@ -431,17 +800,23 @@ fn lookup_after(err: Option<&RedisError>) -> Option<bool> {
             e.kind(),
             ErrorKind::Server(ServerErrorKind::ReadOnly | ServerErrorKind::MasterDown)
         ) || e.code() == Some("NOREPLICAS")
-            // Redis < 7 wraps a script's error: `ERR ... -READONLY ...`.
-            || (e.kind() == ErrorKind::Server(ServerErrorKind::ResponseError)
-                && e.to_string().contains("READONLY"))
+            || ["READONLY", "MASTERDOWN", "NOREPLICAS"]
+                .into_iter()
+                .any(|code| wraps(e, code))
     });
     (broken || moved).then_some(err.is_some() && broken)
 }
 
-/// Whether, with `failed` of `sentinels` answered without a master, a
-/// master may still come: not once most of them (more than half) failed.
-fn most_still_asked(failed: usize, sentinels: usize) -> bool {
-    failed * 2 <= sentinels
+/// Whether `err` is a script's `ERR` with a failover's `code` in its text,
+/// as Redis < 7 sends what a call inside a script answered: `ERR Error
+/// running script (call to f_...): @user_script:1: -READONLY You can't
+/// write against a read only replica.` (The same test as in
+/// `redis::is_transient`, which must not depend on this feature.)
+fn wraps(err: &RedisError, code: &str) -> bool {
+    err.kind() == ErrorKind::Server(ServerErrorKind::ResponseError) && {
+        let text = err.to_string();
+        text.contains(&format!("-{code} ")) || text.contains(&format!(": {code} "))
+    }
 }
 
 /// How long a connection kept after a timeout has to answer `PING`: half
@@ -531,13 +906,42 @@ mod tests {
         };
         assert!(err.is_io_error(), "{err}");
         assert_eq!(c.addr(), None);
-        // A failure starts one lookup, in the background; it fails
-        // (nothing listens on port 1) and leaves no master.
-        c.failed(Some(&err));
+        // Asking for the connection started one lookup, in the background;
+        // it fails (nothing listens on port 1) and leaves no master.
         assert!(c.looking.load(Ordering::Acquire) || c.last_lookup.load(Ordering::Acquire) != 0);
         assert!(c.lookup(true).await.is_err());
         assert_eq!(c.addr(), None);
         assert_eq!(c.swaps(), 0);
+    }
+
+    fn lookup_started(c: &SentinelConn) -> bool {
+        c.looking.load(Ordering::Acquire) || c.last_lookup.load(Ordering::Acquire) != 0
+    }
+
+    /// A call sent on the old master's connection that fails after the
+    /// swap (its connection dropped, say) starts no lookup: one would
+    /// replace the new master's sound connection (a failure with `broken`
+    /// replaces it even when the sentinels still name its address). A
+    /// failure of the connection in use still does.
+    #[tokio::test]
+    async fn a_failure_of_a_replaced_connection_starts_no_lookup() {
+        let c = conn();
+        // The connection in use is the second one; calls sent on the
+        // first may still be failing.
+        c.swaps.store(2, Ordering::Release);
+        let dropped: RedisError =
+            std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset").into();
+        c.failed_on(1, &dropped);
+        assert!(!lookup_started(&c), "a stale failure started a lookup");
+        let readonly = RedisError::from((
+            ErrorKind::Server(ServerErrorKind::ReadOnly),
+            "READONLY",
+            "You can't write against a read only replica.".to_owned(),
+        ));
+        c.failed_on(1, &readonly);
+        assert!(!lookup_started(&c), "a stale READONLY started a lookup");
+        c.failed_on(2, &dropped);
+        assert!(lookup_started(&c), "a failure of the connection in use");
     }
 
     /// A connection whose every command waits forever, as on a half-open
@@ -601,13 +1005,102 @@ mod tests {
         );
     }
 
+    fn names(addr: &str) -> Answer {
+        Answer::Names(addr.into())
+    }
+
+    /// A sentinel cut off with the old master, which still says `ROLE`
+    /// master, names it first: the lookup does not take it.
     #[test]
-    fn a_lookup_ends_once_most_sentinels_failed() {
-        assert!(most_still_asked(1, 3));
-        assert!(!most_still_asked(2, 3), "two of three");
-        assert!(most_still_asked(2, 4), "two of four: half");
-        assert!(!most_still_asked(3, 4), "a silent one of four");
-        assert!(!most_still_asked(1, 1));
+    fn an_address_needs_a_majority_of_all_the_sentinels() {
+        let mut t = Tally::new(3);
+        t.set(0, names("old:6379"));
+        assert_eq!(t.winner(), None, "one of three");
+        t.set(1, names("new:6379"));
+        assert_eq!(t.winner(), None, "one each");
+        t.set(2, names("new:6379"));
+        assert_eq!(t.winner(), Some(("new:6379", vec![1, 2])));
+        // Two of four is no majority; three is.
+        let mut t = Tally::new(4);
+        t.set(0, Answer::Failed);
+        t.set(1, names("m:1"));
+        t.set(2, names("m:1"));
+        assert_eq!(t.winner(), None);
+        assert!(!t.hopeless());
+        t.set(3, names("m:1"));
+        assert_eq!(t.winner(), Some(("m:1", vec![1, 2, 3])));
+        // One sentinel of one.
+        let mut t = Tally::new(1);
+        t.set(0, names("m:1"));
+        assert_eq!(t.winner(), Some(("m:1", vec![0])));
+    }
+
+    /// Only failures end a lookup early: sentinels that answered without a
+    /// master (a failover under way) are asked again, and may name it yet.
+    #[test]
+    fn a_lookup_gives_up_only_on_failed_sentinels() {
+        let mut t = Tally::new(3);
+        t.set(0, Answer::NoMaster);
+        t.set(1, Answer::NoMaster);
+        assert!(!t.hopeless(), "two of three without a master");
+        t.set(0, names("new:1"));
+        t.set(1, names("new:1"));
+        assert_eq!(t.winner(), Some(("new:1", vec![0, 1])));
+        let mut t = Tally::new(3);
+        t.set(0, Answer::Failed);
+        assert!(!t.hopeless(), "one of three failed");
+        t.set(1, Answer::Failed);
+        assert!(t.hopeless(), "two of three failed");
+        let mut t = Tally::new(4);
+        t.set(0, Answer::Failed);
+        assert!(!t.hopeless());
+        t.set(1, Answer::Failed);
+        assert!(t.hopeless(), "two of four failed: two cannot be a majority");
+        assert_eq!(
+            t.summary(),
+            "failed, failed, no answer yet, no answer yet",
+            "the error names each answer"
+        );
+    }
+
+    #[test]
+    fn a_sentinel_names_a_master_it_does_not_flag_down() {
+        let bulk = |s: &str| Value::BulkString(s.as_bytes().to_vec());
+        let reply = |flags: &str| {
+            Value::Array(
+                [
+                    "name", "mymaster", "ip", "10.0.0.2", "port", "6380", "flags", flags,
+                ]
+                .into_iter()
+                .map(bulk)
+                .collect(),
+            )
+        };
+        assert_eq!(named_master(&reply("master")), names("10.0.0.2:6380"));
+        assert_eq!(
+            named_master(&reply("master,disconnected")),
+            names("10.0.0.2:6380")
+        );
+        assert_eq!(named_master(&reply("master,s_down")), Answer::NoMaster);
+        assert_eq!(
+            named_master(&reply("master,s_down,o_down")),
+            Answer::NoMaster
+        );
+        let map = Value::Map(vec![
+            (bulk("ip"), bulk("h")),
+            (bulk("port"), Value::Int(1)),
+            (bulk("flags"), bulk("master")),
+        ]);
+        assert_eq!(named_master(&map), names("h:1"));
+        assert_eq!(named_master(&Value::Array(vec![])), Answer::NoMaster);
+        assert_eq!(named_master(&Value::Nil), Answer::NoMaster);
+        let bad_port = Value::Array(
+            ["ip", "h", "port", "x", "flags", "master"]
+                .into_iter()
+                .map(bulk)
+                .collect(),
+        );
+        assert_eq!(named_master(&bad_port), Answer::NoMaster);
     }
 
     #[test]
@@ -623,6 +1116,54 @@ mod tests {
         ])));
         assert!(!says_master(&Value::Array(vec![])));
         assert!(!says_master(&Value::Nil));
+    }
+
+    /// A script's error as Redis < 7 sends it, parsed as from the wire.
+    fn script_error(inner: &str) -> RedisError {
+        let reply = format!(
+            "-ERR Error running script (call to f_0123456789abcdef): \
+             @user_script:1: @user_script: 1: {inner}\r\n"
+        );
+        match redis::parse_redis_value(reply.as_bytes()).and_then(Value::extract_error) {
+            Err(err) => err,
+            Ok(value) => panic!("not an error: {value:?}"),
+        }
+    }
+
+    #[test]
+    fn a_failover_reply_wrapped_in_a_script_error_is_transient() {
+        let transient = super::super::redis::is_transient;
+        let readonly = script_error("-READONLY You can't write against a read only replica.");
+        assert_eq!(
+            readonly.kind(),
+            ErrorKind::Server(ServerErrorKind::ResponseError),
+            "{readonly}"
+        );
+        assert!(transient(&readonly), "{readonly}");
+        assert_eq!(lookup_after(Some(&readonly)), Some(false), "{readonly}");
+        // Without its leading `-`, as some versions write it.
+        let bare = script_error("READONLY You can't write against a read only replica.");
+        assert!(transient(&bare), "{bare}");
+        assert_eq!(lookup_after(Some(&bare)), Some(false));
+        for inner in [
+            "-MASTERDOWN Link with MASTER is down and replica-serve-stale-data is set to 'no'.",
+            "-NOREPLICAS Not enough good replicas to write.",
+        ] {
+            let err = script_error(inner);
+            assert!(transient(&err), "{err}");
+            assert_eq!(lookup_after(Some(&err)), Some(false), "{err}");
+        }
+        let noreplicas =
+            redis::parse_redis_value(b"-NOREPLICAS Not enough good replicas to write.\r\n")
+                .and_then(Value::extract_error)
+                .err();
+        assert!(noreplicas.as_ref().is_some_and(transient), "{noreplicas:?}");
+        // A script's own error is not, even one that names a key READONLY.
+        let own = script_error("-ERR wrong number of arguments for 'set' command");
+        assert!(!transient(&own), "{own}");
+        assert_eq!(lookup_after(Some(&own)), None);
+        let key = script_error("user_script:3: bad key READONLY:1");
+        assert!(!transient(&key), "{key}");
     }
 
     #[test]

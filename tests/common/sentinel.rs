@@ -362,3 +362,276 @@ fn start_sentinel(
     }
     panic!("could not start a sentinel");
 }
+
+/// How a [`FakeSentinel`] answers.
+#[derive(Clone, Debug, Default)]
+pub struct FakeConfig {
+    /// The port (on 127.0.0.1) of the master it names.
+    pub master_port: u16,
+    /// How many of the lookups' questions (`SENTINEL MASTER`, `SENTINEL
+    /// MASTERS`) it answers first with that master flagged down
+    /// (`s_down,o_down`), as while a failover is under way.
+    pub down_first: usize,
+    /// Accepts connections and never answers (blackholed).
+    pub silent: bool,
+    /// Holds its answers to the lookups' questions until this count (the
+    /// [`FakeSentinel::lookups`] of another fake) is at least 1: answers
+    /// in a known order, without timing.
+    pub after: Option<tokio::sync::watch::Receiver<usize>>,
+}
+
+/// A stand-in for a sentinel, on a free loopback port, that answers what
+/// the store asks (`SENTINEL MASTER`, `MASTERS`, `GET-MASTER-ADDR-BY-NAME`)
+/// as told, for the situations real sentinels do not make on demand: a
+/// sentinel cut off with the old master, one that answers late. `ROLE`
+/// says sentinel, `PING` `+PONG`, everything else `+OK`. Stopped when
+/// dropped.
+pub struct FakeSentinel {
+    port: u16,
+    lookups: tokio::sync::watch::Sender<usize>,
+    polls: tokio::sync::watch::Sender<usize>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl FakeSentinel {
+    pub async fn start(config: FakeConfig) -> FakeSentinel {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind a fake sentinel");
+        let port = listener.local_addr().expect("its address").port();
+        let (lookups, _) = tokio::sync::watch::channel(0usize);
+        let (polls, _) = tokio::sync::watch::channel(0usize);
+        let (l, p) = (lookups.clone(), polls.clone());
+        let task = tokio::spawn(async move {
+            let mut conns = tokio::task::JoinSet::new();
+            while let Ok((socket, _)) = listener.accept().await {
+                conns.spawn(serve_fake(socket, config.clone(), l.clone(), p.clone()));
+            }
+        });
+        FakeSentinel {
+            port,
+            lookups,
+            polls,
+            task,
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// How many of the lookups' questions it answered, as it changes.
+    pub fn lookups(&self) -> tokio::sync::watch::Receiver<usize> {
+        self.lookups.subscribe()
+    }
+
+    /// How many periodic questions (`GET-MASTER-ADDR-BY-NAME`) it answered,
+    /// as it changes.
+    pub fn polls(&self) -> tokio::sync::watch::Receiver<usize> {
+        self.polls.subscribe()
+    }
+}
+
+impl Drop for FakeSentinel {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn serve_fake(
+    mut socket: tokio::net::TcpStream,
+    mut config: FakeConfig,
+    lookups: tokio::sync::watch::Sender<usize>,
+    polls: tokio::sync::watch::Sender<usize>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        let Ok(n) = socket.read(&mut chunk).await else {
+            return;
+        };
+        if n == 0 {
+            return;
+        }
+        if config.silent {
+            continue;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+        while let Some((args, used)) = parse_command(&buf) {
+            buf.drain(..used);
+            let word = |i: usize| args.get(i).map(|a| a.to_ascii_uppercase());
+            let reply = match (word(0).as_deref(), word(1).as_deref()) {
+                (Some("SENTINEL"), Some(sub @ ("MASTER" | "MASTERS"))) => {
+                    if let Some(after) = config.after.as_mut() {
+                        let _ = after.wait_for(|n| *n >= 1).await;
+                    }
+                    let down = *lookups.borrow() < config.down_first;
+                    let master = fake_master(config.master_port, down);
+                    let reply = if sub == "MASTERS" {
+                        format!("*1\r\n{master}")
+                    } else {
+                        master
+                    };
+                    lookups.send_modify(|n| *n += 1);
+                    reply
+                }
+                (Some("SENTINEL"), Some("GET-MASTER-ADDR-BY-NAME")) => {
+                    polls.send_modify(|n| *n += 1);
+                    let port = config.master_port.to_string();
+                    format!("*2\r\n$9\r\n127.0.0.1\r\n${}\r\n{port}\r\n", port.len())
+                }
+                (Some("PING"), _) => "+PONG\r\n".into(),
+                (Some("ROLE"), _) => format!(
+                    "*2\r\n$8\r\nsentinel\r\n*1\r\n${}\r\n{MASTER_NAME}\r\n",
+                    MASTER_NAME.len()
+                ),
+                _ => "+OK\r\n".into(),
+            };
+            if socket.write_all(reply.as_bytes()).await.is_err() {
+                return;
+            }
+        }
+    }
+}
+
+/// `SENTINEL MASTER` of a master on 127.0.0.1:`port`: field names and
+/// values in turn.
+fn fake_master(port: u16, down: bool) -> String {
+    let flags = if down {
+        "master,s_down,o_down"
+    } else {
+        "master"
+    };
+    let port = port.to_string();
+    let fields = [
+        "name",
+        MASTER_NAME,
+        "ip",
+        "127.0.0.1",
+        "port",
+        port.as_str(),
+        "flags",
+        flags,
+        "num-slaves",
+        "0",
+        "num-other-sentinels",
+        "2",
+        "quorum",
+        "2",
+    ];
+    let mut out = format!("*{}\r\n", fields.len());
+    for f in fields {
+        out.push_str(&format!("${}\r\n{f}\r\n", f.len()));
+    }
+    out
+}
+
+/// One command (an array of bulk strings) from the front of `buf`, and
+/// how many bytes it took; `None` until it is all there.
+fn parse_command(buf: &[u8]) -> Option<(Vec<String>, usize)> {
+    fn line(buf: &[u8], at: usize) -> Option<(&[u8], usize)> {
+        let end = buf.get(at..)?.windows(2).position(|w| w == b"\r\n")?;
+        Some((&buf[at..at + end], at + end + 2))
+    }
+    let (head, mut at) = line(buf, 0)?;
+    let count: usize = std::str::from_utf8(head.strip_prefix(b"*")?)
+        .ok()?
+        .parse()
+        .ok()?;
+    let mut args = Vec::with_capacity(count);
+    for _ in 0..count {
+        let (len, next) = line(buf, at)?;
+        let len: usize = std::str::from_utf8(len.strip_prefix(b"$")?)
+            .ok()?
+            .parse()
+            .ok()?;
+        let arg = buf.get(next..next + len)?;
+        args.push(String::from_utf8_lossy(arg).into_owned());
+        at = next + len + 2;
+        if buf.len() < at {
+            return None;
+        }
+    }
+    Some((args, at))
+}
+
+/// A TCP proxy on a free loopback port to a server on 127.0.0.1. After
+/// [`freeze`](Self::freeze), the connections open at that moment stay
+/// open but carry nothing more either way (a half-open connection: its
+/// peer gone without a reset); connections made later work. Stopped when
+/// dropped.
+pub struct FreezingProxy {
+    port: u16,
+    /// Connections numbered below this are frozen.
+    frozen_below: tokio::sync::watch::Sender<u64>,
+    next: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl FreezingProxy {
+    pub async fn start(upstream: u16) -> FreezingProxy {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind a proxy");
+        let port = listener.local_addr().expect("its address").port();
+        let (frozen_below, _) = tokio::sync::watch::channel(0u64);
+        let next = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let (frozen, counter) = (frozen_below.clone(), next.clone());
+        let task = tokio::spawn(async move {
+            let mut conns = tokio::task::JoinSet::new();
+            while let Ok((client, _)) = listener.accept().await {
+                let id = counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                conns.spawn(pipe(id, client, upstream, frozen.subscribe()));
+            }
+        });
+        FreezingProxy {
+            port,
+            frozen_below,
+            next,
+            task,
+        }
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Freezes every connection open now.
+    pub fn freeze(&self) {
+        let below = self.next.load(std::sync::atomic::Ordering::SeqCst);
+        self.frozen_below.send_replace(below);
+    }
+}
+
+impl Drop for FreezingProxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn pipe(
+    id: u64,
+    client: tokio::net::TcpStream,
+    upstream: u16,
+    mut frozen_below: tokio::sync::watch::Receiver<u64>,
+) {
+    let Ok(server) = tokio::net::TcpStream::connect(("127.0.0.1", upstream)).await else {
+        return;
+    };
+    let (mut client_read, mut client_write) = client.into_split();
+    let (mut server_read, mut server_write) = server.into_split();
+    let forward = async {
+        let _ = tokio::join!(
+            tokio::io::copy(&mut client_read, &mut server_write),
+            tokio::io::copy(&mut server_read, &mut client_write),
+        );
+    };
+    tokio::select! {
+        () = forward => return,
+        _ = frozen_below.wait_for(|below| id < *below) => {}
+    }
+    // Frozen: both sockets stay open, nothing is read or sent.
+    std::future::pending::<()>().await;
+    drop((client_read, client_write, server_read, server_write));
+}

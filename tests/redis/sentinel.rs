@@ -2,7 +2,9 @@
 //! processes: a master, a replica and three sentinels started for each test
 //! (`tests/common/sentinel.rs`). The master killed under load, the master
 //! demoted by hand (`READONLY`), one sentinel down, one never answering,
-//! passwords.
+//! passwords. Where real sentinels cannot be made to disagree on demand (a
+//! sentinel cut off with the old master, sentinels that see no master yet),
+//! stand-ins answer in their place (`FakeSentinel`), naming real servers.
 //!
 //! The failover test bounds every call's latency, so it holds
 //! `machine::alone()`; the others share the machine.
@@ -12,7 +14,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use common::sentinel::{MASTER_NAME, Passwords, SentinelSet};
+use common::RedisServer;
+use common::sentinel::{
+    FakeConfig, FakeSentinel, FreezingProxy, MASTER_NAME, Passwords, SentinelSet,
+};
 use fleetgate::concurrency::{Admission, ConcurrencyLimiter, ConcurrencyPolicy};
 use fleetgate::key::Key;
 use fleetgate::{Limit, Limiter, Policy, Rate, RedisStore};
@@ -694,4 +699,223 @@ async fn a_silent_first_sentinel_delays_nothing() {
         resumed - promotion
     );
     held.abort();
+}
+
+/// Waits until `count` reaches `at_least` (within 10 s).
+async fn reaches(mut count: tokio::sync::watch::Receiver<usize>, at_least: usize, what: &str) {
+    let reached = tokio::time::timeout(Duration::from_secs(10), count.wait_for(|n| *n >= at_least))
+        .await
+        .is_ok_and(|r| r.is_ok());
+    assert!(reached, "{what}: {} of {at_least}", *count.borrow());
+}
+
+/// A sentinel cut off with the old master, which still says `ROLE` master,
+/// answers first; the two others name the new master. The store connects
+/// to the master the majority names, and stays there: the periodic check,
+/// which asks the cut-off sentinel first, starts one lookup that keeps the
+/// connection, then asks the next sentinel. The old master gets nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sentinel_cut_off_with_the_old_master_does_not_move_the_store() {
+    let _shared = crate::machine::shared().await;
+    let old = RedisServer::start();
+    let new = RedisServer::start();
+    let cut_off = FakeSentinel::start(FakeConfig {
+        master_port: old.port(),
+        ..FakeConfig::default()
+    })
+    .await;
+    let mut majority = Vec::new();
+    for _ in 0..2 {
+        majority.push(
+            FakeSentinel::start(FakeConfig {
+                master_port: new.port(),
+                // After the cut-off one: the first answer names the old
+                // master.
+                after: Some(cut_off.lookups()),
+                ..FakeConfig::default()
+            })
+            .await,
+        );
+    }
+    let urls = vec![cut_off.url(), majority[0].url(), majority[1].url()];
+    let store = RedisStore::builder()
+        .prefix("sentinel")
+        .timeout(Duration::from_secs(2))
+        .sentinel_poll(Duration::from_millis(50))
+        .connect_sentinel(MASTER_NAME, urls)
+        .await
+        .expect("connect through the sentinels");
+    let on_new = format!("master: Some(\"127.0.0.1:{}\")", new.port());
+    assert!(format!("{store:?}").contains(&on_new), "{store:?}");
+    let limiter = Limiter::new(hot_policy(), store.clone());
+    let key = Key::new("cut-off");
+    assert!(limiter.check(&key, 1).await.is_ok());
+
+    // The check asked the cut-off sentinel (the old master: a lookup),
+    // then asks the next one, which names the master in use.
+    reaches(cut_off.polls(), 1, "questions to the cut-off sentinel").await;
+    reaches(majority[0].polls(), 4, "questions to the next sentinel").await;
+    assert!(limiter.check(&key, 1).await.is_ok());
+    let lookups = *majority[1].lookups().borrow();
+    let debug = format!("{store:?}");
+    eprintln!(
+        "sentinel cut off with the old master: {lookups} lookups, cut-off sentinel asked \
+         {} times by the check; {debug}",
+        *cut_off.polls().borrow()
+    );
+    assert!(debug.contains(&on_new), "moved to the old master: {debug}");
+    assert!(
+        debug.contains("swaps: 1"),
+        "swapped more than once: {debug}"
+    );
+    assert!(
+        (2..=3).contains(&lookups),
+        "{lookups} lookups: one to connect, one after the cut-off sentinel's answer"
+    );
+    assert_eq!(
+        *cut_off.polls().borrow(),
+        1,
+        "the check kept asking the cut-off sentinel"
+    );
+    let mut old_conn = old.admin().await;
+    let stats: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut old_conn)
+        .await
+        .unwrap();
+    assert_eq!(script_calls(&stats), 0, "scripts sent to the old master");
+    let keys: u64 = redis::cmd("DBSIZE")
+        .query_async(&mut old_conn)
+        .await
+        .unwrap();
+    assert_eq!(keys, 0, "keys written on the old master");
+}
+
+/// Two sentinels of three see the master down at first (a failover under
+/// way: they flag it `o_down`), the third never answers. The lookup asks
+/// the two again instead of giving up because most sentinels answered
+/// without a master, and connects as soon as they name it (they are asked
+/// again every 50 ms), not after the connect timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinels_that_saw_no_master_yet_are_asked_again() {
+    let _shared = crate::machine::shared().await;
+    let master = RedisServer::start();
+    let mut fakes = Vec::new();
+    for _ in 0..2 {
+        fakes.push(
+            FakeSentinel::start(FakeConfig {
+                master_port: master.port(),
+                down_first: 1,
+                ..FakeConfig::default()
+            })
+            .await,
+        );
+    }
+    let silent = FakeSentinel::start(FakeConfig {
+        silent: true,
+        ..FakeConfig::default()
+    })
+    .await;
+    let urls = vec![fakes[0].url(), fakes[1].url(), silent.url()];
+    let connect_timeout = Duration::from_secs(2);
+    let started = Instant::now();
+    let store = RedisStore::builder()
+        .prefix("sentinel")
+        .timeout(Duration::from_secs(2))
+        .connect_timeout(connect_timeout)
+        .connect_sentinel(MASTER_NAME, urls)
+        .await
+        .expect("connect once the sentinels name the master");
+    let took = started.elapsed();
+    eprintln!("sentinel, two saw no master at first, one silent: connected in {took:?}");
+    assert!(
+        format!("{store:?}").contains(&format!("127.0.0.1:{}", master.port())),
+        "{store:?}"
+    );
+    assert!(
+        *fakes[0].lookups().borrow() >= 2 && *fakes[1].lookups().borrow() >= 2,
+        "not asked again"
+    );
+    assert!(
+        took < connect_timeout,
+        "the lookup waited for the silent sentinel: {took:?}"
+    );
+    let limiter = Limiter::new(hot_policy(), store);
+    assert!(limiter.check(&Key::new("asked-again"), 1).await.is_ok());
+}
+
+/// The connection to the master goes half-open (its packets vanish, no
+/// reset: a proxy in between freezes it) while the sentinels go on naming
+/// the same address. The calls time out; the lookup that starts finds the
+/// address unchanged, sends the connection a `PING`, which gets no answer
+/// within half the connect timeout, and connects anew: decisions resume
+/// without anyone restarting anything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_half_open_connection_is_replaced() {
+    let _shared = crate::machine::shared().await;
+    let master = RedisServer::start();
+    let proxy = FreezingProxy::start(master.port()).await;
+    let mut fakes = Vec::new();
+    for _ in 0..3 {
+        fakes.push(
+            FakeSentinel::start(FakeConfig {
+                master_port: proxy.port(),
+                ..FakeConfig::default()
+            })
+            .await,
+        );
+    }
+    let connect_timeout = Duration::from_secs(1);
+    let store = RedisStore::builder()
+        .prefix("sentinel")
+        .timeout(TIMEOUT)
+        .connect_timeout(connect_timeout)
+        .deny_cache(0)
+        // Only the calls' failures start lookups.
+        .sentinel_poll(Duration::from_secs(3600))
+        .connect_sentinel(MASTER_NAME, fakes.iter().map(FakeSentinel::url))
+        .await
+        .expect("connect through the sentinels");
+    let limiter = Limiter::new(hot_policy(), store.clone());
+    let key = Key::new("half-open");
+    assert!(limiter.check(&key, 1).await.is_ok());
+    assert!(format!("{store:?}").contains("swaps: 1"), "{store:?}");
+
+    proxy.freeze();
+    let frozen = Instant::now();
+    // The first call times out, then calls fail until the PING has had
+    // its half of the connect timeout and the new connection is in.
+    let bound = TIMEOUT + connect_timeout / 2 + connect_timeout + MARGIN;
+    let mut failures = 0;
+    let resumed = loop {
+        let started = Instant::now();
+        let decided = limiter.check(&key, 1).await.is_ok();
+        let took = started.elapsed();
+        assert!(
+            took <= TIMEOUT + MARGIN,
+            "a call took {took:?} on the half-open connection"
+        );
+        if decided {
+            break Instant::now();
+        }
+        failures += 1;
+        assert!(
+            frozen.elapsed() < bound,
+            "no new connection after {:?}: {store:?}",
+            frozen.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    let debug = format!("{store:?}");
+    eprintln!(
+        "sentinel, half-open connection: decisions resumed {:?} after the freeze, {failures} \
+         calls failed; {debug}",
+        resumed - frozen
+    );
+    assert!(failures >= 1, "the frozen connection answered");
+    assert!(debug.contains("swaps: 2"), "not reconnected: {debug}");
+    assert!(
+        debug.contains(&format!("127.0.0.1:{}", proxy.port())),
+        "{debug}"
+    );
 }
