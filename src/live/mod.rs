@@ -161,7 +161,12 @@ pub enum LiveError {
     /// [`ConfigError::UnknownPlan`]).
     #[error(transparent)]
     Config(#[from] ConfigError),
-    /// The store could not record the change.
+    /// The store could not record the change. Nothing changed in this
+    /// process; but a write that timed out may still be applied by Redis
+    /// later (a hung server runs what it was sent when it wakes), as for
+    /// any call that times out: read the fleet's state back
+    /// ([`refresh`](LivePolicies::refresh), [`policies`](LivePolicies::policies))
+    /// before retrying.
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -178,6 +183,11 @@ struct Fleet {
     #[cfg(feature = "redis")]
     redis: Option<(RedisStore, redis_live::Scripts)>,
     state: Mutex<State>,
+    /// Held by a refresh from reading the changes to applying them: one
+    /// at a time, so that a snapshot read earlier is never applied over
+    /// one read later (a writer then found its own change undone).
+    #[cfg(feature = "redis")]
+    refreshing: tokio::sync::Mutex<()>,
     id: String,
     started: SystemTime,
     poll: Duration,
@@ -237,6 +247,8 @@ impl LivePolicies {
                 state: Mutex::new(State::default()),
                 id,
                 started: SystemTime::now(),
+                #[cfg(feature = "redis")]
+                refreshing: tokio::sync::Mutex::new(()),
                 poll: DEFAULT_POLL,
             }),
         }
@@ -421,7 +433,10 @@ impl LivePolicies {
         check_name(plan)?;
         let text = match text {
             Some(text) => Some(PolicySpec::from(&self.fleet.parse_for(policy, text)?).to_string()),
-            None => None,
+            None => {
+                self.fleet.known(policy)?;
+                None
+            }
         };
         let change = Change::Plan(plan.to_owned(), policy.to_owned());
         self.fleet.write(change, text).await
@@ -621,6 +636,7 @@ impl Fleet {
     async fn refresh(&self) -> Result<(), StoreError> {
         #[cfg(feature = "redis")]
         if let Some((redis, scripts)) = &self.redis {
+            let _one = self.refreshing.lock().await;
             let snapshot = redis.live_load(scripts).await?;
             let changes = Changes::from_snapshot(&snapshot);
             let mut state = self.lock();
@@ -756,7 +772,8 @@ impl State {
 
     /// Builds the rules of policy `name` from its default and the changes,
     /// and swaps them in. A stored text that no longer parses (written by
-    /// a newer version, say) is skipped and logged.
+    /// a newer version, say) is skipped and logged: the limits in force
+    /// where it applies stay (on a fresh start, those from code).
     fn apply_one(&self, name: &str) {
         let Some(registered) = self.limiters.get(name) else {
             return;
@@ -774,12 +791,13 @@ impl State {
                 None
             }
         };
-        let base = self
-            .changes
-            .policies
-            .get(name)
-            .and_then(|text| parse("policy", text))
-            .unwrap_or_else(|| registered.default.clone());
+        // What a text that does not parse leaves in force: the limits of
+        // the rules it would have replaced.
+        let previous = registered.cell.rules();
+        let base = match self.changes.policies.get(name) {
+            Some(text) => parse("policy", text).unwrap_or_else(|| previous.base.clone()),
+            None => registered.default.clone(),
+        };
         let mut by_plan: HashMap<Arc<str>, Policy> = HashMap::new();
         for (plan, policies) in &self.plans {
             if let Some(policy) = policies.get(name) {
@@ -787,10 +805,14 @@ impl State {
             }
         }
         for ((plan, policy), text) in &self.changes.plans {
-            if policy == name
-                && let Some(policy) = parse("plan", text)
+            if policy != name {
+                continue;
+            }
+            let plan = plan.as_str();
+            if let Some(policy) =
+                parse("plan", text).or_else(|| previous.by_plan.get(plan).cloned())
             {
-                by_plan.insert(Arc::from(plan.as_str()), policy);
+                by_plan.insert(Arc::from(plan), policy);
             }
         }
         let mut by_key = HashMap::new();
@@ -800,10 +822,14 @@ impl State {
             }
         }
         for ((policy, key), text) in &self.changes.overrides {
-            if policy == name
-                && let Some(policy) = parse("override", text)
+            if policy != name {
+                continue;
+            }
+            let key = Key::new(key);
+            if let Some(policy) =
+                parse("override", text).or_else(|| previous.by_key.get(&key).cloned())
             {
-                by_key.insert(Key::new(key), policy);
+                by_key.insert(key, policy);
             }
         }
         registered.cell.set(Rules {

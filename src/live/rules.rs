@@ -90,3 +90,62 @@ impl Cell {
         self.generation.load(Ordering::Acquire)
     }
 }
+
+/// The bound on identities with limits of their own, which no test can
+/// reach through the public calls in reasonable time (each change rebuilds
+/// every rule): filled here from inside.
+#[cfg(test)]
+mod tests {
+    use crate::MemoryStore;
+    use crate::error::ConfigError;
+    use crate::key::Key;
+    use crate::live::{LiveError, LivePolicies, MAX_IDENTITIES};
+    use crate::spec::PolicySpec;
+
+    fn too_many(result: Result<(), LiveError>) {
+        match result {
+            Err(LiveError::Config(ConfigError::TooManyIdentities { max })) => {
+                assert_eq!(max, MAX_IDENTITIES);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn identities_past_the_bound_are_refused() {
+        let live = LivePolicies::new(MemoryStore::new());
+        let policy = |text: &str| text.parse::<PolicySpec>().unwrap().build("api").unwrap();
+        let api = live.limiter(policy("1/h"));
+        live.define_plan("pro", policy("3/h")).unwrap();
+        {
+            let mut state = live.fleet.lock();
+            for i in 0..MAX_IDENTITIES - 1 {
+                let field = ("api".to_owned(), format!("user:{i}"));
+                state.changes.overrides.insert(field, "2/h".to_owned());
+            }
+            let assigned = &mut state.changes.assigned;
+            assigned.insert("user:planned".to_owned(), "pro".to_owned());
+        }
+        let new = Key::new("user:new");
+        too_many(live.set_override("api", &new, Some("5/h")).await);
+        too_many(live.assign_plan(&new, Some("pro")).await);
+        assert!(api.check_now(&new, 1).unwrap().is_allowed());
+        assert!(!api.check_now(&new, 1).unwrap().is_allowed());
+
+        // Identities already counted may change; removing one makes room.
+        live.set_override("api", &Key::new("user:7"), Some("4/h"))
+            .await
+            .unwrap();
+        live.assign_plan(&Key::new("user:planned"), None)
+            .await
+            .unwrap();
+        live.set_override("api", &new, Some("1/h burst 3"))
+            .await
+            .unwrap();
+        too_many(live.assign_plan(&Key::new("user:late"), Some("pro")).await);
+        // Its own limits: 2 more of 3 (the base would refuse).
+        assert!(api.check_now(&new, 1).unwrap().is_allowed());
+        assert!(api.check_now(&new, 1).unwrap().is_allowed());
+        assert!(!api.check_now(&new, 1).unwrap().is_allowed());
+    }
+}

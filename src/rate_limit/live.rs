@@ -153,7 +153,9 @@ impl LiveSettings {
     }
 
     /// Whether some plan has limits of its own here: only then is a
-    /// request's [`Plan`](crate::live::Plan) looked up.
+    /// request's [`Plan`](crate::live::Plan) looked up. Asked of the
+    /// current settings: the first request after a plan is defined must
+    /// see it.
     #[inline]
     pub(crate) fn has_plans(&self) -> bool {
         !self.current().by_plan.is_empty()

@@ -9,6 +9,7 @@ mod concurrency;
 mod handlers;
 mod http;
 mod lease_guard;
+mod live;
 mod outbound;
 mod per_route;
 mod shedding;

@@ -17,6 +17,7 @@ mod cluster;
 mod cluster_failover;
 mod faults;
 mod leases;
+mod live;
 mod local_fallback;
 mod private_server;
 #[cfg(feature = "cluster")]
