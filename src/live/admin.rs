@@ -57,7 +57,7 @@ type Identify = dyn Fn(&str) -> Option<Key> + Send + Sync;
 ///
 /// ```
 /// use axum::Router;
-/// use fleetgate::key::Key;
+/// use fleetgate::key::{HeaderKey, KeyExtractor};
 /// use fleetgate::live::{AdminApi, LivePolicies};
 /// use fleetgate::spec::PolicySpec;
 /// use fleetgate::MemoryStore;
@@ -65,9 +65,12 @@ type Identify = dyn Fn(&str) -> Option<Key> + Send + Sync;
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let live = LivePolicies::new(MemoryStore::new());
 /// let api = live.limiter("10/s burst 20".parse::<PolicySpec>()?.build("api")?);
-/// // Identities as `HeaderKey::new("x-api-key")` keys them: hashed.
-/// let admin = AdminApi::new(live.clone(), |raw: &str| {
-///     Some(Key::hashed("h:", raw.as_bytes()))
+/// // Identities keyed as the layer's extractor keys them: the same
+/// // extractor, on a request carrying the raw value.
+/// let by_api_key = HeaderKey::new("x-api-key");
+/// let admin = AdminApi::new(live.clone(), move |raw: &str| {
+///     let req = http::Request::get("/").header("x-api-key", raw).body(()).ok()?;
+///     by_api_key.extract(&req)
 /// })
 /// .token(std::env::var("ADMIN_TOKEN").unwrap_or_default())
 /// .router();
