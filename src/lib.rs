@@ -148,6 +148,8 @@
 //!   `"100/s burst 500"` or `"5000/h sliding"` and (feature `serde`) reads
 //!   TOML/YAML/JSON policy files; [`rate_limit::RoutePolicies`] gives each
 //!   route of a router its own policy.
+//! - Limits changed while running, fleet-wide: [`live::LivePolicies`];
+//!   an HTTP admin API for it (feature `admin`): [`live::AdminApi`].
 //! - Metrics (feature `metrics`): decisions by layer, policy and outcome,
 //!   near-limit counts, Redis latency and errors per script; see [`metrics`].
 //! - Tracing: one `debug` span per decision (`fleetgate.decision`, with the

@@ -52,6 +52,9 @@
 //! as its hash. A plan that does not define a policy leaves that policy's
 //! limits as they are.
 //!
+//! [`AdminApi`] (cargo feature `admin`) serves these calls over HTTP, for
+//! an operator or a tool; `docs/live-policies.md` shows them as curl lines.
+//!
 //! State carries over a change: an identity's state is read under its new
 //! limits; a change of algorithm starts fresh state (see
 //! [`Limiter::set_policy`](crate::Limiter::set_policy)).
