@@ -210,7 +210,20 @@ impl Limiter {
     #[inline]
     fn decide(&self, key: &Key, cost: u64, max_wait: Option<Duration>) -> StoreFuture<Decision> {
         let rules = self.cell.rules();
-        let policy = rules.resolve(key, None);
+        self.decide_as(rules.resolve(key, None), key, cost, max_wait)
+    }
+
+    /// Decides with `policy`, resolved by the caller: a layer's settings
+    /// hold the policy they were chosen for, and read no rules again.
+    /// `max_wait` must be capped as [`reserve`](Self::reserve) caps it.
+    #[inline]
+    pub(crate) fn decide_as(
+        &self,
+        policy: &Policy,
+        key: &Key,
+        cost: u64,
+        max_wait: Option<Duration>,
+    ) -> StoreFuture<Decision> {
         let algorithm = policy.algorithm();
         if max_wait.is_some() && algorithm.is_window() {
             return StoreFuture::ready(Err(ConfigError::ReserveNeedsGcra { algorithm }.into()));

@@ -57,6 +57,11 @@ impl<T> RouteRule<T> {
     }
 }
 
+/// The position of the first rule matching `method` and `path`.
+pub(crate) fn position<T>(rules: &[RouteRule<T>], method: &Method, path: &str) -> Option<usize> {
+    rules.iter().position(|r| r.matches(method, path))
+}
+
 /// The first rule matching `method` and `path`.
 pub(crate) fn select<'a, T>(
     rules: &'a [RouteRule<T>],

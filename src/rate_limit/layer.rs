@@ -347,7 +347,7 @@ impl<S, K: Clone, C: Clone, M, F: Clone> Layer<S> for RateLimitLayer<K, C, M, F>
 
     fn layer(&self, inner: S) -> Self::Service {
         let recipe = self.recipe();
-        let live = |limiter: &Limiter| Arc::new(LiveSettings::new(limiter, recipe.clone()));
+        let live = |limiter: &Limiter| LiveSettings::new(limiter, recipe.clone());
         let routes = self.routes.as_ref().map(|table| Routes {
             rules: table
                 .rules

@@ -130,16 +130,22 @@ impl LiveSettings {
         generation(&self.limiter, self.follows_fleet)
     }
 
-    /// The settings deciding `key`, whose request names `plan`.
+    /// The settings deciding `key`, whose request names the plan `plan`
+    /// gives (asked only when some plan has limits of its own here).
     #[inline]
-    pub(crate) fn select(&self, key: &Key, plan: Option<&str>) -> Arc<RateSettings> {
+    pub(crate) fn select<'p>(
+        &self,
+        key: &Key,
+        plan: impl FnOnce() -> Option<&'p str>,
+    ) -> Arc<RateSettings> {
         let derived = self.current();
         if !derived.by_key.is_empty()
             && let Some(settings) = derived.by_key.get(key)
         {
             return settings.clone();
         }
-        if let Some(plan) = plan
+        if !derived.by_plan.is_empty()
+            && let Some(plan) = plan()
             && let Some(settings) = derived.by_plan.get(plan)
         {
             return settings.clone();
@@ -150,15 +156,6 @@ impl LiveSettings {
     /// The settings of the policy itself (for a request without a key).
     pub(crate) fn base(&self) -> Arc<RateSettings> {
         self.current().base.clone()
-    }
-
-    /// Whether some plan has limits of its own here: only then is a
-    /// request's [`Plan`](crate::live::Plan) looked up. Asked of the
-    /// current settings: the first request after a plan is defined must
-    /// see it.
-    #[inline]
-    pub(crate) fn has_plans(&self) -> bool {
-        !self.current().by_plan.is_empty()
     }
 
     /// The limiter (the live one, as the layer was given it).

@@ -156,7 +156,7 @@ use crate::decision::Decision;
 use crate::error::StoreError;
 use crate::key::Key;
 use crate::layer::{FailurePolicy, OnMissingKey, fall_back_locally, log_store_failure, mode};
-use crate::limit::Policy;
+use crate::limit::{MAX_TOLERANCE_MICROS, Policy};
 use crate::limiter::Limiter;
 use crate::log::{LogGate, decision_span, warn_missing_key};
 use crate::metrics::{LayerMetrics, Outcome, near_limit};
@@ -197,10 +197,12 @@ impl RateSettings {
     /// Asks the store to decide `cost` for `key`: a check, or in waiting
     /// mode a reservation.
     pub(crate) fn ask(&self, key: &Key, cost: u64) -> StoreFuture<Decision> {
-        match self.max_wait {
-            Some(max_wait) => self.limiter.reserve(key, cost, max_wait),
-            None => self.limiter.check(key, cost),
-        }
+        // The policy these settings were chosen for: the limiter's rules
+        // were read once, when the settings were.
+        let max_wait = self
+            .max_wait
+            .map(|wait| wait.min(Duration::from_micros(MAX_TOLERANCE_MICROS)));
+        self.limiter.decide_as(&self.policy, key, cost, max_wait)
     }
 
     /// Under [`FailurePolicy::Local`], decides a call the store failed on
@@ -356,21 +358,48 @@ pub(crate) struct RateLimitParts<K, C, F> {
     pub(crate) key: K,
     pub(crate) cost: C,
     pub(crate) feedback: F,
-    pub(crate) settings: Arc<LiveSettings>,
+    pub(crate) settings: LiveSettings,
     /// With per-route policies: the settings of each route.
     pub(crate) routes: Option<Routes>,
 }
 
+impl<K, C, F> RateLimitParts<K, C, F> {
+    /// The settings `which` names.
+    #[inline]
+    pub(crate) fn live(&self, which: Which) -> &LiveSettings {
+        match (which, &self.routes) {
+            (Which::Rule(i), Some(routes)) => {
+                routes.rules.get(i).map_or(&self.settings, |r| &r.value)
+            }
+            (Which::Default, Some(routes)) => routes.default.as_ref().unwrap_or(&self.settings),
+            _ => &self.settings,
+        }
+    }
+}
+
+/// Which settings decide a request: the layer's, a route rule's or the
+/// route table's default. An index rather than a reference, so that the
+/// service can be borrowed mutably while it decides.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Which {
+    Layer,
+    Rule(usize),
+    Default,
+}
+
 /// The per-route table, each rule with its own settings.
 pub(crate) struct Routes {
-    pub(crate) rules: Vec<RouteRule<Arc<LiveSettings>>>,
-    pub(crate) default: Option<Arc<LiveSettings>>,
+    pub(crate) rules: Vec<RouteRule<LiveSettings>>,
+    pub(crate) default: Option<LiveSettings>,
 }
 
 impl Routes {
     /// The settings deciding `req`, or `None` when no route or default
     /// applies (the request is not limited).
-    pub(crate) fn select<B>(&self, req: &http::Request<B>) -> Option<&Arc<LiveSettings>> {
-        route::select(&self.rules, req.method(), route::route_path(req)).or(self.default.as_ref())
+    pub(crate) fn select<B>(&self, req: &http::Request<B>) -> Option<Which> {
+        match route::position(&self.rules, req.method(), route::route_path(req)) {
+            Some(i) => Some(Which::Rule(i)),
+            None => self.default.as_ref().map(|_| Which::Default),
+        }
     }
 }

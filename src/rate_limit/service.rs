@@ -10,8 +10,8 @@ use tower_service::Service;
 
 use super::future::Start;
 use super::{
-    Cost, LiveSettings, NoFeedback, OnMissingKey, RateLimitParts, RateSettings, ResponseFuture,
-    UpstreamFeedback, mode,
+    Cost, NoFeedback, OnMissingKey, RateLimitParts, RateSettings, ResponseFuture, UpstreamFeedback,
+    Which, mode,
 };
 use crate::error::BoxError;
 use crate::key::KeyExtractor;
@@ -77,12 +77,11 @@ impl<S, K, C, M, F> RateLimit<S, K, C, M, F> {
         C: Cost<Req>,
         F: UpstreamFeedback<S::Response>,
     {
-        let live = self.shared.settings.clone();
-        self.start_with(req, &live, None)
+        self.start_with(req, Which::Layer, |_| None)
     }
 
-    /// Decides `req` with the settings of `live` (the layer's, or its
-    /// route's) for its key, and the plan the request named.
+    /// Decides `req` with the settings `which` names (the layer's, or its
+    /// route's) for its key and for the plan `plan` finds in it.
     ///
     /// `req` is only borrowed until the decision is in, and then moved
     /// once: moved earlier into a function of its own (even one inlined),
@@ -91,8 +90,8 @@ impl<S, K, C, M, F> RateLimit<S, K, C, M, F> {
     fn start_with<Req>(
         &mut self,
         req: Req,
-        live: &LiveSettings,
-        plan: Option<Plan>,
+        which: Which,
+        plan: impl Fn(&Req) -> Option<&Plan>,
     ) -> ResponseFuture<S, Req, M, F>
     where
         S: Service<Req> + Clone,
@@ -101,23 +100,23 @@ impl<S, K, C, M, F> RateLimit<S, K, C, M, F> {
         F: UpstreamFeedback<S::Response>,
     {
         let feedback = self.shared.feedback.clone();
-        let key = match self.shared.key.extract(&req) {
-            Some(key) => key,
+        let plan = || plan(&req).map(Plan::name);
+        let live = self.shared.live(which);
+        let (settings, key) = match self.shared.key.extract(&req) {
+            Some(key) => (live.select(&key, plan), key),
             None => {
                 let settings = live.base();
-                match &settings.on_missing {
-                    OnMissingKey::Fallback(key) => key.clone(),
-                    OnMissingKey::Reject(status) => {
-                        let status = *status;
-                        return self.without_key(req, settings, feedback, Some(status));
-                    }
-                    OnMissingKey::Allow => {
-                        return self.without_key(req, settings, feedback, None);
-                    }
+                let status = match &settings.on_missing {
+                    OnMissingKey::Fallback(key) => Ok(key.clone()),
+                    OnMissingKey::Reject(status) => Err(Some(*status)),
+                    OnMissingKey::Allow => Err(None),
+                };
+                match status {
+                    Ok(key) => (live.select(&key, plan), key),
+                    Err(reject) => return self.without_key(req, settings, feedback, reject),
                 }
             }
         };
-        let settings = live.select(&key, plan.as_ref().map(Plan::name));
         let cost = self.shared.cost.cost(&req);
         let mut start = Start::new(settings, feedback);
         let mut decision = start.settings.ask(&key, cost);
@@ -212,10 +211,10 @@ impl<S, K, C, M, F> RateLimit<S, K, C, M, F> {
         C: Cost<Request<ReqBody>>,
         F: UpstreamFeedback<S::Response>,
     {
-        let live = match &self.shared.routes {
-            None => self.shared.settings.clone(),
+        let which = match &self.shared.routes {
+            None => Which::Layer,
             Some(routes) => match routes.select(&req) {
-                Some(live) => live.clone(),
+                Some(which) => which,
                 // No rule and no default: this route is not limited.
                 None => {
                     let settings = self.shared.settings.base();
@@ -224,12 +223,7 @@ impl<S, K, C, M, F> RateLimit<S, K, C, M, F> {
                 }
             },
         };
-        // Only looked up when some plan has limits of its own here.
-        let plan = match live.has_plans() {
-            true => req.extensions().get::<Plan>().cloned(),
-            false => None,
-        };
-        self.start_with(req, &live, plan)
+        self.start_with(req, which, |req| req.extensions().get::<Plan>())
     }
 }
 
