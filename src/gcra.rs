@@ -19,6 +19,24 @@
 //! are refused before any store is asked (see [`Limiter`]), so `n·T ≤ τ` and
 //! no sum here can overflow.
 //!
+//! Cost known after the response ([`charge`], [`refund`]; a peek is
+//! [`decide`] with nothing stored):
+//!
+//! ```text
+//! charge   tat = min(max(stored, now) + n·T, now + 2^50)   no test, no cap at τ
+//! refund   tat = max(now, tat − n·T)   where tat > now     never below now
+//! ```
+//!
+//! A charge may leave `tat > now + τ`: a debt of `(tat − now − τ)/T` units.
+//! A call of cost 1 passes again from `tat + T − τ` on, so the debt is
+//! repaid at exactly the limit's rate, one unit per `T`, and the identity
+//! then gets one call per `T` until it is idle long enough to rebuild its
+//! burst: a debt is the same state as a burst spent early, further out.
+//! The key lives until its TAT has passed, so its TTL covers the debt. A
+//! refund never moves the TAT before now, so it never gives more than a
+//! fresh state (the full burst): a refund for a call charged long ago,
+//! whose cost has already refilled, gives nothing.
+//!
 //! [`MemoryStore`]: crate::MemoryStore
 //! [`Limiter`]: crate::Limiter
 

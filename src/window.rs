@@ -27,6 +27,33 @@
 //!                  admit ⇔ est ≤ count − curr − n
 //! ```
 //!
+//! Cost known after the response ([`peek`], [`charge`], [`refund`]): a peek
+//! is the decision with nothing stored; a charge stores `n` whatever the
+//! windows hold, past their counts if need be, and reports the figures of
+//! now for a call of cost 1; a refund takes `n` back, never below an empty
+//! window. How an overdraft is repaid:
+//!
+//! ```text
+//! fixed window     count > quota: nothing passes until the window ends;
+//!                  the overdraft goes with the rest of the count
+//! sliding counter  curr > quota: nothing passes in this window; in the
+//!                  next, curr weighs as prev · (r / W), so the overdraft
+//!                  fades as the sliding window leaves it, and a call fits
+//!                  once prev · (W − e) / W ≤ quota − 1
+//! sliding log      n entries at now (at most the largest quota: entries
+//!                  logged together leave together); calls pass again as
+//!                  entries leave each window, W after they were logged
+//! refund           counters: current count − n, not below 0 (a count of
+//!                  a window that has ended is left); log: drops up to n
+//!                  of the newest entries inside the longest window (the
+//!                  log keeps no per-call record, so not necessarily the
+//!                  refunded call's own)
+//! ```
+//!
+//! Unlike GCRA, a window repays no debt at a rate: a fixed window forgets
+//! it at its end however large, and the counters and the log forget it
+//! within one (sliding counter: two) windows.
+//!
 //! A stored fixed window's start never moves back. When it is later than
 //! the window holding `now` (the Redis scripts with the callers' clocks,
 //! one of them behind the one that wrote; or a clock stepped back), the
@@ -701,5 +728,115 @@ mod tests {
         assert_eq!(d.retry_after(), Some(Duration::from_millis(500)));
         let (d, _) = sliding_counter(&windows, &mut c, now + S / 2, 1);
         assert!(d.allowed);
+    }
+}
+
+#[cfg(test)]
+mod adjust_tests {
+    use super::*;
+
+    const S: u64 = 1_000_000;
+
+    fn w(count: u64, secs: u64) -> Window {
+        Window {
+            length: secs * S,
+            count,
+        }
+    }
+
+    #[test]
+    fn a_fixed_window_forgets_its_overdraft_at_its_end() {
+        let windows = [w(5, 10)];
+        let mut c = [Counter::default()];
+        let (d, idle) = charge(&windows, &mut State::Fixed(&mut c), 12 * S, 9);
+        assert_eq!(
+            c[0],
+            Counter {
+                start: 10 * S,
+                count: 9,
+                prev: 0
+            }
+        );
+        assert_eq!(idle, 20 * S);
+        assert!(!d.allowed);
+        assert_eq!((d.remaining, d.retry_us), (0, Some(8 * S)));
+        assert_eq!(refund(&windows, &mut State::Fixed(&mut c), 12 * S, 5), 5);
+        let d = peek(&windows, &State::Fixed(&mut c), 12 * S, 1);
+        assert!(d.allowed);
+        assert_eq!(refund(&windows, &mut State::Fixed(&mut c), 12 * S, 50), 4);
+        assert_eq!(c[0].count, 0);
+        // The next window starts empty; the ended one gives nothing back.
+        charge(&windows, &mut State::Fixed(&mut c), 12 * S, 9);
+        assert_eq!(refund(&windows, &mut State::Fixed(&mut c), 20 * S, 3), 0);
+        assert!(peek(&windows, &State::Fixed(&mut c), 20 * S, 5).allowed);
+    }
+
+    #[test]
+    fn a_sliding_counter_overdraft_fades_over_the_next_window() {
+        let windows = [w(10, 10)];
+        let mut c = [Counter::default()];
+        let (d, _) = charge(&windows, &mut State::Sliding(&mut c), 15 * S, 20);
+        // 20 weighs ≤ 9 once (W − e)/W ≤ 9/20: e ≥ 5.5 s into [20, 30).
+        assert_eq!(d.retry_us, Some(10 * S + S / 2));
+        let (d, _) = sliding_counter(&windows, &mut c, 25 * S + S / 2 - 1, 1);
+        assert!(!d.allowed);
+        let (d, _) = sliding_counter(&windows, &mut c, 25 * S + S / 2, 1);
+        assert!(d.allowed);
+        // The refund takes from the current window only.
+        assert_eq!(
+            refund(&windows, &mut State::Sliding(&mut c), 25 * S + S / 2, 9),
+            1
+        );
+        assert_eq!(
+            c[0],
+            Counter {
+                start: 20 * S,
+                count: 0,
+                prev: 20
+            }
+        );
+    }
+
+    #[test]
+    fn a_sliding_log_charge_is_capped_and_a_refund_takes_the_newest() {
+        let windows = [w(3, 10), w(5, 60)];
+        let mut log = VecDeque::new();
+        sliding_log(&windows, &mut log, S, 1);
+        let (d, idle) = charge(&windows, &mut State::Log(&mut log), 2 * S, 100);
+        assert_eq!(log.len(), 1 + 5, "capped at the largest count");
+        assert_eq!(idle, 62 * S);
+        assert!(!d.allowed);
+        // Both windows need entries of 2 s to leave: the short one at
+        // 12 s, the minute's at 62 s, which decides.
+        assert_eq!((d.limit, d.retry_us), (1, Some(60 * S)));
+        assert_eq!(refund(&windows, &mut State::Log(&mut log), 2 * S, 4), 4);
+        assert_eq!(log, [S, 2 * S]);
+        let d = peek(&windows, &State::Log(&mut log), 2 * S, 1);
+        assert!(d.allowed);
+        assert_eq!(
+            d.remaining, 0,
+            "the short window has 1 left, after the call 0"
+        );
+        // Entries that have left the longest window are not refunded.
+        assert_eq!(
+            refund(&windows, &mut State::Log(&mut log), 61 * S + 1, 9),
+            1
+        );
+        assert_eq!(log, [S]);
+    }
+
+    #[test]
+    fn a_charge_within_the_quota_says_what_is_left() {
+        for mut state in [
+            State::Log(&mut VecDeque::new()),
+            State::Fixed(&mut [Counter::default()]),
+            State::Sliding(&mut [Counter::default()]),
+        ] {
+            let windows = [w(10, 10)];
+            let (d, _) = charge(&windows, &mut state, 3 * S, 4);
+            assert!(d.allowed, "{state:?}");
+            assert_eq!(d.remaining, 6, "{state:?}");
+            assert_eq!(d.retry_us, None, "{state:?}");
+        }
     }
 }
