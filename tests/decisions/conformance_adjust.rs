@@ -86,6 +86,16 @@ async fn gcra_debt_repaid_at_the_rate(s: Sut) {
     // A second debt adds to what is left of the first.
     let d = s.charge(&l, "k", 2).await;
     s.expect(&d, denied(0, 0, 3 * S, 3 * S));
+    // The largest cost: the debt is cut at 2^50 µs, exactly on both
+    // stores (Lua's doubles included), and a refund of as much clears it.
+    let most = Duration::from_micros(1 << 50);
+    let d = s.charge(&l, "huge", u64::MAX).await;
+    s.expect(&d, denied(0, 0, most, most));
+    let d = s.charge(&l, "huge", u64::MAX).await;
+    s.expect(&d, denied(0, 0, most, most));
+    s.refund(&l, "huge", u64::MAX).await;
+    let d = s.peek(&l, "huge", 1).await;
+    s.expect(&d, allowed(0, 0, S));
 }
 
 /// Refunds on two limits (5/s, T = 200 ms; 20/min, T = 3 s): each gives
@@ -320,6 +330,14 @@ async fn dual_adjust(s: Sut, algorithm: Algorithm) {
     s.advance(55 * S);
     s.peek(&l, "k", 1).await;
     s.check(&l, "k", 25).await;
+    // The largest cost, and as large a refund: a fresh state again.
+    let d = s.charge(&l, "huge", u64::MAX).await;
+    assert!(!d.is_allowed(), "{}", s.name);
+    s.charge(&l, "huge", u64::MAX).await;
+    s.peek(&l, "huge", 1).await;
+    s.refund(&l, "huge", u64::MAX).await;
+    let d = s.peek(&l, "huge", 25).await;
+    assert!(d.is_allowed(), "{}: not fresh after the refund", s.name);
 }
 
 async fn dual_gcra(s: Sut) {
