@@ -64,6 +64,7 @@ const GCRA_LUA: &str = concat!(
     include_str!("../lua/common/clock.lua"),
     include_str!("../lua/common/idiv.lua"),
     include_str!("../lua/gcra.lua"),
+    include_str!("../lua/gcra_store.lua"),
 );
 
 /// The Redis store with `max_in_flight(usize::MAX)`: one script per call.

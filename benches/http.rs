@@ -75,6 +75,7 @@ const GCRA_LUA: &str = concat!(
     include_str!("../lua/common/clock.lua"),
     include_str!("../lua/common/idiv.lua"),
     include_str!("../lua/gcra.lua"),
+    include_str!("../lua/gcra_store.lua"),
 );
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -73,11 +73,3 @@ if worst > 0 then
   return reply(0, worst, retry[worst], hold)
 end
 
-for i = 1, n do
-  -- The key lives until its window ends.
-  local ttl_ms = math.ceil(reset[i] / 1000)
-  if ttl_ms < 1 then ttl_ms = 1 end
-  local value = string.format('%d:%d', starts[i], used[i] + cost)
-  redis.call('SET', KEYS[i], value, 'PX', ttl_ms + slack_ms)
-end
-return reply(1, tight, 0, 0)

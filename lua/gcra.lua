@@ -23,7 +23,10 @@
 -- exactly; stored values are formatted with %d to keep every digit.
 
 -- Runs after lua/common/clock.lua and idiv.lua (joined in
--- src/store/redis.rs): now, slack_ms and idiv come from there.
+-- src/store/redis.rs): now, slack_ms and idiv come from there. Ends with
+-- lua/gcra_store.lua (the check: stores what the admitted calls moved) or
+-- lua/gcra_peek.lua (a peek: what a check would answer, storing nothing;
+-- see src/store/redis/adjust.rs).
 
 -- Each key is read at most once and written at most once per script, so
 -- calls of one identity that travel together cost one GET and one SET. A
@@ -102,11 +105,3 @@ for c = 1, tonumber(ARGV[2]) do
   a = a + 3 + 2 * n
 end
 
-for key in pairs(dirty) do
-  local tat = known[key]
-  -- Expire the key when the limit has refilled: the state means nothing then.
-  local ttl_ms = math.ceil((tat - now) / 1000)
-  if ttl_ms < 1 then ttl_ms = 1 end
-  redis.call('SET', key, string.format('%d', tat), 'PX', ttl_ms + slack_ms)
-end
-return replies

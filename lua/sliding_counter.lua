@@ -125,12 +125,3 @@ if worst > 0 then
   return reply(0, worst, retry[worst], hold)
 end
 
-for i = 1, n do
-  local length = tonumber(ARGV[1 + 2 * i])
-  -- The count must outlive its window: it is the next one's "previous".
-  local ttl_ms = math.ceil((starts[i] + 2 * length - now) / 1000)
-  if ttl_ms < 1 then ttl_ms = 1 end
-  local value = string.format('%d:%d:%d', starts[i], currs[i] + cost, prevs[i])
-  redis.call('SET', KEYS[i], value, 'PX', ttl_ms + slack_ms)
-end
-return reply(1, tight, 0, 0)

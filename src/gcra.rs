@@ -19,6 +19,24 @@
 //! are refused before any store is asked (see [`Limiter`]), so `n·T ≤ τ` and
 //! no sum here can overflow.
 //!
+//! Cost known after the response ([`charge`], [`refund`]; a peek is
+//! [`decide`] with nothing stored):
+//!
+//! ```text
+//! charge   tat = min(max(stored, now) + n·T, now + 2^50)   no test, no cap at τ
+//! refund   tat = max(now, tat − n·T)   where tat > now     never below now
+//! ```
+//!
+//! A charge may leave `tat > now + τ`: a debt of `(tat − now − τ)/T` units.
+//! A call of cost 1 passes again from `tat + T − τ` on, so the debt is
+//! repaid at exactly the limit's rate, one unit per `T`, and the identity
+//! then gets one call per `T` until it is idle long enough to rebuild its
+//! burst: a debt is the same state as a burst spent early, further out.
+//! The key lives until its TAT has passed, so its TTL covers the debt. A
+//! refund never moves the TAT before now, so it never gives more than a
+//! fresh state (the full burst): a refund for a call charged long ago,
+//! whose cost has already refilled, gives nothing.
+//!
 //! [`MemoryStore`]: crate::MemoryStore
 //! [`Limiter`]: crate::Limiter
 
@@ -253,5 +271,190 @@ mod defer_tests {
         let idle = defer(&p, &mut tat, u64::MAX - 1, u64::MAX);
         assert_eq!(tat, [u64::MAX - S]);
         assert_eq!(idle, u64::MAX - 1);
+    }
+}
+
+/// The furthest a charge moves a TAT past now: 2^50 µs (about 35 years).
+/// A debt beyond it is cut to it, so that every stored time stays exact in
+/// the Lua scripts' doubles, however large or frequent the charges.
+pub(crate) const MAX_DEBT: u64 = 1 << 50;
+
+/// Cost after the fact: takes `cost` from every limit unconditionally,
+/// with no admission test and no cap at the burst, and returns the figures
+/// of now for a call of cost 1 with the time at which the state becomes
+/// idle again. `lua/gcra_charge.lua` transcribes this.
+///
+/// ```text
+/// tat = min(max(stored, now) + n·T, now + MAX_DEBT)
+/// ```
+///
+/// A charge may take a limit into debt: its TAT then lies more than the
+/// tolerance `τ` past now, and a call of cost 1 passes again from
+/// `tat + T − τ` on. The debt is repaid at exactly the limit's rate: every
+/// `T` that passes brings that moment one unit of cost nearer, as for any
+/// other TAT, so a debt of `d` units past a spent burst is repaid in `d·T`.
+///
+/// The figures are those of now, after the charge: when a call of cost 1
+/// would pass, `allowed`, the limit with the least room, and its remaining
+/// (whole calls of cost 1 that would pass now: what is left) and reset
+/// (until it is back to its full burst); when it would not, the limit
+/// whose next call comes last, with remaining 0 and the retry of that
+/// call.
+pub(crate) fn charge<P: AsParams>(
+    params: &[P],
+    tats: &mut [u64],
+    now: u64,
+    cost: u64,
+) -> (Decision, u64) {
+    debug_assert_eq!(params.len(), tats.len());
+    let mut idle_at = now;
+    for (p, tat) in params.iter().zip(tats.iter_mut()) {
+        let p = p.params();
+        let charged = (*tat)
+            .max(now)
+            .saturating_add(cost.saturating_mul(p.emission));
+        *tat = charged.min(now.saturating_add(MAX_DEBT));
+        idle_at = idle_at.max(*tat);
+    }
+    // The figures of now for a call of cost 1: denied, the limit with the
+    // longest retry; allowed, the limit with the least remaining.
+    let mut worst: Option<(usize, u64)> = None;
+    let mut tightest = (0usize, u64::MAX);
+    for (i, (p, &tat)) in params.iter().zip(tats.iter()).enumerate() {
+        let p = p.params();
+        let next = tat.saturating_add(p.emission);
+        let horizon = now.saturating_add(p.tolerance);
+        if next > horizon {
+            let retry = next - horizon;
+            if worst.is_none_or(|(_, r)| retry > r) {
+                worst = Some((i, retry));
+            }
+        } else {
+            let remaining = (horizon - tat) / p.emission;
+            if remaining < tightest.1 {
+                tightest = (i, remaining);
+            }
+        }
+    }
+    let decision = match worst {
+        Some((i, retry)) => Decision {
+            allowed: false,
+            limit: i,
+            remaining: 0,
+            reset_us: tats[i] - now,
+            retry_us: Some(retry),
+            wait_us: 0,
+            each: None,
+        },
+        None => Decision {
+            allowed: true,
+            limit: tightest.0,
+            remaining: tightest.1,
+            reset_us: tats[tightest.0] - now,
+            retry_us: None,
+            wait_us: 0,
+            each: None,
+        },
+    };
+    (decision, idle_at)
+}
+
+/// Gives `cost` back to every limit: `tat = max(now, tat − n·T)` where
+/// `tat > now`, and nothing where the limit is already full. Never below
+/// now, so a refund never gives more than a fresh state has (the full
+/// burst). Returns whether any TAT moved. `lua/gcra_refund.lua`
+/// transcribes this.
+pub(crate) fn refund<P: AsParams>(params: &[P], tats: &mut [u64], now: u64, cost: u64) -> bool {
+    debug_assert_eq!(params.len(), tats.len());
+    let mut moved = false;
+    for (p, tat) in params.iter().zip(tats.iter_mut()) {
+        if *tat > now {
+            let back = cost.saturating_mul(p.params().emission);
+            *tat = tat.saturating_sub(back).max(now);
+            moved = true;
+        }
+    }
+    moved
+}
+
+#[cfg(test)]
+mod adjust_tests {
+    use super::*;
+    use std::time::Duration;
+
+    const S: u64 = 1_000_000;
+
+    fn one(emission: u64, burst: u64) -> [Params; 1] {
+        [Params {
+            emission,
+            tolerance: emission * burst,
+        }]
+    }
+
+    #[test]
+    fn a_charge_goes_into_debt_and_is_repaid_at_the_rate() {
+        // 1/s, burst 3: a charge of 5 leaves a debt of 2 past the burst.
+        let p = one(S, 3);
+        let mut tat = [0];
+        let now = 100 * S;
+        let (d, idle) = charge(&p, &mut tat, now, 5);
+        assert_eq!(tat, [now + 5 * S]);
+        assert_eq!(idle, now + 5 * S);
+        assert!(!d.allowed);
+        assert_eq!(d.remaining, 0);
+        assert_eq!(d.reset(), Duration::from_secs(5));
+        // The next call of cost 1 passes once 2 + 1 units have refilled.
+        assert_eq!(d.retry_after(), Some(Duration::from_secs(3)));
+        let (d, _) = decide(&p, &mut tat, now + 3 * S - 1, 1, 0);
+        assert!(!d.allowed);
+        assert_eq!(d.retry_after(), Some(Duration::from_micros(1)));
+        let (d, _) = decide(&p, &mut tat, now + 3 * S, 1, 0);
+        assert!(d.allowed);
+    }
+
+    #[test]
+    fn a_charge_within_the_burst_says_what_is_left() {
+        let p = one(S, 10);
+        let mut tat = [0];
+        let (d, _) = charge(&p, &mut tat, 100 * S, 4);
+        assert!(d.allowed);
+        assert_eq!(d.remaining, 6);
+        assert_eq!(d.reset(), Duration::from_secs(4));
+        assert_eq!(d.retry_after(), None);
+        // Exactly spent: nothing left, the next call in one interval.
+        let (d, _) = charge(&p, &mut tat, 100 * S, 6);
+        assert!(!d.allowed);
+        assert_eq!(d.remaining, 0);
+        assert_eq!(d.retry_after(), Some(Duration::from_secs(1)));
+    }
+
+    #[test]
+    fn a_debt_is_capped_and_saturates() {
+        let p = one(S, 1);
+        let mut tat = [0];
+        let (_, idle) = charge(&p, &mut tat, 100 * S, u64::MAX);
+        assert_eq!(tat, [100 * S + MAX_DEBT]);
+        assert_eq!(idle, 100 * S + MAX_DEBT);
+        charge(&p, &mut tat, 100 * S, 7);
+        assert_eq!(tat, [100 * S + MAX_DEBT]);
+    }
+
+    #[test]
+    fn a_refund_never_gives_more_than_a_fresh_state() {
+        let p = one(S, 3);
+        let mut tat = [0];
+        let now = 100 * S;
+        assert!(!refund(&p, &mut tat, now, 5), "nothing to give back");
+        assert_eq!(tat, [0]);
+        decide(&p, &mut tat, now, 2, 0);
+        assert!(refund(&p, &mut tat, now, 1));
+        assert_eq!(tat, [now + S]);
+        assert!(refund(&p, &mut tat, now, 1_000));
+        assert_eq!(tat, [now]);
+        // A full burst, and no more.
+        for _ in 0..3 {
+            assert!(decide(&p, &mut tat, now, 1, 0).0.allowed);
+        }
+        assert!(!decide(&p, &mut tat, now, 1, 0).0.allowed);
     }
 }

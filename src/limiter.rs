@@ -341,3 +341,181 @@ impl Limiter {
         self.store.reset(self.name(), key)
     }
 }
+
+/// Cost known after the response: [`peek`](Limiter::peek),
+/// [`charge`](Limiter::charge) and [`refund`](Limiter::refund). Each is one
+/// atomic step on the state the decision uses (the same Redis keys), one
+/// round trip on Redis within the store's timeout, under the key's policy
+/// resolved as [`check`](Limiter::check) resolves it; a failure is a
+/// [`StoreError`](crate::StoreError), as for a decision.
+impl Limiter {
+    /// What [`check`](Self::check) of `cost` would answer now, storing
+    /// nothing: to admit a call "while the budget is not exhausted"
+    /// (`peek(key, 1)`) and charge its cost once it is known. A cost above
+    /// what any limit could admit is refused without asking the store, as
+    /// by `check`.
+    ///
+    /// Calls admitted by peeks are not counted until they are charged, so
+    /// callers that peek together can together overshoot the budget by
+    /// what they charge later; the debt then holds the identity back until
+    /// it is repaid (see [`charge`](Self::charge)). Where that must not
+    /// happen, check before the call and [`refund`](Self::refund) after.
+    ///
+    /// ```
+    /// use fleetgate::{Key, Limit, Limiter, MemoryStore, Policy, Rate};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // A login limit that counts failed attempts only.
+    /// let policy = Policy::single("login", Limit::new(Rate::per_hour(5))?)?;
+    /// let logins = Limiter::new(policy, MemoryStore::new());
+    /// let user = Key::new("user:42");
+    /// for _ in 0..20 {
+    ///     // Twenty successful logins: each is peeked at, none charged.
+    ///     assert!(logins.peek(&user, 1).await?.is_allowed());
+    /// }
+    /// for _ in 0..5 {
+    ///     assert!(logins.peek(&user, 1).await?.is_allowed());
+    ///     // The password was wrong: this attempt counts.
+    ///     logins.charge(&user, 1).await?;
+    /// }
+    /// // Refused now, even with the right password.
+    /// let d = logins.peek(&user, 1).await?;
+    /// assert!(!d.is_allowed());
+    /// assert!(d.retry_after().is_some());
+    /// # Ok(()) }
+    /// ```
+    pub fn peek(&self, key: &Key, cost: u64) -> StoreFuture<Decision> {
+        let rules = self.cell.rules();
+        let policy = rules.resolve(key, None);
+        if cost > policy.max_cost() {
+            return StoreFuture::ready(Ok(never(policy)));
+        }
+        self.store
+            .peek(crate::store::AdjustCall { policy, key, cost })
+    }
+
+    /// Takes `cost` from every limit of `key`'s policy unconditionally,
+    /// going into debt if need be, and says what is left: the figures of
+    /// now for a call of cost 1. [`is_allowed`](Decision::is_allowed) says
+    /// whether such a call would pass now; [`remaining`](Decision::remaining)
+    /// is how many would (what is left of the budget: 0 once it is spent or
+    /// in debt); when none would, [`retry_after`](Decision::retry_after) is
+    /// when the next one will. A cost of 0 charges nothing and asks no
+    /// store: the answer is then allowed and reports nothing (remaining
+    /// and reset 0).
+    ///
+    /// A debt is repaid at the limit's rate, after which calls pass again:
+    ///
+    /// - GCRA: exactly at the rate. A debt of `d` units past the burst
+    ///   holds calls back for `d` emission intervals, plus one for the next
+    ///   call (no cap at the burst; the key lives as long as the debt, cut
+    ///   at about 35 years);
+    /// - fixed window: the count goes past the window's count, and calls
+    ///   pass again when the window ends (an overdraft is forgotten with
+    ///   the rest of the count);
+    /// - sliding-window counter: likewise on the current window, whose
+    ///   overdraft then fades as the sliding window leaves it, over the
+    ///   next window;
+    /// - sliding log: `cost` entries are logged now (at most the largest
+    ///   window's count: entries logged together leave together, so more
+    ///   would change no decision), and calls pass again as they leave.
+    ///
+    /// On Redis, a charge that leaves `key` unable to pass a call of cost 1
+    /// is remembered by this instance's deny cache, if it has one, so that
+    /// the calls it refuses cost Redis nothing.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use fleetgate::clock::MonotonicClock;
+    /// use fleetgate::{Key, Limit, Limiter, MemoryStore, Policy, Rate};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // Paused time, and a store on tokio's clock: exact figures.
+    /// let store = MemoryStore::builder().clock(MonotonicClock::new()).build();
+    /// let policy = Policy::single("tokens", Limit::new(Rate::per_minute(1000))?)?;
+    /// let budget = Limiter::new(policy, store);
+    /// let caller = Key::new("api-key:7");
+    /// for left in [600, 200] {
+    ///     assert!(budget.peek(&caller, 1).await?.is_allowed());
+    ///     // The completion used 400 tokens: known once it has ended.
+    ///     assert_eq!(budget.charge(&caller, 400).await?.remaining(), left);
+    /// }
+    /// assert!(budget.peek(&caller, 1).await?.is_allowed());
+    /// let after = budget.charge(&caller, 400).await?;
+    /// // 1200 of 1000 spent: 200 tokens in debt, repaid at 1000 a minute,
+    /// // then one more for the next call: 201 × 60 ms.
+    /// assert!(!after.is_allowed());
+    /// assert_eq!(after.retry_after(), Some(Duration::from_millis(12_060)));
+    /// tokio::time::advance(Duration::from_millis(12_059)).await;
+    /// assert!(!budget.peek(&caller, 1).await?.is_allowed());
+    /// tokio::time::advance(Duration::from_millis(1)).await;
+    /// assert!(budget.peek(&caller, 1).await?.is_allowed());
+    /// # Ok(()) }
+    /// ```
+    pub fn charge(&self, key: &Key, cost: u64) -> StoreFuture<Decision> {
+        let rules = self.cell.rules();
+        let policy = rules.resolve(key, None);
+        if cost == 0 {
+            return StoreFuture::ready(Ok(Decision {
+                allowed: true,
+                limit: 0,
+                remaining: 0,
+                reset_us: 0,
+                retry_us: None,
+                wait_us: 0,
+                each: None,
+            }));
+        }
+        self.store
+            .charge(crate::store::AdjustCall { policy, key, cost })
+    }
+
+    /// Gives `cost` back to every limit of `key`'s policy: for a call that
+    /// was checked (and charged) before it ran and should not count, such
+    /// as one the upstream failed. Never beyond a fresh state: a refund
+    /// brings the key back to its full burst at most, not past it. A cost
+    /// of 0 does nothing and asks no store.
+    ///
+    /// - GCRA: the TAT moves back by `cost` emission intervals, not before
+    ///   now;
+    /// - fixed window and sliding-window counter: the count of the current
+    ///   window goes down by `cost`, not below 0 (a window that has ended
+    ///   keeps its count);
+    /// - sliding log: up to `cost` of the newest entries still in the
+    ///   longest window are dropped. The log keeps no record of which call
+    ///   logged which entry, so a refund takes the newest, not necessarily
+    ///   its own call's.
+    ///
+    /// On Redis this instance forgets its cached denials of `key` under the
+    /// policy; other instances' deny caches may still refuse it locally
+    /// until the retry time they were told, at most.
+    ///
+    /// ```
+    /// use fleetgate::{Key, Limit, Limiter, MemoryStore, Policy, Rate};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let policy = Policy::single("flaky", Limit::new(Rate::per_minute(3))?)?;
+    /// let limiter = Limiter::new(policy, MemoryStore::new());
+    /// let who = Key::new("client:9");
+    /// assert_eq!(limiter.check(&who, 1).await?.remaining(), 2);
+    /// // The upstream answered 503: the call gives its unit back.
+    /// limiter.refund(&who, 1).await?;
+    /// assert_eq!(limiter.check(&who, 1).await?.remaining(), 2);
+    /// // Never more than a fresh state has.
+    /// limiter.refund(&who, 100).await?;
+    /// assert_eq!(limiter.check(&who, 1).await?.remaining(), 2);
+    /// # Ok(()) }
+    /// ```
+    pub fn refund(&self, key: &Key, cost: u64) -> StoreFuture<()> {
+        if cost == 0 {
+            return StoreFuture::ready(Ok(()));
+        }
+        let rules = self.cell.rules();
+        let policy = rules.resolve(key, None);
+        self.store
+            .refund(crate::store::AdjustCall { policy, key, cost })
+    }
+}

@@ -27,6 +27,33 @@
 //!                  admit ⇔ est ≤ count − curr − n
 //! ```
 //!
+//! Cost known after the response ([`peek`], [`charge`], [`refund`]): a peek
+//! is the decision with nothing stored; a charge stores `n` whatever the
+//! windows hold, past their counts if need be, and reports the figures of
+//! now for a call of cost 1; a refund takes `n` back, never below an empty
+//! window. How an overdraft is repaid:
+//!
+//! ```text
+//! fixed window     count > quota: nothing passes until the window ends;
+//!                  the overdraft goes with the rest of the count
+//! sliding counter  curr > quota: nothing passes in this window; in the
+//!                  next, curr weighs as prev · (r / W), so the overdraft
+//!                  fades as the sliding window leaves it, and a call fits
+//!                  once prev · (W − e) / W ≤ quota − 1
+//! sliding log      n entries at now (at most the largest quota: entries
+//!                  logged together leave together); calls pass again as
+//!                  entries leave each window, W after they were logged
+//! refund           counters: current count − n, not below 0 (a count of
+//!                  a window that has ended is left); log: drops up to n
+//!                  of the newest entries inside the longest window (the
+//!                  log keeps no per-call record, so not necessarily the
+//!                  refunded call's own)
+//! ```
+//!
+//! Unlike GCRA, a window repays no debt at a rate: a fixed window forgets
+//! it at its end however large, and the counters and the log forget it
+//! within one (sliding counter: two) windows.
+//!
 //! A stored fixed window's start never moves back. When it is later than
 //! the window holding `now` (the Redis scripts with the callers' clocks,
 //! one of them behind the one that wrote; or a clock stepped back), the
@@ -154,6 +181,21 @@ pub(crate) fn sliding_log(
     now: u64,
     cost: u64,
 ) -> (Decision, Option<u64>) {
+    let verdicts = log_verdicts(windows, log, now, cost);
+    let decision = combine(windows, &verdicts[..windows.len()]);
+    if !decision.allowed {
+        return (decision, None);
+    }
+    (decision, Some(log_store(windows, log, now, cost)))
+}
+
+/// What each window says about a call of `cost` on `log`, storing nothing.
+fn log_verdicts(
+    windows: &[Window],
+    log: &VecDeque<u64>,
+    now: u64,
+    cost: u64,
+) -> [Verdict; crate::limit::MAX_LIMITS_PER_POLICY] {
     let mut verdicts = [EMPTY; crate::limit::MAX_LIMITS_PER_POLICY];
     let newest = log.back().copied();
     for (v, w) in verdicts.iter_mut().zip(windows) {
@@ -186,10 +228,12 @@ pub(crate) fn sliding_log(
             }
         };
     }
-    let decision = combine(windows, &verdicts[..windows.len()]);
-    if !decision.allowed {
-        return (decision, None);
-    }
+    verdicts
+}
+
+/// Logs `cost` entries at `now`, after dropping what is older than the
+/// longest window; returns the time from which the log means nothing.
+fn log_store(windows: &[Window], log: &mut VecDeque<u64>, now: u64, cost: u64) -> u64 {
     let longest = windows.iter().map(|w| w.length).max().unwrap_or(0);
     let stale = window_start(log, now, longest);
     log.drain(..stale);
@@ -198,7 +242,7 @@ pub(crate) fn sliding_log(
         log.insert(at, now);
     }
     let newest = log.back().copied().unwrap_or(now);
-    (decision, Some(newest + longest))
+    newest + longest
 }
 
 const EMPTY: Verdict = Verdict {
@@ -249,6 +293,21 @@ pub(crate) fn fixed_window(
     now: u64,
     cost: u64,
 ) -> (Decision, Option<u64>) {
+    let verdicts = fixed_verdicts(windows, counters, now, cost);
+    let decision = combine(windows, &verdicts[..windows.len()]);
+    if !decision.allowed {
+        return (decision, None);
+    }
+    (decision, Some(fixed_store(windows, counters, now, cost)))
+}
+
+/// What each fixed window says about a call of `cost`, storing nothing.
+fn fixed_verdicts(
+    windows: &[Window],
+    counters: &[Counter],
+    now: u64,
+    cost: u64,
+) -> [Verdict; crate::limit::MAX_LIMITS_PER_POLICY] {
     let mut verdicts = [EMPTY; crate::limit::MAX_LIMITS_PER_POLICY];
     for ((v, w), c) in verdicts.iter_mut().zip(windows).zip(counters.iter()) {
         let start = c.window_at(now, w.length);
@@ -273,22 +332,24 @@ pub(crate) fn fixed_window(
             }
         };
     }
-    let decision = combine(windows, &verdicts[..windows.len()]);
-    if !decision.allowed {
-        return (decision, None);
-    }
+    verdicts
+}
+
+/// Adds `cost` to every window's current count (saturating at
+/// [`MAX_COUNTED`]); returns the time from which the state means nothing.
+fn fixed_store(windows: &[Window], counters: &mut [Counter], now: u64, cost: u64) -> u64 {
     let mut idle_at = now;
     for (w, c) in windows.iter().zip(counters.iter_mut()) {
         let start = c.window_at(now, w.length);
         let (used, _) = c.counts(start, w.length);
         *c = Counter {
             start,
-            count: used + cost,
+            count: used.saturating_add(cost).min(MAX_COUNTED),
             prev: 0,
         };
         idle_at = idle_at.max(start + w.length);
     }
-    (decision, Some(idle_at))
+    idle_at
 }
 
 /// Sliding-window counters: each window's fixed-window count plus the
@@ -301,6 +362,21 @@ pub(crate) fn sliding_counter(
     now: u64,
     cost: u64,
 ) -> (Decision, Option<u64>) {
+    let verdicts = sliding_verdicts(windows, counters, now, cost);
+    let decision = combine(windows, &verdicts[..windows.len()]);
+    if !decision.allowed {
+        return (decision, None);
+    }
+    (decision, Some(sliding_store(windows, counters, now, cost)))
+}
+
+/// What each sliding window says about a call of `cost`, storing nothing.
+fn sliding_verdicts(
+    windows: &[Window],
+    counters: &[Counter],
+    now: u64,
+    cost: u64,
+) -> [Verdict; crate::limit::MAX_LIMITS_PER_POLICY] {
     let mut verdicts = [EMPTY; crate::limit::MAX_LIMITS_PER_POLICY];
     for ((v, w), c) in verdicts.iter_mut().zip(windows).zip(counters.iter()) {
         let start = c.window_at(now, w.length);
@@ -355,22 +431,147 @@ pub(crate) fn sliding_counter(
             }
         };
     }
-    let decision = combine(windows, &verdicts[..windows.len()]);
-    if !decision.allowed {
-        return (decision, None);
-    }
+    verdicts
+}
+
+/// Adds `cost` to every window's current count (saturating at
+/// [`MAX_COUNTED`]); returns the time from which the state means nothing.
+fn sliding_store(windows: &[Window], counters: &mut [Counter], now: u64, cost: u64) -> u64 {
     let mut idle_at = now;
     for (w, c) in windows.iter().zip(counters.iter_mut()) {
         let start = c.window_at(now, w.length);
         let (curr, prev) = c.counts(start, w.length);
         *c = Counter {
             start,
-            count: curr + cost,
+            count: curr.saturating_add(cost).min(MAX_COUNTED),
             prev,
         };
         idle_at = idle_at.max(start + 2 * w.length);
     }
-    (decision, Some(idle_at))
+    idle_at
+}
+
+/// The most a counter of the counter algorithms holds: charges
+/// ([`charge`]) saturate there, so that every count stays exact in the Lua
+/// scripts' doubles (a check never gets near it: a count is at most one
+/// per microsecond of a window of at most 2^50 µs).
+pub(crate) const MAX_COUNTED: u64 = 1 << 50;
+
+/// The three window algorithms, for the operations that take the same
+/// arguments under each: [`peek`], [`charge`] and [`refund`].
+#[derive(Debug)]
+pub(crate) enum State<'a> {
+    Log(&'a mut VecDeque<u64>),
+    Fixed(&'a mut [Counter]),
+    Sliding(&'a mut [Counter]),
+}
+
+/// What a call of `cost` would be told now, storing nothing: the decision
+/// of [`sliding_log`], [`fixed_window`] or [`sliding_counter`], with the
+/// state left as it is.
+pub(crate) fn peek(windows: &[Window], state: &State<'_>, now: u64, cost: u64) -> Decision {
+    let verdicts = match state {
+        State::Log(log) => log_verdicts(windows, log, now, cost),
+        State::Fixed(counters) => fixed_verdicts(windows, counters, now, cost),
+        State::Sliding(counters) => sliding_verdicts(windows, counters, now, cost),
+    };
+    combine(windows, &verdicts[..windows.len()])
+}
+
+/// Takes `cost` from every window whatever it holds, past its count if
+/// need be, and says what is left. Returns the figures of now for a call
+/// of cost 1 ([`standing`]) and the time from which the state means
+/// nothing.
+///
+/// How an overdraft is repaid, by algorithm:
+///
+/// - fixed window: the count goes past the window's count; nothing passes
+///   until the window ends, and then the overdraft is forgotten with the
+///   rest of the count (a fixed window carries nothing over);
+/// - sliding-window counter: the current window's count goes past the
+///   count; it then weighs as the previous window over the next one,
+///   less and less as the sliding window leaves it, so the overdraft fades
+///   over one more window (the retry is the instant it weighs little
+///   enough);
+/// - sliding log: `cost` entries are logged at `now` (no more than the
+///   largest window's count: every entry logged at one instant leaves a
+///   window at the same time, so entries past that count would change no
+///   decision, only memory); calls pass again once enough of them have
+///   left each window, `length` after `now`.
+///
+/// Counters saturate at [`MAX_COUNTED`].
+pub(crate) fn charge(
+    windows: &[Window],
+    state: &mut State<'_>,
+    now: u64,
+    cost: u64,
+) -> (Decision, u64) {
+    let idle_at = match state {
+        State::Log(log) => {
+            let largest = windows.iter().map(|w| w.count).max().unwrap_or(0);
+            log_store(windows, log, now, cost.min(largest))
+        }
+        State::Fixed(counters) => fixed_store(windows, counters, now, cost),
+        State::Sliding(counters) => sliding_store(windows, counters, now, cost),
+    };
+    let mut verdicts = match state {
+        State::Log(log) => log_verdicts(windows, log, now, 1),
+        State::Fixed(counters) => fixed_verdicts(windows, counters, now, 1),
+        State::Sliding(counters) => sliding_verdicts(windows, counters, now, 1),
+    };
+    (standing(windows, &mut verdicts[..windows.len()]), idle_at)
+}
+
+/// The figures of now, from the verdicts on a call of cost 1: when every
+/// window admits it, each window's remaining and reset before the call
+/// (what is left: the call is not made); when one denies it, the denial,
+/// whose figures are those of now already, with the retry of a call of
+/// cost 1. A window's remaining before a call of cost 1 is its remaining
+/// after it plus one under every algorithm, so the deciding window is the
+/// same.
+fn standing(windows: &[Window], verdicts: &mut [Verdict]) -> Decision {
+    if verdicts.iter().all(|v| v.admits) {
+        for v in verdicts.iter_mut() {
+            (v.remaining, v.reset) = v.before;
+        }
+    }
+    combine(windows, verdicts)
+}
+
+/// Gives `cost` back, never below a fresh state; returns how much was
+/// given back.
+///
+/// - fixed window and sliding-window counter: the count of the window a
+///   call now is decided in goes down by `cost`, not below 0; a count of a
+///   window that has ended (the previous one of the sliding counter) is
+///   left as it is;
+/// - sliding log: up to `cost` of the newest entries still inside the
+///   longest window are dropped. The log keeps no record of which call
+///   logged which entry, so a refund cannot find "its" call's entries; the
+///   newest are the ones a refund made soon after its charge most likely
+///   matches, and taking them frees the room that leaves the windows last
+///   (the most generous choice, never more than the cost given back).
+pub(crate) fn refund(windows: &[Window], state: &mut State<'_>, now: u64, cost: u64) -> u64 {
+    match state {
+        State::Log(log) => {
+            let longest = windows.iter().map(|w| w.length).max().unwrap_or(0);
+            let first = window_start(log, now, longest);
+            let back = ((log.len() - first) as u64).min(cost);
+            log.truncate(log.len() - back as usize);
+            back
+        }
+        State::Fixed(counters) | State::Sliding(counters) => {
+            let mut back = 0;
+            for (w, c) in windows.iter().zip(counters.iter_mut()) {
+                if c.window_at(now, w.length) == c.start {
+                    let less = c.count.min(cost);
+                    c.count -= less;
+                    back += less;
+                }
+            }
+            back
+        }
+    }
 }
 
 #[cfg(test)]
@@ -527,5 +728,115 @@ mod tests {
         assert_eq!(d.retry_after(), Some(Duration::from_millis(500)));
         let (d, _) = sliding_counter(&windows, &mut c, now + S / 2, 1);
         assert!(d.allowed);
+    }
+}
+
+#[cfg(test)]
+mod adjust_tests {
+    use super::*;
+
+    const S: u64 = 1_000_000;
+
+    fn w(count: u64, secs: u64) -> Window {
+        Window {
+            length: secs * S,
+            count,
+        }
+    }
+
+    #[test]
+    fn a_fixed_window_forgets_its_overdraft_at_its_end() {
+        let windows = [w(5, 10)];
+        let mut c = [Counter::default()];
+        let (d, idle) = charge(&windows, &mut State::Fixed(&mut c), 12 * S, 9);
+        assert_eq!(
+            c[0],
+            Counter {
+                start: 10 * S,
+                count: 9,
+                prev: 0
+            }
+        );
+        assert_eq!(idle, 20 * S);
+        assert!(!d.allowed);
+        assert_eq!((d.remaining, d.retry_us), (0, Some(8 * S)));
+        assert_eq!(refund(&windows, &mut State::Fixed(&mut c), 12 * S, 5), 5);
+        let d = peek(&windows, &State::Fixed(&mut c), 12 * S, 1);
+        assert!(d.allowed);
+        assert_eq!(refund(&windows, &mut State::Fixed(&mut c), 12 * S, 50), 4);
+        assert_eq!(c[0].count, 0);
+        // The next window starts empty; the ended one gives nothing back.
+        charge(&windows, &mut State::Fixed(&mut c), 12 * S, 9);
+        assert_eq!(refund(&windows, &mut State::Fixed(&mut c), 20 * S, 3), 0);
+        assert!(peek(&windows, &State::Fixed(&mut c), 20 * S, 5).allowed);
+    }
+
+    #[test]
+    fn a_sliding_counter_overdraft_fades_over_the_next_window() {
+        let windows = [w(10, 10)];
+        let mut c = [Counter::default()];
+        let (d, _) = charge(&windows, &mut State::Sliding(&mut c), 15 * S, 20);
+        // 20 weighs ≤ 9 once (W − e)/W ≤ 9/20: e ≥ 5.5 s into [20, 30).
+        assert_eq!(d.retry_us, Some(10 * S + S / 2));
+        let (d, _) = sliding_counter(&windows, &mut c, 25 * S + S / 2 - 1, 1);
+        assert!(!d.allowed);
+        let (d, _) = sliding_counter(&windows, &mut c, 25 * S + S / 2, 1);
+        assert!(d.allowed);
+        // The refund takes from the current window only.
+        assert_eq!(
+            refund(&windows, &mut State::Sliding(&mut c), 25 * S + S / 2, 9),
+            1
+        );
+        assert_eq!(
+            c[0],
+            Counter {
+                start: 20 * S,
+                count: 0,
+                prev: 20
+            }
+        );
+    }
+
+    #[test]
+    fn a_sliding_log_charge_is_capped_and_a_refund_takes_the_newest() {
+        let windows = [w(3, 10), w(5, 60)];
+        let mut log = VecDeque::new();
+        sliding_log(&windows, &mut log, S, 1);
+        let (d, idle) = charge(&windows, &mut State::Log(&mut log), 2 * S, 100);
+        assert_eq!(log.len(), 1 + 5, "capped at the largest count");
+        assert_eq!(idle, 62 * S);
+        assert!(!d.allowed);
+        // Both windows need entries of 2 s to leave: the short one at
+        // 12 s, the minute's at 62 s, which decides.
+        assert_eq!((d.limit, d.retry_us), (1, Some(60 * S)));
+        assert_eq!(refund(&windows, &mut State::Log(&mut log), 2 * S, 4), 4);
+        assert_eq!(log, [S, 2 * S]);
+        let d = peek(&windows, &State::Log(&mut log), 2 * S, 1);
+        assert!(d.allowed);
+        assert_eq!(
+            d.remaining, 0,
+            "the short window has 1 left, after the call 0"
+        );
+        // Entries that have left the longest window are not refunded.
+        assert_eq!(
+            refund(&windows, &mut State::Log(&mut log), 61 * S + 1, 9),
+            1
+        );
+        assert_eq!(log, [S]);
+    }
+
+    #[test]
+    fn a_charge_within_the_quota_says_what_is_left() {
+        for mut state in [
+            State::Log(&mut VecDeque::new()),
+            State::Fixed(&mut [Counter::default()]),
+            State::Sliding(&mut [Counter::default()]),
+        ] {
+            let windows = [w(10, 10)];
+            let (d, _) = charge(&windows, &mut state, 3 * S, 4);
+            assert!(d.allowed, "{state:?}");
+            assert_eq!(d.remaining, 6, "{state:?}");
+            assert_eq!(d.retry_us, None, "{state:?}");
+        }
     }
 }

@@ -20,6 +20,9 @@
 -- and the functions pick and reply below.
 local cost = tonumber(ARGV[2])
 local n = (#ARGV - 2) / 2
+-- The most a counter holds (2^50): charges saturate there, so that every
+-- count stays exact in Lua's doubles (see MAX_COUNTED in src/window.rs).
+local most = 1125899906842624
 local admits, remaining, reset, retry, remaining0, reset0 = {}, {}, {}, {}, {}, {}
 
 -- The reply: the deciding window's figures, then every window's when there

@@ -21,9 +21,13 @@
 //! So until the cached retry time the script would deny the same call
 //! again, naming the same limit or window (the one with the longest retry
 //! still has it). Only a wipe of the key's state (a Redis restart without
-//! persistence, `FLUSHALL`, a hand-made `DEL`, a reset) makes Redis admit
-//! sooner: a client denied just before waits out the retry time it was
-//! already told. A reset through the instance that holds the entry drops
+//! persistence, `FLUSHALL`, a hand-made `DEL`, a reset) or a refund
+//! ([`Limiter::refund`](crate::Limiter::refund), the one write that gives
+//! back) makes Redis admit sooner: a client denied just before waits out
+//! the retry time it was already told. A charge only spends more, like a
+//! check; one that leaves the key unable to pass a call of cost 1 is
+//! cached as that call's denial. A refund through the instance that holds
+//! the entry drops it, after the refund's round trip. A reset through the instance that holds the entry drops
 //! it (`forget`), after the reset's round trip; a denial whose reply
 //! crosses the reset on its way may still be cached, for its retry time
 //! at most.

@@ -4,12 +4,16 @@ use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard, TryLockError};
 
+mod adjust;
 mod defer;
 mod lease;
 mod slot;
 mod window;
 
-use super::{DeferCall, GcraCall, LeaseCall, LeaseGrant, Store, StoreFuture, StoreOps, WindowCall};
+use super::{
+    AdjustCall, DeferCall, GcraCall, LeaseCall, LeaseGrant, Store, StoreFuture, StoreOps,
+    WindowCall,
+};
 use crate::clock::{Clock, FastClock};
 use crate::decision::Decision;
 use crate::error::ConfigError;
@@ -598,6 +602,19 @@ impl StoreOps for MemoryStore {
 
     fn reset(&self, name: &str, key: &Key) -> StoreFuture<()> {
         self.remove(name, key);
+        StoreFuture::ready(Ok(()))
+    }
+
+    fn peek(&self, call: AdjustCall<'_>) -> StoreFuture<Decision> {
+        StoreFuture::ready(Ok(MemoryStore::peek(self, &call)))
+    }
+
+    fn charge(&self, call: AdjustCall<'_>) -> StoreFuture<Decision> {
+        StoreFuture::ready(Ok(MemoryStore::charge(self, &call)))
+    }
+
+    fn refund(&self, call: AdjustCall<'_>) -> StoreFuture<()> {
+        MemoryStore::refund(self, &call);
         StoreFuture::ready(Ok(()))
     }
 }

@@ -10,6 +10,7 @@
 //! `lua/sliding_log.lua`, `lua/sliding_counter.lua` and
 //! `lua/fixed_window.lua` for Redis.
 
+mod adjust;
 mod call;
 mod defer;
 mod lease;
@@ -30,6 +31,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 use std::time::{Duration, Instant};
 
+pub(crate) use self::adjust::AdjustCall;
 pub(crate) use self::call::{GcraCall, WindowCall};
 pub(crate) use self::defer::DeferCall;
 #[cfg(feature = "redis")]
@@ -122,6 +124,22 @@ mod sealed {
         /// name). The next call is decided as if the identity were new.
         /// One round trip in Redis.
         fn reset(&self, name: &str, key: &Key) -> StoreFuture<()>;
+
+        /// What a check of the call's cost would answer now, storing
+        /// nothing (see [`Limiter::peek`](crate::Limiter::peek)). One round
+        /// trip in Redis.
+        fn peek(&self, call: AdjustCall<'_>) -> StoreFuture<Decision>;
+
+        /// Takes the call's cost from every limit unconditionally, into debt
+        /// if need be, and says what is left: the figures of now for a call
+        /// of cost 1 (see [`Limiter::charge`](crate::Limiter::charge)). One
+        /// round trip in Redis.
+        fn charge(&self, call: AdjustCall<'_>) -> StoreFuture<Decision>;
+
+        /// Gives the call's cost back, never beyond a fresh state (see
+        /// [`Limiter::refund`](crate::Limiter::refund)). One round trip in
+        /// Redis.
+        fn refund(&self, call: AdjustCall<'_>) -> StoreFuture<()>;
 
         /// Forgets the denials this instance remembers (the Redis store's
         /// deny cache), so that the next calls go to the store; stores that

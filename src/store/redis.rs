@@ -8,6 +8,7 @@ use redis::{Arg, Cmd, ErrorKind, ServerErrorKind, ToRedisArgs, Value};
 
 use super::connection::{Conn, Refusals};
 use super::deny_cache::{DenyCache, DenyCacheStats, RealClock};
+mod adjust;
 mod batch;
 mod defer;
 mod lease;
@@ -16,7 +17,10 @@ mod release;
 mod reset;
 mod window;
 
-use super::{DeferCall, GcraCall, LeaseCall, LeaseGrant, Store, StoreFuture, StoreOps, WindowCall};
+use super::{
+    AdjustCall, DeferCall, GcraCall, LeaseCall, LeaseGrant, Store, StoreFuture, StoreOps,
+    WindowCall,
+};
 use crate::clock::{Clock, SystemClock};
 use crate::decision::Decision;
 use crate::error::{ConfigError, StoreError};
@@ -129,6 +133,7 @@ const GCRA_LUA: &str = concat!(
     include_str!("../../lua/common/clock.lua"),
     include_str!("../../lua/common/idiv.lua"),
     include_str!("../../lua/gcra.lua"),
+    include_str!("../../lua/gcra_store.lua"),
 );
 
 /// Where the Redis scripts read "now".
@@ -704,6 +709,18 @@ impl StoreOps for RedisStore {
 
     fn reset(&self, name: &str, key: &Key) -> StoreFuture<()> {
         self.run_reset(name, key)
+    }
+
+    fn peek(&self, call: AdjustCall<'_>) -> StoreFuture<Decision> {
+        self.run_peek(call)
+    }
+
+    fn charge(&self, call: AdjustCall<'_>) -> StoreFuture<Decision> {
+        self.run_charge(call)
+    }
+
+    fn refund(&self, call: AdjustCall<'_>) -> StoreFuture<()> {
+        self.run_refund(call)
     }
 
     fn forget_denials(&self) {

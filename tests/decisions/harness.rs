@@ -96,6 +96,34 @@ impl Sut {
         decision
     }
 
+    /// `Limiter::peek`, logged as a decision.
+    pub async fn peek(&self, limiter: &Limiter, key: &str, cost: u64) -> Decision {
+        let decision = limiter
+            .peek(&Key::new(key), cost)
+            .await
+            .unwrap_or_else(|err| panic!("{}: store error: {err}", self.name));
+        self.log.lock().unwrap().push(decision.clone());
+        decision
+    }
+
+    /// `Limiter::charge`, its answer logged as a decision.
+    pub async fn charge(&self, limiter: &Limiter, key: &str, cost: u64) -> Decision {
+        let decision = limiter
+            .charge(&Key::new(key), cost)
+            .await
+            .unwrap_or_else(|err| panic!("{}: store error: {err}", self.name));
+        self.log.lock().unwrap().push(decision.clone());
+        decision
+    }
+
+    /// `Limiter::refund`, which answers nothing to log.
+    pub async fn refund(&self, limiter: &Limiter, key: &str, cost: u64) {
+        limiter
+            .refund(&Key::new(key), cost)
+            .await
+            .unwrap_or_else(|err| panic!("{}: store error: {err}", self.name));
+    }
+
     pub fn log(&self) -> Vec<Decision> {
         self.log.lock().unwrap().clone()
     }

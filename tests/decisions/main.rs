@@ -6,9 +6,11 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod adjust;
 mod allocations;
 mod builder;
 mod conformance;
+mod conformance_adjust;
 mod conformance_windows;
 mod deny_cache;
 mod exactness;

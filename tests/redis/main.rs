@@ -11,6 +11,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod adjust;
 mod batching;
 mod cluster;
 #[cfg(feature = "cluster")]

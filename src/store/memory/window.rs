@@ -9,7 +9,9 @@ use crate::algorithm::Algorithm;
 use crate::decision::Decision;
 use crate::key::Key;
 use crate::limit::MAX_LIMITS_PER_POLICY;
-use crate::store::WindowCall;
+use crate::store::{AdjustCall, WindowCall};
+
+use super::adjust::Op;
 use crate::window::{self, Counter, Window};
 
 /// Window state, sharded like the GCRA state.
@@ -106,6 +108,22 @@ impl Table {
 
 impl MemoryStore {
     pub(super) fn decide_window(&self, call: &WindowCall<'_>) -> Decision {
+        if !call.policy.algorithm().is_window() {
+            // Only reached through a GCRA policy handed to `window`: decide
+            // it as what it is.
+            return self.decide(&call.as_gcra());
+        }
+        let call = AdjustCall {
+            policy: call.policy,
+            key: call.key,
+            cost: call.cost,
+        };
+        self.window_op(&call, Op::Check)
+    }
+
+    /// Runs `op` on the window state of `call`'s policy (a window
+    /// algorithm's) for its key. A refund's decision means nothing.
+    pub(super) fn window_op(&self, call: &AdjustCall<'_>, op: Op) -> Decision {
         let limits = call.policy.limits();
         let mut windows = [Window {
             length: 1,
@@ -116,11 +134,6 @@ impl MemoryStore {
         }
         let windows = &windows[..limits.len()];
         let algorithm = call.policy.algorithm();
-        if !algorithm.is_window() {
-            // Only reached through a GCRA policy handed to `window`: decide
-            // it as what it is.
-            return self.decide(&call.as_gcra());
-        }
         // How long one call's count can matter: a window, or two for the
         // sliding counter (the previous window's count weighs in).
         let longest = windows.iter().map(|w| w.length).max().unwrap_or(0);
@@ -135,7 +148,7 @@ impl MemoryStore {
         // Read under the lock: a key's calls then see time in order, as
         // the sliding log (kept ascending) needs.
         let now = self.inner.clock.now_micros();
-        let (decision, evicted) = shard.decide(call, algorithm, windows, horizon, now);
+        let (decision, evicted) = shard.decide(call, op, algorithm, windows, horizon, now);
         drop(shard);
         self.inner.evicted(evicted, "window");
         self.inner.tick(now);
@@ -144,11 +157,13 @@ impl MemoryStore {
 }
 
 impl Shard {
-    /// Decides `call` on its entry in this shard, made if it is admitted;
-    /// returns the decision and how many live entries making it evicted.
+    /// Runs `op` for `call` on its entry in this shard, made if the op
+    /// stores something; returns the decision and how many live entries
+    /// making it evicted.
     fn decide(
         &mut self,
-        call: &WindowCall<'_>,
+        call: &AdjustCall<'_>,
+        op: Op,
         algorithm: Algorithm,
         windows: &[Window],
         horizon: u64,
@@ -160,21 +175,28 @@ impl Shard {
                 .find(|e| &*e.policy == policy && e.algorithm == algorithm)
         });
         if let Some(entry) = existing {
-            let (decision, idle_at) = decide(algorithm, windows, &mut entry.state, now, call.cost);
+            let (decision, idle_at) =
+                apply(op, algorithm, windows, &mut entry.state, now, call.cost);
             if let Some(idle_at) = idle_at {
                 entry.idle_at = entry.idle_at.max(idle_at);
             }
-            entry.rank = entry
-                .rank
-                .max(entry.idle_at)
-                .max(now.saturating_add(horizon));
+            if op != Op::Peek {
+                entry.rank = entry
+                    .rank
+                    .max(entry.idle_at)
+                    .max(now.saturating_add(horizon));
+            }
             return (decision, 0);
+        }
+        if op == Op::Refund {
+            // Nothing to give back.
+            return (Decision::never(0), 0);
         }
         let mut state = match algorithm {
             Algorithm::SlidingLog => State::Log(VecDeque::new()),
             _ => State::Counters(vec![Counter::default(); windows.len()].into_boxed_slice()),
         };
-        let (decision, idle_at) = decide(algorithm, windows, &mut state, now, call.cost);
+        let (decision, idle_at) = apply(op, algorithm, windows, &mut state, now, call.cost);
         let Some(idle_at) = idle_at else {
             return (decision, 0);
         };
@@ -189,15 +211,19 @@ impl Shard {
     }
 }
 
-fn decide(
+/// Runs `op` on one entry's state: the decision (nothing meant by it for a
+/// refund) and, when the op stored something that matters until then, the
+/// time from which the state means nothing.
+fn apply(
+    op: Op,
     algorithm: Algorithm,
     windows: &[Window],
     state: &mut State,
     now: u64,
     cost: u64,
 ) -> (Decision, Option<u64>) {
-    match state {
-        State::Log(log) => window::sliding_log(windows, log, now, cost),
+    let mut state = match state {
+        State::Log(log) => window::State::Log(log),
         State::Counters(counters) => {
             if counters.len() < windows.len() {
                 // A policy of the same name with more windows: keep each
@@ -208,10 +234,24 @@ fn decide(
             }
             let counters = &mut counters[..windows.len()];
             if algorithm == Algorithm::FixedWindow {
-                window::fixed_window(windows, counters, now, cost)
+                window::State::Fixed(counters)
             } else {
-                window::sliding_counter(windows, counters, now, cost)
+                window::State::Sliding(counters)
             }
+        }
+    };
+    match (op, &mut state) {
+        (Op::Check, window::State::Log(log)) => window::sliding_log(windows, log, now, cost),
+        (Op::Check, window::State::Fixed(c)) => window::fixed_window(windows, c, now, cost),
+        (Op::Check, window::State::Sliding(c)) => window::sliding_counter(windows, c, now, cost),
+        (Op::Peek, _) => (window::peek(windows, &state, now, cost), None),
+        (Op::Charge, _) => {
+            let (decision, idle_at) = window::charge(windows, &mut state, now, cost);
+            (decision, Some(idle_at))
+        }
+        (Op::Refund, _) => {
+            window::refund(windows, &mut state, now, cost);
+            (Decision::never(0), None)
         }
     }
 }

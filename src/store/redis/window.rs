@@ -17,23 +17,31 @@ use crate::window::Window;
 // Each script is its own part after the shared ones it builds on (each
 // part says what it defines and what it needs): one copy of the clock, of
 // the arguments every window takes and of how the deciding window and the
-// reply are chosen, so that the three scripts cannot drift apart.
+// reply are chosen, so that the three scripts cannot drift apart. Each
+// algorithm's decision and its store are two parts, so that a peek and a
+// charge (src/store/redis/adjust.rs) share them.
 const SLIDING_LOG_LUA: &str = concat!(
     include_str!("../../../lua/common/clock.lua"),
     include_str!("../../../lua/common/windows.lua"),
     include_str!("../../../lua/sliding_log.lua"),
+    include_str!("../../../lua/sliding_log_store.lua"),
+    include_str!("../../../lua/common/admit.lua"),
 );
 const SLIDING_COUNTER_LUA: &str = concat!(
     include_str!("../../../lua/common/clock.lua"),
     include_str!("../../../lua/common/idiv.lua"),
     include_str!("../../../lua/common/windows.lua"),
     include_str!("../../../lua/sliding_counter.lua"),
+    include_str!("../../../lua/sliding_counter_store.lua"),
+    include_str!("../../../lua/common/admit.lua"),
 );
 const FIXED_WINDOW_LUA: &str = concat!(
     include_str!("../../../lua/common/clock.lua"),
     include_str!("../../../lua/common/idiv.lua"),
     include_str!("../../../lua/common/windows.lua"),
     include_str!("../../../lua/fixed_window.lua"),
+    include_str!("../../../lua/fixed_window_store.lua"),
+    include_str!("../../../lua/common/admit.lua"),
 );
 
 /// The window scripts, hashed once per store.
@@ -131,7 +139,7 @@ impl RedisStore {
 /// the wait, then every window's remaining and reset (for several), then
 /// how long a denial's figures hold, in µs. Takes the reply, so that the
 /// figures are decoded where they are, without a copy.
-fn decode_window(reply: Value, limits: usize) -> Result<(Decision, u64), StoreError> {
+pub(super) fn decode_window(reply: Value, limits: usize) -> Result<(Decision, u64), StoreError> {
     let unexpected = |reply: &Value| StoreError::UnexpectedReply(format!("{reply:?}"));
     let Value::Array(mut items) = reply else {
         return Err(unexpected(&reply));

@@ -1,0 +1,26 @@
+-- Stores a call of the sliding log: trims what has left every window
+-- and logs cost entries at now. Comes after lua/sliding_log.lua in the
+-- check (then lua/common/admit.lua) and after lua/sliding_log_charge.lua
+-- in a charge; needs key, fmt, longest and top from either, and cost.
+-- Transcribes log_store in src/window.rs.
+
+-- Trim what has left every window, and with the caller's clock only what
+-- has left them slack_ms ago: an entry this caller no longer counts may
+-- still be inside the window of another whose clock lags.
+redis.call('ZREMRANGEBYSCORE', key, '-inf', fmt(now - longest - slack_ms * 1000))
+local seq = redis.call('ZCOUNT', key, fmt(now), fmt(now))
+local j = 0
+while j < cost do
+  local args = {}
+  local upto = math.min(cost, j + 500)
+  while j < upto do
+    args[#args + 1] = fmt(now)
+    args[#args + 1] = fmt(now) .. '-' .. fmt(seq + j)
+    j = j + 1
+  end
+  redis.call('ZADD', key, unpack(args))
+end
+-- Once the newest entry has left the longest window the log means nothing.
+local ttl_ms = math.ceil((top + longest - now) / 1000)
+if ttl_ms < 1 then ttl_ms = 1 end
+redis.call('PEXPIRE', key, ttl_ms + slack_ms)

@@ -1,0 +1,342 @@
+//! Peek, charge and refund on Redis: one script per operation and
+//! algorithm, one round trip each, on the same keys as the decision.
+//!
+//! The peek and charge scripts are built from the decision's own parts
+//! (see `window.rs`): a peek is the check without its store; a window
+//! charge reads the state, stores the charge with the check's own store
+//! part, then runs the check's decision part on a call of cost 1 and
+//! reports its figures of now (`lua/common/standing.lua`). GCRA's charge
+//! and the refunds are scripts of their own, short transcriptions of
+//! `gcra::charge`, `gcra::refund` and `window::refund`.
+//!
+//! The deny cache: a peek is answered from it and recorded in it exactly
+//! as a check is (a denied check stores nothing, so its denial is the
+//! peek's). A charge that leaves the key unable to pass a call of cost 1
+//! records that denial for calls of cost 1; anything else it says drops
+//! what was cached. A refund drops this instance's cached denials of the
+//! key under the policy, whatever its outcome (like a reset); other
+//! instances' caches may still deny locally until the retry time they were
+//! told: a refund is the one write that makes Redis admit sooner, so the
+//! cache is conservative, not exact, for keys that get refunds.
+
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use ::redis::Value;
+
+use super::window::decode_window;
+use super::{LuaScript, RedisStore, TimeSource, decode_decision, only_reply};
+use crate::algorithm::Algorithm;
+use crate::decision::Decision;
+use crate::error::StoreError;
+use crate::store::{AdjustCall, StoreFuture};
+use crate::window::Window;
+
+/// Held here rather than in the store's `Inner`, as `gcra_defer` is (see
+/// `defer.rs`): hashed once per process, and these operations stay in
+/// their own file.
+struct Scripts {
+    peek: LuaScript,
+    charge: LuaScript,
+    refund: LuaScript,
+}
+
+macro_rules! part {
+    ($name:literal) => {
+        include_str!(concat!("../../../lua/", $name))
+    };
+}
+
+static GCRA: LazyLock<Scripts> = LazyLock::new(|| Scripts {
+    peek: LuaScript::new(
+        "gcra_peek",
+        concat!(
+            part!("common/clock.lua"),
+            part!("common/idiv.lua"),
+            part!("gcra.lua"),
+            part!("gcra_peek.lua"),
+        ),
+    ),
+    charge: LuaScript::new(
+        "gcra_charge",
+        concat!(
+            part!("common/clock.lua"),
+            part!("common/idiv.lua"),
+            part!("gcra_charge.lua"),
+        ),
+    ),
+    refund: LuaScript::new(
+        "gcra_refund",
+        concat!(part!("common/clock.lua"), part!("gcra_refund.lua")),
+    ),
+});
+
+static SLIDING_LOG: LazyLock<Scripts> = LazyLock::new(|| Scripts {
+    peek: LuaScript::new(
+        "sliding_log_peek",
+        concat!(
+            part!("common/clock.lua"),
+            part!("common/windows.lua"),
+            part!("sliding_log.lua"),
+            part!("common/admit.lua"),
+        ),
+    ),
+    charge: LuaScript::new(
+        "sliding_log_charge",
+        concat!(
+            part!("common/clock.lua"),
+            part!("common/windows.lua"),
+            part!("sliding_log_charge.lua"),
+            part!("sliding_log_store.lua"),
+            part!("common/recheck.lua"),
+            part!("sliding_log.lua"),
+            part!("common/standing.lua"),
+        ),
+    ),
+    refund: LuaScript::new(
+        "sliding_log_refund",
+        concat!(
+            part!("common/clock.lua"),
+            part!("common/windows.lua"),
+            part!("sliding_log_refund.lua"),
+        ),
+    ),
+});
+
+static SLIDING_COUNTER: LazyLock<Scripts> = LazyLock::new(|| Scripts {
+    peek: LuaScript::new(
+        "sliding_counter_peek",
+        concat!(
+            part!("common/clock.lua"),
+            part!("common/idiv.lua"),
+            part!("common/windows.lua"),
+            part!("sliding_counter.lua"),
+            part!("common/admit.lua"),
+        ),
+    ),
+    charge: LuaScript::new(
+        "sliding_counter_charge",
+        concat!(
+            part!("common/clock.lua"),
+            part!("common/idiv.lua"),
+            part!("common/windows.lua"),
+            part!("sliding_counter_charge.lua"),
+            part!("sliding_counter_store.lua"),
+            part!("common/recheck.lua"),
+            part!("sliding_counter.lua"),
+            part!("common/standing.lua"),
+        ),
+    ),
+    refund: LuaScript::new(
+        "sliding_counter_refund",
+        concat!(
+            part!("common/clock.lua"),
+            part!("common/idiv.lua"),
+            part!("common/windows.lua"),
+            part!("sliding_counter_refund.lua"),
+        ),
+    ),
+});
+
+static FIXED_WINDOW: LazyLock<Scripts> = LazyLock::new(|| Scripts {
+    peek: LuaScript::new(
+        "fixed_window_peek",
+        concat!(
+            part!("common/clock.lua"),
+            part!("common/idiv.lua"),
+            part!("common/windows.lua"),
+            part!("fixed_window.lua"),
+            part!("common/admit.lua"),
+        ),
+    ),
+    charge: LuaScript::new(
+        "fixed_window_charge",
+        concat!(
+            part!("common/clock.lua"),
+            part!("common/idiv.lua"),
+            part!("common/windows.lua"),
+            part!("fixed_window_charge.lua"),
+            part!("fixed_window_store.lua"),
+            part!("common/recheck.lua"),
+            part!("fixed_window.lua"),
+            part!("common/standing.lua"),
+        ),
+    ),
+    refund: LuaScript::new(
+        "fixed_window_refund",
+        concat!(
+            part!("common/clock.lua"),
+            part!("common/idiv.lua"),
+            part!("common/windows.lua"),
+            part!("fixed_window_refund.lua"),
+        ),
+    ),
+});
+
+fn scripts(algorithm: Algorithm) -> &'static Scripts {
+    match algorithm {
+        Algorithm::Gcra => &GCRA,
+        Algorithm::SlidingLog => &SLIDING_LOG,
+        Algorithm::SlidingWindow => &SLIDING_COUNTER,
+        Algorithm::FixedWindow => &FIXED_WINDOW,
+    }
+}
+
+/// Which operation a script runs: the arguments of a GCRA peek are those
+/// of a batch of one check (`lua/gcra.lua`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Op {
+    Peek,
+    Charge,
+    Refund,
+}
+
+impl RedisStore {
+    /// The keys and arguments of `op` on `call`, and the instant it is
+    /// sent as the deny cache counts time (see `RedisStore::sent_at`).
+    fn adjust_command(
+        &self,
+        call: &AdjustCall<'_>,
+        op: Op,
+    ) -> (Vec<String>, Vec<String>, Option<u64>) {
+        let policy = call.policy;
+        let limits = policy.limits();
+        let sent_at = self.sent_at();
+        // "Now": empty for the server's clock; with the caller's, `sent_at`.
+        let now = match (&self.inner.time, sent_at) {
+            (TimeSource::Client(_), Some(now)) => now.to_string(),
+            _ => String::new(),
+        };
+        let mut args = Vec::with_capacity(5 + 2 * limits.len());
+        args.push(now);
+        if !policy.algorithm().is_window() {
+            if op == Op::Peek {
+                // One call: its number of limits, cost and longest wait.
+                args.push("1".to_owned());
+                args.push(limits.len().to_string());
+                args.push(call.cost.to_string());
+                args.push("0".to_owned());
+            } else {
+                args.push(call.cost.to_string());
+            }
+            for limit in limits {
+                args.push(limit.emission_us().to_string());
+                args.push(limit.tolerance_us().to_string());
+            }
+            return (self.gcra_keys(policy, call.key).collect(), args, sent_at);
+        }
+        args.push(call.cost.to_string());
+        for limit in limits {
+            let w = Window::of(limit);
+            args.push(w.length.to_string());
+            args.push(w.count.to_string());
+        }
+        (self.window_keys(policy, call.key), args, sent_at)
+    }
+
+    /// Answers from the deny cache, or sends the peek: a check's script
+    /// without its store, so its answer (and a denial's caching) is the
+    /// check's.
+    pub(super) fn run_peek(&self, call: AdjustCall<'_>) -> StoreFuture<Decision> {
+        if let Some(cache) = &self.inner.deny
+            && let Some(denied) = cache.lookup(call.policy, call.key, call.cost, Duration::ZERO)
+        {
+            return StoreFuture::ready(Ok(denied));
+        }
+        let (keys, args, sent_at) = self.adjust_command(&call, Op::Peek);
+        let store = self.clone();
+        let (policy, key, cost) = (call.policy.clone(), call.key.clone(), call.cost);
+        StoreFuture::pending(async move {
+            let script = &scripts(policy.algorithm()).peek;
+            let reply = store.eval(script, &keys, &args).await?;
+            if !policy.algorithm().is_window() {
+                return store.decided(&only_reply(reply)?, &policy, &key, cost, sent_at);
+            }
+            let (decision, hold_us) = decode_window(reply, policy.limits().len())?;
+            if let (Some(cache), Some(sent_at)) = (&store.inner.deny, sent_at) {
+                cache.record_held(&policy, &key, cost, sent_at, &decision, hold_us);
+            }
+            Ok(decision)
+        })
+    }
+
+    /// Sends the charge; its answer is the figures of now for a call of
+    /// cost 1, and a denial of that call is cached as one.
+    pub(super) fn run_charge(&self, call: AdjustCall<'_>) -> StoreFuture<Decision> {
+        let (keys, args, sent_at) = self.adjust_command(&call, Op::Charge);
+        let store = self.clone();
+        let (policy, key) = (call.policy.clone(), call.key.clone());
+        StoreFuture::pending(async move {
+            let script = &scripts(policy.algorithm()).charge;
+            let reply = store.eval(script, &keys, &args).await?;
+            let limits = policy.limits().len();
+            let (decision, hold_us) = if policy.algorithm().is_window() {
+                decode_window(reply, limits)?
+            } else {
+                (decode_decision(&reply, limits, false)?, u64::MAX)
+            };
+            if let (Some(cache), Some(sent_at)) = (&store.inner.deny, sent_at) {
+                cache.record_held(&policy, &key, 1, sent_at, &decision, hold_us);
+            }
+            Ok(decision)
+        })
+    }
+
+    /// Sends the refund, then forgets this instance's cached denials of
+    /// the key under the policy (whatever the outcome: a call that timed
+    /// out may have run).
+    pub(super) fn run_refund(&self, call: AdjustCall<'_>) -> StoreFuture<()> {
+        let (keys, args, _) = self.adjust_command(&call, Op::Refund);
+        let store = self.clone();
+        let (policy, key) = (call.policy.clone(), call.key.clone());
+        StoreFuture::pending(async move {
+            let script = &scripts(policy.algorithm()).refund;
+            let reply = store.eval(script, &keys, &args).await;
+            if let Some(cache) = &store.inner.deny {
+                cache.forget(policy.name(), &key);
+            }
+            decode_refund(&reply?)
+        })
+    }
+}
+
+/// A refund script returns how much it gave back (limits moved for GCRA,
+/// units for the windows): a count, never negative.
+fn decode_refund(reply: &Value) -> Result<(), StoreError> {
+    match reply {
+        Value::Int(n) if *n >= 0 => Ok(()),
+        _ => Err(StoreError::UnexpectedReply(format!("{reply:?}"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn odd_refund_replies_are_errors() {
+        for reply in [
+            Value::Nil,
+            Value::Okay,
+            Value::Int(-1),
+            Value::Array(vec![Value::Int(1)]),
+            Value::BulkString(b"1".to_vec()),
+        ] {
+            assert!(decode_refund(&reply).is_err(), "{reply:?}");
+        }
+        assert!(decode_refund(&Value::Int(0)).is_ok());
+        assert!(decode_refund(&Value::Int(7)).is_ok());
+    }
+
+    #[test]
+    fn every_script_is_its_own() {
+        let mut shas: Vec<&str> = [&*GCRA, &*SLIDING_LOG, &*SLIDING_COUNTER, &*FIXED_WINDOW]
+            .iter()
+            .flat_map(|s| [&s.peek, &s.charge, &s.refund])
+            .map(|s| s.sha.as_str())
+            .collect();
+        shas.sort_unstable();
+        shas.dedup();
+        assert_eq!(shas.len(), 12);
+    }
+}
