@@ -18,6 +18,8 @@
 #   FLEETGATE_BENCH_ROUNDS     rounds of every case; rows are medians (default 3)
 #   FLEETGATE_BENCH_LOADGEN    http load: wrk (default when installed) or rust
 #   FLEETGATE_BENCH_CONNS      http connections (default 64)
+#   FLEETGATE_BENCH_ONLY       http cases whose name contains one of these
+#                              comma-separated texts (default: all)
 #   FLEETGATE_BENCH_KEYS       identities for Redis memory per key (default 100000)
 #   FLEETGATE_CRITERION_WARMUP, FLEETGATE_CRITERION_SECS
 #                              criterion warm-up and measurement per case of
