@@ -24,6 +24,19 @@ api = "50/min"
 struct Logs(Arc<Mutex<Vec<u8>>>);
 
 impl Logs {
+    /// The log lines of this thread from now until the guard is dropped.
+    fn capture() -> (Logs, tracing::subscriber::DefaultGuard) {
+        let logs = Logs::default();
+        let writer = logs.clone();
+        let guard = tracing::subscriber::set_default(
+            tracing_subscriber::fmt()
+                .with_writer(move || writer.clone())
+                .with_ansi(false)
+                .finish(),
+        );
+        (logs, guard)
+    }
+
     fn text(&self) -> String {
         String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
     }
@@ -55,14 +68,7 @@ fn parse(text: &str) -> Result<PolicyFile, toml::de::Error> {
 
 #[tokio::test(flavor = "current_thread")]
 async fn a_changed_file_is_applied_and_a_broken_one_changes_nothing() {
-    let logs = Logs::default();
-    let writer = logs.clone();
-    let _logging = tracing::subscriber::set_default(
-        tracing_subscriber::fmt()
-            .with_writer(move || writer.clone())
-            .with_ansi(false)
-            .finish(),
-    );
+    let (logs, _logging) = Logs::capture();
     let dir = std::env::temp_dir().join(format!("fleetgate-watch-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("changed.toml");
@@ -109,14 +115,7 @@ async fn a_changed_file_is_applied_and_a_broken_one_changes_nothing() {
 #[cfg(unix)]
 #[tokio::test(flavor = "current_thread")]
 async fn sighup_rereads_the_file_even_when_its_text_is_the_same() {
-    let logs = Logs::default();
-    let writer = logs.clone();
-    let _logging = tracing::subscriber::set_default(
-        tracing_subscriber::fmt()
-            .with_writer(move || writer.clone())
-            .with_ansi(false)
-            .finish(),
-    );
+    let (logs, _logging) = Logs::capture();
     let dir = std::env::temp_dir().join(format!("fleetgate-hup-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("hup.toml");
