@@ -240,7 +240,6 @@ async fn a_sentinel_master_is_checked_against_the_system_roots() {
     let sentinels: Vec<redis::ConnectionInfo> =
         ports.sentinels.iter().map(|&p| certs.info(p)).collect();
     let secure = builder()
-        .connect_timeout(Duration::from_millis(500))
         .sentinel_master(SentinelNodeConnectionInfo::default().set_tls_mode(redis::TlsMode::Secure))
         .connect_sentinel(MASTER_NAME, sentinels)
         .await;
