@@ -829,11 +829,19 @@ impl RedisStoreBuilder {
         Ok(())
     }
 
-    /// Connects to `url` (`redis://host:port/db`, `rediss://` for TLS where
-    /// the redis crate is built with it) and checks the settings.
+    /// Connects to `url` (`redis://host:port/db`, `rediss://` for TLS) and
+    /// checks the settings.
     ///
     /// The connection is multiplexed and reconnects by itself after
     /// failures.
+    ///
+    /// TLS needs the `tls-rustls` feature: the server's certificate is
+    /// checked against the system's root certificates. For a server behind
+    /// a private CA, build the client with the CA
+    /// (`redis::Client::build_with_tls`) and pass it to
+    /// [`connect_client`](Self::connect_client); `rediss://host:port/#insecure`
+    /// skips the check, with the `tls-rustls-insecure` feature. See
+    /// docs/topologies.md (TLS) for the crypto provider rustls needs.
     pub async fn connect(self, url: &str) -> Result<RedisStore, StoreError> {
         self.check()?;
         let client = redis::Client::open(url)?;
@@ -959,7 +967,8 @@ impl RedisStoreBuilder {
 #[cfg(feature = "cluster")]
 impl RedisStoreBuilder {
     /// Connects to a Redis Cluster through any of its nodes
-    /// (`redis://host:port` each); needs the `cluster` feature.
+    /// (`redis://host:port` each, `rediss://` for TLS with the
+    /// `tls-rustls` feature); needs the `cluster` feature.
     ///
     /// The keys of one identity share a hash tag, so each script runs on
     /// the one master that owns that slot; the cluster client follows
@@ -1069,9 +1078,17 @@ impl RedisStoreBuilder {
     ///
     /// Passwords: those of the sentinels go in their URLs; those of the
     /// master (and its TLS mode and database) in
-    /// [`sentinel_master`](Self::sentinel_master). TLS connects only where
-    /// the redis crate is built with a TLS feature
-    /// (`redis/tokio-rustls-comp` or `redis/tokio-native-tls-comp`).
+    /// [`sentinel_master`](Self::sentinel_master).
+    ///
+    /// TLS needs the `tls-rustls` feature. The sentinels: `rediss://` URLs,
+    /// checked against the system's root certificates, or, behind a
+    /// private CA, the connection infos of clients built with it
+    /// (`redis::Client::build_with_tls(url, certs)?.get_connection_info().clone()`).
+    /// The master: `TlsMode::Secure` in
+    /// [`sentinel_master`](Self::sentinel_master), checked against the
+    /// system's root certificates only (no private CA reaches the master's
+    /// check), or `TlsMode::Insecure`, unchecked, with the
+    /// `tls-rustls-insecure` feature.
     ///
     /// ```no_run
     /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -1139,7 +1156,10 @@ impl RedisStoreBuilder {
 
     /// How to connect to the master found through the sentinels: its
     /// username, password and database
-    /// ([`RedisConnectionInfo`](redis::RedisConnectionInfo)) and TLS mode.
+    /// ([`RedisConnectionInfo`](redis::RedisConnectionInfo)) and TLS mode
+    /// (feature `tls-rustls`: `TlsMode::Secure` checks the master's
+    /// certificate against the system's root certificates;
+    /// `TlsMode::Insecure`, with `tls-rustls-insecure`, checks nothing).
     /// By default: no password, database 0, plain TCP.
     pub fn sentinel_master(mut self, info: redis::sentinel::SentinelNodeConnectionInfo) -> Self {
         self.sentinel_node = Some(info);

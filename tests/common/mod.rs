@@ -5,6 +5,9 @@ pub mod sentinel;
 
 pub use redis_server::RedisServer;
 pub mod stats;
+/// Certificates and TLS-only servers (`tests/redis/tls.rs`).
+#[cfg(feature = "tls-rustls")]
+pub mod tls;
 
 use std::time::Duration;
 

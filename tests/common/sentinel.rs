@@ -59,6 +59,20 @@ pub struct SentinelSet {
     master_port: u16,
     passwords: Option<Passwords>,
     dir: PathBuf,
+    /// The TLS ports, in a set started with [`SentinelSet::start_tls`].
+    tls: Option<TlsPorts>,
+}
+
+/// The TLS ports of a set started with [`SentinelSet::start_tls`]: every
+/// process listens on its plain port (which the harness's own checks use)
+/// and on one of these, and the set speaks TLS within itself (replication,
+/// the sentinels' connections to the servers and to each other), so the
+/// sentinels name the servers' TLS ports.
+#[derive(Clone, Debug)]
+pub struct TlsPorts {
+    pub master: u16,
+    pub replica: u16,
+    pub sentinels: Vec<u16>,
 }
 
 impl SentinelSet {
@@ -71,6 +85,22 @@ impl SentinelSet {
     /// [`start`](Self::start), with passwords on the servers and on the
     /// sentinels.
     pub async fn start_with(passwords: Option<Passwords>) -> SentinelSet {
+        SentinelSet::start_inner(passwords, None).await
+    }
+
+    /// [`start`](Self::start), every process also on a TLS port with
+    /// `certs.server` (see [`TlsPorts`]).
+    #[cfg(feature = "tls-rustls")]
+    pub async fn start_tls(certs: &super::tls::Certs) -> SentinelSet {
+        SentinelSet::start_inner(None, Some(certs)).await
+    }
+
+    /// The TLS ports, if started with [`start_tls`](Self::start_tls).
+    pub fn tls_ports(&self) -> Option<&TlsPorts> {
+        self.tls.as_ref()
+    }
+
+    async fn start_inner(passwords: Option<Passwords>, tls: Option<&TlsConf>) -> SentinelSet {
         let auth: Vec<String> = match &passwords {
             Some(p) => vec![
                 "--requirepass".into(),
@@ -80,24 +110,38 @@ impl SentinelSet {
             ],
             None => Vec::new(),
         };
-        let master = start_server(&auth);
+        let (master, master_tls) = start_server_tls(&auth, tls);
         let master_port = master.port();
+        // Sentinels and replica reach the master on its TLS port, if any.
+        let monitored = master_tls.unwrap_or(master_port);
         let mut replica_args = auth.clone();
         replica_args.extend([
             "--replicaof".into(),
             "127.0.0.1".into(),
-            master_port.to_string(),
+            monitored.to_string(),
         ]);
-        let replica = start_server(&replica_args);
+        let (replica, replica_tls) = start_server_tls(&replica_args, tls);
         let dir = std::env::temp_dir().join(format!(
             "fleetgate-sentinel-{}-{master_port}",
             std::process::id()
         ));
         std::fs::create_dir_all(&dir).expect("a temporary directory for the sentinels");
         let mut sentinels = Vec::new();
+        let mut sentinel_tls = Vec::new();
         for i in 0..3 {
-            sentinels.push(start_sentinel(&dir, i, master_port, passwords.as_ref()));
+            let (sentinel, tls_port) =
+                start_sentinel_tls(&dir, i, monitored, passwords.as_ref(), tls);
+            sentinels.push(sentinel);
+            sentinel_tls.extend(tls_port);
         }
+        let tls = match (master_tls, replica_tls) {
+            (Some(master), Some(replica)) => Some(TlsPorts {
+                master,
+                replica,
+                sentinels: sentinel_tls,
+            }),
+            _ => None,
+        };
         let set = SentinelSet {
             master: Some(master),
             replica,
@@ -105,6 +149,7 @@ impl SentinelSet {
             master_port,
             passwords,
             dir,
+            tls,
         };
         set.wait_ready().await;
         set
@@ -304,15 +349,64 @@ fn start_server(extra: &[String]) -> RedisServer {
     panic!("could not start redis-server: {last}");
 }
 
-fn start_sentinel(
+/// A server on a free plain port and, with `tls`, a free TLS port too.
+fn start_server_tls(extra: &[String], tls: Option<&TlsConf>) -> (RedisServer, Option<u16>) {
+    let Some(certs) = tls else {
+        return (start_server(extra), None);
+    };
+    let mut last = String::new();
+    for _ in 0..5 {
+        let tls_port = free_port();
+        let mut args = extra.to_vec();
+        args.extend(tls_args(certs, tls_port));
+        match RedisServer::start_on_with(free_port(), &args) {
+            Ok(server) => return (server, Some(tls_port)),
+            Err(err) => last = err,
+        }
+    }
+    panic!("could not start a TLS redis-server: {last}");
+}
+
+/// The certificates a TLS set's processes use: none without the
+/// `tls-rustls` feature, which the TLS tests need.
+#[cfg(feature = "tls-rustls")]
+use super::tls::Certs as TlsConf;
+#[cfg(not(feature = "tls-rustls"))]
+enum TlsConf {}
+
+/// A server's arguments for TLS on `port`.
+#[cfg(feature = "tls-rustls")]
+fn tls_args(certs: &TlsConf, port: u16) -> Vec<String> {
+    certs.server_args(port, &certs.server)
+}
+#[cfg(not(feature = "tls-rustls"))]
+fn tls_args(certs: &TlsConf, _: u16) -> Vec<String> {
+    match *certs {}
+}
+
+/// A sentinel's configuration lines for TLS on `port`.
+#[cfg(feature = "tls-rustls")]
+fn tls_conf(certs: &TlsConf, port: u16) -> String {
+    certs.conf_lines(port)
+}
+#[cfg(not(feature = "tls-rustls"))]
+fn tls_conf(certs: &TlsConf, _: u16) -> String {
+    match *certs {}
+}
+
+/// A sentinel on a free port and, with `tls`, on a free TLS port too,
+/// returned.
+fn start_sentinel_tls(
     dir: &std::path::Path,
     i: usize,
     master_port: u16,
     passwords: Option<&Passwords>,
-) -> Sentinel {
+    tls: Option<&TlsConf>,
+) -> (Sentinel, Option<u16>) {
     let binary = std::env::var("REDIS_SERVER").unwrap_or_else(|_| "redis-server".into());
     for _ in 0..5 {
         let port = free_port();
+        let tls_port = tls.map(|_| free_port());
         let conf = dir.join(format!("sentinel-{i}.conf"));
         let mut text = format!(
             "port {port}\nbind 127.0.0.1\ndir {dir}\nlogfile \"\"\n\
@@ -326,6 +420,9 @@ fn start_sentinel(
                 "sentinel auth-pass {MASTER_NAME} {}\nrequirepass {}\nsentinel sentinel-pass {}\n",
                 p.redis, p.sentinel, p.sentinel
             ));
+        }
+        if let (Some(certs), Some(tls_port)) = (tls, tls_port) {
+            text.push_str(&tls_conf(certs, tls_port));
         }
         std::fs::write(&conf, text).expect("write a sentinel configuration");
         // The configuration file must come first, and stay writable:
@@ -352,10 +449,11 @@ fn start_sentinel(
             std::thread::sleep(Duration::from_millis(10));
         };
         if up {
-            return Sentinel {
+            let sentinel = Sentinel {
                 child: Some(child),
                 port,
             };
+            return (sentinel, tls_port);
         }
         let _ = child.kill();
         let _ = child.wait();

@@ -27,6 +27,8 @@ mod redis_down;
 mod reset;
 #[cfg(feature = "sentinel")]
 mod sentinel;
+#[cfg(feature = "tls-rustls")]
+mod tls;
 
 /// Turns at the machine. Tests of this binary run side by side, each
 /// holding a shared turn, except a `faults` test, which waits until no

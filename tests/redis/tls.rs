@@ -1,0 +1,251 @@
+//! `RedisStore` over TLS (feature `tls-rustls`), against real redis-servers
+//! that speak only TLS, with certificates made for each test by `openssl`
+//! (`tests/common/tls.rs`): a single node over `rediss://` with the test's
+//! CA given to the client, servers whose certificate the client must refuse
+//! (unknown CA, another name), `#insecure` (feature `tls-rustls-insecure`),
+//! and Redis Sentinel with TLS between everyone (feature `sentinel`).
+use crate::common;
+
+use std::time::Duration;
+
+use common::tls::{Certs, start_tls_server, tls_url};
+use fleetgate::key::Key;
+use fleetgate::{Limit, Limiter, Policy, Rate, RedisStore};
+
+/// Generous: a TLS handshake on a loaded 2-core machine.
+const TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Three a minute: three allowed, the fourth denied.
+fn policy() -> Policy {
+    Policy::single(
+        "tls",
+        Limit::builder(Rate::per_minute(3))
+            .burst(3)
+            .build()
+            .unwrap(),
+    )
+    .unwrap()
+}
+
+/// The first three calls on `key` are allowed, the fourth denied: Redis
+/// decided (the deny cache is off, nothing is answered locally).
+async fn decides(store: RedisStore, key: &str) {
+    let limiter = Limiter::new(policy(), store);
+    let key = Key::new(key);
+    for i in 0..3 {
+        let decision = limiter.check(&key, 1).await.expect("a decision over TLS");
+        assert!(decision.is_allowed(), "call {i} denied");
+    }
+    let decision = limiter.check(&key, 1).await.expect("a decision over TLS");
+    assert!(!decision.is_allowed(), "the fourth call was allowed");
+}
+
+fn builder() -> fleetgate::RedisStoreBuilder {
+    RedisStore::builder()
+        .prefix("tls")
+        .timeout(TIMEOUT)
+        .connect_timeout(TIMEOUT)
+        .deny_cache(0)
+}
+
+/// The keys of the `tls` prefix in the server behind `client`.
+async fn tls_keys(client: &redis::Client) -> Vec<String> {
+    let mut conn = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("the test's own connection");
+    redis::cmd("KEYS")
+        .arg("tls:*")
+        .query_async(&mut conn)
+        .await
+        .expect("KEYS")
+}
+
+/// A server that speaks only TLS decides through a store given the test's
+/// CA (`redis::Client::build_with_tls`, then `connect_client`); its
+/// state is in that server; plain TCP to the same port gets nowhere.
+#[tokio::test]
+async fn a_tls_only_server_decides_over_rediss() {
+    let _shared = crate::machine::shared().await;
+    let certs = Certs::new();
+    let server = start_tls_server(&certs, &certs.server);
+    let client = certs.client(server.port(), certs.ca_pem());
+    let store = builder()
+        .connect_client(client.clone())
+        .await
+        .expect("connect over TLS with the test's CA");
+    decides(store, "over-tls").await;
+    assert_eq!(tls_keys(&client).await.len(), 1, "one GCRA key");
+
+    let plain = builder()
+        .connect(&format!("redis://127.0.0.1:{}", server.port()))
+        .await;
+    assert!(plain.is_err(), "plain TCP to a TLS port connected");
+}
+
+/// The client checks the server: `rediss://` with the system's roots
+/// alone, or with another CA, refuses the test's server; the test's CA
+/// refuses a certificate it signed for another name.
+#[tokio::test]
+async fn a_certificate_the_client_does_not_trust_is_refused() {
+    let _shared = crate::machine::shared().await;
+    let certs = Certs::new();
+    let server = start_tls_server(&certs, &certs.server);
+    let port = server.port();
+
+    let system_roots = builder().connect(&tls_url(port)).await;
+    let err = system_roots.expect_err("the test's CA is no system root");
+    assert!(
+        err.to_string().contains("certificate"),
+        "not a certificate error: {err}"
+    );
+
+    let other_ca = builder()
+        .connect_client(certs.client(port, certs.other_ca_pem()))
+        .await;
+    let err = other_ca.expect_err("trusted a server another CA signed");
+    assert!(
+        err.to_string().contains("certificate"),
+        "not a certificate error: {err}"
+    );
+
+    let misnamed = start_tls_server(&certs, &certs.wrong_name);
+    let wrong_name = builder()
+        .connect_client(certs.client(misnamed.port(), certs.ca_pem()))
+        .await;
+    let err = wrong_name.expect_err("a certificate for another name");
+    assert!(
+        err.to_string().contains("certificate"),
+        "not a certificate error: {err}"
+    );
+
+    // The same CA and server, named right: the refusals above were the
+    // checks', not the setup's.
+    let store = builder()
+        .connect_client(certs.client(port, certs.ca_pem()))
+        .await
+        .expect("connect with the right CA");
+    decides(store, "trusted").await;
+}
+
+/// `#insecure` (feature `tls-rustls-insecure`) skips the check, and only
+/// when asked for: the misnamed server is refused without it.
+#[cfg(feature = "tls-rustls-insecure")]
+#[tokio::test]
+async fn insecure_trusts_any_certificate_when_asked() {
+    let _shared = crate::machine::shared().await;
+    let certs = Certs::new();
+    let server = start_tls_server(&certs, &certs.wrong_name);
+    let checked = builder().connect(&tls_url(server.port())).await;
+    assert!(checked.is_err(), "trusted an unknown certificate unasked");
+    let store = builder()
+        .connect(&format!("{}/#insecure", tls_url(server.port())))
+        .await
+        .expect("connect with #insecure");
+    decides(store, "insecure").await;
+}
+
+/// Sentinel with TLS between everyone: the store asks the sentinels over
+/// TLS (their addresses carry the test's CA), connects to the master's TLS
+/// port they name (`TlsMode::Insecure`: see
+/// `a_sentinel_master_is_checked_against_the_system_roots`), decides
+/// there, and after the master is killed, on the promoted replica, over
+/// TLS again.
+#[cfg(all(feature = "sentinel", feature = "tls-rustls-insecure"))]
+#[tokio::test]
+async fn sentinels_and_master_over_tls_through_a_failover() {
+    let _shared = crate::machine::shared().await;
+    use common::sentinel::{MASTER_NAME, SentinelSet};
+    use redis::sentinel::SentinelNodeConnectionInfo;
+    use std::time::Instant;
+
+    let certs = Certs::new();
+    let mut set = SentinelSet::start_tls(&certs).await;
+    let ports = set.tls_ports().expect("a TLS set").clone();
+    let sentinels: Vec<redis::ConnectionInfo> =
+        ports.sentinels.iter().map(|&p| certs.info(p)).collect();
+    // Only TLS addresses: the sentinels name the master's TLS port.
+    let named: (String, u16) = set
+        .sentinel_cmd(&["GET-MASTER-ADDR-BY-NAME", MASTER_NAME])
+        .await
+        .expect("the sentinels name the master");
+    assert_eq!(named.1, ports.master, "the sentinels name the TLS port");
+
+    let store = builder()
+        .sentinel_master(
+            SentinelNodeConnectionInfo::default().set_tls_mode(redis::TlsMode::Insecure),
+        )
+        .connect_sentinel(MASTER_NAME, sentinels)
+        .await
+        .expect("connect through the sentinels over TLS");
+    let limiter = Limiter::new(policy(), store);
+    let key = Key::new("before");
+    assert!(limiter.check(&key, 1).await.unwrap().is_allowed());
+    let master_port = set.master_port();
+    let mut master = set.connect(master_port).await;
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("tls:*")
+        .query_async(&mut master)
+        .await
+        .unwrap();
+    assert_eq!(keys.len(), 1, "the decision's key on the master");
+
+    // The master dies; the replica (TLS port `ports.replica`) is promoted.
+    if let Some(master) = set.master.take() {
+        master.stop();
+    }
+    set.wait_switched(ports.replica, Duration::from_secs(30))
+        .await;
+    // The store finds it by itself (its calls fail until then); every
+    // failed call here is one the lookup has not caught up with yet.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let after = Key::new("after");
+    loop {
+        match limiter.check(&after, 1).await {
+            Ok(decision) => {
+                assert!(decision.is_allowed());
+                break;
+            }
+            Err(err) => assert!(
+                Instant::now() < deadline,
+                "no decision on the promoted replica: {err}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut replica = set.connect(set.replica.port()).await;
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("tls:*after*")
+        .query_async(&mut replica)
+        .await
+        .unwrap();
+    assert_eq!(keys.len(), 1, "the decision's key on the promoted replica");
+}
+
+/// `TlsMode::Secure` checks the master against the system's root
+/// certificates: the CA given with the sentinels' addresses is not used
+/// for the master (the redis crate's `SentinelClient::build`, which the
+/// store uses, takes no certificates). A master behind a private CA is
+/// therefore refused, and the store is not built.
+#[cfg(feature = "sentinel")]
+#[tokio::test]
+async fn a_sentinel_master_is_checked_against_the_system_roots() {
+    let _shared = crate::machine::shared().await;
+    use common::sentinel::{MASTER_NAME, SentinelSet};
+    use redis::sentinel::SentinelNodeConnectionInfo;
+
+    let certs = Certs::new();
+    let set = SentinelSet::start_tls(&certs).await;
+    let ports = set.tls_ports().expect("a TLS set").clone();
+    let sentinels: Vec<redis::ConnectionInfo> =
+        ports.sentinels.iter().map(|&p| certs.info(p)).collect();
+    let secure = builder()
+        .sentinel_master(SentinelNodeConnectionInfo::default().set_tls_mode(redis::TlsMode::Secure))
+        .connect_sentinel(MASTER_NAME, sentinels)
+        .await;
+    let err = secure.expect_err("a master behind the test's CA passed the system roots");
+    assert!(
+        err.to_string().contains("certificate"),
+        "not a certificate error: {err}"
+    );
+}
