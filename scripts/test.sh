@@ -43,6 +43,19 @@ if [ "$major" -lt 6 ] || { [ "$major" -eq 6 ] && [ "$minor" -lt 2 ]; }; then
   echo "(set REDIS_SERVER to the path of a newer redis-server)" >&2
   exit 1
 fi
+# The TLS tests (feature `tls-rustls`) make their certificates with the
+# openssl CLI.
+if ! command -v openssl >/dev/null 2>&1; then
+  echo "scripts/test.sh: openssl not found; installing it" >&2
+  sudo=""
+  if [ "$(id -u)" -ne 0 ] && command -v sudo >/dev/null 2>&1; then sudo="sudo"; fi
+  if ! { command -v apt-get >/dev/null 2>&1 \
+    && $sudo apt-get update -qq \
+    && $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssl >/dev/null; }; then
+    echo "scripts/test.sh: could not install openssl; install it (Debian: apt-get install openssl) and re-run" >&2
+    exit 1
+  fi
+fi
 # A Redis already listening on 6379 (a system service) is left alone: each
 # test starts its own server on a free loopback port.
 
