@@ -270,6 +270,8 @@ impl RedisStore {
             max_batch: DEFAULT_MAX_BATCH,
             #[cfg(feature = "sentinel")]
             sentinel_node: None,
+            #[cfg(all(feature = "sentinel", feature = "tls-rustls"))]
+            sentinel_master_tls: None,
             #[cfg(feature = "sentinel")]
             sentinel_poll: DEFAULT_SENTINEL_POLL,
         }
@@ -745,6 +747,10 @@ pub struct RedisStoreBuilder {
     max_batch: usize,
     #[cfg(feature = "sentinel")]
     sentinel_node: Option<redis::sentinel::SentinelNodeConnectionInfo>,
+    /// Set by [`RedisStoreBuilder::sentinel_master_tls`], cleared by
+    /// [`RedisStoreBuilder::sentinel_master`]: the last one called wins.
+    #[cfg(all(feature = "sentinel", feature = "tls-rustls"))]
+    sentinel_master_tls: Option<super::sentinel::MasterTls>,
     #[cfg(feature = "sentinel")]
     sentinel_poll: Duration,
 }
@@ -1084,11 +1090,11 @@ impl RedisStoreBuilder {
     /// checked against the system's root certificates, or, behind a
     /// private CA, the connection infos of clients built with it
     /// (`redis::Client::build_with_tls(url, certs)?.get_connection_info().clone()`).
-    /// The master: `TlsMode::Secure` in
+    /// The master: [`sentinel_master_tls`](Self::sentinel_master_tls)
+    /// with its CA (a private one), or `TlsMode::Secure` in
     /// [`sentinel_master`](Self::sentinel_master), checked against the
-    /// system's root certificates only (no private CA reaches the master's
-    /// check), or `TlsMode::Insecure`, unchecked, with the
-    /// `tls-rustls-insecure` feature.
+    /// system's root certificates, or `TlsMode::Insecure`, unchecked, with
+    /// the `tls-rustls-insecure` feature.
     ///
     /// ```no_run
     /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -1160,9 +1166,67 @@ impl RedisStoreBuilder {
     /// (feature `tls-rustls`: `TlsMode::Secure` checks the master's
     /// certificate against the system's root certificates;
     /// `TlsMode::Insecure`, with `tls-rustls-insecure`, checks nothing).
-    /// By default: no password, database 0, plain TCP.
+    /// By default: no password, database 0, plain TCP. For a master
+    /// behind a private CA, see
+    /// [`sentinel_master_tls`](Self::sentinel_master_tls); of the two, the
+    /// one called last applies.
     pub fn sentinel_master(mut self, info: redis::sentinel::SentinelNodeConnectionInfo) -> Self {
         self.sentinel_node = Some(info);
+        #[cfg(feature = "tls-rustls")]
+        {
+            self.sentinel_master_tls = None;
+        }
+        self
+    }
+
+    /// How to connect to the master found through the sentinels when it
+    /// speaks TLS with a certificate the system's root certificates do not
+    /// check (a private CA): its username, password, database and protocol
+    /// (`info`), and the certificates to check it with (`certs.root_cert`,
+    /// the CA in PEM; `certs.client_tls`, a client certificate and key for
+    /// servers with `tls-auth-clients yes`). The master's certificate must
+    /// name the address the sentinels give (an IP address, usually). Like
+    /// `TlsMode::Secure` in [`sentinel_master`](Self::sentinel_master),
+    /// which takes no certificates (nor does the redis crate's
+    /// `SentinelClient` together with one); of the two, the one called
+    /// last applies. Default TCP settings.
+    ///
+    /// The store then connects itself to the address a majority of the
+    /// sentinels names (checking its `ROLE`, as always), not through the
+    /// redis crate's `SentinelClient`. The sentinels' own TLS stays in
+    /// their addresses (see [`connect_sentinel`](Self::connect_sentinel)).
+    /// Needs the `sentinel` and `tls-rustls` features.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// use fleetgate::RedisStore;
+    /// use redis::{RedisConnectionInfo, TlsCertificates};
+    ///
+    /// let ca_pem = std::fs::read("/etc/redis/ca.crt")?;
+    /// let certs = TlsCertificates { client_tls: None, root_cert: Some(ca_pem) };
+    /// let sentinels = ["10.0.0.1:26379", "10.0.0.2:26379", "10.0.0.3:26379"]
+    ///     .into_iter()
+    ///     .map(|addr| {
+    ///         redis::Client::build_with_tls(format!("rediss://{addr}"), certs.clone())
+    ///             .map(|client| client.get_connection_info().clone())
+    ///     })
+    ///     .collect::<Result<Vec<_>, _>>()?;
+    /// let store = RedisStore::builder()
+    ///     .sentinel_master_tls(
+    ///         RedisConnectionInfo::default().set_password("master-secret"),
+    ///         certs,
+    ///     )
+    ///     .connect_sentinel("mymaster", sentinels)
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    #[cfg(feature = "tls-rustls")]
+    pub fn sentinel_master_tls(
+        mut self,
+        info: redis::RedisConnectionInfo,
+        certs: redis::TlsCertificates,
+    ) -> Self {
+        self.sentinel_master_tls = Some(super::sentinel::MasterTls { info, certs });
         self
     }
 
@@ -1230,6 +1294,8 @@ impl RedisStoreBuilder {
             node: self.sentinel_node.clone().unwrap_or_default(),
             connect_timeout: self.connect_timeout,
             poll: self.sentinel_poll.min(MAX_SENTINEL_POLL),
+            #[cfg(feature = "tls-rustls")]
+            master_tls: self.sentinel_master_tls.clone(),
         })
     }
 }

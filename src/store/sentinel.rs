@@ -29,8 +29,10 @@
 //!   the connect timeout;
 //! - connects to the winner (through a redis crate `SentinelClient` of a
 //!   sentinel that named it, which holds the master's password and TLS
-//!   settings, and checks its `ROLE`), checks `ROLE` again on the new
-//!   connection, and swaps it in; a winner that cannot be connected to or
+//!   settings, and checks its `ROLE`; or, for a master checked against
+//!   given certificates, which that client cannot take, directly:
+//!   [`MasterTls`]), checks `ROLE` again on the new connection, and swaps
+//!   it in; a winner that cannot be connected to or
 //!   is no master is tried again while the majority names it, within the
 //!   same time. So the store never sends to an address it merely used to
 //!   know, nor to one a minority of the sentinels names.
@@ -86,6 +88,10 @@ pub(crate) struct SentinelConn {
     last_lookup: AtomicU64,
     /// Bounds each lookup, and each question of the periodic check.
     connect_timeout: Duration,
+    /// With it, the store connects to the master itself, not through the
+    /// sentinel clients (which cannot take its certificates).
+    #[cfg(feature = "tls-rustls")]
+    master_tls: Option<MasterTls>,
     /// How many times the connection was swapped (for `Debug`): the
     /// generation of the connection in use (0: none yet). Changed only
     /// with `current` locked for writing.
@@ -256,6 +262,53 @@ pub(crate) struct Settings {
     pub(crate) node: SentinelNodeConnectionInfo,
     pub(crate) connect_timeout: Duration,
     pub(crate) poll: Duration,
+    /// A master behind TLS checked against given certificates
+    /// ([`sentinel_master_tls`](super::RedisStoreBuilder::sentinel_master_tls)):
+    /// then `node` is not used.
+    #[cfg(feature = "tls-rustls")]
+    pub(crate) master_tls: Option<MasterTls>,
+}
+
+/// How to reach a master behind TLS whose certificate is checked against
+/// given certificates (a private CA), which the redis crate's
+/// `SentinelClient` cannot take together with a `SentinelNodeConnectionInfo`
+/// (it has no getters, and `SentinelClientBuilder` rebuilds one from its own
+/// setters): the store connects to the address the majority names itself.
+#[cfg(feature = "tls-rustls")]
+#[derive(Clone, Debug)]
+pub(crate) struct MasterTls {
+    /// Username, password, database, protocol.
+    pub(crate) info: redis::RedisConnectionInfo,
+    /// The CA (`root_cert`) and, for `tls-auth-clients yes`, the client's
+    /// certificate and key.
+    pub(crate) certs: redis::TlsCertificates,
+}
+
+#[cfg(feature = "tls-rustls")]
+impl MasterTls {
+    /// A client of the master at `addr` (`host:port`, as the sentinels
+    /// name it): TLS, the certificate checked against `certs`.
+    fn client(&self, addr: &str) -> redis::RedisResult<redis::Client> {
+        let (host, port) = addr
+            .rsplit_once(':')
+            .and_then(|(host, port)| Some((host, port.parse::<u16>().ok()?)))
+            .ok_or_else(|| {
+                RedisError::from((
+                    ErrorKind::InvalidClientConfig,
+                    "a master address without a port",
+                    addr.to_owned(),
+                ))
+            })?;
+        let info =
+            redis::IntoConnectionInfo::into_connection_info(redis::ConnectionAddr::TcpTls {
+                host: host.to_owned(),
+                port,
+                insecure: false,
+                tls_params: None,
+            })?
+            .set_redis_settings(self.info.clone());
+        redis::Client::build_with_tls(info, self.certs.clone())
+    }
 }
 
 impl SentinelConn {
@@ -290,6 +343,8 @@ impl SentinelConn {
             start: Instant::now(),
             last_lookup: AtomicU64::new(0),
             connect_timeout: settings.connect_timeout,
+            #[cfg(feature = "tls-rustls")]
+            master_tls: settings.master_tls.clone(),
             swaps: AtomicU64::new(0),
         }))
     }
@@ -547,26 +602,7 @@ impl SentinelConn {
                 return Ok(None);
             }
         }
-        // The settings of the master's connection are in the sentinel
-        // clients: one of the sentinels that named it connects.
-        let voter = voters
-            .first()
-            .and_then(|&i| self.voters.get(i))
-            .ok_or_else(|| RedisError::from((ErrorKind::EmptySentinelList, "no sentinel")))?;
-        let client = bounded(
-            self.connect_timeout,
-            "asking a sentinel for the master",
-            async { voter.client.lock().await.async_get_client().await },
-        )
-        .await?;
-        let named = client.get_connection_info().addr().to_string();
-        if named != addr {
-            return Err(RedisError::from((
-                ErrorKind::MasterNameNotFoundBySentinel,
-                "a sentinel named another master meanwhile",
-                format!("{named}, not {addr}"),
-            )));
-        }
+        let (client, named) = self.master_client(addr, voters).await?;
         let config = AsyncConnectionConfig::new()
             .set_response_timeout(None)
             .set_connection_timeout(Some(self.connect_timeout));
@@ -594,6 +630,42 @@ impl SentinelConn {
             conn,
             generation: 0,
         }))
+    }
+
+    /// A client of the master at `addr`, named by a majority (`voters`),
+    /// and its address. The settings of the master's connection are in the
+    /// sentinel clients: one of the sentinels that named it connects (and
+    /// checks the master's `ROLE`), unless the master's certificate is
+    /// checked against given certificates, which those clients cannot
+    /// take: then the client is built here (the caller checks `ROLE`).
+    async fn master_client(
+        &self,
+        addr: &str,
+        voters: &[usize],
+    ) -> redis::RedisResult<(redis::Client, String)> {
+        #[cfg(feature = "tls-rustls")]
+        if let Some(tls) = &self.master_tls {
+            return Ok((tls.client(addr)?, addr.to_owned()));
+        }
+        let voter = voters
+            .first()
+            .and_then(|&i| self.voters.get(i))
+            .ok_or_else(|| RedisError::from((ErrorKind::EmptySentinelList, "no sentinel")))?;
+        let client = bounded(
+            self.connect_timeout,
+            "asking a sentinel for the master",
+            async { voter.client.lock().await.async_get_client().await },
+        )
+        .await?;
+        let named = client.get_connection_info().addr().to_string();
+        if named != addr {
+            return Err(RedisError::from((
+                ErrorKind::MasterNameNotFoundBySentinel,
+                "a sentinel named another master meanwhile",
+                format!("{named}, not {addr}"),
+            )));
+        }
+        Ok((client, named))
     }
 
     /// Asks the sentinels every `every` which address the master has, and
@@ -877,6 +949,8 @@ mod tests {
             node: SentinelNodeConnectionInfo::default(),
             connect_timeout: Duration::from_secs(1),
             poll: Duration::from_millis(500),
+            #[cfg(feature = "tls-rustls")]
+            master_tls: None,
         })
         .unwrap()
     }
