@@ -147,8 +147,8 @@ async fn insecure_trusts_any_certificate_when_asked() {
 
 /// Sentinel with TLS between everyone: the store asks the sentinels over
 /// TLS (their addresses carry the test's CA), connects to the master's TLS
-/// port they name (`TlsMode::Insecure`: see
-/// `a_sentinel_master_is_checked_against_the_system_roots`), decides
+/// port they name (`TlsMode::Insecure`; for the check, see
+/// `a_sentinel_master_behind_a_private_ca_is_checked_against_it`), decides
 /// there, and after the master is killed, on the promoted replica, over
 /// TLS again.
 #[cfg(all(feature = "sentinel", feature = "tls-rustls-insecure"))]
@@ -222,30 +222,104 @@ async fn sentinels_and_master_over_tls_through_a_failover() {
     assert_eq!(keys.len(), 1, "the decision's key on the promoted replica");
 }
 
-/// `TlsMode::Secure` checks the master against the system's root
-/// certificates: the CA given with the sentinels' addresses is not used
-/// for the master (the redis crate's `SentinelClient::build`, which the
-/// store uses, takes no certificates). A master behind a private CA is
-/// therefore refused, and the store is not built.
+/// A master behind a private CA: `sentinel_master_tls` with the test's CA
+/// connects, decides there, and after the master is killed on the
+/// promoted replica, checked against the same CA. With another CA, or
+/// `TlsMode::Secure` in `sentinel_master` (the system's roots, which the
+/// redis crate's `SentinelClient` checks with), the master is refused and
+/// the store is not built.
 #[cfg(feature = "sentinel")]
 #[tokio::test]
-async fn a_sentinel_master_is_checked_against_the_system_roots() {
+async fn a_sentinel_master_behind_a_private_ca_is_checked_against_it() {
     let _shared = crate::machine::shared().await;
     use common::sentinel::{MASTER_NAME, SentinelSet};
     use redis::sentinel::SentinelNodeConnectionInfo;
+    use redis::{RedisConnectionInfo, TlsCertificates};
+    use std::time::Instant;
 
     let certs = Certs::new();
-    let set = SentinelSet::start_tls(&certs).await;
+    let mut set = SentinelSet::start_tls(&certs).await;
     let ports = set.tls_ports().expect("a TLS set").clone();
     let sentinels: Vec<redis::ConnectionInfo> =
         ports.sentinels.iter().map(|&p| certs.info(p)).collect();
-    let secure = builder()
+    let with_ca = |pem: Vec<u8>| TlsCertificates {
+        client_tls: None,
+        root_cert: Some(pem),
+    };
+
+    let system_roots = builder()
         .sentinel_master(SentinelNodeConnectionInfo::default().set_tls_mode(redis::TlsMode::Secure))
-        .connect_sentinel(MASTER_NAME, sentinels)
+        .connect_sentinel(MASTER_NAME, sentinels.clone())
         .await;
-    let err = secure.expect_err("a master behind the test's CA passed the system roots");
+    let err = system_roots.expect_err("a master behind the test's CA passed the system roots");
     assert!(
         err.to_string().contains("certificate"),
         "not a certificate error: {err}"
     );
+
+    let other_ca = builder()
+        .sentinel_master_tls(
+            RedisConnectionInfo::default(),
+            with_ca(certs.other_ca_pem()),
+        )
+        .connect_sentinel(MASTER_NAME, sentinels.clone())
+        .await;
+    let err = other_ca.expect_err("trusted a master another CA signed");
+    assert!(
+        err.to_string().contains("certificate"),
+        "not a certificate error: {err}"
+    );
+
+    // The last of `sentinel_master` and `sentinel_master_tls` applies.
+    let store = builder()
+        .sentinel_master(SentinelNodeConnectionInfo::default().set_tls_mode(redis::TlsMode::Secure))
+        .sentinel_master_tls(RedisConnectionInfo::default(), with_ca(certs.ca_pem()))
+        .connect_sentinel(MASTER_NAME, sentinels)
+        .await
+        .expect("connect to the master with the test's CA");
+    let limiter = Limiter::new(policy(), store);
+    let key = Key::new("private-ca");
+    for i in 0..3 {
+        let decision = limiter.check(&key, 1).await.expect("a decision over TLS");
+        assert!(decision.is_allowed(), "call {i} denied");
+    }
+    let decision = limiter.check(&key, 1).await.expect("a decision over TLS");
+    assert!(!decision.is_allowed(), "the fourth call was allowed");
+    let mut master = set.connect(set.master_port()).await;
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("tls:*")
+        .query_async(&mut master)
+        .await
+        .expect("KEYS on the master");
+    assert_eq!(keys.len(), 1, "the decision's key on the master");
+
+    // The master dies; the replica is promoted, and checked against the
+    // same CA.
+    if let Some(master) = set.master.take() {
+        master.stop();
+    }
+    set.wait_switched(ports.replica, Duration::from_secs(30))
+        .await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let after = Key::new("after");
+    loop {
+        match limiter.check(&after, 1).await {
+            Ok(decision) => {
+                assert!(decision.is_allowed());
+                break;
+            }
+            Err(err) => assert!(
+                Instant::now() < deadline,
+                "no decision on the promoted replica: {err}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut replica = set.connect(set.replica.port()).await;
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("tls:*after*")
+        .query_async(&mut replica)
+        .await
+        .expect("KEYS on the promoted replica");
+    assert_eq!(keys.len(), 1, "the decision's key on the promoted replica");
 }
