@@ -1177,6 +1177,47 @@ mod tests {
         assert_eq!(named_master(&bad_port), Answer::NoMaster);
     }
 
+    /// The master's client is built from the address the sentinels name,
+    /// an IPv6 one too, with the given settings, over TLS, checked.
+    #[cfg(feature = "tls-rustls")]
+    #[test]
+    fn a_master_behind_a_private_ca_gets_a_checked_tls_client() {
+        let tls = MasterTls {
+            info: redis::RedisConnectionInfo::default()
+                .set_password("secret")
+                .set_db(2),
+            certs: redis::TlsCertificates {
+                client_tls: None,
+                root_cert: None,
+            },
+        };
+        for (addr, host, port) in [
+            ("10.0.0.2:6380", "10.0.0.2", 6380),
+            ("::1:6381", "::1", 6381),
+        ] {
+            let client = tls.client(addr).expect("a client");
+            let info = client.get_connection_info();
+            match info.addr() {
+                redis::ConnectionAddr::TcpTls {
+                    host: h,
+                    port: p,
+                    insecure,
+                    tls_params,
+                } => {
+                    assert_eq!((h.as_str(), *p), (host, port));
+                    assert!(!insecure, "unchecked");
+                    assert!(tls_params.is_some(), "the certificates were dropped");
+                }
+                other => panic!("not TLS: {other:?}"),
+            }
+            assert_eq!(info.redis_settings().password(), Some("secret"));
+            assert_eq!(info.redis_settings().db(), 2);
+        }
+        for bad in ["10.0.0.2", "10.0.0.2:x", ""] {
+            assert!(tls.client(bad).is_err(), "{bad}");
+        }
+    }
+
     #[test]
     fn only_a_role_master_is_a_master() {
         let bulk = |s: &str| Value::BulkString(s.as_bytes().to_vec());
