@@ -1,32 +1,41 @@
 -- Upstream feedback for GCRA: hold back every limit of one identity so
--- that its next call of cost 1 is admitted no earlier than now + pause.
--- Transcribes gcra::defer in src/gcra.rs; keep the two in step.
+-- that at most `remaining` calls of cost 1 are admitted before
+-- now + pause (with remaining 0: its next call comes no earlier than
+-- that). Transcribes gcra::defer in src/gcra.rs; keep the two in step.
 --
--- A call of cost 1 passes from tat + T - tolerance on, so each TAT is
--- raised to at least now + pause + tolerance - T, and never lowered. Keys
+-- The k-th call of cost 1 passes from tat + k*T - tolerance on, so each
+-- TAT is raised to at least now + pause + tolerance - (remaining + 1)*T,
+-- and never lowered; a floor at or before now holds nothing back. Keys
 -- expire when that TAT has passed, as in gcra.lua.
+--
+-- Exact in doubles: a floor past now is below now + pause + tolerance
+-- (each at most 2^50 past a Unix time in microseconds), and so is the
+-- credit (remaining + 1)*T it subtracts; a larger credit, rounded or not,
+-- puts the floor before now, as the saturating Rust does.
 --
 -- KEYS[i]        TAT key of limit i (all keys share one hash tag)
 -- ARGV[1]        now in microseconds, or "" to read the server clock
 -- ARGV[2]        pause in microseconds
--- ARGV[1+2i]     emission interval T of limit i, in microseconds
--- ARGV[2+2i]     tolerance (burst * T) of limit i, in microseconds
+-- ARGV[3]        remaining calls before the pause ends
+-- ARGV[2+2i]     emission interval T of limit i, in microseconds
+-- ARGV[3+2i]     tolerance (burst * T) of limit i, in microseconds
 --
--- Returns how many limits were moved (0 when every limit already reached
--- past the pause).
+-- Returns how many limits were moved (0 when every limit already held
+-- back enough).
 
 -- Runs after lua/common/clock.lua (joined in src/store/redis/defer.rs):
 -- now and slack_ms come from there.
 
 local pause = tonumber(ARGV[2])
+local remaining = tonumber(ARGV[3])
 
 local moved = 0
 for i = 1, #KEYS do
-  local emission = tonumber(ARGV[1 + 2 * i])
-  local tolerance = tonumber(ARGV[2 + 2 * i])
-  local floor = now + pause + tolerance - emission
+  local emission = tonumber(ARGV[2 + 2 * i])
+  local tolerance = tonumber(ARGV[3 + 2 * i])
+  local floor = now + pause + tolerance - (remaining + 1) * emission
   local tat = tonumber(redis.call('GET', KEYS[i]) or 0) or 0
-  if tat < floor then
+  if floor > now and tat < floor then
     local ttl_ms = math.ceil((floor - now) / 1000)
     if ttl_ms < 1 then ttl_ms = 1 end
     redis.call('SET', KEYS[i], string.format('%d', floor), 'PX', ttl_ms + slack_ms)

@@ -207,27 +207,48 @@ mod tests {
     }
 }
 
-/// Upstream feedback: holds every limit back so that the next call of
-/// cost 1 is admitted no earlier than `now + pause`, and returns the time at
-/// which the state becomes idle again.
+/// Upstream feedback: holds every limit back so that at most `remaining`
+/// calls of cost 1 are admitted before `now + pause` (none when
+/// `remaining` is 0: the next call comes no earlier than `now + pause`),
+/// and returns the time at which the state becomes idle again.
 ///
-/// A call of cost 1 is admitted from `tat + T − τ` on, so the TAT is raised
-/// to at least `now + pause + τ − T` (never lowered). After the pause the
-/// limit resumes at its rate, one call at a time, not with a full burst: an
-/// upstream that has just asked for a pause should not then be hit by the
-/// whole fleet at once. `lua/gcra_defer.lua` transcribes this.
-pub(crate) fn defer<P: AsParams>(params: &[P], tats: &mut [u64], now: u64, pause: u64) -> u64 {
+/// From a TAT `tat₀`, the `k`-th call of cost 1 passes from
+/// `tat₀ + k·T − τ` on, so the calls admitted before `now + pause` number
+/// `#{k ≥ 1 : tat₀ + k·T − τ < now + pause}`, which is at most `remaining`
+/// exactly when `tat₀ ≥ now + pause + τ − (remaining + 1)·T`. Each TAT is
+/// raised to that floor, never lowered. With `remaining` 0 this is a pause:
+/// after it the limit resumes at its rate, one call at a time, not with a
+/// full burst, so that an upstream that has just asked for a pause is not
+/// then hit by the whole fleet at once. `lua/gcra_defer.lua` transcribes
+/// this.
+pub(crate) fn defer<P: AsParams>(
+    params: &[P],
+    tats: &mut [u64],
+    now: u64,
+    pause: u64,
+    remaining: u64,
+) -> u64 {
     debug_assert_eq!(params.len(), tats.len());
     let until = now.saturating_add(pause);
     let mut idle_at = now;
     for (p, tat) in params.iter().zip(tats.iter_mut()) {
         let p = p.params();
-        // τ ≥ T (a burst is at least 1), so this never goes below `until`.
-        let floor = until.saturating_add(p.tolerance).saturating_sub(p.emission);
-        *tat = (*tat).max(floor);
+        let floor = hold_floor(p, until, remaining);
+        // A floor at or before now holds nothing back (and, with
+        // `remaining` 0, τ ≥ T puts it at `until` or later).
+        if floor > now {
+            *tat = (*tat).max(floor);
+        }
         idle_at = idle_at.max(*tat);
     }
     idle_at
+}
+
+/// `until + τ − (remaining + 1)·T`, saturating at 0: the lowest TAT that
+/// admits at most `remaining` calls of cost 1 before `until`.
+pub(crate) fn hold_floor(p: Params, until: u64, remaining: u64) -> u64 {
+    let credit = remaining.saturating_add(1).saturating_mul(p.emission);
+    until.saturating_add(p.tolerance).saturating_sub(credit)
 }
 
 #[cfg(test)]
@@ -246,7 +267,7 @@ mod defer_tests {
         }];
         let mut tat = [0];
         let now = 100 * S;
-        let idle = defer(&p, &mut tat, now, 5 * S);
+        let idle = defer(&p, &mut tat, now, 5 * S, 0);
         assert_eq!(idle, now + 7 * S);
         let (d, _) = decide(&p, &mut tat, now + 5 * S - 1, 1, 0);
         assert!(!d.allowed);
@@ -257,7 +278,7 @@ mod defer_tests {
         assert!(!d.allowed, "no burst right after a pause");
         // A state already further out is left alone.
         let before = tat;
-        defer(&p, &mut tat, now, S);
+        defer(&p, &mut tat, now, S, 0);
         assert_eq!(tat, before);
     }
 
@@ -268,9 +289,55 @@ mod defer_tests {
             tolerance: S,
         }];
         let mut tat = [0];
-        let idle = defer(&p, &mut tat, u64::MAX - 1, u64::MAX);
-        assert_eq!(tat, [u64::MAX - S]);
+        // The floor saturates at u64::MAX − T, before now: nothing moves.
+        let idle = defer(&p, &mut tat, u64::MAX - 1, u64::MAX, 0);
+        assert_eq!(tat, [0]);
         assert_eq!(idle, u64::MAX - 1);
+        // Any remaining, however large, never wraps.
+        let mut tat = [0];
+        let idle = defer(&p, &mut tat, u64::MAX - 1, u64::MAX, u64::MAX);
+        assert_eq!((tat, idle), ([0], u64::MAX - 1));
+    }
+
+    /// "R calls left until S": from any state, whatever calls come, at
+    /// most R are admitted before S; the (R+1)-th exactly at S, when the
+    /// floor binds.
+    #[test]
+    fn at_most_remaining_before_the_reset() {
+        for (burst, remaining, reset) in [(1, 0, 5), (3, 2, 5), (5, 2, 10), (2, 9, 4), (10, 3, 2)] {
+            let p = [Params {
+                emission: S,
+                tolerance: burst * S,
+            }];
+            let now = 100 * S;
+            let mut tat = [0];
+            defer(&p, &mut tat, now, reset * S, remaining);
+            let mut admitted = 0;
+            let mut t = now;
+            while t < now + reset * S {
+                if decide(&p, &mut tat, t, 1, 0).0.allowed {
+                    admitted += 1;
+                } else {
+                    t += S / 10;
+                }
+            }
+            let bound = remaining.min(burst + reset - 1);
+            assert!(admitted <= remaining, "{admitted} > {remaining}");
+            // The local limit alone would have admitted more: the floor
+            // binds, and admits exactly the remaining calls.
+            if burst + reset - 1 > remaining {
+                assert_eq!(admitted, bound, "burst {burst} remaining {remaining}");
+                assert!(decide(&p, &mut tat, now + reset * S, 1, 0).0.allowed);
+            }
+        }
+        // Plenty left: nothing is stored.
+        let p = [Params {
+            emission: S,
+            tolerance: S,
+        }];
+        let mut tat = [0];
+        assert_eq!(defer(&p, &mut tat, 100 * S, 2 * S, 5), 100 * S);
+        assert_eq!(tat, [0]);
     }
 }
 
