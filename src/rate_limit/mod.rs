@@ -130,6 +130,7 @@ mod feedback;
 mod future;
 mod layer;
 mod live;
+mod quota;
 mod retry_after;
 mod routes;
 mod service;
@@ -141,8 +142,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::Response;
 
-pub use self::feedback::{RetryAfter, UpstreamFeedback};
+pub use self::feedback::{RetryAfter, UpstreamFeedback, UpstreamHeaders};
 pub use self::layer::RateLimitLayer;
+pub use self::quota::UpstreamQuota;
 pub use self::routes::RoutePolicies;
 pub use self::service::RateLimit;
 pub use self::upstream::within_window;
@@ -167,6 +169,11 @@ use crate::store::StoreFuture;
 /// Upstream pauses (429/503 with Retry-After) are logged at most once a
 /// second per process.
 pub(crate) static FEEDBACK_WARNINGS: LogGate = LogGate::new();
+
+/// What upstreams say is left (their rate-limit headers), recorded on
+/// every response that states it, is logged at most once a second per
+/// process too, apart from the pauses.
+pub(crate) static QUOTA_LOGS: LogGate = LogGate::new();
 
 pub(crate) type RejectFn = Arc<dyn Fn(&Rejection<'_>) -> Response<Bytes> + Send + Sync>;
 
