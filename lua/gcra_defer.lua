@@ -5,15 +5,21 @@
 --
 -- The k-th call of cost 1 passes from tat + k*T - tolerance on, so each
 -- TAT is raised to at least now + pause + tolerance - (remaining + 1)*T,
--- and never lowered; a floor at or before now holds nothing back. Keys
--- expire when that TAT has passed, as in gcra.lua.
+-- and never lowered; a floor at or before now holds nothing back. With
+-- remaining > 0 the floor is raised by the slots reserved since the last
+-- hold that lie in the future (tat - max(now + tolerance, hold)): the
+-- upstream has not counted them yet. A TAT that moves sets its hold.
+-- Keys expire when that TAT has passed, as in gcra.lua.
 --
 -- Exact in doubles: a floor past now is below now + pause + tolerance
--- (each at most 2^50 past a Unix time in microseconds), and so is the
--- credit (remaining + 1)*T it subtracts; a larger credit, rounded or not,
--- puts the floor before now, as the saturating Rust does.
+-- plus a pending advance (each at most 2^50 past a Unix time in
+-- microseconds), and so is the credit (remaining + 1)*T it subtracts; a
+-- larger credit, rounded or not, puts the floor before now, as the signed
+-- Rust does.
 --
--- KEYS[i]        TAT key of limit i (all keys share one hash tag)
+-- KEYS[i]        TAT key of limit i, for i = 1..n (all keys share one
+--                hash tag)
+-- KEYS[n+i]      hold key of limit i: the TAT the last hold left
 -- ARGV[1]        now in microseconds, or "" to read the server clock
 -- ARGV[2]        pause in microseconds
 -- ARGV[3]        remaining calls before the pause ends
@@ -28,17 +34,27 @@
 
 local pause = tonumber(ARGV[2])
 local remaining = tonumber(ARGV[3])
+local n = #KEYS / 2
 
 local moved = 0
-for i = 1, #KEYS do
+for i = 1, n do
   local emission = tonumber(ARGV[2 + 2 * i])
   local tolerance = tonumber(ARGV[3 + 2 * i])
   local floor = now + pause + tolerance - (remaining + 1) * emission
   local tat = tonumber(redis.call('GET', KEYS[i]) or 0) or 0
+  if remaining > 0 then
+    local hold = tonumber(redis.call('GET', KEYS[n + i]) or 0) or 0
+    local base = math.max(now + tolerance, hold)
+    if tat > base then
+      floor = floor + (tat - base)
+    end
+  end
   if floor > now and tat < floor then
     local ttl_ms = math.ceil((floor - now) / 1000)
     if ttl_ms < 1 then ttl_ms = 1 end
-    redis.call('SET', KEYS[i], string.format('%d', floor), 'PX', ttl_ms + slack_ms)
+    local value = string.format('%d', floor)
+    redis.call('SET', KEYS[i], value, 'PX', ttl_ms + slack_ms)
+    redis.call('SET', KEYS[n + i], value, 'PX', ttl_ms + slack_ms)
     moved = moved + 1
   end
 end

@@ -215,40 +215,56 @@ mod tests {
 /// From a TAT `tat₀`, the `k`-th call of cost 1 passes from
 /// `tat₀ + k·T − τ` on, so the calls admitted before `now + pause` number
 /// `#{k ≥ 1 : tat₀ + k·T − τ < now + pause}`, which is at most `remaining`
-/// exactly when `tat₀ ≥ now + pause + τ − (remaining + 1)·T`. Each TAT is
-/// raised to that floor, never lowered. With `remaining` 0 this is a pause:
-/// after it the limit resumes at its rate, one call at a time, not with a
-/// full burst, so that an upstream that has just asked for a pause is not
-/// then hit by the whole fleet at once. `lua/gcra_defer.lua` transcribes
-/// this.
+/// exactly when `tat₀ ≥ now + pause + τ − (remaining + 1)·T`.
+///
+/// The upstream counts the calls it has seen, not those the fleet has
+/// admitted and not yet made: slots reserved since the last hold that lie
+/// in the future. `holds[i]` is the TAT the last hold that moved limit `i`
+/// left (0 when none); the TAT's advance past both it and `now + τ`,
+/// `pending = tat − max(now + τ, hold)`, is those slots, and with
+/// `remaining > 0` the floor is raised by it, so that they count against
+/// what is left. (With `remaining` 0 they cannot be helped: the floor holds
+/// back only the calls after them.) Each TAT is raised to the floor, never
+/// lowered, and its hold set to it when it moves.
+///
+/// With `remaining` 0 this is a pause: after it the limit resumes at its
+/// rate, one call at a time, not with a full burst, so that an upstream
+/// that has just asked for a pause is not then hit by the whole fleet at
+/// once. `lua/gcra_defer.lua` transcribes this, in doubles: the arithmetic
+/// here is signed and unclamped to match it.
 pub(crate) fn defer<P: AsParams>(
     params: &[P],
     tats: &mut [u64],
+    holds: &mut [u64],
     now: u64,
     pause: u64,
     remaining: u64,
 ) -> u64 {
     debug_assert_eq!(params.len(), tats.len());
+    debug_assert_eq!(params.len(), holds.len());
     let until = now.saturating_add(pause);
     let mut idle_at = now;
-    for (p, tat) in params.iter().zip(tats.iter_mut()) {
+    for ((p, tat), hold) in params.iter().zip(tats.iter_mut()).zip(holds.iter_mut()) {
         let p = p.params();
-        let floor = hold_floor(p, until, remaining);
-        // A floor at or before now holds nothing back (and, with
-        // `remaining` 0, τ ≥ T puts it at `until` or later).
-        if floor > now {
-            *tat = (*tat).max(floor);
+        let mut floor = hold_floor(p, until, remaining);
+        if remaining > 0 {
+            let base = now.saturating_add(p.tolerance).max(*hold);
+            floor += i128::from(tat.saturating_sub(base));
+        }
+        if floor > i128::from(now) && floor > i128::from(*tat) {
+            *tat = u64::try_from(floor).unwrap_or(u64::MAX);
+            *hold = *tat;
         }
         idle_at = idle_at.max(*tat);
     }
     idle_at
 }
 
-/// `until + τ − (remaining + 1)·T`, saturating at 0: the lowest TAT that
-/// admits at most `remaining` calls of cost 1 before `until`.
-pub(crate) fn hold_floor(p: Params, until: u64, remaining: u64) -> u64 {
-    let credit = remaining.saturating_add(1).saturating_mul(p.emission);
-    until.saturating_add(p.tolerance).saturating_sub(credit)
+/// `until + τ − (remaining + 1)·T`, signed: the lowest TAT that admits at
+/// most `remaining` calls of cost 1 before `until`.
+pub(crate) fn hold_floor(p: Params, until: u64, remaining: u64) -> i128 {
+    let credit = (i128::from(remaining) + 1) * i128::from(p.emission);
+    i128::from(until) + i128::from(p.tolerance) - credit
 }
 
 #[cfg(test)]
@@ -267,7 +283,7 @@ mod defer_tests {
         }];
         let mut tat = [0];
         let now = 100 * S;
-        let idle = defer(&p, &mut tat, now, 5 * S, 0);
+        let idle = defer(&p, &mut tat, &mut [0], now, 5 * S, 0);
         assert_eq!(idle, now + 7 * S);
         let (d, _) = decide(&p, &mut tat, now + 5 * S - 1, 1, 0);
         assert!(!d.allowed);
@@ -278,7 +294,7 @@ mod defer_tests {
         assert!(!d.allowed, "no burst right after a pause");
         // A state already further out is left alone.
         let before = tat;
-        defer(&p, &mut tat, now, S, 0);
+        defer(&p, &mut tat, &mut [0], now, S, 0);
         assert_eq!(tat, before);
     }
 
@@ -289,13 +305,14 @@ mod defer_tests {
             tolerance: S,
         }];
         let mut tat = [0];
-        // The floor saturates at u64::MAX − T, before now: nothing moves.
-        let idle = defer(&p, &mut tat, u64::MAX - 1, u64::MAX, 0);
-        assert_eq!(tat, [0]);
-        assert_eq!(idle, u64::MAX - 1);
+        // The pause saturates at the end of time; the TAT is clamped there.
+        let idle = defer(&p, &mut tat, &mut [0], u64::MAX - 1, u64::MAX, 0);
+        assert_eq!(tat, [u64::MAX]);
+        assert_eq!(idle, u64::MAX);
         // Any remaining, however large, never wraps.
         let mut tat = [0];
-        let idle = defer(&p, &mut tat, u64::MAX - 1, u64::MAX, u64::MAX);
+        let mut hold = [u64::MAX];
+        let idle = defer(&p, &mut tat, &mut hold, u64::MAX - 1, u64::MAX, u64::MAX);
         assert_eq!((tat, idle), ([0], u64::MAX - 1));
     }
 
@@ -311,7 +328,7 @@ mod defer_tests {
             }];
             let now = 100 * S;
             let mut tat = [0];
-            defer(&p, &mut tat, now, reset * S, remaining);
+            defer(&p, &mut tat, &mut [0], now, reset * S, remaining);
             let mut admitted = 0;
             let mut t = now;
             while t < now + reset * S {
@@ -336,7 +353,7 @@ mod defer_tests {
             tolerance: S,
         }];
         let mut tat = [0];
-        assert_eq!(defer(&p, &mut tat, 100 * S, 2 * S, 5), 100 * S);
+        assert_eq!(defer(&p, &mut tat, &mut [0], 100 * S, 2 * S, 5), 100 * S);
         assert_eq!(tat, [0]);
     }
 }

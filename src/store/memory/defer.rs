@@ -13,7 +13,8 @@ impl MemoryStore {
             pause: call.pause_us(),
             remaining: call.remaining,
         };
-        self.with_tats(call.policy, call.key, &defer);
+        // The holds live in the second half of the state.
+        self.with_tats(&call.policy.doubled(), call.key, &defer);
     }
 }
 
@@ -28,9 +29,10 @@ impl Step for Defer {
     type Output = ();
 
     fn run(&self, limits: &[Limit], tats: &mut [u64], now: u64) -> ((), bool) {
-        (
-            (),
-            gcra::defer(limits, tats, now, self.pause, self.remaining) > now,
-        )
+        // The policy was doubled: TATs first, then the holds.
+        let n = limits.len() / 2;
+        let (tats, holds) = tats.split_at_mut(n);
+        let idle = gcra::defer(&limits[..n], tats, holds, now, self.pause, self.remaining);
+        ((), idle > now)
     }
 }

@@ -37,7 +37,9 @@ impl RedisStore {
             args.push(limit.emission_us().to_string());
             args.push(limit.tolerance_us().to_string());
         }
-        let keys: Vec<String> = self.gcra_keys(call.policy, call.key).collect();
+        let mut keys: Vec<String> = self.gcra_keys(call.policy, call.key).collect();
+        let holds: Vec<String> = keys.iter().map(|k| hold_key(k)).collect();
+        keys.extend(holds);
         let store = self.clone();
         let count = limits.len();
         StoreFuture::pending(async move {
@@ -45,6 +47,12 @@ impl RedisStore {
             decode_defer(&reply, count)
         })
     }
+}
+
+/// Where the last hold of a limit is kept: beside its TAT, under the same
+/// hash tag.
+pub(super) fn hold_key(tat_key: &str) -> String {
+    crate::text::concat(&[tat_key, ":hold"])
 }
 
 /// The script returns how many limits it moved: 0 to `limits`.
