@@ -8,7 +8,9 @@
 -- and never lowered; a floor at or before now holds nothing back. With
 -- remaining > 0 the floor is raised by the slots reserved since the last
 -- hold that lie in the future (tat - max(now + tolerance, hold)): the
--- upstream has not counted them yet. A TAT that moves sets its hold.
+-- upstream has not counted them yet. A TAT that moves sets its hold: to
+-- the new TAT, or with none left that far before it that the pending
+-- slots stay pending.
 -- Keys expire when that TAT has passed, as in gcra.lua.
 --
 -- Exact in doubles: a floor past now is below now + pause + tolerance
@@ -42,19 +44,21 @@ for i = 1, n do
   local tolerance = tonumber(ARGV[3 + 2 * i])
   local floor = now + pause + tolerance - (remaining + 1) * emission
   local tat = tonumber(redis.call('GET', KEYS[i]) or 0) or 0
+  local hold = tonumber(redis.call('GET', KEYS[n + i]) or 0) or 0
+  local pending = tat - math.max(now + tolerance, hold)
+  if pending < 0 then pending = 0 end
+  -- Some left: pending slots count against it, and are settled. None
+  -- left: they stay pending for the next report.
+  local settled = pending
   if remaining > 0 then
-    local hold = tonumber(redis.call('GET', KEYS[n + i]) or 0) or 0
-    local base = math.max(now + tolerance, hold)
-    if tat > base then
-      floor = floor + (tat - base)
-    end
+    floor = floor + pending
+    settled = 0
   end
   if floor > now and tat < floor then
     local ttl_ms = math.ceil((floor - now) / 1000)
     if ttl_ms < 1 then ttl_ms = 1 end
-    local value = string.format('%d', floor)
-    redis.call('SET', KEYS[i], value, 'PX', ttl_ms + slack_ms)
-    redis.call('SET', KEYS[n + i], value, 'PX', ttl_ms + slack_ms)
+    redis.call('SET', KEYS[i], string.format('%d', floor), 'PX', ttl_ms + slack_ms)
+    redis.call('SET', KEYS[n + i], string.format('%d', floor - settled), 'PX', ttl_ms + slack_ms)
     moved = moved + 1
   end
 end

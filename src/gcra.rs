@@ -223,9 +223,11 @@ mod tests {
 /// left (0 when none); the TAT's advance past both it and `now + τ`,
 /// `pending = tat − max(now + τ, hold)`, is those slots, and with
 /// `remaining > 0` the floor is raised by it, so that they count against
-/// what is left. (With `remaining` 0 they cannot be helped: the floor holds
-/// back only the calls after them.) Each TAT is raised to the floor, never
-/// lowered, and its hold set to it when it moves.
+/// what is left, and the hold set to the new TAT. With `remaining` 0 they
+/// cannot be helped (the floor holds back only the calls after them) and
+/// stay pending: the hold is set that far before the new TAT, so that the
+/// next report counts them. Each TAT is raised to the floor, never
+/// lowered.
 ///
 /// With `remaining` 0 this is a pause: after it the limit resumes at its
 /// rate, one call at a time, not with a full burst, so that an upstream
@@ -247,13 +249,20 @@ pub(crate) fn defer<P: AsParams>(
     for ((p, tat), hold) in params.iter().zip(tats.iter_mut()).zip(holds.iter_mut()) {
         let p = p.params();
         let mut floor = hold_floor(p, until, remaining);
-        if remaining > 0 {
-            let base = now.saturating_add(p.tolerance).max(*hold);
-            floor += i128::from(tat.saturating_sub(base));
-        }
+        let base = now.saturating_add(p.tolerance).max(*hold);
+        let pending = i128::from(tat.saturating_sub(base));
+        // With some left, the pending slots count against it and are
+        // settled: the new hold is the new TAT. With none left they are
+        // not in the floor, and stay pending for the next report.
+        let settled = if remaining > 0 {
+            floor += pending;
+            0
+        } else {
+            pending
+        };
         if floor > i128::from(now) && floor > i128::from(*tat) {
             *tat = u64::try_from(floor).unwrap_or(u64::MAX);
-            *hold = *tat;
+            *hold = u64::try_from(floor - settled).unwrap_or(0);
         }
         idle_at = idle_at.max(*tat);
     }

@@ -97,11 +97,13 @@ async fn a_fleet_follows_an_unknown_limit_that_changes_in_every_style() {
             );
             continue;
         }
-        assert_eq!(
-            per_window,
-            [10, 10, 10, 5, 5, 5, 5, 20, 20, 20, 20],
-            "{style:?}"
-        );
+        // The window after the 429s may give up one call: slots reserved
+        // before a pause stay counted as in flight until a report has seen
+        // them (conservative: those before the reset were refused).
+        assert!(per_window[4] >= 4, "{style:?}: {per_window:?}");
+        let mut rest = per_window.clone();
+        rest.remove(4);
+        assert_eq!(rest, [10, 10, 10, 5, 5, 5, 20, 20, 20, 20], "{style:?}");
     }
 }
 

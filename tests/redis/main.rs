@@ -27,6 +27,7 @@ mod redis_down;
 mod reset;
 #[cfg(feature = "sentinel")]
 mod sentinel;
+mod upstream_headers;
 
 /// Turns at the machine. Tests of this binary run side by side, each
 /// holding a shared turn, except a `faults` test, which waits until no
