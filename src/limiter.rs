@@ -223,10 +223,18 @@ impl Limiter {
     /// Under a window algorithm this does nothing (outbound clients reserve,
     /// which only GCRA can; see [`reserve`](Self::reserve)).
     ///
+    /// The upstream counts the calls it has seen, not those the fleet has
+    /// admitted and not yet made: slots handed out by
+    /// [`reserve`](Self::reserve) since the last report that lie in the
+    /// future count against `remaining` (the store keeps, beside each TAT,
+    /// the TAT the last report left). Slots already handed out keep their
+    /// times. Calls admitted to go at once but not yet seen by the upstream
+    /// when it answered (the network's round trip) cannot be told apart:
+    /// they are the bound on what a fleet can still overshoot.
+    ///
     /// One round trip, none when the local limits alone already admit no
     /// more than `remaining` before `reset` (`(remaining + 1)·T ≥ reset + τ`
-    /// for every limit). Slots already handed out by
-    /// [`reserve`](Self::reserve) keep their times.
+    /// for every limit).
     ///
     /// ```
     /// use std::time::Duration;

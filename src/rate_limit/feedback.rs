@@ -16,8 +16,10 @@ use super::retry_after::parse_retry_after;
 /// When [`pause`](Self::pause) returns a duration, the layer records it in
 /// the store ([`Limiter::defer`](crate::Limiter::defer)) before handing the
 /// response back: from then on, the identity's next slot is no earlier than
-/// that, for every instance sharing the store. Implemented by [`RetryAfter`]
-/// for `http::Response`, by the default (which never pauses), and by any
+/// that, for every instance sharing the store; [`quota`](Self::quota)
+/// likewise records what the upstream says is left. Implemented by
+/// [`RetryAfter`] and [`UpstreamHeaders`] for `http::Response`, by the
+/// default (which never pauses), and by any
 /// `Fn(&Res) -> Option<Duration> + Clone`, for responses of other types.
 pub trait UpstreamFeedback<Res>: Clone + Send + Sync + 'static {
     /// How long from now the identity should pause, judging by `response`;
