@@ -1,35 +1,64 @@
 -- Upstream feedback for GCRA: hold back every limit of one identity so
--- that its next call of cost 1 is admitted no earlier than now + pause.
--- Transcribes gcra::defer in src/gcra.rs; keep the two in step.
+-- that at most `remaining` calls of cost 1 are admitted before
+-- now + pause (with remaining 0: its next call comes no earlier than
+-- that). Transcribes gcra::defer in src/gcra.rs; keep the two in step.
 --
--- A call of cost 1 passes from tat + T - tolerance on, so each TAT is
--- raised to at least now + pause + tolerance - T, and never lowered. Keys
--- expire when that TAT has passed, as in gcra.lua.
+-- The k-th call of cost 1 passes from tat + k*T - tolerance on, so each
+-- TAT is raised to at least now + pause + tolerance - (remaining + 1)*T,
+-- and never lowered; a floor at or before now holds nothing back. With
+-- remaining > 0 the floor is raised by the slots reserved since the last
+-- hold that lie in the future (tat - max(now + tolerance, hold)): the
+-- upstream has not counted them yet. A TAT that moves sets its hold: to
+-- the new TAT, or with none left that far before it that the pending
+-- slots stay pending.
+-- Keys expire when that TAT has passed, as in gcra.lua.
 --
--- KEYS[i]        TAT key of limit i (all keys share one hash tag)
+-- Exact in doubles: a floor past now is below now + pause + tolerance
+-- plus a pending advance (each at most 2^50 past a Unix time in
+-- microseconds), and so is the credit (remaining + 1)*T it subtracts; a
+-- larger credit, rounded or not, puts the floor before now, as the signed
+-- Rust does.
+--
+-- KEYS[i]        TAT key of limit i, for i = 1..n (all keys share one
+--                hash tag)
+-- KEYS[n+i]      hold key of limit i: the TAT the last hold left
 -- ARGV[1]        now in microseconds, or "" to read the server clock
 -- ARGV[2]        pause in microseconds
--- ARGV[1+2i]     emission interval T of limit i, in microseconds
--- ARGV[2+2i]     tolerance (burst * T) of limit i, in microseconds
+-- ARGV[3]        remaining calls before the pause ends
+-- ARGV[2+2i]     emission interval T of limit i, in microseconds
+-- ARGV[3+2i]     tolerance (burst * T) of limit i, in microseconds
 --
--- Returns how many limits were moved (0 when every limit already reached
--- past the pause).
+-- Returns how many limits were moved (0 when every limit already held
+-- back enough).
 
 -- Runs after lua/common/clock.lua (joined in src/store/redis/defer.rs):
 -- now and slack_ms come from there.
 
 local pause = tonumber(ARGV[2])
+local remaining = tonumber(ARGV[3])
+local n = #KEYS / 2
 
 local moved = 0
-for i = 1, #KEYS do
-  local emission = tonumber(ARGV[1 + 2 * i])
-  local tolerance = tonumber(ARGV[2 + 2 * i])
-  local floor = now + pause + tolerance - emission
+for i = 1, n do
+  local emission = tonumber(ARGV[2 + 2 * i])
+  local tolerance = tonumber(ARGV[3 + 2 * i])
+  local floor = now + pause + tolerance - (remaining + 1) * emission
   local tat = tonumber(redis.call('GET', KEYS[i]) or 0) or 0
-  if tat < floor then
+  local hold = tonumber(redis.call('GET', KEYS[n + i]) or 0) or 0
+  local pending = tat - math.max(now + tolerance, hold)
+  if pending < 0 then pending = 0 end
+  -- Some left: pending slots count against it, and are settled. None
+  -- left: they stay pending for the next report.
+  local settled = pending
+  if remaining > 0 then
+    floor = floor + pending
+    settled = 0
+  end
+  if floor > now and tat < floor then
     local ttl_ms = math.ceil((floor - now) / 1000)
     if ttl_ms < 1 then ttl_ms = 1 end
     redis.call('SET', KEYS[i], string.format('%d', floor), 'PX', ttl_ms + slack_ms)
+    redis.call('SET', KEYS[n + i], string.format('%d', floor - settled), 'PX', ttl_ms + slack_ms)
     moved = moved + 1
   end
 end

@@ -207,27 +207,73 @@ mod tests {
     }
 }
 
-/// Upstream feedback: holds every limit back so that the next call of
-/// cost 1 is admitted no earlier than `now + pause`, and returns the time at
-/// which the state becomes idle again.
+/// Upstream feedback: holds every limit back so that at most `remaining`
+/// calls of cost 1 are admitted before `now + pause` (none when
+/// `remaining` is 0: the next call comes no earlier than `now + pause`),
+/// and returns the time at which the state becomes idle again.
 ///
-/// A call of cost 1 is admitted from `tat + T − τ` on, so the TAT is raised
-/// to at least `now + pause + τ − T` (never lowered). After the pause the
-/// limit resumes at its rate, one call at a time, not with a full burst: an
-/// upstream that has just asked for a pause should not then be hit by the
-/// whole fleet at once. `lua/gcra_defer.lua` transcribes this.
-pub(crate) fn defer<P: AsParams>(params: &[P], tats: &mut [u64], now: u64, pause: u64) -> u64 {
+/// From a TAT `tat₀`, the `k`-th call of cost 1 passes from
+/// `tat₀ + k·T − τ` on, so the calls admitted before `now + pause` number
+/// `#{k ≥ 1 : tat₀ + k·T − τ < now + pause}`, which is at most `remaining`
+/// exactly when `tat₀ ≥ now + pause + τ − (remaining + 1)·T`.
+///
+/// The upstream counts the calls it has seen, not those the fleet has
+/// admitted and not yet made: slots reserved since the last hold that lie
+/// in the future. `holds[i]` is the TAT the last hold that moved limit `i`
+/// left (0 when none); the TAT's advance past both it and `now + τ`,
+/// `pending = tat − max(now + τ, hold)`, is those slots, and with
+/// `remaining > 0` the floor is raised by it, so that they count against
+/// what is left, and the hold set to the new TAT. With `remaining` 0 they
+/// cannot be helped (the floor holds back only the calls after them) and
+/// stay pending: the hold is set that far before the new TAT, so that the
+/// next report counts them. Each TAT is raised to the floor, never
+/// lowered.
+///
+/// With `remaining` 0 this is a pause: after it the limit resumes at its
+/// rate, one call at a time, not with a full burst, so that an upstream
+/// that has just asked for a pause is not then hit by the whole fleet at
+/// once. `lua/gcra_defer.lua` transcribes this, in doubles: the arithmetic
+/// here is signed and unclamped to match it.
+pub(crate) fn defer<P: AsParams>(
+    params: &[P],
+    tats: &mut [u64],
+    holds: &mut [u64],
+    now: u64,
+    pause: u64,
+    remaining: u64,
+) -> u64 {
     debug_assert_eq!(params.len(), tats.len());
+    debug_assert_eq!(params.len(), holds.len());
     let until = now.saturating_add(pause);
     let mut idle_at = now;
-    for (p, tat) in params.iter().zip(tats.iter_mut()) {
+    for ((p, tat), hold) in params.iter().zip(tats.iter_mut()).zip(holds.iter_mut()) {
         let p = p.params();
-        // τ ≥ T (a burst is at least 1), so this never goes below `until`.
-        let floor = until.saturating_add(p.tolerance).saturating_sub(p.emission);
-        *tat = (*tat).max(floor);
+        let mut floor = hold_floor(p, until, remaining);
+        let base = now.saturating_add(p.tolerance).max(*hold);
+        let pending = i128::from(tat.saturating_sub(base));
+        // With some left, the pending slots count against it and are
+        // settled: the new hold is the new TAT. With none left they are
+        // not in the floor, and stay pending for the next report.
+        let settled = if remaining > 0 {
+            floor += pending;
+            0
+        } else {
+            pending
+        };
+        if floor > i128::from(now) && floor > i128::from(*tat) {
+            *tat = u64::try_from(floor).unwrap_or(u64::MAX);
+            *hold = u64::try_from(floor - settled).unwrap_or(0);
+        }
         idle_at = idle_at.max(*tat);
     }
     idle_at
+}
+
+/// `until + τ − (remaining + 1)·T`, signed: the lowest TAT that admits at
+/// most `remaining` calls of cost 1 before `until`.
+pub(crate) fn hold_floor(p: Params, until: u64, remaining: u64) -> i128 {
+    let credit = (i128::from(remaining) + 1) * i128::from(p.emission);
+    i128::from(until) + i128::from(p.tolerance) - credit
 }
 
 #[cfg(test)]
@@ -246,7 +292,7 @@ mod defer_tests {
         }];
         let mut tat = [0];
         let now = 100 * S;
-        let idle = defer(&p, &mut tat, now, 5 * S);
+        let idle = defer(&p, &mut tat, &mut [0], now, 5 * S, 0);
         assert_eq!(idle, now + 7 * S);
         let (d, _) = decide(&p, &mut tat, now + 5 * S - 1, 1, 0);
         assert!(!d.allowed);
@@ -257,7 +303,7 @@ mod defer_tests {
         assert!(!d.allowed, "no burst right after a pause");
         // A state already further out is left alone.
         let before = tat;
-        defer(&p, &mut tat, now, S);
+        defer(&p, &mut tat, &mut [0], now, S, 0);
         assert_eq!(tat, before);
     }
 
@@ -268,9 +314,56 @@ mod defer_tests {
             tolerance: S,
         }];
         let mut tat = [0];
-        let idle = defer(&p, &mut tat, u64::MAX - 1, u64::MAX);
-        assert_eq!(tat, [u64::MAX - S]);
-        assert_eq!(idle, u64::MAX - 1);
+        // The pause saturates at the end of time; the TAT is clamped there.
+        let idle = defer(&p, &mut tat, &mut [0], u64::MAX - 1, u64::MAX, 0);
+        assert_eq!(tat, [u64::MAX]);
+        assert_eq!(idle, u64::MAX);
+        // Any remaining, however large, never wraps.
+        let mut tat = [0];
+        let mut hold = [u64::MAX];
+        let idle = defer(&p, &mut tat, &mut hold, u64::MAX - 1, u64::MAX, u64::MAX);
+        assert_eq!((tat, idle), ([0], u64::MAX - 1));
+    }
+
+    /// "R calls left until S": from any state, whatever calls come, at
+    /// most R are admitted before S; the (R+1)-th exactly at S, when the
+    /// floor binds.
+    #[test]
+    fn at_most_remaining_before_the_reset() {
+        for (burst, remaining, reset) in [(1, 0, 5), (3, 2, 5), (5, 2, 10), (2, 9, 4), (10, 3, 2)] {
+            let p = [Params {
+                emission: S,
+                tolerance: burst * S,
+            }];
+            let now = 100 * S;
+            let mut tat = [0];
+            defer(&p, &mut tat, &mut [0], now, reset * S, remaining);
+            let mut admitted = 0;
+            let mut t = now;
+            while t < now + reset * S {
+                if decide(&p, &mut tat, t, 1, 0).0.allowed {
+                    admitted += 1;
+                } else {
+                    t += S / 10;
+                }
+            }
+            let bound = remaining.min(burst + reset - 1);
+            assert!(admitted <= remaining, "{admitted} > {remaining}");
+            // The local limit alone would have admitted more: the floor
+            // binds, and admits exactly the remaining calls.
+            if burst + reset - 1 > remaining {
+                assert_eq!(admitted, bound, "burst {burst} remaining {remaining}");
+                assert!(decide(&p, &mut tat, now + reset * S, 1, 0).0.allowed);
+            }
+        }
+        // Plenty left: nothing is stored.
+        let p = [Params {
+            emission: S,
+            tolerance: S,
+        }];
+        let mut tat = [0];
+        assert_eq!(defer(&p, &mut tat, &mut [0], 100 * S, 2 * S, 5), 100 * S);
+        assert_eq!(tat, [0]);
     }
 }
 

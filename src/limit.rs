@@ -283,6 +283,28 @@ struct PolicyInner {
 pub(crate) const MAX_LIMITS_PER_POLICY: usize = 16;
 
 impl Policy {
+    /// This policy with every limit twice, under the same name: the memory
+    /// store keeps upstream feedback's holds (see `gcra::defer`) in the
+    /// second half of an identity's state, where decisions, which read the
+    /// first `limits().len()` only, never look.
+    pub(crate) fn doubled(&self) -> Policy {
+        let limits: Vec<Limit> = self
+            .inner
+            .limits
+            .iter()
+            .chain(self.inner.limits.iter())
+            .cloned()
+            .collect();
+        Policy {
+            inner: Arc::new(PolicyInner {
+                name: self.inner.name.clone(),
+                limits: limits.into_boxed_slice(),
+                max_cost: self.inner.max_cost,
+                algorithm: self.inner.algorithm,
+            }),
+        }
+    }
+
     /// A policy named `name` holding a single limit.
     pub fn single(name: impl Into<String>, limit: Limit) -> Result<Self, ConfigError> {
         Policy::builder(name).limit(limit).build()

@@ -202,6 +202,75 @@ impl Limiter {
             policy: rules.resolve(key, None),
             key,
             pause: pause.min(cap),
+            remaining: 0,
+        })
+    }
+
+    /// Records that the upstream said `key` has `remaining` calls left
+    /// until its limit resets in `reset`: from now on, every instance
+    /// sharing the store admits at most `remaining` more calls of cost 1
+    /// for `key` before `reset` from now (under every limit of the
+    /// policy), and with `remaining` 0 none, as [`defer`](Self::defer)
+    /// does. Budgets already tighter than that are left as they are: this
+    /// only ever holds calls back. `reset` is capped at 2^50 µs.
+    ///
+    /// GCRA, as in reserve mode: the TAT of each limit (emission interval
+    /// `T`, tolerance `τ`) is raised to `now + reset + τ − (remaining + 1)·T`,
+    /// the lowest state that admits at most `remaining` calls before the
+    /// reset. The calls left are therefore admitted at the limit's own rate
+    /// in the last stretch before the reset, not at once: a limit that
+    /// refills during that time could not otherwise promise to stay under.
+    /// Under a window algorithm this does nothing (outbound clients reserve,
+    /// which only GCRA can; see [`reserve`](Self::reserve)).
+    ///
+    /// The upstream counts the calls it has seen, not those the fleet has
+    /// admitted and not yet made: slots handed out by
+    /// [`reserve`](Self::reserve) since the last report that lie in the
+    /// future count against `remaining` (the store keeps, beside each TAT,
+    /// the TAT the last report left). Slots already handed out keep their
+    /// times. Calls admitted to go at once but not yet seen by the upstream
+    /// when it answered (the network's round trip) cannot be told apart:
+    /// they are the bound on what a fleet can still overshoot.
+    ///
+    /// One round trip, none when the local limits alone already admit no
+    /// more than `remaining` before `reset` (`(remaining + 1)·T ≥ reset + τ`
+    /// for every limit).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use fleetgate::clock::MonotonicClock;
+    /// use fleetgate::{Key, Limit, Limiter, MemoryStore, Policy, Rate};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let store = MemoryStore::builder().clock(MonotonicClock::new()).build();
+    /// // Configured generously: 10 calls a second, in bursts of 10.
+    /// let limit = Limit::builder(Rate::per_second(10)).burst(10).build()?;
+    /// let limiter = Limiter::new(Policy::single("api", limit)?, store);
+    /// let token = Key::new("token:1");
+    /// // The upstream answered `x-ratelimit-remaining: 2`, reset in 5 s.
+    /// limiter.align(&token, 2, Duration::from_secs(5)).await?;
+    /// let wait_of = |d: fleetgate::Decision| d.wait();
+    /// let max_wait = Duration::from_secs(60);
+    /// // Two calls before the reset, the third exactly at it.
+    /// assert_eq!(wait_of(limiter.reserve(&token, 1, max_wait).await?), Duration::from_millis(4_800));
+    /// assert_eq!(wait_of(limiter.reserve(&token, 1, max_wait).await?), Duration::from_millis(4_900));
+    /// assert_eq!(wait_of(limiter.reserve(&token, 1, max_wait).await?), Duration::from_secs(5));
+    /// # Ok(()) }
+    /// ```
+    pub fn align(&self, key: &Key, remaining: u64, reset: Duration) -> StoreFuture<()> {
+        let cap = Duration::from_micros(MAX_TOLERANCE_MICROS);
+        let reset = reset.min(cap);
+        let rules = self.cell.rules();
+        let policy = rules.resolve(key, None);
+        if policy.algorithm().is_window() || !holds_back(policy, remaining, reset) {
+            return StoreFuture::ready(Ok(()));
+        }
+        self.store().gcra_defer(DeferCall {
+            policy,
+            key,
+            pause: reset,
+            remaining,
         })
     }
 
@@ -235,6 +304,20 @@ impl Limiter {
             Call::Window(call) => self.store.window(call),
         }
     }
+}
+
+/// Whether "at most `remaining` calls before `reset`" holds any limit of
+/// `policy` back: whether, for some limit, the floor of
+/// [`gcra::defer`](crate::gcra::defer) lies after now, whatever now is.
+fn holds_back(policy: &Policy, remaining: u64, reset: Duration) -> bool {
+    let reset_us = u64::try_from(reset.as_micros()).unwrap_or(u64::MAX);
+    policy.limits().iter().any(|limit| {
+        let p = crate::gcra::Params {
+            emission: limit.emission_us(),
+            tolerance: limit.tolerance_us(),
+        };
+        crate::gcra::hold_floor(p, reset_us, remaining) > 0
+    })
 }
 
 /// The refusal of a cost above what any limit could admit (no amount of

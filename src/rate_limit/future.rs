@@ -12,7 +12,10 @@ use pin_project_lite::pin_project;
 use tokio::time::{Instant, Sleep};
 use tower_service::Service;
 
-use super::{FEEDBACK_WARNINGS, NoFeedback, RateSettings, UpstreamFeedback, mode};
+use super::feedback::hold_of;
+use super::{
+    FEEDBACK_WARNINGS, NoFeedback, QUOTA_LOGS, RateSettings, UpstreamFeedback, UpstreamQuota, mode,
+};
 use crate::decision::Decision;
 use crate::error::BoxError;
 use crate::error::{RateLimitError, StoreError};
@@ -94,10 +97,11 @@ struct Parked<S, Req> {
     decision: Option<Decision>,
 }
 
-/// The upstream's pause being recorded, and the response that asked for it.
+/// The upstream's pause (or what it says is left) being recorded, and the
+/// response that said so.
 struct Reporting<R> {
     report: StoreFuture<()>,
-    pause: Duration,
+    hold: UpstreamQuota,
     response: Option<R>,
     decision: Option<Decision>,
 }
@@ -264,26 +268,43 @@ where
                     let result = ready!(fut.poll(cx));
                     let decision = decision.take();
                     // The key is only kept when the feedback is enabled.
-                    let pause = match (&result, this.key.as_ref()) {
-                        (Ok(response), Some(key)) => this
-                            .feedback
-                            .pause(response)
-                            .filter(|pause| !pause.is_zero())
-                            .map(|pause| (pause, key)),
+                    let hold = match (&result, this.key.as_ref()) {
+                        (Ok(response), Some(key)) => {
+                            hold_of(&*this.feedback, response).map(|hold| (hold, key))
+                        }
                         _ => None,
                     };
-                    match (pause, result) {
-                        (Some((pause, key)), Ok(response)) => {
-                            let report = this.settings.limiter.defer(key, pause);
-                            this.state.set(State::Reporting {
-                                report: Box::new(Reporting {
-                                    report,
-                                    pause,
-                                    response: Some(response),
-                                    decision,
-                                }),
-                            });
-                            continue;
+                    match (hold, result) {
+                        (Some((hold, key)), Ok(response)) => {
+                            let limiter = &this.settings.limiter;
+                            let mut report = match hold.remaining {
+                                0 => limiter.defer(key, hold.reset),
+                                left => limiter.align(key, left, hold.reset),
+                            };
+                            // A quota recorded at once (the memory store),
+                            // or one that holds nothing back: the response
+                            // goes on without being parked.
+                            let at_once = match hold.remaining {
+                                0 => None,
+                                _ => report.take_ready(),
+                            };
+                            match at_once {
+                                Some(recorded) => {
+                                    log_hold(this.settings, hold, &recorded);
+                                    Outcome::Passed(Ok(response), decision)
+                                }
+                                None => {
+                                    this.state.set(State::Reporting {
+                                        report: Box::new(Reporting {
+                                            report,
+                                            hold,
+                                            response: Some(response),
+                                            decision,
+                                        }),
+                                    });
+                                    continue;
+                                }
+                            }
                         }
                         (_, result) => Outcome::Passed(result, decision),
                     }
@@ -291,27 +312,12 @@ where
                 StateProj::Reporting { report } => {
                     let Reporting {
                         report,
-                        pause,
+                        hold,
                         response,
                         decision,
                     } = &mut **report;
                     let recorded = ready!(Pin::new(report).poll(cx));
-                    if FEEDBACK_WARNINGS.allow() {
-                        let policy = this.settings.limiter.name();
-                        match recorded {
-                            Ok(()) => tracing::warn!(
-                                policy,
-                                pause = ?*pause,
-                                "upstream asked to slow down; identity paused fleet-wide"
-                            ),
-                            Err(err) => tracing::warn!(
-                                policy,
-                                pause = ?*pause,
-                                error = %err,
-                                "upstream asked to slow down; recording the pause failed"
-                            ),
-                        }
-                    }
+                    log_hold(this.settings, *hold, &recorded);
                     match response.take() {
                         Some(response) => Outcome::Passed(Ok(response), decision.take()),
                         None => Outcome::polled_after_completion(),
@@ -325,6 +331,46 @@ where
             };
             this.state.set(State::Done);
             return Poll::Ready(outcome);
+        }
+    }
+}
+
+/// Logs a recorded pause (at `warn`) or quota (at `debug`; a failure to
+/// record it at `warn`), each kind at most once a second per process.
+fn log_hold(settings: &RateSettings, hold: UpstreamQuota, recorded: &Result<(), StoreError>) {
+    let policy = settings.limiter.name();
+    let (remaining, reset) = (hold.remaining, hold.reset);
+    if remaining == 0 {
+        if FEEDBACK_WARNINGS.allow() {
+            match recorded {
+                Ok(()) => tracing::warn!(
+                    policy,
+                    pause = ?reset,
+                    "upstream asked to slow down; identity paused fleet-wide"
+                ),
+                Err(err) => tracing::warn!(
+                    policy,
+                    pause = ?reset,
+                    error = %err,
+                    "upstream asked to slow down; recording the pause failed"
+                ),
+            }
+        }
+    } else if QUOTA_LOGS.allow() {
+        match recorded {
+            Ok(()) => tracing::debug!(
+                policy,
+                remaining,
+                ?reset,
+                "upstream's remaining budget recorded fleet-wide"
+            ),
+            Err(err) => tracing::warn!(
+                policy,
+                remaining,
+                ?reset,
+                error = %err,
+                "recording the upstream's remaining budget failed"
+            ),
         }
     }
 }

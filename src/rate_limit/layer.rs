@@ -263,6 +263,14 @@ impl<K, C, M, Fb> RateLimitLayer<K, C, M, Fb> {
     /// every instance holds that identity back
     /// ([`Limiter::defer`](crate::Limiter::defer)). Off by default.
     ///
+    /// [`UpstreamHeaders`](super::UpstreamHeaders) also reads the
+    /// upstream's rate-limit headers (`RateLimit`, `X-RateLimit-*`) on every
+    /// response and records what they say is left
+    /// ([`Limiter::align`](crate::Limiter::align)): the fleet then admits at
+    /// most that many more calls of the identity before the upstream's
+    /// reset. That record is one more round trip before the response is
+    /// returned, none when the policy alone is already tighter.
+    ///
     /// Slots already reserved by waiting calls keep their times; the pause
     /// holds back the calls that reserve after it is recorded. If recording
     /// fails, the failure is logged and the response returned as is.

@@ -114,6 +114,49 @@
 //! # Ok(()) }
 //! ```
 //!
+//! When the upstream's limit is unknown or changes, let its own headers
+//! steer the fleet: [`UpstreamHeaders`] reads `RateLimit` (IETF),
+//! `X-RateLimit-Remaining`/`-Reset` (GitHub and many others) and OpenAI's
+//! `x-ratelimit-*-requests` on every response, and records what is left
+//! ([`Limiter::align`](crate::Limiter::align)), so that the fleet admits at
+//! most that many more calls before the upstream's reset:
+//!
+//! ```
+//! use std::time::Duration;
+//! use fleetgate::clock::MonotonicClock;
+//! use fleetgate::key::GlobalKey;
+//! use fleetgate::rate_limit::UpstreamHeaders;
+//! use fleetgate::{Limit, Limiter, MemoryStore, Policy, Rate, RateLimitLayer};
+//! use tower::{service_fn, Layer, ServiceExt};
+//!
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)]
+//! # async fn main() -> Result<(), fleetgate::BoxError> {
+//! // Configured generously; the upstream will say what it really allows.
+//! let policy = Policy::single("api", Limit::builder(Rate::per_second(100)).burst(20).build()?)?;
+//! let store = MemoryStore::builder().clock(MonotonicClock::new()).build();
+//! let client = RateLimitLayer::new(Limiter::new(policy, store))
+//!     .key(GlobalKey::new())
+//!     .typed_errors()
+//!     .wait_up_to(Duration::from_secs(30))
+//!     .upstream_feedback(UpstreamHeaders::new())
+//!     .layer(service_fn(|_req: http::Request<()>| async {
+//!         // Nothing left until the upstream's window resets in 2 s.
+//!         let res = http::Response::builder()
+//!             .header("x-ratelimit-remaining", "0")
+//!             .header("x-ratelimit-reset", "2")
+//!             .body(())?;
+//!         Ok::<_, http::Error>(res)
+//!     }));
+//! let start = tokio::time::Instant::now();
+//! client.clone().oneshot(http::Request::new(())).await?;
+//! // The next call waits for the reset, on every instance sharing the store.
+//! client.oneshot(http::Request::new(())).await?;
+//! assert_eq!(start.elapsed(), Duration::from_secs(2));
+//! # Ok(()) }
+//! ```
+//!
+//! See `docs/outbound.md` for what "in line" means and the bound on 429s.
+//!
 //! Configure the limits with [`within_window`] when the upstream publishes
 //! windows ("25 per 5 s"): it explains why GCRA mirrors them with a burst
 //! of 1 and a small margin. A cancelled call (its future dropped while it
@@ -130,6 +173,7 @@ mod feedback;
 mod future;
 mod layer;
 mod live;
+mod quota;
 mod retry_after;
 mod routes;
 mod service;
@@ -141,8 +185,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::Response;
 
-pub use self::feedback::{RetryAfter, UpstreamFeedback};
+pub use self::feedback::{RetryAfter, UpstreamFeedback, UpstreamHeaders};
 pub use self::layer::RateLimitLayer;
+pub use self::quota::UpstreamQuota;
 pub use self::routes::RoutePolicies;
 pub use self::service::RateLimit;
 pub use self::upstream::within_window;
@@ -167,6 +212,11 @@ use crate::store::StoreFuture;
 /// Upstream pauses (429/503 with Retry-After) are logged at most once a
 /// second per process.
 pub(crate) static FEEDBACK_WARNINGS: LogGate = LogGate::new();
+
+/// What upstreams say is left (their rate-limit headers), recorded on
+/// every response that states it, is logged at most once a second per
+/// process too, apart from the pauses.
+pub(crate) static QUOTA_LOGS: LogGate = LogGate::new();
 
 pub(crate) type RejectFn = Arc<dyn Fn(&Rejection<'_>) -> Response<Bytes> + Send + Sync>;
 

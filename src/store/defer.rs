@@ -7,13 +7,15 @@ use crate::key::Key;
 use crate::limit::Policy;
 
 /// A pause to record: every GCRA limit of `policy` for `key` is held back so
-/// that the key's next call is admitted no earlier than `pause` from the
-/// store's "now". Borrowed, like [`GcraCall`](super::GcraCall).
+/// that at most `remaining` calls of the key are admitted before `pause`
+/// from the store's "now" (with `remaining` 0, its next call comes no
+/// earlier than that). Borrowed, like [`GcraCall`](super::GcraCall).
 #[derive(Clone, Copy, Debug)]
 pub struct DeferCall<'a> {
     pub(crate) policy: &'a Policy,
     pub(crate) key: &'a Key,
     pub(crate) pause: Duration,
+    pub(crate) remaining: u64,
 }
 
 impl DeferCall<'_> {

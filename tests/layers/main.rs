@@ -13,6 +13,7 @@ mod live;
 mod outbound;
 mod per_route;
 mod shedding;
+mod upstream_headers;
 mod utilization_shedding;
 
 /// A memory store on tokio's clock, for tests with paused time: the

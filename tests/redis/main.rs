@@ -29,6 +29,7 @@ mod reset;
 mod sentinel;
 #[cfg(feature = "tls-rustls")]
 mod tls;
+mod upstream_headers;
 
 /// Turns at the machine. Tests of this binary run side by side, each
 /// holding a shared turn, except a `faults` test, which waits until no

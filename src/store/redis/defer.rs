@@ -29,14 +29,17 @@ impl RedisStore {
             TimeSource::Server => String::new(),
             TimeSource::Client(clock) => clock.now_micros().to_string(),
         };
-        let mut args: Vec<String> = Vec::with_capacity(2 + 2 * limits.len());
+        let mut args: Vec<String> = Vec::with_capacity(3 + 2 * limits.len());
         args.push(now);
         args.push(call.pause_us().to_string());
+        args.push(call.remaining.to_string());
         for limit in limits {
             args.push(limit.emission_us().to_string());
             args.push(limit.tolerance_us().to_string());
         }
-        let keys: Vec<String> = self.gcra_keys(call.policy, call.key).collect();
+        let mut keys: Vec<String> = self.gcra_keys(call.policy, call.key).collect();
+        let holds: Vec<String> = keys.iter().map(|k| hold_key(k)).collect();
+        keys.extend(holds);
         let store = self.clone();
         let count = limits.len();
         StoreFuture::pending(async move {
@@ -44,6 +47,12 @@ impl RedisStore {
             decode_defer(&reply, count)
         })
     }
+}
+
+/// Where the last hold of a limit is kept: beside its TAT, under the same
+/// hash tag.
+pub(super) fn hold_key(tat_key: &str) -> String {
+    crate::text::concat(&[tat_key, ":hold"])
 }
 
 /// The script returns how many limits it moved: 0 to `limits`.

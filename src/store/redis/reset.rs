@@ -26,8 +26,11 @@ impl RedisStore {
     /// `{base}:lease` (concurrency leases).
     pub(crate) fn reset_keys(&self, name: &str, key: &Key) -> Vec<String> {
         let base = self.key_base(name, key);
-        let mut keys = Vec::with_capacity(3 * MAX_LIMITS_PER_POLICY + 2);
+        let mut keys = Vec::with_capacity(4 * MAX_LIMITS_PER_POLICY + 2);
         keys.extend((0..MAX_LIMITS_PER_POLICY).map(|i| limit_key(&base, i)));
+        keys.extend(
+            (0..MAX_LIMITS_PER_POLICY).map(|i| super::defer::hold_key(&limit_key(&base, i))),
+        );
         for tag in [":sw:", ":fw:"] {
             let mut digits = itoa::Buffer::new();
             keys.extend(
