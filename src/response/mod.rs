@@ -4,11 +4,15 @@
 mod answer;
 mod body;
 mod headers;
+mod metered;
 mod refusal;
 mod rejection;
 
 pub use self::body::ResponseBody;
 pub use self::headers::HeaderStyle;
+#[doc(hidden)]
+pub use self::metered::BodyMeter;
+pub(crate) use self::metered::Metered;
 pub use self::refusal::RefusalBody;
 pub use self::rejection::{Rejection, RejectionKind};
 
