@@ -354,16 +354,51 @@ where
     ) -> Poll<Result<Response<B>, S::Error>>
     where
         S: Service<Req, Response = Response<ResBody>>,
+        B: RefusalBody + http_body::Body,
     {
         let outcome = ready!(self.as_mut().poll_outcome(cx));
-        let settings = &self.settings;
+        let this = self.project();
+        let settings = &*this.settings;
         Poll::Ready(match outcome {
             Outcome::Passed(mut result, decision) => {
                 write_headers(settings, &mut result, decision.as_ref());
-                result.map(|response| response.map(body))
+                let result = result.map(|response| response.map(body));
+                // ---- Cost known after the response (`ResponseCost`) ----
+                // Taken only when configured; the charge or refund never
+                // delays the response.
+                match (&settings.after, result) {
+                    (Some(after), Ok(response)) => Ok(after_response(
+                        settings,
+                        after,
+                        this.key.take(),
+                        *this.cost,
+                        decision.as_ref(),
+                        response,
+                    )),
+                    (_, result) => result,
+                }
+                // ---- end of cost known after the response ----
             }
             Outcome::Rejected(kind) => Ok(settings.rejection(kind).map(full)),
         })
+    }
+}
+
+/// Cost known after the response: starts the charge or refund of a
+/// response that passed (see [`ResponseCost`](super::ResponseCost)).
+#[cold]
+#[inline(never)]
+fn after_response<B: RefusalBody + http_body::Body>(
+    settings: &Arc<RateSettings>,
+    after: &super::ResponseCost,
+    key: Option<Key>,
+    cost: u64,
+    decision: Option<&Decision>,
+    response: Response<B>,
+) -> Response<B> {
+    match key {
+        Some(key) => super::after::on_response(settings, after, key, cost, decision, response),
+        None => response,
     }
 }
 
@@ -386,7 +421,7 @@ impl<S, Req, ResBody, F> Future for ResponseFuture<S, Req, mode::Http, F>
 where
     S: Service<Req, Response = Response<ResBody>>,
     F: UpstreamFeedback<Response<ResBody>>,
-    ResBody: RefusalBody,
+    ResBody: RefusalBody + http_body::Body,
 {
     type Output = Result<Response<ResBody>, S::Error>;
 
@@ -399,6 +434,7 @@ impl<S, Req, ResBody, F> Future for ResponseFuture<S, Req, mode::AnyBody, F>
 where
     S: Service<Req, Response = Response<ResBody>>,
     F: UpstreamFeedback<Response<ResBody>>,
+    ResBody: http_body::Body<Data = Bytes>,
 {
     type Output = Result<Response<ResponseBody<ResBody>>, S::Error>;
 

@@ -125,6 +125,7 @@
 //! limits: the call then reserves a slot on the local limiter and waits
 //! for it.
 
+mod after;
 mod cost;
 mod feedback;
 mod future;
@@ -141,12 +142,14 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::Response;
 
+pub use self::after::ResponseCost;
 pub use self::feedback::{RetryAfter, UpstreamFeedback};
 pub use self::layer::RateLimitLayer;
 pub use self::routes::RoutePolicies;
 pub use self::service::RateLimit;
 pub use self::upstream::within_window;
 
+pub(crate) use self::after::MeterTarget;
 pub(crate) use self::cost::Cost;
 pub(crate) use self::feedback::NoFeedback;
 use self::future::ResponseFuture;
@@ -191,6 +194,10 @@ pub(crate) struct RateSettings {
     /// Whether these are a local fallback's settings: outcomes are counted
     /// as `fallback_*`.
     pub(crate) local: bool,
+    /// Cost known after the response: what to charge or refund once the
+    /// inner service has answered. `None` (the usual case) costs one
+    /// branch.
+    pub(crate) after: Option<ResponseCost>,
 }
 
 impl RateSettings {
@@ -199,10 +206,29 @@ impl RateSettings {
     pub(crate) fn ask(&self, key: &Key, cost: u64) -> StoreFuture<Decision> {
         // The policy these settings were chosen for: the limiter's rules
         // were read once, when the settings were.
+        if let Some(after) = &self.after {
+            return self.ask_before_response(after, key, cost);
+        }
         let max_wait = self
             .max_wait
             .map(|wait| wait.min(Duration::from_micros(MAX_TOLERANCE_MICROS)));
         self.limiter.decide_as(&self.policy, key, cost, max_wait)
+    }
+
+    /// With a cost known after the response: a peek (the call is charged
+    /// once its response is known), or for refunds the usual check.
+    #[cold]
+    #[inline(never)]
+    fn ask_before_response(
+        &self,
+        after: &ResponseCost,
+        key: &Key,
+        cost: u64,
+    ) -> StoreFuture<Decision> {
+        if after.peeks() {
+            return self.limiter.peek(key, cost);
+        }
+        self.limiter.decide_as(&self.policy, key, cost, None)
     }
 
     /// Under [`FailurePolicy::Local`], decides a call the store failed on
