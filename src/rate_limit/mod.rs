@@ -48,6 +48,10 @@
 //! | shadow mode ([`RateLimitLayer::shadow`]) | decided and logged (`shadow-denied` at `debug`), never refused (not over a limit, not for a missing key, not when the store fails), no headers sent |
 //! | stacked layers | each adds its limits to the `RateLimit`/`RateLimit-Policy` lists; the innermost layer's `X-RateLimit-*` and `Retry-After` stay |
 //! | a service that is not HTTP | [`RateLimitLayer::typed_errors`]: `RateLimitError::{Limited, MissingKey, Unavailable}` |
+//! | cost known after the response: [`RateLimitLayer::response_cost`] with [`ResponseCost::header`], [`from_parts`](ResponseCost::from_parts) or [`body_bytes`](ResponseCost::body_bytes) | admitted while the identity's budget is not exhausted (a peek, nothing stored); the cost the response states is charged when its head arrives (body bytes: when the body ends or is dropped), debt allowed, off the response's path; in debt, `429` with `Retry-After` until the debt is repaid at the limit's rate |
+//! | count only what matches: [`ResponseCost::count_if`] (a login's 401s) | admitted while the budget is not exhausted; only responses that match are charged (the request's cost), off the response's path |
+//! | refund: [`ResponseCost::refund_server_errors`] or [`refund_if`](ResponseCost::refund_if) | checked and charged before the call as usual; the request's cost is given back when the response matches, off the response's path |
+//! | a charge or refund after the response fails | the response goes out untouched; logged at `warn` (at most once a second) and counted as a store error; under [`FailurePolicy::Local`] applied to the local limiter |
 //! | tests with `tokio::time::pause` | the [`MemoryStore`](crate::MemoryStore) reads the CPU's counter ([`FastClock`](crate::clock::FastClock)), which paused time does not stop: build it with `MemoryStore::builder().clock(clock::MonotonicClock::new())`, which follows tokio's clock, or drive it by hand with [`ManualClock`](crate::clock::ManualClock) |
 //!
 //! # Response bodies
