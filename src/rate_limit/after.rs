@@ -2,7 +2,10 @@
 //! (or gives back) once the inner service has answered.
 
 use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
 
 use http::header::HeaderName;
 use http::response::Parts;
@@ -155,6 +158,9 @@ impl ResponseCost {
     ///
     /// With a sliding log, a refund drops the newest entries, not
     /// necessarily the call's own ([`Limiter::refund`](crate::Limiter::refund)).
+    /// On Redis with a deny cache, a refund clears this instance's cached
+    /// denials of the key; another instance that refused the key may keep
+    /// refusing it from its cache until the retry time it was told.
     pub fn refund_if<F>(f: F) -> Self
     where
         F: Fn(&Parts) -> bool + Send + Sync + 'static,
@@ -337,6 +343,15 @@ fn drive<T: Unpin + Send + 'static>(
     mut fut: StoreFuture<T>,
 ) {
     if let Some(result) = fut.take_ready() {
+        landed(&settings, key, op, result.err());
+        return;
+    }
+    // Polled once here, so that the store sends the command now, ahead
+    // of this instance's later calls on the same connection: a caller
+    // does not run ahead of its own charges. The task takes it from there
+    // (and polls it again with its own waker).
+    let mut cx = Context::from_waker(Waker::noop());
+    if let Poll::Ready(result) = Pin::new(&mut fut).poll(&mut cx) {
         landed(&settings, key, op, result.err());
         return;
     }
