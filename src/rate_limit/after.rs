@@ -18,7 +18,7 @@ use crate::error::StoreError;
 use crate::key::Key;
 use crate::layer::log_store_failure;
 use crate::log::LogGate;
-use crate::response::{BodyMeter, RefusalBody};
+use crate::response::BodyMeter;
 use crate::store::StoreFuture;
 
 /// A charge or refund dropped because no tokio runtime was there to drive
@@ -244,55 +244,53 @@ fn header_cost(headers: &HeaderMap, name: &HeaderName) -> Option<u64> {
     headers.get(name)?.to_str().ok()?.trim().parse().ok()
 }
 
-/// Applies `after` to a response that passed: reads what it cost, starts
-/// the charge or refund off the response's path, and hands the response
-/// back (its body metered, for body bytes). `decision` is the one the call
-/// was admitted by (`None` when it was let through unchecked: no refund).
+/// Applies `after` to a response that passed: reads what it cost and
+/// starts the charge or refund off the response's path; for body bytes,
+/// the meter the body is to carry. `decision` is the one the call was
+/// admitted by (`None` when it was let through unchecked: no refund).
 pub(crate) fn on_response<B>(
     settings: &Arc<RateSettings>,
     after: &ResponseCost,
     key: Key,
     cost: u64,
     decision: Option<&Decision>,
-    response: Response<B>,
-) -> Response<B>
-where
-    B: RefusalBody + http_body::Body,
-{
-    match &after.kind {
+    response: &mut Response<B>,
+) -> Option<BodyMeter> {
+    let op = match &after.kind {
         Kind::Charge(Amount::BodyBytes) => {
-            let meter = BodyMeter::new(Arc::clone(settings), key);
-            response.map(|body| body.metered(meter))
+            return Some(BodyMeter::new(Arc::clone(settings), key));
         }
         Kind::Charge(Amount::Header(name)) => {
-            let amount = header_cost(response.headers(), name).unwrap_or(cost);
-            settle(Arc::clone(settings), key, Op::Charge(amount));
-            response
+            Op::Charge(header_cost(response.headers(), name).unwrap_or(cost))
         }
-        Kind::Charge(Amount::Parts(f)) => {
-            let (parts, body) = response.into_parts();
-            settle(Arc::clone(settings), key, Op::Charge(f(&parts)));
-            Response::from_parts(parts, body)
-        }
-        Kind::Count(rule) => {
-            let (parts, body) = response.into_parts();
-            if rule(&parts) {
-                settle(Arc::clone(settings), key, Op::Charge(cost));
-            }
-            Response::from_parts(parts, body)
-        }
-        Kind::Refund(rule) => {
-            // Only a call the store charged has anything to give back.
-            if decision.is_none() {
-                return response;
-            }
-            let (parts, body) = response.into_parts();
-            if rule(&parts) {
-                settle(Arc::clone(settings), key, Op::Refund(cost));
-            }
-            Response::from_parts(parts, body)
-        }
-    }
+        Kind::Charge(Amount::Parts(f)) => Op::Charge(with_parts(response, |p| f(p))),
+        Kind::Count(rule) => match with_parts(response, |p| rule(p)) {
+            true => Op::Charge(cost),
+            false => return None,
+        },
+        // Only a call the store charged has anything to give back.
+        Kind::Refund(rule) => match decision.is_some() && with_parts(response, |p| rule(p)) {
+            true => Op::Refund(cost),
+            false => return None,
+        },
+    };
+    settle(Arc::clone(settings), key, op);
+    None
+}
+
+/// `f` of the response's head: its headers and extensions are lent to a
+/// `Parts` (swapped, not copied; an empty map allocates nothing) and put
+/// back.
+fn with_parts<B, T>(response: &mut Response<B>, f: impl FnOnce(&Parts) -> T) -> T {
+    let (mut parts, ()) = Response::new(()).into_parts();
+    parts.status = response.status();
+    parts.version = response.version();
+    std::mem::swap(&mut parts.headers, response.headers_mut());
+    std::mem::swap(&mut parts.extensions, response.extensions_mut());
+    let out = f(&parts);
+    std::mem::swap(&mut parts.headers, response.headers_mut());
+    std::mem::swap(&mut parts.extensions, response.extensions_mut());
+    out
 }
 
 /// What to do to the key's budget once the response is known.

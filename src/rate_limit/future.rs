@@ -362,22 +362,17 @@ where
         Poll::Ready(match outcome {
             Outcome::Passed(mut result, decision) => {
                 write_headers(settings, &mut result, decision.as_ref());
-                let result = result.map(|response| response.map(body));
                 // ---- Cost known after the response (`ResponseCost`) ----
-                // Taken only when configured; the charge or refund never
-                // delays the response.
-                match (&settings.after, result) {
-                    (Some(after), Ok(response)) => Ok(after_response(
-                        settings,
-                        after,
-                        this.key.take(),
-                        *this.cost,
-                        decision.as_ref(),
-                        response,
-                    )),
-                    (_, result) => result,
+                // One branch when not configured; the charge or refund
+                // never delays the response.
+                if let Some(after) = &settings.after {
+                    let key = this.key.take();
+                    let (cost, decision) = (*this.cost, decision.as_ref());
+                    let result = after_response(settings, after, key, cost, decision, result, body);
+                    return Poll::Ready(result);
                 }
                 // ---- end of cost known after the response ----
+                result.map(|response| response.map(body))
             }
             Outcome::Rejected(kind) => Ok(settings.rejection(kind).map(full)),
         })
@@ -385,21 +380,28 @@ where
 }
 
 /// Cost known after the response: starts the charge or refund of a
-/// response that passed (see [`ResponseCost`](super::ResponseCost)).
+/// response that passed (see [`ResponseCost`](super::ResponseCost)), and
+/// gives its body (`body` of the inner one) the meter of body bytes.
 #[cold]
 #[inline(never)]
-fn after_response<B: RefusalBody + http_body::Body>(
+fn after_response<ResBody, B: RefusalBody + http_body::Body, E>(
     settings: &Arc<RateSettings>,
     after: &super::ResponseCost,
     key: Option<Key>,
     cost: u64,
     decision: Option<&Decision>,
-    response: Response<B>,
-) -> Response<B> {
-    match key {
-        Some(key) => super::after::on_response(settings, after, key, cost, decision, response),
-        None => response,
-    }
+    result: Result<Response<ResBody>, E>,
+    body: impl FnOnce(ResBody) -> B,
+) -> Result<Response<B>, E> {
+    let mut response = result?;
+    let meter = match key {
+        Some(key) => super::after::on_response(settings, after, key, cost, decision, &mut response),
+        None => None,
+    };
+    Ok(response.map(|inner| match meter {
+        Some(meter) => body(inner).metered(meter),
+        None => body(inner),
+    }))
 }
 
 /// Gives a response that passed the rate-limit headers of its decision

@@ -207,6 +207,7 @@ pub(crate) struct RateSettings {
 impl RateSettings {
     /// Asks the store to decide `cost` for `key`: a check, or in waiting
     /// mode a reservation.
+    #[inline(always)]
     pub(crate) fn ask(&self, key: &Key, cost: u64) -> StoreFuture<Decision> {
         // The policy these settings were chosen for: the limiter's rules
         // were read once, when the settings were.
