@@ -54,6 +54,10 @@ type PartsFn<T> = Arc<dyn Fn(&Parts) -> T + Send + Sync>;
 /// the limit's rate, and `Retry-After` says when. Refund callers never
 /// overshoot: every call was charged before it ran.
 ///
+/// With [`wait_up_to`](super::RateLimitLayer::wait_up_to), a layer that
+/// peeks never waits (a peek reserves no slot); a refunding one waits as
+/// usual. In shadow mode the layer still charges and refunds.
+///
 /// Only in the HTTP modes: [`typed_errors`](super::RateLimitLayer::typed_errors)
 /// works around services whose responses the layer cannot read, and drops
 /// a response cost set before it.

@@ -1,12 +1,8 @@
 //! Counting the bytes of a response body as it is sent, for
 //! [`ResponseCost::body_bytes`](crate::rate_limit::ResponseCost::body_bytes).
 
-use std::pin::Pin;
-use std::task::{Context, Poll, ready};
-
 use bytes::Buf;
-use http_body::{Body, Frame, SizeHint};
-use pin_project_lite::pin_project;
+use http_body::Frame;
 
 use crate::rate_limit::MeterTarget;
 
@@ -81,40 +77,56 @@ impl std::fmt::Debug for BodyMeter {
     }
 }
 
-pin_project! {
-    /// A body whose bytes a [`BodyMeter`] counts as they are sent.
-    pub(crate) struct Metered<B> {
-        #[pin]
-        body: B,
-        meter: BodyMeter,
+/// A body whose bytes a [`BodyMeter`] counts: wraps axum's `Body` (without
+/// axum, nothing makes one).
+#[cfg(feature = "axum")]
+mod wrap {
+    use std::pin::Pin;
+    use std::task::{Context, Poll, ready};
+
+    use http_body::{Body, Frame, SizeHint};
+    use pin_project_lite::pin_project;
+
+    use super::BodyMeter;
+
+    pin_project! {
+        /// A body whose bytes a [`BodyMeter`] counts as they are sent.
+        pub(crate) struct Metered<B> {
+            #[pin]
+            body: B,
+            meter: BodyMeter,
+        }
+    }
+
+    impl<B> Metered<B> {
+        pub(crate) fn new(body: B, meter: BodyMeter) -> Self {
+            Metered { body, meter }
+        }
+    }
+
+    impl<B: Body> Body for Metered<B> {
+        type Data = B::Data;
+        type Error = B::Error;
+
+        fn poll_frame(
+            self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
+            let mut this = self.project();
+            let frame = ready!(this.body.as_mut().poll_frame(cx));
+            this.meter.observe(&frame, this.body.is_end_stream());
+            Poll::Ready(frame)
+        }
+
+        fn is_end_stream(&self) -> bool {
+            self.body.is_end_stream()
+        }
+
+        fn size_hint(&self) -> SizeHint {
+            self.body.size_hint()
+        }
     }
 }
 
-impl<B> Metered<B> {
-    pub(crate) fn new(body: B, meter: BodyMeter) -> Self {
-        Metered { body, meter }
-    }
-}
-
-impl<B: Body> Body for Metered<B> {
-    type Data = B::Data;
-    type Error = B::Error;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
-        let mut this = self.project();
-        let frame = ready!(this.body.as_mut().poll_frame(cx));
-        this.meter.observe(&frame, this.body.is_end_stream());
-        Poll::Ready(frame)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.body.size_hint()
-    }
-}
+#[cfg(feature = "axum")]
+pub(crate) use self::wrap::Metered;

@@ -12,6 +12,7 @@ pub use self::body::ResponseBody;
 pub use self::headers::HeaderStyle;
 #[doc(hidden)]
 pub use self::metered::BodyMeter;
+#[cfg(feature = "axum")]
 pub(crate) use self::metered::Metered;
 pub use self::refusal::RefusalBody;
 pub use self::rejection::{Rejection, RejectionKind};
