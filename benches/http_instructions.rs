@@ -1,6 +1,6 @@
 //! Instructions per HTTP request in the server, for callgrind: not a
 //! measurement by itself. `scripts/callgrind-http.sh` runs
-//! `serve <bare|memory|memory-no-headers|governor|governor-headers> <admitted|rejected> <port file>`
+//! `serve <bare|memory|memory-no-headers|memory-charge-after|memory-refund|memory-count|governor|governor-headers> <admitted|rejected> <port file>`
 //! under `valgrind --tool=callgrind` and `load <port> <requests>` beside
 //! it, for N and 2N requests: (instructions at 2N − at N) / N is what a
 //! request cost the server, start-up and warm-up cancelled out. The
@@ -28,6 +28,7 @@ use axum::body::Body;
 use axum::extract::ConnectInfo;
 use axum::http::Request;
 use axum::routing::get;
+use fleetgate::rate_limit::ResponseCost;
 use fleetgate::{HeaderStyle, Limiter, MemoryStore, Policy, RateLimitLayer};
 use tower::Service;
 
@@ -63,6 +64,21 @@ fn app(variant: &str, load: &str) -> Result<Router, BoxError> {
         "memory-no-headers" => router.layer(
             RateLimitLayer::new(Limiter::new(policy, MemoryStore::new()))
                 .headers(HeaderStyle::None),
+        ),
+        // Cost known after the response: a peek before, and after the
+        // response a charge (the hello handler states no cost: the
+        // request's, 1), or nothing (a 200 is neither refunded nor a 401).
+        "memory-charge-after" => router.layer(
+            RateLimitLayer::new(Limiter::new(policy, MemoryStore::new()))
+                .response_cost(ResponseCost::header("x-tokens-used")),
+        ),
+        "memory-refund" => router.layer(
+            RateLimitLayer::new(Limiter::new(policy, MemoryStore::new()))
+                .response_cost(ResponseCost::refund_server_errors()),
+        ),
+        "memory-count" => router.layer(
+            RateLimitLayer::new(Limiter::new(policy, MemoryStore::new()))
+                .response_cost(ResponseCost::count_if(|head| head.status == 401)),
         ),
         "governor" => routers::with_governor(router, rejected, false)?,
         "governor-headers" => routers::with_governor(router, rejected, true)?,

@@ -400,17 +400,54 @@ where
     ) -> Poll<Result<Response<B>, S::Error>>
     where
         S: Service<Req, Response = Response<ResBody>>,
+        B: RefusalBody + http_body::Body,
     {
         let outcome = ready!(self.as_mut().poll_outcome(cx));
-        let settings = &self.settings;
+        let this = self.project();
+        let settings = &*this.settings;
         Poll::Ready(match outcome {
             Outcome::Passed(mut result, decision) => {
                 write_headers(settings, &mut result, decision.as_ref());
+                // ---- Cost known after the response (`ResponseCost`) ----
+                // One branch when not configured; the charge or refund
+                // never delays the response.
+                if let Some(after) = &settings.after {
+                    let key = this.key.take();
+                    let (cost, decision) = (*this.cost, decision.as_ref());
+                    let result = after_response(settings, after, key, cost, decision, result, body);
+                    return Poll::Ready(result);
+                }
+                // ---- end of cost known after the response ----
                 result.map(|response| response.map(body))
             }
             Outcome::Rejected(kind) => Ok(settings.rejection(kind).map(full)),
         })
     }
+}
+
+/// Cost known after the response: starts the charge or refund of a
+/// response that passed (see [`ResponseCost`](super::ResponseCost)), and
+/// gives its body (`body` of the inner one) the meter of body bytes.
+#[cold]
+#[inline(never)]
+fn after_response<ResBody, B: RefusalBody + http_body::Body, E>(
+    settings: &Arc<RateSettings>,
+    after: &super::ResponseCost,
+    key: Option<Key>,
+    cost: u64,
+    decision: Option<&Decision>,
+    result: Result<Response<ResBody>, E>,
+    body: impl FnOnce(ResBody) -> B,
+) -> Result<Response<B>, E> {
+    let mut response = result?;
+    let meter = match key {
+        Some(key) => super::after::on_response(settings, after, key, cost, decision, &mut response),
+        None => None,
+    };
+    Ok(response.map(|inner| match meter {
+        Some(meter) => body(inner).metered(meter),
+        None => body(inner),
+    }))
 }
 
 /// Gives a response that passed the rate-limit headers of its decision
@@ -432,7 +469,7 @@ impl<S, Req, ResBody, F> Future for ResponseFuture<S, Req, mode::Http, F>
 where
     S: Service<Req, Response = Response<ResBody>>,
     F: UpstreamFeedback<Response<ResBody>>,
-    ResBody: RefusalBody,
+    ResBody: RefusalBody + http_body::Body,
 {
     type Output = Result<Response<ResBody>, S::Error>;
 
@@ -445,6 +482,7 @@ impl<S, Req, ResBody, F> Future for ResponseFuture<S, Req, mode::AnyBody, F>
 where
     S: Service<Req, Response = Response<ResBody>>,
     F: UpstreamFeedback<Response<ResBody>>,
+    ResBody: http_body::Body<Data = Bytes>,
 {
     type Output = Result<Response<ResponseBody<ResBody>>, S::Error>;
 

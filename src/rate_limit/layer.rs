@@ -9,7 +9,7 @@ use tower_layer::Layer;
 
 use super::routes::RoutePolicies;
 use super::{FailurePolicy, NoFeedback, OnMissingKey, RateLimit, RateLimitParts, RejectFn, mode};
-use super::{LiveSettings, Recipe, Routes};
+use super::{LiveSettings, Recipe, ResponseCost, Routes};
 use crate::error::ConfigError;
 use crate::key::PeerIp;
 use crate::limiter::Limiter;
@@ -48,6 +48,7 @@ pub struct RateLimitLayer<K = PeerIp, C = u64, M = mode::Http, F = NoFeedback> {
     max_wait: Option<Duration>,
     feedback: F,
     routes: Option<Arc<RoutePolicies>>,
+    after: Option<ResponseCost>,
     _mode: PhantomData<fn() -> M>,
 }
 
@@ -67,6 +68,7 @@ impl RateLimitLayer {
             max_wait: None,
             feedback: NoFeedback,
             routes: None,
+            after: None,
             _mode: PhantomData,
         }
     }
@@ -231,7 +233,11 @@ impl<K, C, M, Fb> RateLimitLayer<K, C, M, Fb> {
     ///             .layer(layer.typed_errors()),
     ///     );
     /// ```
-    pub fn typed_errors(self) -> RateLimitLayer<K, C, mode::TypedErrors, Fb> {
+    ///
+    /// A [`response_cost`](RateLimitLayer::response_cost) set before is
+    /// dropped: the layer cannot read the responses of any service.
+    pub fn typed_errors(mut self) -> RateLimitLayer<K, C, mode::TypedErrors, Fb> {
+        self.after = None;
         self.rebuild(|key, cost, feedback| (key, cost, feedback))
     }
 
@@ -297,8 +303,62 @@ impl<K, C, M, Fb> RateLimitLayer<K, C, M, Fb> {
             max_wait: self.max_wait,
             feedback,
             routes: self.routes,
+            after: self.after,
             _mode: PhantomData,
         }
+    }
+}
+
+impl<K, C, Fb> RateLimitLayer<K, C, mode::Http, Fb> {
+    /// Cost known after the response: charge what the response says it
+    /// cost, count only the responses that match, or give the cost of
+    /// failed calls back; see [`ResponseCost`]. Off by default: a layer
+    /// without it decides as before, at no extra cost.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use fleetgate::key::GlobalKey;
+    /// use fleetgate::rate_limit::ResponseCost;
+    /// use fleetgate::{Limit, Limiter, MemoryStore, Policy, Rate, RateLimitLayer};
+    /// use http::{Request, Response};
+    /// use tower::{service_fn, ServiceExt};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // 1000 tokens a minute, charged from each completion's own count.
+    /// let policy = Policy::single("tokens", Limit::new(Rate::per_minute(1000))?)?;
+    /// let layer = RateLimitLayer::new(Limiter::new(policy, MemoryStore::new()))
+    ///     .key(GlobalKey::new())
+    ///     .response_cost(ResponseCost::header("x-tokens-used"));
+    /// let app = tower::ServiceBuilder::new().layer(layer).service(service_fn(
+    ///     |_: Request<String>| async {
+    ///         let res = Response::builder().header("x-tokens-used", "400").body(String::new());
+    ///         Ok::<_, http::Error>(res?)
+    ///     },
+    /// ));
+    /// let call = || app.clone().oneshot(Request::new(String::new()));
+    /// // Admitted while the budget is not exhausted: 400, 800, 1200 tokens.
+    /// for _ in 0..3 {
+    ///     assert_eq!(call().await?.status(), 200);
+    /// }
+    /// // 200 tokens in debt: refused until they (and one more) are repaid.
+    /// let refused = call().await?;
+    /// assert_eq!(refused.status(), 429);
+    /// assert_eq!(refused.headers()["retry-after"], "13");
+    /// # Ok(()) }
+    /// ```
+    pub fn response_cost(mut self, cost: ResponseCost) -> Self {
+        self.after = Some(cost);
+        self
+    }
+}
+
+impl<K, C, Fb> RateLimitLayer<K, C, mode::AnyBody, Fb> {
+    /// Cost known after the response: see [`ResponseCost`] and the
+    /// default mode's [`response_cost`](RateLimitLayer::response_cost).
+    pub fn response_cost(mut self, cost: ResponseCost) -> Self {
+        self.after = Some(cost);
+        self
     }
 }
 
@@ -317,6 +377,7 @@ impl<K: Clone, C: Clone, M, F: Clone> Clone for RateLimitLayer<K, C, M, F> {
             max_wait: self.max_wait,
             feedback: self.feedback.clone(),
             routes: self.routes.clone(),
+            after: self.after.clone(),
             _mode: PhantomData,
         }
     }
@@ -333,6 +394,7 @@ impl<K, C, M, F> RateLimitLayer<K, C, M, F> {
             local: self.local.clone(),
             rejection: self.rejection.clone(),
             max_wait: self.max_wait,
+            after: self.after.clone(),
         }
     }
 }
@@ -346,6 +408,7 @@ impl<K, C, M, F> fmt::Debug for RateLimitLayer<K, C, M, F> {
             .field("shadow", &self.shadow)
             .field("failure", &self.failure)
             .field("max_wait", &self.max_wait)
+            .field("response_cost", &self.after)
             .finish_non_exhaustive()
     }
 }

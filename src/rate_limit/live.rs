@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 
-use super::{RateSettings, RejectFn};
+use super::{RateSettings, RejectFn, ResponseCost};
 use crate::key::Key;
 use crate::layer::{FailurePolicy, OnMissingKey};
 use crate::limit::Policy;
@@ -30,6 +30,7 @@ pub(crate) struct Recipe {
     pub(crate) local: Option<MemoryStore>,
     pub(crate) rejection: Option<RejectFn>,
     pub(crate) max_wait: Option<Duration>,
+    pub(crate) after: Option<ResponseCost>,
 }
 
 impl Recipe {
@@ -79,6 +80,7 @@ impl Recipe {
             metrics,
             fallback,
             local,
+            after: self.after.clone(),
         })
     }
 }

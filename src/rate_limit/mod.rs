@@ -48,6 +48,10 @@
 //! | shadow mode ([`RateLimitLayer::shadow`]) | decided and logged (`shadow-denied` at `debug`), never refused (not over a limit, not for a missing key, not when the store fails), no headers sent |
 //! | stacked layers | each adds its limits to the `RateLimit`/`RateLimit-Policy` lists; the innermost layer's `X-RateLimit-*` and `Retry-After` stay |
 //! | a service that is not HTTP | [`RateLimitLayer::typed_errors`]: `RateLimitError::{Limited, MissingKey, Unavailable}` |
+//! | cost known after the response: [`RateLimitLayer::response_cost`] with [`ResponseCost::header`], [`from_parts`](ResponseCost::from_parts) or [`body_bytes`](ResponseCost::body_bytes) | admitted while the identity's budget is not exhausted (a peek, nothing stored); the cost the response states is charged when its head arrives (body bytes: when the body ends or is dropped), debt allowed, off the response's path; in debt, `429` with `Retry-After` until the debt is repaid at the limit's rate |
+//! | count only what matches: [`ResponseCost::count_if`] (a login's 401s) | admitted while the budget is not exhausted; only responses that match are charged (the request's cost), off the response's path |
+//! | refund: [`ResponseCost::refund_server_errors`] or [`refund_if`](ResponseCost::refund_if) | checked and charged before the call as usual; the request's cost is given back when the response matches, off the response's path |
+//! | a charge or refund after the response fails | the response goes out untouched; logged at `warn` (at most once a second) and counted as a store error; under [`FailurePolicy::Local`] applied to the local limiter |
 //! | tests with `tokio::time::pause` | the [`MemoryStore`](crate::MemoryStore) reads the CPU's counter ([`FastClock`](crate::clock::FastClock)), which paused time does not stop: build it with `MemoryStore::builder().clock(clock::MonotonicClock::new())`, which follows tokio's clock, or drive it by hand with [`ManualClock`](crate::clock::ManualClock) |
 //!
 //! # Response bodies
@@ -168,6 +172,7 @@
 //! limits: the call then reserves a slot on the local limiter and waits
 //! for it.
 
+mod after;
 mod cost;
 mod feedback;
 mod future;
@@ -185,6 +190,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::Response;
 
+pub use self::after::ResponseCost;
 pub use self::feedback::{RetryAfter, UpstreamFeedback, UpstreamHeaders};
 pub use self::layer::RateLimitLayer;
 pub use self::quota::UpstreamQuota;
@@ -192,6 +198,7 @@ pub use self::routes::RoutePolicies;
 pub use self::service::RateLimit;
 pub use self::upstream::within_window;
 
+pub(crate) use self::after::MeterTarget;
 pub(crate) use self::cost::Cost;
 pub(crate) use self::feedback::NoFeedback;
 use self::future::ResponseFuture;
@@ -241,18 +248,42 @@ pub(crate) struct RateSettings {
     /// Whether these are a local fallback's settings: outcomes are counted
     /// as `fallback_*`.
     pub(crate) local: bool,
+    /// Cost known after the response: what to charge or refund once the
+    /// inner service has answered. `None` (the usual case) costs one
+    /// branch.
+    pub(crate) after: Option<ResponseCost>,
 }
 
 impl RateSettings {
     /// Asks the store to decide `cost` for `key`: a check, or in waiting
     /// mode a reservation.
+    #[inline(always)]
     pub(crate) fn ask(&self, key: &Key, cost: u64) -> StoreFuture<Decision> {
         // The policy these settings were chosen for: the limiter's rules
         // were read once, when the settings were.
+        if let Some(after) = &self.after {
+            return self.ask_before_response(after, key, cost);
+        }
         let max_wait = self
             .max_wait
             .map(|wait| wait.min(Duration::from_micros(MAX_TOLERANCE_MICROS)));
         self.limiter.decide_as(&self.policy, key, cost, max_wait)
+    }
+
+    /// With a cost known after the response: a peek (the call is charged
+    /// once its response is known), or for refunds the usual check.
+    #[cold]
+    #[inline(never)]
+    fn ask_before_response(
+        &self,
+        after: &ResponseCost,
+        key: &Key,
+        cost: u64,
+    ) -> StoreFuture<Decision> {
+        if after.peeks() {
+            return self.limiter.peek(key, cost);
+        }
+        self.limiter.decide_as(&self.policy, key, cost, None)
     }
 
     /// Under [`FailurePolicy::Local`], decides a call the store failed on

@@ -121,7 +121,10 @@ impl<S, K, C, M, F> RateLimit<S, K, C, M, F> {
         let mut start = Start::new(settings, feedback);
         let mut decision = start.settings.ask(&key, cost);
         start.cost = cost;
-        if start.feedback.is_enabled() || start.settings.fallback.is_some() {
+        if start.feedback.is_enabled()
+            || start.settings.fallback.is_some()
+            || start.settings.after.is_some()
+        {
             start.key = Some(key);
         }
         // The memory store has decided already: call the service that was

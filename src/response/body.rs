@@ -5,6 +5,8 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
+use super::BodyMeter;
+
 pin_project! {
     /// The body of a response that went through a concurrency or shedding
     /// layer, or a rate-limit layer with
@@ -25,10 +27,27 @@ pin_project! {
     enum Kind<B> {
         Inner { #[pin] body: B },
         Full { data: Option<Bytes> },
+        // The inner body, its bytes counted as they go
+        // (`ResponseCost::body_bytes`).
+        Metered { #[pin] body: B, meter: BodyMeter },
     }
 }
 
 impl<B> ResponseBody<B> {
+    /// This body, its bytes counted by `meter` (a refusal's text is
+    /// charged whole, at once).
+    pub(crate) fn with_meter(self, mut meter: BodyMeter) -> Self {
+        let kind = match self.kind {
+            Kind::Inner { body } | Kind::Metered { body, .. } => Kind::Metered { body, meter },
+            Kind::Full { data } => {
+                meter.add(data.as_ref().map_or(0, |d| d.len() as u64));
+                meter.finish();
+                Kind::Full { data }
+            }
+        };
+        ResponseBody { kind }
+    }
+
     pub(crate) fn inner(body: B) -> Self {
         ResponseBody {
             kind: Kind::Inner { body },
@@ -49,6 +68,7 @@ impl<B> std::fmt::Debug for ResponseBody<B> {
         match &self.kind {
             Kind::Inner { .. } => f.write_str("ResponseBody::Inner"),
             Kind::Full { .. } => f.write_str("ResponseBody::Full"),
+            Kind::Metered { .. } => f.write_str("ResponseBody::Metered"),
         }
     }
 }
@@ -64,19 +84,24 @@ impl<B: Body<Data = Bytes>> Body for ResponseBody<B> {
         match self.project().kind.project() {
             KindProj::Inner { body } => body.poll_frame(cx),
             KindProj::Full { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
+            KindProj::Metered { mut body, meter } => {
+                let frame = std::task::ready!(body.as_mut().poll_frame(cx));
+                meter.observe(&frame, body.is_end_stream());
+                Poll::Ready(frame)
+            }
         }
     }
 
     fn is_end_stream(&self) -> bool {
         match &self.kind {
-            Kind::Inner { body } => body.is_end_stream(),
+            Kind::Inner { body } | Kind::Metered { body, .. } => body.is_end_stream(),
             Kind::Full { data } => data.is_none(),
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         match &self.kind {
-            Kind::Inner { body } => body.size_hint(),
+            Kind::Inner { body } | Kind::Metered { body, .. } => body.size_hint(),
             Kind::Full { data } => {
                 SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
             }

@@ -4,11 +4,16 @@
 mod answer;
 mod body;
 mod headers;
+mod metered;
 mod refusal;
 mod rejection;
 
 pub use self::body::ResponseBody;
 pub use self::headers::HeaderStyle;
+#[doc(hidden)]
+pub use self::metered::BodyMeter;
+#[cfg(feature = "axum")]
+pub(crate) use self::metered::Metered;
 pub use self::refusal::RefusalBody;
 pub use self::rejection::{Rejection, RejectionKind};
 

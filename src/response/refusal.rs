@@ -4,7 +4,9 @@ use bytes::{Buf, Bytes};
 use http_body_util::combinators::{BoxBody, UnsyncBoxBody};
 use http_body_util::{BodyExt, Full};
 
-use super::ResponseBody;
+#[cfg(feature = "axum")]
+use super::Metered;
+use super::{BodyMeter, ResponseBody};
 use crate::lease::{GuardedBody, Lease};
 
 /// A response body type the rate-limit layer can answer a refusal in: the
@@ -39,12 +41,33 @@ use crate::lease::{GuardedBody, Lease};
 pub trait RefusalBody: Sized {
     /// The body of a refusal whose text is `text`.
     fn refusal(text: Bytes) -> Self;
+
+    /// For [`ResponseCost::body_bytes`](crate::rate_limit::ResponseCost::body_bytes):
+    /// this body, with `meter` counting the bytes it sends and charging
+    /// them when it ends or is dropped. By default the body is not
+    /// wrapped: `meter` charges its whole length (its exact size, else the
+    /// lower bound of its size hint) at once. axum's `Body` and
+    /// [`ResponseBody`] count as they go.
+    #[doc(hidden)]
+    fn metered(self, mut meter: BodyMeter) -> Self
+    where
+        Self: http_body::Body,
+    {
+        let hint = self.size_hint();
+        meter.add(hint.exact().unwrap_or(hint.lower()));
+        meter.finish();
+        self
+    }
 }
 
 #[cfg(feature = "axum")]
 impl RefusalBody for axum::body::Body {
     fn refusal(text: Bytes) -> Self {
         axum::body::Body::from(text)
+    }
+
+    fn metered(self, meter: BodyMeter) -> Self {
+        axum::body::Body::new(Metered::new(self, meter))
     }
 }
 
@@ -77,6 +100,10 @@ impl<E> RefusalBody for UnsyncBoxBody<Bytes, E> {
 impl<B> RefusalBody for ResponseBody<B> {
     fn refusal(text: Bytes) -> Self {
         ResponseBody::full(text)
+    }
+
+    fn metered(self, meter: BodyMeter) -> Self {
+        self.with_meter(meter)
     }
 }
 

@@ -5,6 +5,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod after;
 mod concurrency;
 mod handlers;
 mod http;

@@ -12,6 +12,7 @@
 mod common;
 
 mod adjust;
+mod after;
 mod batching;
 mod cluster;
 #[cfg(feature = "cluster")]

@@ -1,0 +1,543 @@
+//! Cost known after the response (`RateLimitLayer::response_cost`) on a
+//! real Redis: the token budget, the login limit and the refunded 5xx; a
+//! debt repaid at exactly the limit's rate (the store on a manual clock);
+//! concurrent callers from two instances; a charge that fails while Redis
+//! hangs, logged and never delaying the response; body bytes up to where
+//! the client went away. (The same on the memory store:
+//! tests/layers/after.rs.)
+use crate::common;
+
+use std::convert::Infallible;
+use std::io::Write;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use bytes::Bytes;
+use common::RedisServer;
+use fleetgate::clock::ManualClock;
+use fleetgate::key::{HeaderKey, KeyExtractor};
+use fleetgate::rate_limit::ResponseCost;
+use fleetgate::{Key, Limit, Limiter, Policy, Rate, RateLimitLayer, RedisStore, TimeSource};
+use http::{Request, Response, StatusCode};
+use http_body::Frame;
+use http_body_util::BodyExt;
+use tower::{ServiceBuilder, ServiceExt, service_fn};
+
+/// A body of `chunks` frames of 100 bytes each.
+struct Chunks {
+    left: u64,
+}
+
+impl http_body::Body for Chunks {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        if self.left == 0 {
+            return Poll::Ready(None);
+        }
+        self.left -= 1;
+        Poll::Ready(Some(Ok(Frame::data(Bytes::from(vec![b'x'; 100])))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.left == 0
+    }
+}
+
+fn param(req: &Request<Body>, name: &str) -> Option<u64> {
+    req.uri().query()?.split('&').find_map(|pair| {
+        let (k, v) = pair.split_once('=')?;
+        (k == name).then(|| v.parse().ok())?
+    })
+}
+
+/// The handler: answers `status=S` (default 200), states `tokens=N` in
+/// `x-tokens-used`, and sends `chunks=C` frames of 100 bytes; counts its
+/// calls in `calls` and the calls in flight in `inside` (highest in
+/// `peak`), yielding `yields` times while in flight.
+#[derive(Clone, Default)]
+struct Handler {
+    calls: Arc<AtomicUsize>,
+    inside: Arc<AtomicUsize>,
+    peak: Arc<AtomicUsize>,
+}
+
+impl Handler {
+    fn service(
+        &self,
+    ) -> impl tower::Service<
+        Request<Body>,
+        Response = Response<Body>,
+        Error = Infallible,
+        Future = impl Future<Output = Result<Response<Body>, Infallible>> + Send,
+    > + Clone
+    + Send
+    + Sync
+    + 'static {
+        let this = self.clone();
+        service_fn(move |req: Request<Body>| {
+            let this = this.clone();
+            async move {
+                this.calls.fetch_add(1, Ordering::SeqCst);
+                let now = this.inside.fetch_add(1, Ordering::SeqCst) + 1;
+                this.peak.fetch_max(now, Ordering::SeqCst);
+                for _ in 0..param(&req, "yields").unwrap_or(0) {
+                    tokio::task::yield_now().await;
+                }
+                this.inside.fetch_sub(1, Ordering::SeqCst);
+                let status = param(&req, "status").unwrap_or(200) as u16;
+                let mut res = Response::builder().status(status);
+                if let Some(tokens) = param(&req, "tokens") {
+                    res = res.header("x-tokens-used", tokens);
+                }
+                let body = match param(&req, "chunks") {
+                    Some(left) => Body::new(Chunks { left }),
+                    None => Body::empty(),
+                };
+                Ok::<_, Infallible>(res.body(body).unwrap())
+            }
+        })
+    }
+}
+
+fn policy(name: &str, limit: Limit) -> Policy {
+    Policy::single(name, limit).unwrap()
+}
+
+fn request(uri: &str, api_key: &str) -> Request<Body> {
+    Request::post(uri)
+        .header("x-api-key", api_key)
+        .body(Body::empty())
+        .unwrap()
+}
+
+async fn call<S>(svc: &S, uri: &str, api_key: &str) -> Response<Body>
+where
+    S: tower::Service<Request<Body>, Response = Response<Body>, Error = Infallible> + Clone,
+{
+    svc.clone().oneshot(request(uri, api_key)).await.unwrap()
+}
+
+/// The key the layer's `HeaderKey` makes of `api_key` (hashed).
+fn key_of(api_key: &str) -> Key {
+    HeaderKey::new("x-api-key")
+        .extract(&request("/", api_key))
+        .unwrap()
+}
+
+fn retry_after(res: &Response<Body>) -> u64 {
+    res.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+/// Waits (polling, within 5 s) until `key`'s budget under `limiter` has
+/// `left` calls of cost 1 left: a charge made off the response's path
+/// has landed.
+async fn wait_for_remaining(limiter: &Limiter, key: &str, left: u64) {
+    // Real time: a test with paused time would never reach it.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let d = limiter.peek(&key_of(key), 1).await.unwrap();
+        if d.remaining() == left {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "remaining {} never became {left}",
+            d.remaining()
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+fn layer(limiter: &Limiter, cost: ResponseCost) -> RateLimitLayer<HeaderKey> {
+    RateLimitLayer::new(limiter.clone())
+        .key(HeaderKey::new("x-api-key"))
+        .response_cost(cost)
+}
+
+/// 1000 tokens a minute from `x-tokens-used`: three 400-token calls pass,
+/// the fourth quick one gets 429 with `Retry-After` 12-13 s.
+#[tokio::test]
+async fn token_budget_is_charged_from_the_header_and_refuses_in_debt() {
+    let _shared = crate::machine::shared().await;
+    let server = RedisServer::start();
+    let store = common::redis_store(&server).await;
+    let limiter = Limiter::new(
+        policy("tokens", Limit::new(Rate::per_minute(1000)).unwrap()),
+        store,
+    );
+    let handler = Handler::default();
+    let svc = ServiceBuilder::new()
+        .layer(layer(&limiter, ResponseCost::header("x-tokens-used")))
+        .service(handler.service());
+    for left in [599, 199, 0] {
+        let res = call(&svc, "/complete?tokens=400", "k1").await;
+        assert_eq!(res.status(), StatusCode::OK);
+        wait_for_remaining(&limiter, "k1", left).await;
+    }
+    let res = call(&svc, "/complete?tokens=400", "k1").await;
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert!((12..=13).contains(&retry_after(&res)), "{res:?}");
+    assert_eq!(handler.calls.load(Ordering::SeqCst), 3);
+}
+
+/// Login, 5 per 15 minutes, only 401s count: twenty 200s pass; after five
+/// 401s the next call is refused even though it would succeed.
+#[tokio::test]
+async fn only_failed_logins_count() {
+    let _shared = crate::machine::shared().await;
+    let server = RedisServer::start();
+    let store = common::redis_store(&server).await;
+    let limiter = Limiter::new(
+        policy(
+            "login",
+            Limit::new(Rate::new(5, Duration::from_secs(900))).unwrap(),
+        ),
+        store,
+    );
+    let handler = Handler::default();
+    let svc = ServiceBuilder::new()
+        .layer(layer(
+            &limiter,
+            ResponseCost::count_if(|head| head.status == StatusCode::UNAUTHORIZED),
+        ))
+        .service(handler.service());
+    for _ in 0..20 {
+        assert_eq!(call(&svc, "/login", "u").await.status(), StatusCode::OK);
+    }
+    wait_for_remaining(&limiter, "u", 4).await;
+    for left in [3, 2, 1, 0, 0] {
+        let res = call(&svc, "/login?status=401", "u").await;
+        assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
+        wait_for_remaining(&limiter, "u", left).await;
+    }
+    let res = call(&svc, "/login", "u").await;
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(handler.calls.load(Ordering::SeqCst), 25);
+}
+
+/// 3 a minute, burst 3, 5xx refunded: ten 500s all reach the handler,
+/// then three 200s pass and the fourth gets 429.
+#[tokio::test]
+async fn server_errors_are_refunded() {
+    let _shared = crate::machine::shared().await;
+    let server = RedisServer::start();
+    let store = common::redis_store(&server).await;
+    let limiter = Limiter::new(
+        policy(
+            "flaky",
+            Limit::builder(Rate::per_minute(3))
+                .burst(3)
+                .build()
+                .unwrap(),
+        ),
+        store,
+    );
+    let handler = Handler::default();
+    let svc = ServiceBuilder::new()
+        .layer(layer(&limiter, ResponseCost::refund_server_errors()))
+        .service(handler.service());
+    for _ in 0..10 {
+        let res = call(&svc, "/flaky?status=500", "c").await;
+        assert_eq!(res.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        // The refund has landed: the full burst is back.
+        wait_for_remaining(&limiter, "c", 2).await;
+    }
+    assert_eq!(handler.calls.load(Ordering::SeqCst), 10);
+    for _ in 0..3 {
+        assert_eq!(call(&svc, "/flaky", "c").await.status(), StatusCode::OK);
+    }
+    let res = call(&svc, "/flaky", "c").await;
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(handler.calls.load(Ordering::SeqCst), 13);
+}
+
+/// A debt is repaid at exactly the limit's rate: the store on a manual
+/// clock, 1200 tokens against 1000 a minute refuse for 201 × 60 ms.
+#[tokio::test]
+async fn a_debt_is_repaid_at_exactly_the_limits_rate() {
+    let _shared = crate::machine::shared().await;
+    let server = RedisServer::start();
+    let clock = ManualClock::new(Duration::from_secs(1_699_999_980));
+    let store = RedisStore::builder()
+        .time_source(TimeSource::Client(Arc::new(clock.clone())))
+        .timeout(Duration::from_secs(2))
+        .connect(&server.url())
+        .await
+        .unwrap();
+    let limiter = Limiter::new(
+        policy("tokens", Limit::new(Rate::per_minute(1000)).unwrap()),
+        store,
+    );
+    let svc = ServiceBuilder::new()
+        .layer(layer(&limiter, ResponseCost::header("x-tokens-used")))
+        .service(Handler::default().service());
+    for left in [599, 199, 0] {
+        let res = call(&svc, "/complete?tokens=400", "k").await;
+        assert_eq!(res.status(), StatusCode::OK);
+        wait_for_remaining(&limiter, "k", left).await;
+    }
+    let d = limiter.peek(&key_of("k"), 1).await.unwrap();
+    assert_eq!(d.retry_after(), Some(Duration::from_millis(12_060)));
+    clock.advance(Duration::from_millis(12_059));
+    let res = call(&svc, "/complete?tokens=0", "k").await;
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(retry_after(&res), 1);
+    clock.advance(Duration::from_millis(1));
+    let res = call(&svc, "/complete?tokens=2", "k").await;
+    assert_eq!(res.status(), StatusCode::OK);
+    // Two tokens charged with one left: one token in debt, and one more.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let d = limiter.peek(&key_of("k"), 1).await.unwrap();
+        if d.retry_after() == Some(Duration::from_millis(120)) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{d:?}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Two instances (a store each), eight clients each, 400-token calls
+/// against 1000 an hour: together they overshoot by less than the costs
+/// of the sixteen clients in flight. Refund callers (burst 3, every
+/// response a 500) never have more than 3 in flight.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_charge_after_overshoots_by_the_costs_in_flight_refund_never() {
+    let _shared = crate::machine::shared().await;
+    const CLIENTS: u64 = 8;
+    let server = RedisServer::start();
+    let stores = [
+        common::redis_store(&server).await,
+        common::redis_store(&server).await,
+    ];
+    let tokens = policy("tokens", Limit::new(Rate::per_hour(1000)).unwrap());
+    // Each script loaded first (a script's first call loads it: two more
+    // round trips, which would let the first charges trail their peeks).
+    for store in &stores {
+        let warm = Limiter::new(tokens.clone(), store.clone());
+        warm.peek(&Key::new("warm"), 1).await.unwrap();
+        warm.charge(&Key::new("warm"), 1).await.unwrap();
+    }
+    let mut tasks = Vec::new();
+    for store in &stores {
+        let limiter = Limiter::new(tokens.clone(), store.clone());
+        let svc = ServiceBuilder::new()
+            .layer(layer(&limiter, ResponseCost::header("x-tokens-used")))
+            .service(Handler::default().service());
+        tasks.push(tokio::spawn(async move {
+            clients(CLIENTS, 5, &svc, "/complete?tokens=400&yields=20").await
+        }));
+    }
+    let mut admitted = 0;
+    for task in tasks {
+        admitted += task.await.unwrap();
+    }
+    assert!(admitted >= 3, "{admitted}");
+    assert!(
+        admitted * 400 < 1000 + 2 * CLIENTS * 400,
+        "{admitted} admitted: more than the costs in flight"
+    );
+    // Read through a store of its own, past the instances' deny caches.
+    let limiter = Limiter::new(tokens, common::redis_store(&server).await);
+    let debt = admitted * 400 - 1000;
+    let full = Duration::from_millis(3_600 * (debt + 1));
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        // Every admitted call's charge lands: the debt is all of them.
+        let retry = limiter.peek(&key_of("hot"), 1).await.unwrap().retry_after();
+        if retry.is_some_and(|r| r <= full && r + Duration::from_secs(10) > full) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{retry:?} for a debt of {debt}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+
+    let flaky = policy(
+        "flaky",
+        Limit::builder(Rate::per_hour(3)).burst(3).build().unwrap(),
+    );
+    let handler = Handler::default();
+    let mut tasks = Vec::new();
+    for store in &stores {
+        let limiter = Limiter::new(flaky.clone(), store.clone());
+        let svc = ServiceBuilder::new()
+            .layer(layer(&limiter, ResponseCost::refund_server_errors()))
+            .service(handler.service());
+        tasks.push(tokio::spawn(async move {
+            clients(CLIENTS, 5, &svc, "/flaky?status=500&yields=20").await
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let peak = handler.peak.load(Ordering::SeqCst);
+    assert!((1..=3).contains(&peak), "{peak} in flight");
+    // Every one refunded: the full burst is back. (Read through a store
+    // of its own: an instance's deny cache may still hold a denial it
+    // answered while the others refunded, until its retry time.)
+    let limiter = Limiter::new(flaky, common::redis_store(&server).await);
+    wait_for_remaining(&limiter, "hot", 2).await;
+}
+
+/// `clients` tasks each make `calls` calls to `uri` one after the other,
+/// as the key `hot`; how many were admitted (not 429).
+async fn clients<S>(clients: u64, calls: u64, svc: &S, uri: &'static str) -> u64
+where
+    S: tower::Service<Request<Body>, Response = Response<Body>, Error = Infallible>
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+    S::Future: Send,
+{
+    let tasks: Vec<_> = (0..clients)
+        .map(|_| {
+            let svc = svc.clone();
+            tokio::spawn(async move {
+                let mut admitted = 0;
+                for _ in 0..calls {
+                    if call(&svc, uri, "hot").await.status() != StatusCode::TOO_MANY_REQUESTS {
+                        admitted += 1;
+                    }
+                }
+                admitted
+            })
+        })
+        .collect();
+    let mut admitted = 0;
+    for task in tasks {
+        admitted += task.await.unwrap();
+    }
+    admitted
+}
+
+/// The log lines of the current thread, as text.
+#[derive(Clone, Default)]
+struct Logs(Arc<Mutex<Vec<u8>>>);
+
+impl Logs {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+impl Write for Logs {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Redis hangs while the handler runs: the peek passed, the charge cannot
+/// land. The response is not delayed by the store's 1 s timeout, and the
+/// failed charge is logged at `warn` once it times out. (The warning gate
+/// is the process's, shared with other tests' store failures: a call is
+/// retried until one warning gets through.)
+#[tokio::test(flavor = "current_thread")]
+async fn a_failing_charge_is_logged_and_never_delays_the_response() {
+    let _shared = crate::machine::shared().await;
+    let logs = Logs::default();
+    let writer = logs.clone();
+    let _logging = tracing::subscriber::set_default(
+        tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .finish(),
+    );
+    let server = Arc::new(RedisServer::start());
+    let store = RedisStore::builder()
+        .timeout(Duration::from_secs(1))
+        .connect(&server.url())
+        .await
+        .unwrap();
+    let limiter = Limiter::new(
+        policy("tokens", Limit::new(Rate::per_minute(1000)).unwrap()),
+        store,
+    );
+    let hang = server.clone();
+    let svc = ServiceBuilder::new()
+        .layer(layer(&limiter, ResponseCost::header("x-tokens-used")))
+        .service(service_fn(move |_req: Request<Body>| {
+            // Redis stops answering while the call runs.
+            hang.pause();
+            std::future::ready(Ok::<_, Infallible>(
+                Response::builder()
+                    .header("x-tokens-used", "400")
+                    .body(Body::empty())
+                    .unwrap(),
+            ))
+        }));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        server.resume();
+        let started = Instant::now();
+        let res = call(&svc, "/complete", "k").await;
+        let took = started.elapsed();
+        assert_eq!(res.status(), StatusCode::OK);
+        // The peek was answered before the pause; the charge, which
+        // waits up to 1 s, is not on the response's path.
+        assert!(
+            took < Duration::from_millis(500),
+            "the response took {took:?}"
+        );
+        let logged = Instant::now() + Duration::from_secs(3);
+        while Instant::now() < logged && !logs.text().contains("charge after the response") {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        if logs.text().contains("charge after the response") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never logged: {}", logs.text());
+    }
+    let text = logs.text();
+    assert!(text.contains("WARN"), "{text}");
+    assert!(
+        text.contains("policy=\"tokens\"") || text.contains("policy=tokens"),
+        "{text}"
+    );
+    server.resume();
+}
+
+/// Body bytes: a client that reads three 100-byte frames of ten and goes
+/// away is charged 300 on Redis.
+#[tokio::test]
+async fn body_bytes_count_what_was_sent_before_the_client_left() {
+    let _shared = crate::machine::shared().await;
+    let server = RedisServer::start();
+    let store = common::redis_store(&server).await;
+    let limiter = Limiter::new(
+        policy("bytes", Limit::new(Rate::per_hour(100_000)).unwrap()),
+        store,
+    );
+    let svc = ServiceBuilder::new()
+        .layer(layer(&limiter, ResponseCost::body_bytes()))
+        .service(Handler::default().service());
+    let res = call(&svc, "/download?chunks=10", "d").await;
+    assert_eq!(res.status(), StatusCode::OK);
+    let mut body = res.into_body();
+    for _ in 0..3 {
+        body.frame().await.unwrap().unwrap();
+    }
+    drop(body);
+    wait_for_remaining(&limiter, "d", 99_999 - 300).await;
+    let res = call(&svc, "/download?chunks=10", "d").await;
+    let all = res.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(all.len(), 1000);
+    wait_for_remaining(&limiter, "d", 99_999 - 1300).await;
+}
