@@ -546,6 +546,7 @@ impl SentinelConn {
         drop(tx);
         let mut tally = Tally::new(self.voters.len());
         let mut last_err: Option<RedisError> = None;
+        let mut master_err: Option<RedisError> = None;
         let mut tried: Option<tokio::time::Instant> = None;
         loop {
             let Ok(Some((i, answer))) = tokio::time::timeout_at(deadline, answers.recv()).await
@@ -570,13 +571,15 @@ impl SentinelConn {
             let addr = addr.to_owned();
             match self.take(&addr, &voters, broken).await {
                 Ok(found) => return Ok(found),
-                Err(err) => last_err = Some(err),
+                Err(err) => master_err = Some(err),
             }
         }
-        Err(match last_err {
-            // The master failed us: that is the news.
-            Some(err) if tally.winner().is_some() => err,
-            last_err => RedisError::from((
+        Err(match (master_err, last_err) {
+            // A master a majority named failed us (a certificate it could
+            // not prove, a refused connection): that is the news, even if
+            // the sentinels' last questions then ran out of time.
+            (Some(err), _) => err,
+            (None, last_err) => RedisError::from((
                 ErrorKind::MasterNameNotFoundBySentinel,
                 "no master named by a majority of the sentinels",
                 match last_err {
