@@ -26,7 +26,8 @@
 //!   `FLEETGATE_REDIS_SENTINELS`.
 //! - `RUST_LOG`: log filter (default `info`; `fleetgate=debug` shows denials).
 //! - `FLEETGATE_FAILURE_POLICY`: what every limited route (`/api/ping`,
-//!   `/api/window`, `/api/slow`, `/api/report`) does when Redis is down or
+//!   `/api/window`, `/api/slow`, `/api/report`, `/api/complete`,
+//!   `/api/login`, `/api/flaky`) does when Redis is down or
 //!   slow (every call times out after 50 ms): `open` (default) lets the
 //!   call through unlimited, `closed` answers 503 with `Retry-After`,
 //!   `local` limits each instance to half the limit on its own
@@ -86,6 +87,20 @@
 //!   a worker-utilization shedder sheds reports first once this process
 //!   has had more than 80% of `FLEETGATE_SHED_WORKERS` busy for a while
 //!   (28 s with all of them busy; longer the closer it is to 80%).
+//! - `POST /api/complete?tokens=N&ms=M` answers after `M` ms (default 0, at
+//!   most 10000) with the header `x-tokens-used: N` (default 100): per API
+//!   key (or client IP) a budget of 1000 tokens a minute (burst 1000),
+//!   charged after the response by that header. Three calls with
+//!   `tokens=400` are admitted; the fourth quick one gets 429 with
+//!   `Retry-After` of about 13 s (the 200-token debt and one token, repaid
+//!   at 1000 a minute).
+//! - `POST /api/login?ok=1|0` answers 200 when `ok=1`, 401 otherwise: per
+//!   API key (or client IP) only the 401s count, 5 per 15 minutes (burst
+//!   5). Twenty good logins pass; after five bad ones, the next is refused
+//!   even with `ok=1`.
+//! - `GET /api/flaky?fail=1|0` answers 500 when `fail=1`, 200 otherwise:
+//!   per API key (or client IP) 3 a minute (burst 3), each 5xx refunded, so
+//!   a failing handler does not eat its clients' budget.
 //! - `/admin/...` (with `FLEETGATE_ADMIN_TOKEN`): `GET /admin/policies`
 //!   (JSON: each policy and its limits now), `PUT /admin/policies/{policy}`
 //!   (body: limits such as `1/s burst 5`; 400 names a parse error and
@@ -114,11 +129,12 @@ use axum::body::Body;
 use axum::extract::{Query, Request};
 use axum::http::{Method, StatusCode};
 use axum::middleware::{self, Next};
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use fleetgate::concurrency::{ConcurrencyLimitLayer, ConcurrencyLimiter, ConcurrencyPolicy};
 use fleetgate::key::{ExtensionKey, HeaderKey, Key, KeyExtractor, PeerIp};
 use fleetgate::live::{AdminApi, LivePolicies};
+use fleetgate::rate_limit::ResponseCost;
 use fleetgate::shed::{
     FleetShedLayer, FleetShedPolicy, FleetShedder, RouteTiers, Tiers, UtilizationShedLayer,
     UtilizationShedder,
@@ -139,6 +155,9 @@ GET /metrics   Prometheus metrics: decisions by policy and outcome, store latenc
 GET /api/slow?ms=N  answers after N ms (default 1000); per x-api-key (or client IP): 2 in flight
 POST /api/charge?ms=N  answers after N ms (default 1000); critical: never shed
 GET /api/report?ms=N  answers after N ms (default 1000); low priority: 503 beyond 2 of the fleet's 4 in flight
+POST /api/complete?tokens=N&ms=M  answers after M ms (default 0, at most 10000) with x-tokens-used: N (default 100); per x-api-key (or client IP): 1000 tokens/min, charged after the response
+POST /api/login?ok=1|0  200 when ok=1, else 401; per x-api-key (or client IP): only 401s count, 5/15min
+GET /api/flaky?fail=1|0  500 when fail=1, else 200; per x-api-key (or client IP): 3/min burst 3, 5xx refunded
 /admin/...  only with FLEETGATE_ADMIN_TOKEN, each call with Authorization: Bearer <token>:
   GET /admin/policies  every policy and its limits now (JSON)
   PUT /admin/policies/{policy}  body: new limits (1/s burst 5); DELETE: back to the defaults
@@ -422,10 +441,12 @@ async fn run() -> Result<(), BoxError> {
         store.clone(),
     );
     let admin = admin_routes(&live, api_key.clone(), api_keys.clone());
+    let api_key_after = api_key.clone();
     let app = limited
         .merge(admin)
         .merge(slow_routes(slow.clone(), api_key, failure))
         .merge(shed_routes(fleet.clone(), local, failure)?)
+        .merge(after_routes(&live, api_key_after, failure)?)
         .route("/", get(|| async { ROUTES }))
         .route("/healthz", get(|| async { "ok\n" }))
         .route(
@@ -737,4 +758,108 @@ async fn answer_after(
     };
     tokio::time::sleep(Duration::from_millis(ms)).await;
     (StatusCode::OK, format!("{what} {ms} ms\n"))
+}
+
+/// The most `/api/complete` waits before it answers.
+const MAX_COMPLETE_MS: u64 = 10_000;
+
+/// The routes whose cost is known once they have answered, each per API
+/// key (or client IP) through a live limiter: `POST /api/complete` charges
+/// the tokens its response says it used, `POST /api/login` counts only
+/// failed logins, `GET /api/flaky` gives a server error's unit back.
+fn after_routes(
+    live: &LivePolicies,
+    api_key: ApiKey,
+    failure: FailurePolicy,
+) -> Result<Router, BoxError> {
+    let complete = Policy::single(
+        "complete",
+        Limit::builder(Rate::per_minute(1000)).burst(1000).build()?,
+    )?;
+    let login = Policy::single(
+        "login",
+        Limit::builder(Rate::new(5, Duration::from_secs(15 * 60)))
+            .burst(5)
+            .build()?,
+    )?;
+    let flaky = Policy::single(
+        "flaky",
+        Limit::builder(Rate::per_minute(3)).burst(3).build()?,
+    )?;
+    Ok(Router::new()
+        .route(
+            "/api/complete",
+            post(complete_handler).layer(
+                RateLimitLayer::new(live.limiter(complete))
+                    .key(api_key.clone())
+                    .on_store_error(failure)
+                    .response_cost(ResponseCost::header("x-tokens-used")),
+            ),
+        )
+        .route(
+            "/api/login",
+            post(login_handler).layer(
+                RateLimitLayer::new(live.limiter(login))
+                    .key(api_key.clone())
+                    .on_store_error(failure)
+                    .response_cost(ResponseCost::count_if(|head| head.status == 401)),
+            ),
+        )
+        .route(
+            "/api/flaky",
+            get(flaky_handler).layer(
+                RateLimitLayer::new(live.limiter(flaky))
+                    .key(api_key)
+                    .on_store_error(failure)
+                    .response_cost(ResponseCost::refund_server_errors()),
+            ),
+        ))
+}
+
+/// A number from the query string: `default` when absent, `Err` with a
+/// 400 naming `name` when it is not an unsigned integer.
+fn query_number(
+    q: &HashMap<String, String>,
+    name: &str,
+    default: u64,
+) -> Result<u64, (StatusCode, String)> {
+    match q.get(name).map(|v| v.trim().parse::<u64>()) {
+        None => Ok(default),
+        Some(Ok(n)) => Ok(n),
+        Some(Err(_)) => Err((
+            StatusCode::BAD_REQUEST,
+            format!("{name} must be an unsigned integer\n"),
+        )),
+    }
+}
+
+/// `POST /api/complete?tokens=N&ms=M`: after `M` ms (default 0, at most
+/// 10000), a completion that says it used `N` tokens (default 100).
+async fn complete_handler(Query(q): Query<HashMap<String, String>>) -> Response {
+    let (tokens, ms) = match (query_number(&q, "tokens", 100), query_number(&q, "ms", 0)) {
+        (Ok(tokens), Ok(ms)) => (tokens, ms.min(MAX_COMPLETE_MS)),
+        (Err(bad), _) | (_, Err(bad)) => return bad.into_response(),
+    };
+    tokio::time::sleep(Duration::from_millis(ms)).await;
+    (
+        [("x-tokens-used", tokens.to_string())],
+        format!("completed: {tokens} tokens after {ms} ms\n"),
+    )
+        .into_response()
+}
+
+/// `POST /api/login?ok=1|0`: 200 when `ok=1`, 401 otherwise.
+async fn login_handler(Query(q): Query<HashMap<String, String>>) -> (StatusCode, &'static str) {
+    match q.get("ok").map(String::as_str) {
+        Some("1") => (StatusCode::OK, "logged in\n"),
+        _ => (StatusCode::UNAUTHORIZED, "wrong password\n"),
+    }
+}
+
+/// `GET /api/flaky?fail=1|0`: 500 when `fail=1`, 200 otherwise.
+async fn flaky_handler(Query(q): Query<HashMap<String, String>>) -> (StatusCode, &'static str) {
+    match q.get("fail").map(String::as_str) {
+        Some("1") => (StatusCode::INTERNAL_SERVER_ERROR, "failed\n"),
+        _ => (StatusCode::OK, "fine\n"),
+    }
 }

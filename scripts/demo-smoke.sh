@@ -12,6 +12,8 @@
 # Redis decides again once it is back, and two instances given different
 # seed nodes of one Redis Cluster (3 masters, 3 replicas) share their
 # counts, as do two instances that find one master through Redis Sentinel.
+# /api/complete, /api/login and /api/flaky charge, count and refund by the
+# response, on the memory store and through Redis.
 # The admin API (FLEETGATE_ADMIN_TOKEN) is 404 without the variable and 401
 # without the token; on two instances sharing one Redis, a policy changed
 # through one is enforced by the other within a second, a broken text
@@ -274,6 +276,54 @@ check_shed() { # label, url of 1st held report, url of 2nd and of the probes
 }
 check_shed "memory store /api/report + /api/charge" "$url" "$url"
 
+# Routes charged once the response is known, each with fresh API keys:
+# /api/complete charges its x-tokens-used (1000/min), /api/login counts
+# only its 401s (5/15min), /api/flaky refunds its 500s (3/min burst 3).
+after_check() { # label, url
+  local key="after-$RANDOM$RANDOM" got ra i
+  got=""
+  for i in 1 2 3; do
+    got+=$(curl -s -o /dev/null -w '%{http_code} ' -X POST -H "x-api-key: complete-$key" "$2/api/complete?tokens=400")
+  done
+  got+=$(curl -s -o /dev/null -w '%{http_code}/%header{retry-after}' -X POST -H "x-api-key: complete-$key" "$2/api/complete?tokens=400")
+  echo "$1 /api/complete, tokens=400 x 4: $got"
+  ra=${got##*/}
+  if [ "${got%/*}" != "200 200 200 429" ] || { [ "$ra" != 12 ] && [ "$ra" != 13 ]; }; then
+    echo "FAIL: expected three 200s, then 429 with Retry-After 12 or 13" >&2; exit 1
+  fi
+  got=""
+  for i in $(seq 20); do
+    got+=$(curl -s -o /dev/null -w '%{http_code} ' -X POST -H "x-api-key: login-$key" "$2/api/login?ok=1")
+  done
+  [ "$got" = "$(printf '200 %.0s' $(seq 20))" ] ||
+    { echo "FAIL: $1 /api/login: twenty ok=1 must pass, got $got" >&2; exit 1; }
+  got=""
+  for i in $(seq 5); do
+    got+=$(curl -s -o /dev/null -w '%{http_code} ' -X POST -H "x-api-key: login-$key" "$2/api/login?ok=0")
+  done
+  got+=$(curl -s -o /dev/null -w '%{http_code}' -X POST -H "x-api-key: login-$key" "$2/api/login?ok=1")
+  echo "$1 /api/login: 20 x ok=1 200, then 5 x ok=0 and ok=1: $got"
+  [ "$got" = "401 401 401 401 401 429" ] ||
+    { echo "FAIL: expected five 401s, then 429 with ok=1" >&2; exit 1; }
+  got=""
+  for i in $(seq 10); do
+    got+=$(curl -s -o /dev/null -w '%{http_code} ' -H "x-api-key: flaky-$key" "$2/api/flaky?fail=1")
+  done
+  got+="/ "
+  for i in $(seq 4); do
+    got+=$(curl -s -o /dev/null -w '%{http_code} ' -H "x-api-key: flaky-$key" "$2/api/flaky?fail=0")
+  done
+  echo "$1 /api/flaky, 10 x fail=1 / 4 x fail=0: $got"
+  [ "$got" = "$(printf '500 %.0s' $(seq 10))/ 200 200 200 429 " ] ||
+    { echo "FAIL: expected ten 500s (refunded), then three 200s and a 429" >&2; exit 1; }
+  got="$(curl -s -o /dev/null -w '%{http_code}' -X POST "$2/api/complete?tokens=lots")"
+  got+=" $(curl -s -o /dev/null -w '%{http_code}' -X POST "$2/api/complete?ms=-1")"
+  [ "$got" = "400 400" ] || { echo "FAIL: $1 /api/complete with bad numbers: $got, expected 400 400" >&2; exit 1; }
+}
+after_check "memory store" "$url"
+listed=$(curl -s "$url/" | grep -c -e '^POST /api/complete' -e '^POST /api/login' -e '^GET /api/flaky' || true)
+[ "$listed" = 3 ] || { echo "FAIL: GET / must list /api/complete, /api/login and /api/flaky" >&2; exit 1; }
+
 # The admin API. Without FLEETGATE_ADMIN_TOKEN, /admin does not exist.
 admin_token="smoke-$RANDOM$RANDOM"
 admin() { # url, method, path, [body]: prints the status; the body is in $tmp/admin-body
@@ -347,6 +397,7 @@ esac
 check_slow "two instances, one redis, /api/slow" "$a" "$b" "$a"
 check_shed "two instances, one redis, /api/report + /api/charge" "$a" "$b"
 window_check "$a" smoke-window-redis
+after_check "one redis" "$a"
 
 # Redis killed: the demo keeps answering within its 50 ms timeout, failing
 # open by default (pong, no rate-limit headers), 503 when told to fail
