@@ -160,7 +160,6 @@ async fn sentinels_and_master_over_tls_through_a_failover() {
     let _shared = crate::machine::shared().await;
     use common::sentinel::{MASTER_NAME, SentinelSet};
     use redis::sentinel::SentinelNodeConnectionInfo;
-    use std::time::Instant;
 
     let certs = Certs::new();
     let mut set = SentinelSet::start_tls(&certs).await;
@@ -194,35 +193,7 @@ async fn sentinels_and_master_over_tls_through_a_failover() {
     assert_eq!(keys.len(), 1, "the decision's key on the master");
 
     // The master dies; the replica (TLS port `ports.replica`) is promoted.
-    if let Some(master) = set.master.take() {
-        master.stop();
-    }
-    set.wait_switched(ports.replica, Duration::from_secs(30))
-        .await;
-    // The store finds it by itself (its calls fail until then); every
-    // failed call here is one the lookup has not caught up with yet.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let after = Key::new("after");
-    loop {
-        match limiter.check(&after, 1).await {
-            Ok(decision) => {
-                assert!(decision.is_allowed());
-                break;
-            }
-            Err(err) => assert!(
-                Instant::now() < deadline,
-                "no decision on the promoted replica: {err}"
-            ),
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let mut replica = set.connect(set.replica.port()).await;
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg("tls:*after*")
-        .query_async(&mut replica)
-        .await
-        .unwrap();
-    assert_eq!(keys.len(), 1, "the decision's key on the promoted replica");
+    decides_on_the_promoted_replica(&mut set, ports.replica, &limiter).await;
 }
 
 /// A master behind a private CA: `sentinel_master_tls` with the test's CA
@@ -238,7 +209,6 @@ async fn a_sentinel_master_behind_a_private_ca_is_checked_against_it() {
     use common::sentinel::{MASTER_NAME, SentinelSet};
     use redis::sentinel::SentinelNodeConnectionInfo;
     use redis::{RedisConnectionInfo, TlsCertificates};
-    use std::time::Instant;
 
     let certs = Certs::new();
     let mut set = SentinelSet::start_tls(&certs).await;
@@ -298,12 +268,24 @@ async fn a_sentinel_master_behind_a_private_ca_is_checked_against_it() {
 
     // The master dies; the replica is promoted, and checked against the
     // same CA.
+    decides_on_the_promoted_replica(&mut set, ports.replica, &limiter).await;
+}
+
+/// Kills the master, waits for the sentinels to promote the replica (TLS
+/// port `tls_port`), and for the store to find it by itself: its calls
+/// fail until then, each one the lookup has not caught up with yet. The
+/// decision's key must land on the promoted replica.
+#[cfg(feature = "sentinel")]
+async fn decides_on_the_promoted_replica(
+    set: &mut common::sentinel::SentinelSet,
+    tls_port: u16,
+    limiter: &Limiter,
+) {
     if let Some(master) = set.master.take() {
         master.stop();
     }
-    set.wait_switched(ports.replica, Duration::from_secs(30))
-        .await;
-    let deadline = Instant::now() + Duration::from_secs(30);
+    set.wait_switched(tls_port, Duration::from_secs(30)).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
     let after = Key::new("after");
     loop {
         match limiter.check(&after, 1).await {
@@ -312,7 +294,7 @@ async fn a_sentinel_master_behind_a_private_ca_is_checked_against_it() {
                 break;
             }
             Err(err) => assert!(
-                Instant::now() < deadline,
+                std::time::Instant::now() < deadline,
                 "no decision on the promoted replica: {err}"
             ),
         }
