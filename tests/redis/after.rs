@@ -9,137 +9,24 @@ use crate::common;
 
 use std::convert::Infallible;
 use std::io::Write;
-use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
-use bytes::Bytes;
 use common::RedisServer;
 use fleetgate::clock::ManualClock;
-use fleetgate::key::{HeaderKey, KeyExtractor};
+use fleetgate::key::HeaderKey;
 use fleetgate::rate_limit::ResponseCost;
-use fleetgate::{Key, Limit, Limiter, Policy, Rate, RateLimitLayer, RedisStore, TimeSource};
+use fleetgate::{Key, Limit, Limiter, Rate, RateLimitLayer, RedisStore, TimeSource};
 use http::{Request, Response, StatusCode};
-use http_body::Frame;
 use http_body_util::BodyExt;
-use tower::{ServiceBuilder, ServiceExt, service_fn};
+use tower::{ServiceBuilder, service_fn};
 
 /// A body of `chunks` frames of 100 bytes each.
-struct Chunks {
-    left: u64,
-}
-
-impl http_body::Body for Chunks {
-    type Data = Bytes;
-    type Error = Infallible;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        _cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
-        if self.left == 0 {
-            return Poll::Ready(None);
-        }
-        self.left -= 1;
-        Poll::Ready(Some(Ok(Frame::data(Bytes::from(vec![b'x'; 100])))))
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.left == 0
-    }
-}
-
-fn param(req: &Request<Body>, name: &str) -> Option<u64> {
-    req.uri().query()?.split('&').find_map(|pair| {
-        let (k, v) = pair.split_once('=')?;
-        (k == name).then(|| v.parse().ok())?
-    })
-}
-
-/// The handler: answers `status=S` (default 200), states `tokens=N` in
-/// `x-tokens-used`, and sends `chunks=C` frames of 100 bytes; counts its
-/// calls in `calls` and the calls in flight in `inside` (highest in
-/// `peak`), yielding `yields` times while in flight.
-#[derive(Clone, Default)]
-struct Handler {
-    calls: Arc<AtomicUsize>,
-    inside: Arc<AtomicUsize>,
-    peak: Arc<AtomicUsize>,
-}
-
-impl Handler {
-    fn service(
-        &self,
-    ) -> impl tower::Service<
-        Request<Body>,
-        Response = Response<Body>,
-        Error = Infallible,
-        Future = impl Future<Output = Result<Response<Body>, Infallible>> + Send,
-    > + Clone
-    + Send
-    + Sync
-    + 'static {
-        let this = self.clone();
-        service_fn(move |req: Request<Body>| {
-            let this = this.clone();
-            async move {
-                this.calls.fetch_add(1, Ordering::SeqCst);
-                let now = this.inside.fetch_add(1, Ordering::SeqCst) + 1;
-                this.peak.fetch_max(now, Ordering::SeqCst);
-                for _ in 0..param(&req, "yields").unwrap_or(0) {
-                    tokio::task::yield_now().await;
-                }
-                this.inside.fetch_sub(1, Ordering::SeqCst);
-                let status = param(&req, "status").unwrap_or(200) as u16;
-                let mut res = Response::builder().status(status);
-                if let Some(tokens) = param(&req, "tokens") {
-                    res = res.header("x-tokens-used", tokens);
-                }
-                let body = match param(&req, "chunks") {
-                    Some(left) => Body::new(Chunks { left }),
-                    None => Body::empty(),
-                };
-                Ok::<_, Infallible>(res.body(body).unwrap())
-            }
-        })
-    }
-}
-
-fn policy(name: &str, limit: Limit) -> Policy {
-    Policy::single(name, limit).unwrap()
-}
-
-fn request(uri: &str, api_key: &str) -> Request<Body> {
-    Request::post(uri)
-        .header("x-api-key", api_key)
-        .body(Body::empty())
-        .unwrap()
-}
-
-async fn call<S>(svc: &S, uri: &str, api_key: &str) -> Response<Body>
-where
-    S: tower::Service<Request<Body>, Response = Response<Body>, Error = Infallible> + Clone,
-{
-    svc.clone().oneshot(request(uri, api_key)).await.unwrap()
-}
-
-/// The key the layer's `HeaderKey` makes of `api_key` (hashed).
-fn key_of(api_key: &str) -> Key {
-    HeaderKey::new("x-api-key")
-        .extract(&request("/", api_key))
-        .unwrap()
-}
-
-fn retry_after(res: &Response<Body>) -> u64 {
-    res.headers()["retry-after"]
-        .to_str()
-        .unwrap()
-        .parse()
-        .unwrap()
-}
+#[path = "../common/response_cost.rs"]
+mod response_cost;
+use response_cost::*;
 
 /// Waits (polling, within 5 s) until `key`'s budget under `limiter` has
 /// `left` calls of cost 1 left: a charge made off the response's path
