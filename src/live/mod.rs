@@ -193,7 +193,6 @@ struct Fleet {
     refreshing: tokio::sync::Mutex<()>,
     id: String,
     started: SystemTime,
-    poll: Duration,
 }
 
 #[derive(Default)]
@@ -209,6 +208,9 @@ struct State {
     changes: Changes,
     version: u64,
     address: String,
+    /// How often the sync task checks the version.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    poll: Duration,
     started: bool,
     instances: Vec<Instance>,
 }
@@ -247,23 +249,24 @@ impl LivePolicies {
                 store,
                 #[cfg(feature = "redis")]
                 redis,
-                state: Mutex::new(State::default()),
+                state: Mutex::new(State {
+                    poll: DEFAULT_POLL,
+                    ..State::default()
+                }),
                 id,
                 started: SystemTime::now(),
                 #[cfg(feature = "redis")]
                 refreshing: tokio::sync::Mutex::new(()),
-                poll: DEFAULT_POLL,
             }),
         }
     }
 
     /// How often each instance checks for changes (default 250 ms):
     /// changes reach every instance within about this long. Each check is
-    /// one small script call; at least 10 ms. Set before [`start`](Self::start).
-    pub fn poll_every(mut self, every: Duration) -> Self {
-        if let Some(fleet) = Arc::get_mut(&mut self.fleet) {
-            fleet.poll = every.max(Duration::from_millis(10));
-        }
+    /// one small script call; at least 10 ms. Set before [`start`](Self::start)
+    /// (it applies to every clone).
+    pub fn poll_every(self, every: Duration) -> Self {
+        self.fleet.lock().poll = every.max(Duration::from_millis(10));
         self
     }
 
@@ -855,7 +858,7 @@ fn spawn_sync(fleet: Weak<Fleet>) {
         return;
     };
     let poll = match fleet.upgrade() {
-        Some(f) => f.poll,
+        Some(f) => f.lock().poll,
         None => return,
     };
     runtime.spawn(async move {
@@ -921,4 +924,19 @@ fn parse_heartbeat(id: &str, value: &str) -> Option<Instance> {
         started: UNIX_EPOCH + Duration::from_millis(started),
         last_seen: UNIX_EPOCH + Duration::from_millis(seen),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn poll_every_applies_to_every_clone() {
+        let live = LivePolicies::new(crate::MemoryStore::new());
+        let other = live.clone();
+        let live = live.poll_every(Duration::from_millis(40));
+        assert_eq!(other.fleet.lock().poll, Duration::from_millis(40));
+        let live = live.poll_every(Duration::ZERO);
+        assert_eq!(live.fleet.lock().poll, Duration::from_millis(10));
+    }
 }
