@@ -156,9 +156,9 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
-    const S: u64 = 1_000_000;
+    pub(super) const S: u64 = 1_000_000;
 
-    fn one(emission: u64, burst: u64) -> [Params; 1] {
+    pub(super) fn one(emission: u64, burst: u64) -> [Params; 1] {
         [Params {
             emission,
             tolerance: emission * burst,
@@ -472,17 +472,9 @@ pub(crate) fn refund<P: AsParams>(params: &[P], tats: &mut [u64], now: u64, cost
 
 #[cfg(test)]
 mod adjust_tests {
+    use super::tests::{S, one};
     use super::*;
     use std::time::Duration;
-
-    const S: u64 = 1_000_000;
-
-    fn one(emission: u64, burst: u64) -> [Params; 1] {
-        [Params {
-            emission,
-            tolerance: emission * burst,
-        }]
-    }
 
     #[test]
     fn a_charge_goes_into_debt_and_is_repaid_at_the_rate() {

@@ -578,9 +578,9 @@ pub(crate) fn refund(windows: &[Window], state: &mut State<'_>, now: u64, cost: 
 mod tests {
     use super::*;
 
-    const S: u64 = 1_000_000;
+    pub(super) const S: u64 = 1_000_000;
 
-    fn w(count: u64, secs: u64) -> Window {
+    pub(super) fn w(count: u64, secs: u64) -> Window {
         Window {
             length: secs * S,
             count,
@@ -733,16 +733,8 @@ mod tests {
 
 #[cfg(test)]
 mod adjust_tests {
+    use super::tests::{S, w};
     use super::*;
-
-    const S: u64 = 1_000_000;
-
-    fn w(count: u64, secs: u64) -> Window {
-        Window {
-            length: secs * S,
-            count,
-        }
-    }
 
     #[test]
     fn a_fixed_window_forgets_its_overdraft_at_its_end() {
