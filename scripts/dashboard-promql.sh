@@ -50,7 +50,7 @@ for panel in dashboard["panels"]:
 for var in dashboard["templating"]["list"]:
     if var["type"] == "query":
         # label_values(selector, label): the selector is the query.
-        query = var["query"]["query"]
+        query = var["query"]
         selector = re.fullmatch(r"label_values\((.*), *\w+\)", query, re.S)
         if not selector:
             sys.exit(f"${var['name']}: not label_values(selector, label): {query}")
