@@ -811,10 +811,10 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// The most calls one script decides (default 64); more queued calls
-    /// wait for the next free slot. Zero is refused
-    /// ([`ConfigError::ZeroBatch`]); 1 sends queued calls one by one, at
-    /// most [`max_in_flight`](Self::max_in_flight) at once.
+    /// The most calls one script decides (default 64); more calls queued
+    /// in the same turn go in further scripts, sent one after the other.
+    /// Zero is refused ([`ConfigError::ZeroBatch`]); 1 sends queued calls
+    /// one script each.
     pub fn max_batch(mut self, calls: usize) -> Self {
         self.max_batch = calls;
         self
