@@ -178,6 +178,7 @@ pub mod concurrency;
 mod decision;
 mod error;
 pub(crate) mod gcra;
+pub mod grpc;
 pub mod key;
 mod layer;
 pub mod lease;

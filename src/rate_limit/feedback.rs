@@ -4,8 +4,8 @@
 
 use std::time::{Duration, SystemTime};
 
-use http::StatusCode;
 use http::header::RETRY_AFTER;
+use http::{HeaderMap, StatusCode};
 
 use super::quota::{UpstreamQuota, quotas, tightest};
 use super::retry_after::parse_retry_after;
@@ -74,6 +74,14 @@ where
 /// (`120`) or an HTTP date in any form RFC 9110 allows (a date in the past
 /// is no pause; a value that is neither is ignored).
 ///
+/// A gRPC upstream's refusal counts too: a trailers-only response (the
+/// status in its headers, as fleetgate's own [`grpc`](crate::RateLimitLayer::grpc)
+/// refusals and most servers' early refusals are) with `grpc-status`
+/// `RESOURCE_EXHAUSTED` (8) or `UNAVAILABLE` (14) pauses for its
+/// `grpc-retry-pushback-ms`, else its `Retry-After`. A status sent in the
+/// trailers after a streamed body comes too late for the response this
+/// reads; see the [gRPC guide](crate::grpc).
+///
 /// The pause is capped ([`max_pause`](Self::max_pause), 10 minutes by
 /// default) so that a broken or hostile upstream cannot stop the fleet for
 /// years. A 429 or 503 without a usable `Retry-After` pauses nothing unless
@@ -131,18 +139,42 @@ impl Default for RetryAfter {
 
 impl<B> UpstreamFeedback<http::Response<B>> for RetryAfter {
     fn pause(&self, response: &http::Response<B>) -> Option<Duration> {
+        let headers = response.headers();
         let status = response.status();
-        if status != StatusCode::TOO_MANY_REQUESTS && status != StatusCode::SERVICE_UNAVAILABLE {
+        let grpc = grpc_refusal(headers);
+        if !grpc
+            && status != StatusCode::TOO_MANY_REQUESTS
+            && status != StatusCode::SERVICE_UNAVAILABLE
+        {
             return None;
         }
-        let asked = response
-            .headers()
-            .get(RETRY_AFTER)
-            .and_then(|value| parse_retry_after(value.as_bytes(), SystemTime::now()));
+        let pushback = if grpc { grpc_pushback(headers) } else { None };
+        let asked = pushback.or_else(|| {
+            headers
+                .get(RETRY_AFTER)
+                .and_then(|value| parse_retry_after(value.as_bytes(), SystemTime::now()))
+        });
         asked
             .or(self.fallback)
             .map(|pause| pause.min(self.max_pause))
     }
+}
+
+/// Whether `headers` end a gRPC call (trailers-only: the status in the
+/// headers) with `RESOURCE_EXHAUSTED` (8) or `UNAVAILABLE` (14), gRPC's
+/// 429 and 503.
+fn grpc_refusal(headers: &HeaderMap) -> bool {
+    headers
+        .get("grpc-status")
+        .is_some_and(|code| code == "8" || code == "14")
+}
+
+/// `grpc-retry-pushback-ms`, when it is a whole number of milliseconds. A
+/// negative value (the server's "do not retry") or anything else is no
+/// pause of its own.
+fn grpc_pushback(headers: &HeaderMap) -> Option<Duration> {
+    let value = headers.get("grpc-retry-pushback-ms")?.to_str().ok()?;
+    value.parse::<u64>().ok().map(Duration::from_millis)
 }
 
 /// Reads the upstream's own rate-limit headers on every response, and
@@ -298,6 +330,38 @@ mod tests {
             builder = builder.header(RETRY_AFTER, value);
         }
         builder.body(()).unwrap()
+    }
+
+    fn grpc(code: &str, pushback: Option<&str>, retry_after: Option<&str>) -> http::Response<()> {
+        let mut builder = http::Response::builder().header("grpc-status", code);
+        if let Some(ms) = pushback {
+            builder = builder.header("grpc-retry-pushback-ms", ms);
+        }
+        if let Some(secs) = retry_after {
+            builder = builder.header(RETRY_AFTER, secs);
+        }
+        builder.body(()).unwrap()
+    }
+
+    #[test]
+    fn pauses_on_grpc_refusals_with_pushback() {
+        let f = RetryAfter::new().max_pause(Duration::from_secs(60));
+        let ms = Duration::from_millis;
+        assert_eq!(f.pause(&grpc("8", Some("1500"), Some("2"))), Some(ms(1500)));
+        assert_eq!(f.pause(&grpc("14", Some("250"), None)), Some(ms(250)));
+        // Capped; without a pushback, the Retry-After.
+        assert_eq!(
+            f.pause(&grpc("8", Some("99999999"), None)),
+            Some(ms(60_000))
+        );
+        assert_eq!(f.pause(&grpc("8", None, Some("3"))), Some(ms(3000)));
+        // "Do not retry", nonsense, another status: no pause of their own.
+        assert_eq!(f.pause(&grpc("8", Some("-1"), None)), None);
+        assert_eq!(f.pause(&grpc("8", Some("soon"), None)), None);
+        assert_eq!(f.pause(&grpc("0", Some("1500"), None)), None);
+        assert_eq!(f.pause(&grpc("13", Some("1500"), None)), None);
+        let f = f.fallback(ms(700));
+        assert_eq!(f.pause(&grpc("8", Some("-1"), None)), Some(ms(700)));
     }
 
     #[test]

@@ -252,6 +252,8 @@ pub(crate) struct RateSettings {
     /// inner service has answered. `None` (the usual case) costs one
     /// branch.
     pub(crate) after: Option<ResponseCost>,
+    /// Refusals are gRPC statuses ([`RateLimitLayer::grpc`]).
+    pub(crate) grpc: bool,
 }
 
 impl RateSettings {
@@ -428,6 +430,7 @@ impl RateSettings {
         };
         match &self.rejection {
             Some(custom) => custom(&rejection),
+            None if self.grpc => rejection.grpc_response(),
             None => rejection.default_response(),
         }
     }

@@ -1,0 +1,2 @@
+//! gRPC: the layers around tonic servers and clients.
+#![doc = include_str!("../docs/grpc.md")]
