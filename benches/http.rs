@@ -178,25 +178,9 @@ impl Round {
 /// The server thread's name, to find it in `/proc/self/task`.
 const SERVER_THREAD: &str = "bench-server";
 
-/// CPU time (user + system) the server thread has used so far: fields 14
-/// and 15 of `/proc/self/task/<tid>/stat`, in the kernel's USER_HZ ticks
-/// (100 per second on Linux). `None` where there is no such file.
+/// CPU time the server thread has used so far.
 fn server_cpu_time() -> Option<Duration> {
-    for task in std::fs::read_dir("/proc/self/task").ok()? {
-        let dir = task.ok()?.path();
-        let comm = std::fs::read_to_string(dir.join("comm")).ok()?;
-        if comm.trim() != SERVER_THREAD {
-            continue;
-        }
-        let stat = std::fs::read_to_string(dir.join("stat")).ok()?;
-        // The fields after the parenthesised name, from field 3 on.
-        let rest = &stat[stat.rfind(')')? + 1..];
-        let fields: Vec<&str> = rest.split_whitespace().collect();
-        let ticks: u64 =
-            fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
-        return Some(Duration::from_millis(ticks * 10));
-    }
-    None
+    common::thread_cpu_time(SERVER_THREAD)
 }
 
 struct Row {

@@ -63,6 +63,28 @@ pub fn pin(cpu: usize) {
     }
 }
 
+/// CPU time (user + system) this process's thread named `name` has used
+/// so far: fields 14 and 15 of `/proc/self/task/<tid>/stat`, in the
+/// kernel's USER_HZ ticks (100 per second on Linux). `None` where there is
+/// no such file.
+pub fn thread_cpu_time(name: &str) -> Option<Duration> {
+    for task in std::fs::read_dir("/proc/self/task").ok()? {
+        let dir = task.ok()?.path();
+        let comm = std::fs::read_to_string(dir.join("comm")).ok()?;
+        if comm.trim() != name {
+            continue;
+        }
+        let stat = std::fs::read_to_string(dir.join("stat")).ok()?;
+        // The fields after the parenthesised name, from field 3 on.
+        let rest = &stat[stat.rfind(')')? + 1..];
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        let ticks: u64 =
+            fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+        return Some(Duration::from_millis(ticks * 10));
+    }
+    None
+}
+
 /// One `field:value` line of an `INFO` reply.
 pub fn info_field<'a>(info: &'a str, field: &str) -> Option<&'a str> {
     info.lines()
