@@ -119,3 +119,29 @@ on_both_stores!(shed_tier_by_method_while_streams_run, store => {
         }
     }
 });
+
+on_both_stores!(stream_lease_is_renewed_while_it_runs, store => {
+    // A lease of 1 s, renewed every third of it: a stream open for 3 s
+    // must still hold its slot (time is the subject: measured from when
+    // the lease was taken, with two thirds of the TTL to spare for a late
+    // renewal on a loaded machine).
+    let policy = ConcurrencyPolicy::builder("renewed", 1)
+        .lease_ttl(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let limiter = ConcurrencyLimiter::new(policy, std::sync::Arc::clone(&store.store));
+    let layer = ConcurrencyLimitLayer::new(limiter).key(GlobalKey::new()).grpc();
+    let (greeter, mut dropped) = Greeter::new();
+    let addr = serve!(layer, greeter.clone());
+    let mut client = GreeterClient::new(channel(addr).await);
+
+    let mut stream = client.say_hello_stream(hello("ada", None)).await.expect("admitted").into_inner();
+    stream.message().await.expect("a reply").expect("one reply");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let status = client.say_hello(hello("bob", None)).await.unwrap_err();
+    assert_eq!(status.code(), Code::ResourceExhausted, "the lease lapsed: {status:?}");
+
+    drop(stream);
+    stream_dropped(&mut dropped).await;
+    admitted_again(&mut client).await;
+});
