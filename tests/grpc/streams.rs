@@ -1,10 +1,12 @@
 //! Streaming calls hold their concurrency lease (and their place in the
-//! fleet shedder) until the response stream ends or the client cancels it.
+//! fleet shedder) until the response stream ends or the client cancels it;
+//! shedding tiers by method.
 
 use std::time::{Duration, Instant};
 
+use fleetgate::clock::ManualClock;
 use fleetgate::key::GlobalKey;
-use fleetgate::shed::{RouteTiers, Tiers};
+use fleetgate::shed::{RouteTiers, Tiers, UtilizationShedLayer, UtilizationShedder};
 use fleetgate::{
     ConcurrencyLimitLayer, ConcurrencyLimiter, ConcurrencyPolicy, FleetShedLayer, FleetShedPolicy,
     FleetShedder,
@@ -145,3 +147,38 @@ on_both_stores!(stream_lease_is_renewed_while_it_runs, store => {
     stream_dropped(&mut dropped).await;
     admitted_again(&mut client).await;
 });
+
+/// The worker-utilization shedder is local to the process (no store):
+/// once saturated, its gRPC refusal is `UNAVAILABLE` with its retry hint.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn utilization_shed_is_unavailable() {
+    let clock = ManualClock::new(Duration::from_secs(1));
+    let shedder = UtilizationShedder::gauge(|| 1.0)
+        .delay(Duration::ZERO)
+        .ramp(Duration::from_secs(1))
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let critical = shedder.tiers().critical();
+    drop(shedder.admit(critical).expect("critical is never shed"));
+    clock.advance(Duration::from_secs(2));
+    drop(shedder.admit(critical).expect("critical is never shed"));
+    assert_eq!(shedder.state().amount(), Some(1.0), "sheds all it may");
+
+    let routes = RouteTiers::new(shedder.tiers())
+        .route(None, "/fleetgate.demo.Greeter/SayHello", "low")
+        .unwrap();
+    let layer = UtilizationShedLayer::new(shedder)
+        .classify(routes)
+        .retry_after(Duration::from_millis(2500))
+        .grpc();
+    let (greeter, _dropped) = Greeter::new();
+    let addr = serve!(layer, greeter.clone());
+    let mut client = GreeterClient::new(channel(addr).await);
+    let status = client.say_hello(hello("ada", None)).await.unwrap_err();
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    assert!(status.message().contains("low"), "{}", status.message());
+    assert_eq!(crate::pushback_ms(&status), 2500);
+    assert_eq!(crate::meta(&status, "retry-after"), "3");
+    assert_eq!(greeter.calls(), 0);
+}
