@@ -19,6 +19,8 @@ use crate::lease::{GuardedBody, Lease};
 ///
 /// - axum's `Body` (every route of an axum `Router`, whatever the layers
 ///   added with `Router::layer` before this one);
+/// - tonic's `Body` (feature `grpc`: what a tonic server's services and a
+///   tonic client's `Channel` answer in);
 /// - `String` (a custom rejection body that is not UTF-8 is converted
 ///   lossily, so a `Content-Length` set by that rejection would no longer
 ///   match: leave it to the server);
@@ -68,6 +70,19 @@ impl RefusalBody for axum::body::Body {
 
     fn metered(self, meter: BodyMeter) -> Self {
         axum::body::Body::new(Metered::new(self, meter))
+    }
+}
+
+#[cfg(feature = "grpc")]
+impl RefusalBody for tonic::body::Body {
+    fn refusal(text: Bytes) -> Self {
+        // A gRPC refusal has no body: an empty body ends the stream with
+        // the headers, which makes the response trailers-only.
+        if text.is_empty() {
+            tonic::body::Body::empty()
+        } else {
+            tonic::body::Body::new(Full::new(text))
+        }
     }
 }
 
