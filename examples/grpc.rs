@@ -151,8 +151,7 @@ async fn run() -> Result<(), BoxError> {
     )?;
     let limit = RateLimitLayer::per_route(routes)?
         .key(HeaderKey::new("x-api-key").or(PeerIp))
-        .grpc()
-        .any_body();
+        .grpc();
 
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<GreeterServer<Greetings>>().await;

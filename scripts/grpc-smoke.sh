@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Runs the gRPC demo the way README.md tells users to, and checks what it
 # promises: with the memory store, the client's sixth quick call gets
-# RESOURCE_EXHAUSTED with grpc-retry-pushback-ms > 0 and another API key
-# has a budget of its own; two demos pointed at one Redis share their
-# counts; on SIGTERM the demo exits 0. Needs redis-server (scripts/test.sh
-# installs it).
+# RESOURCE_EXHAUSTED with grpc-retry-pushback-ms > 0, another API key has
+# a budget of its own, and so has a caller without one (its peer IP); two
+# demos pointed at one Redis share their counts; on SIGTERM the demo exits
+# 0. Needs redis-server (scripts/test.sh installs it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -71,6 +71,8 @@ expect "grpc memory store, key a" "$(tail -n 1 "$tmp/client.out")" \
 grep -q '^call 6: ResourceExhausted .* pushback_ms=[1-9][0-9]*$' "$tmp/client.out" ||
   { echo "FAIL: the sixth call must be RESOURCE_EXHAUSTED with grpc-retry-pushback-ms > 0" >&2; exit 1; }
 expect "grpc memory store, key b" "$(calls "$mem" 6 smoke-b)" \
+  "calls=6 ok=5 resource_exhausted=1 other=0"
+expect "grpc memory store, no key (peer IP)" "$(calls "$mem" 6 "")" \
   "calls=6 ok=5 resource_exhausted=1 other=0"
 
 kill -TERM "$demo_pid"
