@@ -18,6 +18,9 @@
 //!
 //! Each case starts a fresh server, warms up, checks with one call that it
 //! answers as the case says (OK or `RESOURCE_EXHAUSTED`), then measures.
+//! The CPU time of the server's thread and of the loader's over the
+//! measured phase (Linux `/proc`, 10 ms ticks), divided by its calls, says
+//! what a call cost each side, whichever was the bottleneck.
 //! The list of cases runs `FLEETGATE_BENCH_ROUNDS` times (default 5), one
 //! case after the other, so that load from elsewhere hits one round of
 //! every case rather than all rounds of one; each row is the case's median
@@ -132,6 +135,8 @@ struct Round {
     scripts: u64,
     /// CPU time of the server's thread during the measured phase (Linux).
     server_cpu: Option<Duration>,
+    /// CPU time of the load generator's thread during the measured phase.
+    loader_cpu: Option<Duration>,
 }
 
 struct Row {
@@ -141,6 +146,7 @@ struct Row {
     /// Calls/s of each round, in the order the rounds ran.
     rounds: Vec<f64>,
     server_cpu: Option<Duration>,
+    loader_cpu: Option<Duration>,
 }
 
 #[derive(Default)]
@@ -217,8 +223,14 @@ fn main() -> Result<(), BoxError> {
         .into_iter()
         .zip(rounds)
         .map(|((variant, load), mut rounds)| {
-            let mut cpu: Vec<Duration> = rounds.iter().filter_map(cpu_per_call).collect();
-            cpu.sort_unstable();
+            let median_cpu = |cpu: fn(&Round) -> Option<Duration>| {
+                let mut per_call: Vec<Duration> =
+                    rounds.iter().filter_map(|r| per_call(r, cpu(r))).collect();
+                per_call.sort_unstable();
+                per_call.get(per_call.len() / 2).copied()
+            };
+            let server_cpu = median_cpu(|r| r.server_cpu);
+            let loader_cpu = median_cpu(|r| r.loader_cpu);
             let per_round = rounds.iter().map(|r| r.per_sec).collect();
             rounds.sort_by(|a, b| a.per_sec.total_cmp(&b.per_sec));
             Row {
@@ -226,7 +238,8 @@ fn main() -> Result<(), BoxError> {
                 load,
                 median: rounds[rounds.len() / 2].clone(),
                 rounds: per_round,
-                server_cpu: cpu.get(cpu.len() / 2).copied(),
+                server_cpu,
+                loader_cpu,
             }
         })
         .collect();
@@ -234,9 +247,9 @@ fn main() -> Result<(), BoxError> {
     Ok(())
 }
 
-fn cpu_per_call(round: &Round) -> Option<Duration> {
+fn per_call(round: &Round, cpu: Option<Duration>) -> Option<Duration> {
     let calls = u32::try_from(round.calls.max(1)).unwrap_or(u32::MAX);
-    round.server_cpu.map(|cpu| cpu / calls)
+    cpu.map(|cpu| cpu / calls)
 }
 
 fn run_case(
@@ -354,14 +367,17 @@ fn measure_case(
         return Err(format!("expected {:?} after the warm-up, got {code:?}", load.code()).into());
     }
     admin_rt.block_on(stats::reset_stats(admin));
-    let cpu_before = common::thread_cpu_time(SERVER_THREAD);
+    let server_before = common::thread_cpu_time(SERVER_THREAD);
+    let loader_before = common::own_thread_cpu_time();
     let mut round = loader_rt.block_on(generate(&channels, plan.streams, plan.measure))?;
-    round.server_cpu = match (cpu_before, common::thread_cpu_time(SERVER_THREAD)) {
-        (Some(before), Some(after)) => Some(after.saturating_sub(before)),
-        _ => None,
-    };
+    round.server_cpu = spent(server_before, common::thread_cpu_time(SERVER_THREAD));
+    round.loader_cpu = spent(loader_before, common::own_thread_cpu_time());
     round.scripts = admin_rt.block_on(stats::script_calls(admin));
     Ok(round)
+}
+
+fn spent(before: Option<Duration>, after: Option<Duration>) -> Option<Duration> {
+    Some(after?.saturating_sub(before?))
 }
 
 /// `count` HTTP/2 connections to the server.
@@ -437,6 +453,7 @@ async fn generate(
         failed,
         scripts: 0,
         server_cpu: None,
+        loader_cpu: None,
     })
 }
 
@@ -467,22 +484,22 @@ fn print_table(rows: &[Row], plan: &Plan, redis_version: &str) {
         plan.connections, plan.streams, plan.warm_up, plan.measure, plan.rounds,
     );
     println!(
-        "| case | load | calls/s | x bare | p50 µs | p99 µs | server CPU µs / call | calls | refused | failed | Redis scripts / call | calls/s of each round |"
+        "| case | load | calls/s | x bare | p50 µs | p99 µs | server CPU µs / call | loader CPU µs / call | calls | refused | failed | Redis scripts / call | calls/s of each round |"
     );
-    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|");
+    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|");
     for r in rows {
         let m = &r.median;
         let each: Vec<String> = r.rounds.iter().map(|x| format!("{x:.0}")).collect();
         println!(
-            "| {} | {} | {:.0} | {:.2} | {:.0} | {:.0} | {} | {} | {} | {} | {:.3} | {} |",
+            "| {} | {} | {:.0} | {:.2} | {:.0} | {:.0} | {} | {} | {} | {} | {} | {:.3} | {} |",
             r.variant.name(),
             r.load.name(),
             m.per_sec,
             paired(&r.rounds, bare),
             micros(m.p50),
             micros(m.p99),
-            r.server_cpu
-                .map_or("-".to_owned(), |cpu| format!("{:.1}", micros(cpu))),
+            cpu_cell(r.server_cpu),
+            cpu_cell(r.loader_cpu),
             m.calls,
             m.refused,
             m.failed,
@@ -490,4 +507,8 @@ fn print_table(rows: &[Row], plan: &Plan, redis_version: &str) {
             each.join(", "),
         );
     }
+}
+
+fn cpu_cell(cpu: Option<Duration>) -> String {
+    cpu.map_or("-".to_owned(), |cpu| format!("{:.1}", micros(cpu)))
 }
