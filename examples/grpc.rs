@@ -12,7 +12,10 @@
 //! metadata (hashed), or per peer IP without one, to a burst of 5
 //! refilling 1 per second: the sixth quick call gets `RESOURCE_EXHAUSTED`
 //! with `grpc-retry-pushback-ms`, the wait before a call would pass.
-//! Health checks are never limited.
+//! Health checks are never limited. Any `x-api-key` value is an identity
+//! here, so a client could multiply its budget by inventing keys: a real
+//! server keys by the identity its authentication verified (README, "Key
+//! by what a client cannot choose").
 //!
 //! Environment:
 //! - `FLEETGATE_GRPC_ADDR`: listen address (default `127.0.0.1:50051`).
