@@ -44,6 +44,17 @@ pub trait UpstreamFeedback<Res>: Clone + Send + Sync + 'static {
     fn is_enabled(&self) -> bool {
         true
     }
+
+    /// How to read the trailers that end a response's body (a gRPC status
+    /// sent after a streamed reply): a [`RetryAfter`] whose gRPC reading
+    /// (`RESOURCE_EXHAUSTED` or `UNAVAILABLE` with
+    /// `grpc-retry-pushback-ms`) pauses the identity when the trailers
+    /// arrive, after the response was handed back. `None` (the default):
+    /// bodies are not watched. Read only in bodies that can be watched
+    /// (tonic's `Body`, feature `grpc`).
+    fn trailers(&self) -> Option<RetryAfter> {
+        None
+    }
 }
 
 /// No upstream feedback: the default.
@@ -78,9 +89,9 @@ where
 /// status in its headers, as fleetgate's own [`grpc`](crate::RateLimitLayer::grpc)
 /// refusals and most servers' early refusals are) with `grpc-status`
 /// `RESOURCE_EXHAUSTED` (8) or `UNAVAILABLE` (14) pauses for its
-/// `grpc-retry-pushback-ms`, else its `Retry-After`. A status sent in the
-/// trailers after a streamed body comes too late for the response this
-/// reads; see the [gRPC guide](crate::grpc).
+/// `grpc-retry-pushback-ms`, else its `Retry-After`. Such a status in the
+/// trailers after a streamed reply pauses too, when the trailers arrive,
+/// in tonic's `Body` (feature `grpc`); see the [gRPC guide](crate::grpc).
 ///
 /// The pause is capped ([`max_pause`](Self::max_pause), 10 minutes by
 /// default) so that a broken or hostile upstream cannot stop the fleet for
@@ -155,6 +166,28 @@ impl<B> UpstreamFeedback<http::Response<B>> for RetryAfter {
                 .and_then(|value| parse_retry_after(value.as_bytes(), SystemTime::now()))
         });
         asked
+            .or(self.fallback)
+            .map(|pause| pause.min(self.max_pause))
+    }
+
+    fn trailers(&self) -> Option<RetryAfter> {
+        Some(*self)
+    }
+}
+
+impl RetryAfter {
+    /// A gRPC refusal's pause: its pushback, else its `Retry-After`, else
+    /// the fallback, capped; `None` when `headers` are no gRPC refusal.
+    pub(crate) fn grpc_pause(&self, headers: &HeaderMap) -> Option<Duration> {
+        if !grpc_refusal(headers) {
+            return None;
+        }
+        grpc_pushback(headers)
+            .or_else(|| {
+                headers
+                    .get(RETRY_AFTER)
+                    .and_then(|value| parse_retry_after(value.as_bytes(), SystemTime::now()))
+            })
             .or(self.fallback)
             .map(|pause| pause.min(self.max_pause))
     }
@@ -283,6 +316,10 @@ impl Default for UpstreamHeaders {
 impl<B> UpstreamFeedback<http::Response<B>> for UpstreamHeaders {
     fn pause(&self, response: &http::Response<B>) -> Option<Duration> {
         self.retry_after.as_ref()?.pause(response)
+    }
+
+    fn trailers(&self) -> Option<RetryAfter> {
+        self.retry_after
     }
 
     fn quota(&self, response: &http::Response<B>) -> Option<UpstreamQuota> {

@@ -182,6 +182,7 @@ mod quota;
 mod retry_after;
 mod routes;
 mod service;
+mod trailers;
 mod upstream;
 
 use std::sync::Arc;
@@ -196,6 +197,8 @@ pub use self::layer::RateLimitLayer;
 pub use self::quota::UpstreamQuota;
 pub use self::routes::RoutePolicies;
 pub use self::service::RateLimit;
+#[doc(hidden)]
+pub use self::trailers::TrailerWatch;
 pub use self::upstream::within_window;
 
 pub(crate) use self::after::MeterTarget;
@@ -203,6 +206,8 @@ pub(crate) use self::cost::Cost;
 pub(crate) use self::feedback::NoFeedback;
 use self::future::ResponseFuture;
 pub(crate) use self::live::{LiveSettings, Recipe};
+#[cfg(feature = "grpc")]
+pub(crate) use self::trailers::Watched;
 
 use crate::decision::Decision;
 use crate::error::StoreError;

@@ -8,6 +8,7 @@ use http_body_util::{BodyExt, Full};
 use super::Metered;
 use super::{BodyMeter, ResponseBody};
 use crate::lease::{GuardedBody, Lease};
+use crate::rate_limit::TrailerWatch;
 
 /// A response body type the rate-limit layer can answer a refusal in: the
 /// body of the 429 (or 503, or 400) is built from the refusal's text.
@@ -60,6 +61,22 @@ pub trait RefusalBody: Sized {
         meter.finish();
         self
     }
+
+    /// For upstream feedback from trailers
+    /// ([`UpstreamFeedback::trailers`](crate::rate_limit::UpstreamFeedback::trailers)):
+    /// this body, with `watch` reading its trailers. By default the body
+    /// is not wrapped and its trailers are not read; tonic's `Body` reads
+    /// them.
+    #[doc(hidden)]
+    fn watch_trailers(self, watch: TrailerWatch) -> Self {
+        drop(watch);
+        self
+    }
+
+    /// Whether [`watch_trailers`](Self::watch_trailers) reads them: when
+    /// not, the layer builds no watch.
+    #[doc(hidden)]
+    const WATCHES_TRAILERS: bool = false;
 }
 
 #[cfg(feature = "axum")]
@@ -83,6 +100,12 @@ impl RefusalBody for tonic::body::Body {
         } else {
             tonic::body::Body::new(Full::new(text))
         }
+    }
+
+    const WATCHES_TRAILERS: bool = true;
+
+    fn watch_trailers(self, watch: TrailerWatch) -> Self {
+        tonic::body::Body::new(crate::rate_limit::Watched::new(self, watch))
     }
 }
 

@@ -1,0 +1,110 @@
+//! Upstream feedback read from a response body's trailers: a gRPC status
+//! sent after a streamed reply, too late for the response future.
+
+use std::sync::Arc;
+
+use http::HeaderMap;
+
+use super::{RateSettings, RetryAfter, UpstreamQuota};
+use crate::key::Key;
+
+/// What a watched body needs to pause its call's identity when its
+/// trailers ask for it. Handed to
+/// [`RefusalBody::watch_trailers`](crate::response::RefusalBody); not
+/// built outside this crate.
+#[doc(hidden)]
+pub struct TrailerWatch {
+    reader: RetryAfter,
+    settings: Arc<RateSettings>,
+    key: Key,
+}
+
+impl std::fmt::Debug for TrailerWatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TrailerWatch").finish_non_exhaustive()
+    }
+}
+
+impl TrailerWatch {
+    pub(crate) fn new(reader: RetryAfter, settings: Arc<RateSettings>, key: Key) -> Self {
+        TrailerWatch {
+            reader,
+            settings,
+            key,
+        }
+    }
+
+    /// Reads `trailers`; records the pause they ask for, if any: at once
+    /// on the memory store, else in a task of the current tokio runtime
+    /// (the body's reader should not wait for the store).
+    pub(crate) fn seen(self, trailers: &HeaderMap) {
+        let Some(pause) = self.reader.grpc_pause(trailers).filter(|p| !p.is_zero()) else {
+            return;
+        };
+        let hold = UpstreamQuota {
+            remaining: 0,
+            reset: pause,
+        };
+        let mut report = self.settings.limiter.defer(&self.key, pause);
+        if let Some(recorded) = report.take_ready() {
+            super::future::log_hold(&self.settings, hold, &recorded);
+            return;
+        }
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let settings = self.settings;
+            runtime.spawn(async move {
+                let recorded = report.await;
+                super::future::log_hold(&settings, hold, &recorded);
+            });
+        }
+    }
+}
+
+#[cfg(feature = "grpc")]
+pin_project_lite::pin_project! {
+    /// A body whose trailers are read by a [`TrailerWatch`].
+    pub(crate) struct Watched<B> {
+        #[pin]
+        inner: B,
+        watch: Option<TrailerWatch>,
+    }
+}
+
+#[cfg(feature = "grpc")]
+impl<B> Watched<B> {
+    pub(crate) fn new(inner: B, watch: TrailerWatch) -> Self {
+        Watched {
+            inner,
+            watch: Some(watch),
+        }
+    }
+}
+
+#[cfg(feature = "grpc")]
+impl<B: http_body::Body> http_body::Body for Watched<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<B::Data>, B::Error>>> {
+        let this = self.project();
+        let frame = std::task::ready!(this.inner.poll_frame(cx));
+        if let Some(Ok(frame)) = &frame
+            && let Some(trailers) = frame.trailers_ref()
+            && let Some(watch) = this.watch.take()
+        {
+            watch.seen(trailers);
+        }
+        std::task::Poll::Ready(frame)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
