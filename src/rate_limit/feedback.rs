@@ -152,22 +152,10 @@ impl<B> UpstreamFeedback<http::Response<B>> for RetryAfter {
     fn pause(&self, response: &http::Response<B>) -> Option<Duration> {
         let headers = response.headers();
         let status = response.status();
-        let grpc = grpc_refusal(headers);
-        if !grpc
-            && status != StatusCode::TOO_MANY_REQUESTS
-            && status != StatusCode::SERVICE_UNAVAILABLE
-        {
-            return None;
+        if status != StatusCode::TOO_MANY_REQUESTS && status != StatusCode::SERVICE_UNAVAILABLE {
+            return self.grpc_pause(headers);
         }
-        let pushback = if grpc { grpc_pushback(headers) } else { None };
-        let asked = pushback.or_else(|| {
-            headers
-                .get(RETRY_AFTER)
-                .and_then(|value| parse_retry_after(value.as_bytes(), SystemTime::now()))
-        });
-        asked
-            .or(self.fallback)
-            .map(|pause| pause.min(self.max_pause))
+        self.pause_for(headers.get(RETRY_AFTER))
     }
 
     fn trailers(&self) -> Option<RetryAfter> {
@@ -182,20 +170,25 @@ impl RetryAfter {
         if !grpc_refusal(headers) {
             return None;
         }
-        grpc_pushback(headers)
-            .or_else(|| {
-                headers
-                    .get(RETRY_AFTER)
-                    .and_then(|value| parse_retry_after(value.as_bytes(), SystemTime::now()))
-            })
+        match grpc_pushback(headers) {
+            Some(pushback) => Some(pushback.min(self.max_pause)),
+            None => self.pause_for(headers.get(RETRY_AFTER)),
+        }
+    }
+
+    /// The pause a refusal with this `Retry-After` asks for: its own, else
+    /// the fallback; capped.
+    fn pause_for(&self, retry_after: Option<&http::HeaderValue>) -> Option<Duration> {
+        retry_after
+            .and_then(|value| parse_retry_after(value.as_bytes(), SystemTime::now()))
             .or(self.fallback)
             .map(|pause| pause.min(self.max_pause))
     }
 }
 
-/// Whether `headers` end a gRPC call (trailers-only: the status in the
-/// headers) with `RESOURCE_EXHAUSTED` (8) or `UNAVAILABLE` (14), gRPC's
-/// 429 and 503.
+/// Whether `headers` (a trailers-only response's, or trailers) end a gRPC
+/// call with `RESOURCE_EXHAUSTED` (8) or `UNAVAILABLE` (14), gRPC's 429
+/// and 503.
 fn grpc_refusal(headers: &HeaderMap) -> bool {
     headers
         .get("grpc-status")

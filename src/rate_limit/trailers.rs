@@ -13,6 +13,8 @@ use crate::key::Key;
 /// [`RefusalBody::watch_trailers`](crate::response::RefusalBody); not
 /// built outside this crate.
 #[doc(hidden)]
+// Only tonic's `Body` (feature `grpc`) reads trailers.
+#[cfg_attr(not(feature = "grpc"), allow(dead_code))]
 pub struct TrailerWatch {
     reader: RetryAfter,
     settings: Arc<RateSettings>,
@@ -37,6 +39,7 @@ impl TrailerWatch {
     /// Reads `trailers`; records the pause they ask for, if any: at once
     /// on the memory store, else in a task of the current tokio runtime
     /// (the body's reader should not wait for the store).
+    #[cfg_attr(not(feature = "grpc"), allow(dead_code))]
     pub(crate) fn seen(self, trailers: &HeaderMap) {
         let Some(pause) = self.reader.grpc_pause(trailers).filter(|p| !p.is_zero()) else {
             return;
