@@ -9,6 +9,7 @@ use http::{HeaderMap, StatusCode};
 
 use super::quota::{UpstreamQuota, quotas, tightest};
 use super::retry_after::parse_retry_after;
+use super::trailers::TrailerReader;
 
 /// Reads, from an inner service's response, how long the upstream asked
 /// every caller of that identity to hold off.
@@ -46,13 +47,12 @@ pub trait UpstreamFeedback<Res>: Clone + Send + Sync + 'static {
     }
 
     /// How to read the trailers that end a response's body (a gRPC status
-    /// sent after a streamed reply): a [`RetryAfter`] whose gRPC reading
-    /// (`RESOURCE_EXHAUSTED` or `UNAVAILABLE` with
-    /// `grpc-retry-pushback-ms`) pauses the identity when the trailers
-    /// arrive, after the response was handed back. `None` (the default):
-    /// bodies are not watched. Read only in bodies that can be watched
-    /// (tonic's `Body`, feature `grpc`).
-    fn trailers(&self) -> Option<RetryAfter> {
+    /// sent after a streamed reply). Sealed (its type cannot be named
+    /// outside this crate): only [`RetryAfter`] and [`UpstreamHeaders`]
+    /// with a `RetryAfter` read trailers, in tonic's `Body` (feature
+    /// `grpc`); a feedback of your own does not.
+    #[doc(hidden)]
+    fn trailers(&self) -> Option<TrailerReader> {
         None
     }
 }
@@ -158,8 +158,8 @@ impl<B> UpstreamFeedback<http::Response<B>> for RetryAfter {
         self.pause_for(headers.get(RETRY_AFTER))
     }
 
-    fn trailers(&self) -> Option<RetryAfter> {
-        Some(*self)
+    fn trailers(&self) -> Option<TrailerReader> {
+        Some(TrailerReader(*self))
     }
 }
 
@@ -311,8 +311,8 @@ impl<B> UpstreamFeedback<http::Response<B>> for UpstreamHeaders {
         self.retry_after.as_ref()?.pause(response)
     }
 
-    fn trailers(&self) -> Option<RetryAfter> {
-        self.retry_after
+    fn trailers(&self) -> Option<TrailerReader> {
+        self.retry_after.map(TrailerReader)
     }
 
     fn quota(&self, response: &http::Response<B>) -> Option<UpstreamQuota> {

@@ -414,7 +414,7 @@ where
             Outcome::Passed(mut result, decision) => {
                 write_headers(settings, &mut result, decision.as_ref());
                 // ---- Upstream feedback from the body's trailers ----
-                let reader = B::WATCHES_TRAILERS.then(|| this.feedback.trailers());
+                let reader = B::WATCHES_TRAILERS.0.then(|| this.feedback.trailers());
                 let watch = match (reader.flatten(), &result, this.key.as_ref()) {
                     (Some(reader), Ok(_), Some(key)) => {
                         Some(TrailerWatch::new(reader, Arc::clone(settings), key.clone()))

@@ -197,8 +197,6 @@ pub use self::layer::RateLimitLayer;
 pub use self::quota::UpstreamQuota;
 pub use self::routes::RoutePolicies;
 pub use self::service::RateLimit;
-#[doc(hidden)]
-pub use self::trailers::TrailerWatch;
 pub use self::upstream::within_window;
 
 pub(crate) use self::after::MeterTarget;
@@ -208,6 +206,7 @@ use self::future::ResponseFuture;
 pub(crate) use self::live::{LiveSettings, Recipe};
 #[cfg(feature = "grpc")]
 pub(crate) use self::trailers::Watched;
+pub(crate) use self::trailers::{TrailerWatch, WatchesTrailers};
 
 use crate::decision::Decision;
 use crate::error::StoreError;

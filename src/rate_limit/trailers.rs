@@ -8,15 +8,32 @@ use http::HeaderMap;
 use super::{RateSettings, RetryAfter, UpstreamQuota};
 use crate::key::Key;
 
+// The three types below are `pub` in a private module and re-exported
+// only inside the crate: they appear in hidden methods of the public,
+// user-implementable `RefusalBody` and `UpstreamFeedback`, and as no one
+// outside can name them, no one outside can override or call those
+// methods (a sealed method; users' own impls keep the defaults).
+
+/// How a feedback reads the trailers that end a response's body (a gRPC
+/// status after a streamed reply): as a [`RetryAfter`] reads a gRPC
+/// refusal.
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug)]
+pub struct TrailerReader(pub(crate) RetryAfter);
+
+/// Whether a body type's `watch_trailers` reads the trailers: when not,
+/// the layer builds no [`TrailerWatch`].
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug)]
+pub struct WatchesTrailers(pub(crate) bool);
+
 /// What a watched body needs to pause its call's identity when its
-/// trailers ask for it. Handed to
-/// [`RefusalBody::watch_trailers`](crate::response::RefusalBody); not
-/// built outside this crate.
+/// trailers ask for it.
 #[doc(hidden)]
 // Only tonic's `Body` (feature `grpc`) reads trailers.
 #[cfg_attr(not(feature = "grpc"), allow(dead_code))]
 pub struct TrailerWatch {
-    reader: RetryAfter,
+    reader: TrailerReader,
     settings: Arc<RateSettings>,
     key: Key,
 }
@@ -28,7 +45,7 @@ impl std::fmt::Debug for TrailerWatch {
 }
 
 impl TrailerWatch {
-    pub(crate) fn new(reader: RetryAfter, settings: Arc<RateSettings>, key: Key) -> Self {
+    pub(crate) fn new(reader: TrailerReader, settings: Arc<RateSettings>, key: Key) -> Self {
         TrailerWatch {
             reader,
             settings,
@@ -41,7 +58,7 @@ impl TrailerWatch {
     /// (the body's reader should not wait for the store).
     #[cfg_attr(not(feature = "grpc"), allow(dead_code))]
     pub(crate) fn seen(self, trailers: &HeaderMap) {
-        let Some(pause) = self.reader.grpc_pause(trailers).filter(|p| !p.is_zero()) else {
+        let Some(pause) = self.reader.0.grpc_pause(trailers).filter(|p| !p.is_zero()) else {
             return;
         };
         let hold = UpstreamQuota {
