@@ -145,12 +145,13 @@
 //! [`upstream_feedback(RetryAfter::new())`](crate::rate_limit::RetryAfter)
 //! reads a server's `RESOURCE_EXHAUSTED` or `UNAVAILABLE` with
 //! `grpc-retry-pushback-ms` and pauses that identity for every instance
-//! sharing the store. It reads the status from the response headers:
-//! where a server refuses before answering (fleetgate's refusals, and a
-//! tonic handler returning an error) that is where it is. A status sent in
-//! the trailers after a streamed reply comes too late to pause the call
-//! that heard it. With `.grpc()`, a call the client layer itself refuses
-//! (its wait would be too long) fails with `RESOURCE_EXHAUSTED` as well.
+//! sharing the store. A status in the response headers (a server that
+//! refuses before answering: fleetgate's refusals, a tonic handler
+//! returning an error) is recorded before the response is handed back;
+//! one in the trailers after a streamed reply, when the trailers are read
+//! (on Redis, by a task of its own). With `.grpc()`, a call the client
+//! layer itself refuses (its wait would be too long) fails with
+//! `RESOURCE_EXHAUSTED` as well.
 //!
 //! ```no_run
 //! use std::time::Duration;

@@ -9,6 +9,7 @@ use http::{HeaderMap, StatusCode};
 
 use super::quota::{UpstreamQuota, quotas, tightest};
 use super::retry_after::parse_retry_after;
+use super::trailers::TrailerReader;
 
 /// Reads, from an inner service's response, how long the upstream asked
 /// every caller of that identity to hold off.
@@ -44,6 +45,16 @@ pub trait UpstreamFeedback<Res>: Clone + Send + Sync + 'static {
     fn is_enabled(&self) -> bool {
         true
     }
+
+    /// How to read the trailers that end a response's body (a gRPC status
+    /// sent after a streamed reply). Sealed (its type cannot be named
+    /// outside this crate): only [`RetryAfter`] and [`UpstreamHeaders`]
+    /// with a `RetryAfter` read trailers, in tonic's `Body` (feature
+    /// `grpc`); a feedback of your own does not.
+    #[doc(hidden)]
+    fn trailers(&self) -> Option<TrailerReader> {
+        None
+    }
 }
 
 /// No upstream feedback: the default.
@@ -78,9 +89,9 @@ where
 /// status in its headers, as fleetgate's own [`grpc`](crate::RateLimitLayer::grpc)
 /// refusals and most servers' early refusals are) with `grpc-status`
 /// `RESOURCE_EXHAUSTED` (8) or `UNAVAILABLE` (14) pauses for its
-/// `grpc-retry-pushback-ms`, else its `Retry-After`. A status sent in the
-/// trailers after a streamed body comes too late for the response this
-/// reads; see the [gRPC guide](crate::grpc).
+/// `grpc-retry-pushback-ms`, else its `Retry-After`. Such a status in the
+/// trailers after a streamed reply pauses too, when the trailers arrive,
+/// in tonic's `Body` (feature `grpc`); see the [gRPC guide](crate::grpc).
 ///
 /// The pause is capped ([`max_pause`](Self::max_pause), 10 minutes by
 /// default) so that a broken or hostile upstream cannot stop the fleet for
@@ -141,28 +152,43 @@ impl<B> UpstreamFeedback<http::Response<B>> for RetryAfter {
     fn pause(&self, response: &http::Response<B>) -> Option<Duration> {
         let headers = response.headers();
         let status = response.status();
-        let grpc = grpc_refusal(headers);
-        if !grpc
-            && status != StatusCode::TOO_MANY_REQUESTS
-            && status != StatusCode::SERVICE_UNAVAILABLE
-        {
+        if status != StatusCode::TOO_MANY_REQUESTS && status != StatusCode::SERVICE_UNAVAILABLE {
+            return self.grpc_pause(headers);
+        }
+        self.pause_for(headers.get(RETRY_AFTER))
+    }
+
+    fn trailers(&self) -> Option<TrailerReader> {
+        Some(TrailerReader(*self))
+    }
+}
+
+impl RetryAfter {
+    /// A gRPC refusal's pause: its pushback, else its `Retry-After`, else
+    /// the fallback, capped; `None` when `headers` are no gRPC refusal.
+    pub(crate) fn grpc_pause(&self, headers: &HeaderMap) -> Option<Duration> {
+        if !grpc_refusal(headers) {
             return None;
         }
-        let pushback = if grpc { grpc_pushback(headers) } else { None };
-        let asked = pushback.or_else(|| {
-            headers
-                .get(RETRY_AFTER)
-                .and_then(|value| parse_retry_after(value.as_bytes(), SystemTime::now()))
-        });
-        asked
+        match grpc_pushback(headers) {
+            Some(pushback) => Some(pushback.min(self.max_pause)),
+            None => self.pause_for(headers.get(RETRY_AFTER)),
+        }
+    }
+
+    /// The pause a refusal with this `Retry-After` asks for: its own, else
+    /// the fallback; capped.
+    fn pause_for(&self, retry_after: Option<&http::HeaderValue>) -> Option<Duration> {
+        retry_after
+            .and_then(|value| parse_retry_after(value.as_bytes(), SystemTime::now()))
             .or(self.fallback)
             .map(|pause| pause.min(self.max_pause))
     }
 }
 
-/// Whether `headers` end a gRPC call (trailers-only: the status in the
-/// headers) with `RESOURCE_EXHAUSTED` (8) or `UNAVAILABLE` (14), gRPC's
-/// 429 and 503.
+/// Whether `headers` (a trailers-only response's, or trailers) end a gRPC
+/// call with `RESOURCE_EXHAUSTED` (8) or `UNAVAILABLE` (14), gRPC's 429
+/// and 503.
 fn grpc_refusal(headers: &HeaderMap) -> bool {
     headers
         .get("grpc-status")
@@ -283,6 +309,10 @@ impl Default for UpstreamHeaders {
 impl<B> UpstreamFeedback<http::Response<B>> for UpstreamHeaders {
     fn pause(&self, response: &http::Response<B>) -> Option<Duration> {
         self.retry_after.as_ref()?.pause(response)
+    }
+
+    fn trailers(&self) -> Option<TrailerReader> {
+        self.retry_after.map(TrailerReader)
     }
 
     fn quota(&self, response: &http::Response<B>) -> Option<UpstreamQuota> {

@@ -8,6 +8,7 @@ use http_body_util::{BodyExt, Full};
 use super::Metered;
 use super::{BodyMeter, ResponseBody};
 use crate::lease::{GuardedBody, Lease};
+use crate::rate_limit::{TrailerWatch, WatchesTrailers};
 
 /// A response body type the rate-limit layer can answer a refusal in: the
 /// body of the 429 (or 503, or 400) is built from the refusal's text.
@@ -60,6 +61,21 @@ pub trait RefusalBody: Sized {
         meter.finish();
         self
     }
+
+    /// For upstream feedback from trailers: this body, with `watch`
+    /// reading its trailers. By default the body is not wrapped and its
+    /// trailers are not read; tonic's `Body` reads them. Sealed: its
+    /// argument's type cannot be named outside this crate.
+    #[doc(hidden)]
+    fn watch_trailers(self, watch: TrailerWatch) -> Self {
+        drop(watch);
+        self
+    }
+
+    /// Whether [`watch_trailers`](Self::watch_trailers) reads them: when
+    /// not, the layer builds no watch. Sealed as that method is.
+    #[doc(hidden)]
+    const WATCHES_TRAILERS: WatchesTrailers = WatchesTrailers(false);
 }
 
 #[cfg(feature = "axum")]
@@ -83,6 +99,12 @@ impl RefusalBody for tonic::body::Body {
         } else {
             tonic::body::Body::new(Full::new(text))
         }
+    }
+
+    const WATCHES_TRAILERS: WatchesTrailers = WatchesTrailers(true);
+
+    fn watch_trailers(self, watch: TrailerWatch) -> Self {
+        tonic::body::Body::new(crate::rate_limit::Watched::new(self, watch))
     }
 }
 

@@ -118,10 +118,12 @@ impl Greeter {
     }
 }
 
-/// A reply stream that sends one reply, then stays open until the client
-/// cancels it; dropping it sends on `dropped`.
+/// A reply stream that sends one reply, then ends with `then` if set (a
+/// status in the trailers), else stays open until the client cancels it;
+/// dropping it sends on `dropped`.
 pub(crate) struct HeldStream {
     first: Option<HelloReply>,
+    then: Option<Status>,
     dropped: mpsc::UnboundedSender<()>,
 }
 
@@ -129,8 +131,11 @@ impl Stream for HeldStream {
     type Item = Result<HelloReply, Status>;
 
     fn poll_next(mut self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        match self.first.take() {
-            Some(reply) => Poll::Ready(Some(Ok(reply))),
+        if let Some(reply) = self.first.take() {
+            return Poll::Ready(Some(Ok(reply)));
+        }
+        match self.then.take() {
+            Some(status) => Poll::Ready(Some(Err(status))),
             None => Poll::Pending,
         }
     }
@@ -160,9 +165,21 @@ impl pb::greeter_server::Greeter for Greeter {
         request: Request<HelloRequest>,
     ) -> Result<Response<HeldStream>, Status> {
         self.calls.fetch_add(1, Ordering::SeqCst);
-        let message = format!("Hello {}!", request.into_inner().name);
+        let name = request.into_inner().name;
+        // `exhaust`: one reply, then RESOURCE_EXHAUSTED with a pushback of
+        // a minute, sent in the trailers.
+        let then = (name == "exhaust").then(|| {
+            let mut status = Status::resource_exhausted("slow down");
+            status
+                .metadata_mut()
+                .insert("grpc-retry-pushback-ms", 60_000.into());
+            status
+        });
         Ok(Response::new(HeldStream {
-            first: Some(HelloReply { message }),
+            first: Some(HelloReply {
+                message: format!("Hello {name}!"),
+            }),
+            then,
             dropped: self.dropped.clone(),
         }))
     }

@@ -1,6 +1,7 @@
 //! A client's layer around a tonic channel: a server's `RESOURCE_EXHAUSTED`
-//! with `grpc-retry-pushback-ms` pauses the identity for the whole fleet of
-//! clients, as an HTTP `Retry-After` does.
+//! with `grpc-retry-pushback-ms` (trailers-only, or in the trailers after a
+//! streamed reply) pauses the identity for the whole fleet of clients, as
+//! an HTTP `Retry-After` does.
 
 use std::time::Duration;
 
@@ -62,4 +63,49 @@ on_both_stores!(server_pushback_pauses_every_client, store => {
         .unwrap();
     assert!(!decision.is_allowed());
     assert!(decision.retry_after().unwrap() > Duration::from_secs(2));
+});
+
+on_both_stores!(pushback_in_trailers_pauses_every_client, store => {
+    // No limit on the server: its stream sends a reply, then ends with
+    // RESOURCE_EXHAUSTED and a pushback of 60 s in the trailers.
+    let (greeter, _dropped) = Greeter::new();
+    let addr = serve!(tower::layer::util::Identity::new(), greeter.clone());
+    let client_layer = || {
+        RateLimitLayer::new(store.limiter("client", "100/s"))
+            .key(GlobalKey::new())
+            .wait_up_to(Duration::from_secs(2))
+            .upstream_feedback(RetryAfter::new())
+            .grpc()
+    };
+    let mut first = GreeterClient::new(
+        ServiceBuilder::new().layer(client_layer()).service(channel(addr).await),
+    );
+    let mut stream = first.say_hello_stream(hello("exhaust", None)).await.expect("admitted").into_inner();
+    stream.message().await.expect("a reply").expect("one reply");
+    let ended = stream.message().await.unwrap_err();
+    assert_eq!(ended.code(), Code::ResourceExhausted, "{ended:?}");
+    assert_eq!(crate::pushback_ms(&ended), 60_000);
+
+    // Recorded as the trailers were read: on Redis by a task of its own,
+    // so wait (boundedly) until the store holds the pause.
+    let limiter = store.limiter("client", "100/s");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let decision = loop {
+        let decision = limiter.peek(&Key::new("global"), 1).await.unwrap();
+        if !decision.is_allowed() || std::time::Instant::now() > deadline {
+            break decision;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(!decision.is_allowed(), "the pause was never recorded");
+    let after = decision.retry_after().unwrap();
+    assert!(after > Duration::from_secs(50) && after <= Duration::from_secs(60), "{after:?}");
+
+    let mut second = GreeterClient::new(
+        ServiceBuilder::new().layer(client_layer()).service(channel(addr).await),
+    );
+    let held = second.say_hello(hello("a", None)).await.unwrap_err();
+    assert_eq!(held.code(), Code::ResourceExhausted, "{held:?}");
+    assert!(held.message().contains("policy client"), "{}", held.message());
+    assert_eq!(greeter.calls(), 1, "the paused call never reached the server");
 });
