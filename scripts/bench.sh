@@ -4,14 +4,14 @@
 # on a free loopback port and never touches one already running), and
 # writes one report: machine, versions, load average, commands, the target
 # summary (every PASS/MISS row the benches computed from their own run)
-# and every table. About 5 minutes on 2 cores once built.
+# and every table. About 7 minutes on 2 cores once built.
 #
 #   scripts/bench.sh                       # everything
 #   FLEETGATE_BENCHES="http memory" scripts/bench.sh
 #
 # Knobs (environment):
 #   FLEETGATE_BENCHES          which benches, in order (default:
-#                              "http decisions memory redis_memory")
+#                              "http decisions memory redis_memory grpc")
 #   (the decisions bench also runs the peers scripts/peers-install.sh puts
 #   in target/peers, each on its own private redis-server)
 #   FLEETGATE_BENCH_SECS       measured seconds per round of a case (http: 2,
@@ -20,6 +20,9 @@
 #   FLEETGATE_BENCH_ROUNDS     rounds of every case; rows are medians (default 3)
 #   FLEETGATE_BENCH_LOADGEN    http load: wrk (default when installed) or rust
 #   FLEETGATE_BENCH_CONNS      http connections (default 64)
+#   FLEETGATE_BENCH_GRPC_CONNS, FLEETGATE_BENCH_GRPC_STREAMS
+#                              grpc: HTTP/2 connections (default 4) and calls
+#                              in flight on each (default 16)
 #   FLEETGATE_BENCH_ONLY       http cases whose name contains one of these
 #                              comma-separated texts (default: all)
 #   FLEETGATE_BENCH_KEYS       identities for Redis memory per key (default 100000)
@@ -34,7 +37,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-benches="${FLEETGATE_BENCHES:-http decisions memory redis_memory}"
+benches="${FLEETGATE_BENCHES:-http decisions memory redis_memory grpc}"
 stamp="$(date -u +%Y%m%dT%H%M%SZ)"
 out="${FLEETGATE_BENCH_OUT:-target/bench/$stamp}"
 mkdir -p "$out"
@@ -131,7 +134,7 @@ missed="$(grep -c '| MISS |$' <<<"$targets" || true)"
   echo "| Rust | $(rustc --version) |"
   echo "| Redis | $("$redis_bin" --version | cut -d' ' -f1-3,5) |"
   echo "| wrk | $(wrk_version) |"
-  echo "| Crates | $(for c in axum tower_governor governor redis tokio hyper criterion; do printf '%s %s, ' "$c" "$(crate_version "$c")"; done | sed 's/, $//') |"
+  echo "| Crates | $(for c in axum tower_governor governor redis tokio hyper tonic criterion; do printf '%s %s, ' "$c" "$(crate_version "$c")"; done | sed 's/, $//') |"
   echo "| Code | $(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet HEAD 2>/dev/null || echo ' with uncommitted changes') |"
   echo
   echo "## Load average (1, 5, 15 min) around each bench"

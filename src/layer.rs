@@ -42,7 +42,8 @@ pub enum FailurePolicy {
     /// must never be what takes the service down.
     #[default]
     Open,
-    /// Refuse it: `503 Service Unavailable` with `Retry-After: 1`, or
+    /// Refuse it: `503 Service Unavailable` with `Retry-After: 1` (in
+    /// [gRPC](crate::grpc) mode `UNAVAILABLE` with a 1 s pushback), or
     /// [`RateLimitError::Unavailable`](crate::RateLimitError::Unavailable).
     Closed,
     /// Decide it in this process, on an in-memory limiter holding this

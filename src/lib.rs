@@ -21,6 +21,8 @@
 //!   capacity and answers 503 beyond it, never to critical traffic;
 //!   [`UtilizationShedLayer`] sheds, slowly, when this process has been
 //!   busy for a while.
+//! - Around tonic servers and clients, [`grpc`]: `.grpc()` on every layer
+//!   answers refusals as gRPC statuses with gRPC's retry hints.
 //!
 //! # An axum server
 //!
@@ -178,6 +180,7 @@ pub mod concurrency;
 mod decision;
 mod error;
 pub(crate) mod gcra;
+pub mod grpc;
 pub mod key;
 mod layer;
 pub mod lease;

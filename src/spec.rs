@@ -743,7 +743,9 @@ pub struct PolicyFile {
 #[cfg_attr(feature = "serde", derive(serde::Deserialize, serde::Serialize))]
 #[cfg_attr(feature = "serde", serde(deny_unknown_fields))]
 pub struct RouteSpec {
-    /// The route as the router declares it, such as `/users/{id}`.
+    /// The route as the router declares it, such as `/users/{id}`, or a
+    /// gRPC method, `/package.Service/Method`; ending in `*`, every path
+    /// that starts with the rest (`/package.Service/*`).
     pub path: String,
     /// The method, such as `POST`; none matches every method.
     #[cfg_attr(

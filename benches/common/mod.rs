@@ -63,6 +63,36 @@ pub fn pin(cpu: usize) {
     }
 }
 
+/// CPU time (user + system) this process's thread named `name` has used
+/// so far (Linux `/proc`; `None` elsewhere).
+pub fn thread_cpu_time(name: &str) -> Option<Duration> {
+    for task in std::fs::read_dir("/proc/self/task").ok()? {
+        let dir = task.ok()?.path();
+        let comm = std::fs::read_to_string(dir.join("comm")).ok()?;
+        if comm.trim() == name {
+            return stat_cpu_time(&dir.join("stat"));
+        }
+    }
+    None
+}
+
+/// CPU time (user + system) the calling thread has used so far (Linux
+/// `/proc`; `None` elsewhere).
+pub fn own_thread_cpu_time() -> Option<Duration> {
+    stat_cpu_time(std::path::Path::new("/proc/thread-self/stat"))
+}
+
+/// Fields 14 and 15 of a `/proc/.../stat` file, in the kernel's USER_HZ
+/// ticks (100 per second on Linux).
+fn stat_cpu_time(path: &std::path::Path) -> Option<Duration> {
+    let stat = std::fs::read_to_string(path).ok()?;
+    // The fields after the parenthesised name, from field 3 on.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    Some(Duration::from_millis(ticks * 10))
+}
+
 /// One `field:value` line of an `INFO` reply.
 pub fn info_field<'a>(info: &'a str, field: &str) -> Option<&'a str> {
     info.lines()

@@ -35,6 +35,7 @@ pub struct ConcurrencyLimitLayer<K = PeerIp, M = mode::Http> {
     status: StatusCode,
     retry_after: Duration,
     rejection: Option<RejectFn>,
+    grpc: bool,
     _mode: PhantomData<fn() -> M>,
 }
 
@@ -50,6 +51,7 @@ impl ConcurrencyLimitLayer {
             status: StatusCode::TOO_MANY_REQUESTS,
             retry_after: Duration::from_secs(1),
             rejection: None,
+            grpc: false,
             _mode: PhantomData,
         }
     }
@@ -121,6 +123,21 @@ impl<K, M> ConcurrencyLimitLayer<K, M> {
         self
     }
 
+    /// gRPC mode, for tonic servers: a refusal is an HTTP 200
+    /// trailers-only response with `grpc-status` `RESOURCE_EXHAUSTED`
+    /// (`UNAVAILABLE` when the store is down and the layer fails closed)
+    /// and the retry hints gRPC clients read; see
+    /// [`ConcurrencyRejection::grpc_response`] and the
+    /// [gRPC guide](crate::grpc). A streaming call holds its lease until
+    /// its response stream ends or is dropped, as an HTTP body does. A
+    /// custom [`rejection`](Self::rejection) still replaces the refusal.
+    /// Give the layer only gRPC traffic: it does not look at
+    /// `content-type`.
+    pub fn grpc(mut self) -> Self {
+        self.grpc = true;
+        self
+    }
+
     /// Refuse with a [`ConcurrencyLimitError`](super::ConcurrencyLimitError)
     /// instead of an HTTP response; works around any `tower::Service`. The
     /// lease is then held until the response future resolves.
@@ -138,6 +155,7 @@ impl<K, M> ConcurrencyLimitLayer<K, M> {
             status: self.status,
             retry_after: self.retry_after,
             rejection: self.rejection,
+            grpc: self.grpc,
             _mode: PhantomData,
         }
     }
@@ -154,6 +172,7 @@ impl<K: Clone, M> Clone for ConcurrencyLimitLayer<K, M> {
             status: self.status,
             retry_after: self.retry_after,
             rejection: self.rejection.clone(),
+            grpc: self.grpc,
             _mode: PhantomData,
         }
     }
@@ -167,6 +186,7 @@ impl<K, M> fmt::Debug for ConcurrencyLimitLayer<K, M> {
             .field("failure", &self.failure)
             .field("status", &self.status)
             .field("retry_after", &self.retry_after)
+            .field("grpc", &self.grpc)
             .finish_non_exhaustive()
     }
 }
@@ -194,6 +214,7 @@ impl<K, M> ConcurrencyLimitLayer<K, M> {
             status: self.status,
             retry_after: self.retry_after,
             rejection: self.rejection.clone(),
+            grpc: self.grpc,
             metrics,
             fallback,
             local,

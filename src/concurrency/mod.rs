@@ -119,6 +119,8 @@ pub(crate) struct ConcurrencySettings {
     pub(crate) status: StatusCode,
     pub(crate) retry_after: Duration,
     pub(crate) rejection: Option<RejectFn>,
+    /// Refusals are gRPC statuses ([`ConcurrencyLimitLayer::grpc`]).
+    pub(crate) grpc: bool,
     pub(crate) metrics: LayerMetrics,
     /// With [`FailurePolicy::Local`]: the settings of the local limiter
     /// that decides the requests the store failed on.
@@ -224,6 +226,7 @@ impl ConcurrencySettings {
         };
         match &self.rejection {
             Some(custom) => custom(&rejection),
+            None if self.grpc => rejection.grpc_response(),
             None => rejection.default_response(),
         }
     }

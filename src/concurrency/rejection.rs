@@ -6,7 +6,7 @@ use http::{HeaderValue, Response, StatusCode};
 
 use super::ConcurrencyPolicy;
 use crate::error::StoreError;
-use crate::response::retry_after_secs;
+use crate::response::{grpc, retry_after_secs};
 use crate::store::LeaseGrant;
 
 /// Why a [`ConcurrencyLimitLayer`](super::ConcurrencyLimitLayer) refused a
@@ -99,5 +99,42 @@ impl ConcurrencyRejection<'_> {
             headers.insert(RETRY_AFTER, HeaderValue::from(secs));
         }
         response
+    }
+
+    /// The refusal a layer in gRPC mode
+    /// ([`ConcurrencyLimitLayer::grpc`](super::ConcurrencyLimitLayer::grpc))
+    /// sends by default: HTTP 200, trailers-only, `grpc-status`
+    /// `RESOURCE_EXHAUSTED` (8) when too many are in flight (whatever
+    /// [`status`](Self::status) says), with `grpc-retry-pushback-ms`,
+    /// `retry-after` and `grpc-status-details-bin` (a
+    /// `google.rpc.RetryInfo`) from [`retry_after`](Self::retry_after);
+    /// `UNAVAILABLE` (14) with a 1 s hint when the store is down; the gRPC
+    /// code of the configured status for a missing key. `grpc-message`
+    /// names the policy and its limit.
+    pub fn grpc_response(&self) -> Response<Bytes> {
+        let policy = self.policy.name();
+        match &self.kind {
+            ConcurrencyRejectionKind::InFlight(_) => grpc::refusal(
+                grpc::RESOURCE_EXHAUSTED,
+                &format!(
+                    "too many calls in flight for concurrency policy {policy} (at most {})",
+                    self.policy.max_in_flight()
+                ),
+                Some(Some(self.retry_after)),
+            ),
+            ConcurrencyRejectionKind::MissingKey(status) => grpc::refusal(
+                grpc::code_for(*status),
+                &format!(
+                    "concurrency limiting (policy {policy}) could not identify the client; \
+                     the server's log says why"
+                ),
+                None,
+            ),
+            ConcurrencyRejectionKind::Unavailable(_) => grpc::refusal(
+                grpc::UNAVAILABLE,
+                &format!("concurrency limiter unavailable (policy {policy}); retry shortly"),
+                Some(Some(Duration::from_secs(1))),
+            ),
+        }
     }
 }

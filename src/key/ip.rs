@@ -14,8 +14,9 @@ const MAX_HOPS: usize = 32;
 
 /// The TCP peer's address, read from axum's `ConnectInfo<SocketAddr>` (serve
 /// with `into_make_service_with_connect_info::<SocketAddr>()`), axum's
-/// `MockConnectInfo<SocketAddr>` in tests, or a plain `SocketAddr` request
-/// extension (for hyper or other servers).
+/// `MockConnectInfo<SocketAddr>` in tests, tonic's `TcpConnectInfo` (which
+/// tonic's server puts in every call; feature `grpc`), or a plain
+/// `SocketAddr` request extension (for hyper or other servers).
 pub(crate) fn peer_addr<B>(req: &http::Request<B>) -> Option<IpAddr> {
     #[cfg(feature = "axum")]
     if let Some(info) = req
@@ -31,6 +32,14 @@ pub(crate) fn peer_addr<B>(req: &http::Request<B>) -> Option<IpAddr> {
         .get::<axum::extract::connect_info::MockConnectInfo<SocketAddr>>()
     {
         return Some(info.0.ip().to_canonical());
+    }
+    #[cfg(feature = "grpc")]
+    if let Some(addr) = req
+        .extensions()
+        .get::<tonic::transport::server::TcpConnectInfo>()
+        .and_then(|info| info.remote_addr())
+    {
+        return Some(addr.ip().to_canonical());
     }
     let peer = req.extensions().get::<SocketAddr>();
     if peer.is_none() {
@@ -48,13 +57,15 @@ fn warn_no_peer_address() {
     WARNED.call_once(|| {
         tracing::warn!(
             "PeerIp found no ConnectInfo: serve the router with \
-             into_make_service_with_connect_info::<SocketAddr>() (outside axum, \
-             put the peer's SocketAddr in the request's extensions)"
+             into_make_service_with_connect_info::<SocketAddr>() (for tonic, \
+             enable fleetgate's `grpc` feature; elsewhere, put the peer's \
+             SocketAddr in the request's extensions)"
         );
     });
 }
 
-/// Keys requests by the address of the TCP peer.
+/// Keys requests by the address of the TCP peer: axum's `ConnectInfo`,
+/// tonic's `TcpConnectInfo` (feature `grpc`) or a `SocketAddr` extension.
 ///
 /// Behind a proxy or load balancer every request comes from the proxy: use
 /// [`ForwardedIp`] there.

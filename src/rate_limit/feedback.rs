@@ -4,11 +4,12 @@
 
 use std::time::{Duration, SystemTime};
 
-use http::StatusCode;
 use http::header::RETRY_AFTER;
+use http::{HeaderMap, StatusCode};
 
 use super::quota::{UpstreamQuota, quotas, tightest};
 use super::retry_after::parse_retry_after;
+use super::trailers::TrailerReader;
 
 /// Reads, from an inner service's response, how long the upstream asked
 /// every caller of that identity to hold off.
@@ -44,6 +45,16 @@ pub trait UpstreamFeedback<Res>: Clone + Send + Sync + 'static {
     fn is_enabled(&self) -> bool {
         true
     }
+
+    /// How to read the trailers that end a response's body (a gRPC status
+    /// sent after a streamed reply). Sealed (its type cannot be named
+    /// outside this crate): only [`RetryAfter`] and [`UpstreamHeaders`]
+    /// with a `RetryAfter` read trailers, in tonic's `Body` (feature
+    /// `grpc`); a feedback of your own does not.
+    #[doc(hidden)]
+    fn trailers(&self) -> Option<TrailerReader> {
+        None
+    }
 }
 
 /// No upstream feedback: the default.
@@ -73,6 +84,14 @@ where
 /// `503 Service Unavailable` with a `Retry-After` header: delay-seconds
 /// (`120`) or an HTTP date in any form RFC 9110 allows (a date in the past
 /// is no pause; a value that is neither is ignored).
+///
+/// A gRPC upstream's refusal counts too: a trailers-only response (the
+/// status in its headers, as fleetgate's own [`grpc`](crate::RateLimitLayer::grpc)
+/// refusals and most servers' early refusals are) with `grpc-status`
+/// `RESOURCE_EXHAUSTED` (8) or `UNAVAILABLE` (14) pauses for its
+/// `grpc-retry-pushback-ms`, else its `Retry-After`. Such a status in the
+/// trailers after a streamed reply pauses too, when the trailers arrive,
+/// in tonic's `Body` (feature `grpc`); see the [gRPC guide](crate::grpc).
 ///
 /// The pause is capped ([`max_pause`](Self::max_pause), 10 minutes by
 /// default) so that a broken or hostile upstream cannot stop the fleet for
@@ -131,18 +150,57 @@ impl Default for RetryAfter {
 
 impl<B> UpstreamFeedback<http::Response<B>> for RetryAfter {
     fn pause(&self, response: &http::Response<B>) -> Option<Duration> {
+        let headers = response.headers();
         let status = response.status();
         if status != StatusCode::TOO_MANY_REQUESTS && status != StatusCode::SERVICE_UNAVAILABLE {
+            return self.grpc_pause(headers);
+        }
+        self.pause_for(headers.get(RETRY_AFTER))
+    }
+
+    fn trailers(&self) -> Option<TrailerReader> {
+        Some(TrailerReader(*self))
+    }
+}
+
+impl RetryAfter {
+    /// A gRPC refusal's pause: its pushback, else its `Retry-After`, else
+    /// the fallback, capped; `None` when `headers` are no gRPC refusal.
+    pub(crate) fn grpc_pause(&self, headers: &HeaderMap) -> Option<Duration> {
+        if !grpc_refusal(headers) {
             return None;
         }
-        let asked = response
-            .headers()
-            .get(RETRY_AFTER)
-            .and_then(|value| parse_retry_after(value.as_bytes(), SystemTime::now()));
-        asked
+        match grpc_pushback(headers) {
+            Some(pushback) => Some(pushback.min(self.max_pause)),
+            None => self.pause_for(headers.get(RETRY_AFTER)),
+        }
+    }
+
+    /// The pause a refusal with this `Retry-After` asks for: its own, else
+    /// the fallback; capped.
+    fn pause_for(&self, retry_after: Option<&http::HeaderValue>) -> Option<Duration> {
+        retry_after
+            .and_then(|value| parse_retry_after(value.as_bytes(), SystemTime::now()))
             .or(self.fallback)
             .map(|pause| pause.min(self.max_pause))
     }
+}
+
+/// Whether `headers` (a trailers-only response's, or trailers) end a gRPC
+/// call with `RESOURCE_EXHAUSTED` (8) or `UNAVAILABLE` (14), gRPC's 429
+/// and 503.
+fn grpc_refusal(headers: &HeaderMap) -> bool {
+    headers
+        .get("grpc-status")
+        .is_some_and(|code| code == "8" || code == "14")
+}
+
+/// `grpc-retry-pushback-ms`, when it is a whole number of milliseconds. A
+/// negative value (the server's "do not retry") or anything else is no
+/// pause of its own.
+fn grpc_pushback(headers: &HeaderMap) -> Option<Duration> {
+    let value = headers.get("grpc-retry-pushback-ms")?.to_str().ok()?;
+    value.parse::<u64>().ok().map(Duration::from_millis)
 }
 
 /// Reads the upstream's own rate-limit headers on every response, and
@@ -253,6 +311,10 @@ impl<B> UpstreamFeedback<http::Response<B>> for UpstreamHeaders {
         self.retry_after.as_ref()?.pause(response)
     }
 
+    fn trailers(&self) -> Option<TrailerReader> {
+        self.retry_after.map(TrailerReader)
+    }
+
     fn quota(&self, response: &http::Response<B>) -> Option<UpstreamQuota> {
         let found = quotas(response.headers(), SystemTime::now());
         let quota = tightest(&found)?;
@@ -298,6 +360,38 @@ mod tests {
             builder = builder.header(RETRY_AFTER, value);
         }
         builder.body(()).unwrap()
+    }
+
+    fn grpc(code: &str, pushback: Option<&str>, retry_after: Option<&str>) -> http::Response<()> {
+        let mut builder = http::Response::builder().header("grpc-status", code);
+        if let Some(ms) = pushback {
+            builder = builder.header("grpc-retry-pushback-ms", ms);
+        }
+        if let Some(secs) = retry_after {
+            builder = builder.header(RETRY_AFTER, secs);
+        }
+        builder.body(()).unwrap()
+    }
+
+    #[test]
+    fn pauses_on_grpc_refusals_with_pushback() {
+        let f = RetryAfter::new().max_pause(Duration::from_secs(60));
+        let ms = Duration::from_millis;
+        assert_eq!(f.pause(&grpc("8", Some("1500"), Some("2"))), Some(ms(1500)));
+        assert_eq!(f.pause(&grpc("14", Some("250"), None)), Some(ms(250)));
+        // Capped; without a pushback, the Retry-After.
+        assert_eq!(
+            f.pause(&grpc("8", Some("99999999"), None)),
+            Some(ms(60_000))
+        );
+        assert_eq!(f.pause(&grpc("8", None, Some("3"))), Some(ms(3000)));
+        // "Do not retry", nonsense, another status: no pause of their own.
+        assert_eq!(f.pause(&grpc("8", Some("-1"), None)), None);
+        assert_eq!(f.pause(&grpc("8", Some("soon"), None)), None);
+        assert_eq!(f.pause(&grpc("0", Some("1500"), None)), None);
+        assert_eq!(f.pause(&grpc("13", Some("1500"), None)), None);
+        let f = f.fallback(ms(700));
+        assert_eq!(f.pause(&grpc("8", Some("-1"), None)), Some(ms(700)));
     }
 
     #[test]

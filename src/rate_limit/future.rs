@@ -12,6 +12,7 @@ use pin_project_lite::pin_project;
 use tokio::time::{Instant, Sleep};
 use tower_service::Service;
 
+use super::TrailerWatch;
 use super::feedback::hold_of;
 use super::{
     FEEDBACK_WARNINGS, NoFeedback, QUOTA_LOGS, RateSettings, UpstreamFeedback, UpstreamQuota, mode,
@@ -337,7 +338,11 @@ where
 
 /// Logs a recorded pause (at `warn`) or quota (at `debug`; a failure to
 /// record it at `warn`), each kind at most once a second per process.
-fn log_hold(settings: &RateSettings, hold: UpstreamQuota, recorded: &Result<(), StoreError>) {
+pub(super) fn log_hold(
+    settings: &RateSettings,
+    hold: UpstreamQuota,
+    recorded: &Result<(), StoreError>,
+) {
     let policy = settings.limiter.name();
     let (remaining, reset) = (hold.remaining, hold.reset);
     if remaining == 0 {
@@ -408,6 +413,19 @@ where
         Poll::Ready(match outcome {
             Outcome::Passed(mut result, decision) => {
                 write_headers(settings, &mut result, decision.as_ref());
+                // ---- Upstream feedback from the body's trailers ----
+                let reader = B::WATCHES_TRAILERS.0.then(|| this.feedback.trailers());
+                let watch = match (reader.flatten(), &result, this.key.as_ref()) {
+                    (Some(reader), Ok(_), Some(key)) => {
+                        Some(TrailerWatch::new(reader, Arc::clone(settings), key.clone()))
+                    }
+                    _ => None,
+                };
+                let body = |inner| match watch {
+                    Some(watch) => body(inner).watch_trailers(watch),
+                    None => body(inner),
+                };
+                // ---- end of upstream feedback from the trailers ----
                 // ---- Cost known after the response (`ResponseCost`) ----
                 // One branch when not configured; the charge or refund
                 // never delays the response.

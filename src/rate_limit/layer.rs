@@ -49,6 +49,7 @@ pub struct RateLimitLayer<K = PeerIp, C = u64, M = mode::Http, F = NoFeedback> {
     feedback: F,
     routes: Option<Arc<RoutePolicies>>,
     after: Option<ResponseCost>,
+    grpc: bool,
     _mode: PhantomData<fn() -> M>,
 }
 
@@ -69,6 +70,7 @@ impl RateLimitLayer {
             feedback: NoFeedback,
             routes: None,
             after: None,
+            grpc: false,
             _mode: PhantomData,
         }
     }
@@ -176,6 +178,28 @@ impl<K, C, M, Fb> RateLimitLayer<K, C, M, Fb> {
         self.rejection = Some(Arc::new(move |rejection: &Rejection<'_>| {
             f(rejection).map(Into::into)
         }));
+        self
+    }
+
+    /// gRPC mode, for tonic servers (and clients): refusals are gRPC
+    /// statuses, not 429 or 503 responses, which gRPC clients take for a
+    /// broken transport. A refusal is an HTTP 200 trailers-only response
+    /// with `grpc-status` `RESOURCE_EXHAUSTED` when a limit denied
+    /// (`UNAVAILABLE` when the store is down and the layer fails closed),
+    /// `grpc-retry-pushback-ms` and a `google.rpc.RetryInfo`; see
+    /// [`Rejection::grpc_response`] and the [gRPC guide](crate::grpc).
+    /// Calls that pass keep their rate-limit headers, which gRPC clients
+    /// read as response metadata. A custom [`rejection`](Self::rejection)
+    /// still replaces the refusal (it can start from
+    /// [`Rejection::grpc_response`]); in typed-error mode there is no
+    /// response and this changes nothing.
+    ///
+    /// Every request the layer sees is answered this way: give it only
+    /// gRPC traffic (a tonic `Server::builder().layer(..)`, or the gRPC
+    /// routes of a mixed router). It does not look at `content-type`, so
+    /// a refusal's shape never depends on what a client claims to be.
+    pub fn grpc(mut self) -> Self {
+        self.grpc = true;
         self
     }
 
@@ -304,6 +328,7 @@ impl<K, C, M, Fb> RateLimitLayer<K, C, M, Fb> {
             feedback,
             routes: self.routes,
             after: self.after,
+            grpc: self.grpc,
             _mode: PhantomData,
         }
     }
@@ -378,6 +403,7 @@ impl<K: Clone, C: Clone, M, F: Clone> Clone for RateLimitLayer<K, C, M, F> {
             feedback: self.feedback.clone(),
             routes: self.routes.clone(),
             after: self.after.clone(),
+            grpc: self.grpc,
             _mode: PhantomData,
         }
     }
@@ -395,6 +421,7 @@ impl<K, C, M, F> RateLimitLayer<K, C, M, F> {
             rejection: self.rejection.clone(),
             max_wait: self.max_wait,
             after: self.after.clone(),
+            grpc: self.grpc,
         }
     }
 }
@@ -409,6 +436,7 @@ impl<K, C, M, F> fmt::Debug for RateLimitLayer<K, C, M, F> {
             .field("failure", &self.failure)
             .field("max_wait", &self.max_wait)
             .field("response_cost", &self.after)
+            .field("grpc", &self.grpc)
             .finish_non_exhaustive()
     }
 }

@@ -31,6 +31,8 @@ pub(crate) struct Recipe {
     pub(crate) rejection: Option<RejectFn>,
     pub(crate) max_wait: Option<Duration>,
     pub(crate) after: Option<ResponseCost>,
+    /// Refusals are gRPC statuses ([`RateLimitLayer::grpc`](crate::RateLimitLayer::grpc)).
+    pub(crate) grpc: bool,
 }
 
 impl Recipe {
@@ -81,6 +83,7 @@ impl Recipe {
             fallback,
             local,
             after: self.after.clone(),
+            grpc: self.grpc,
         })
     }
 }

@@ -182,6 +182,7 @@ mod quota;
 mod retry_after;
 mod routes;
 mod service;
+mod trailers;
 mod upstream;
 
 use std::sync::Arc;
@@ -203,6 +204,9 @@ pub(crate) use self::cost::Cost;
 pub(crate) use self::feedback::NoFeedback;
 use self::future::ResponseFuture;
 pub(crate) use self::live::{LiveSettings, Recipe};
+#[cfg(feature = "grpc")]
+pub(crate) use self::trailers::Watched;
+pub(crate) use self::trailers::{TrailerWatch, WatchesTrailers};
 
 use crate::decision::Decision;
 use crate::error::StoreError;
@@ -252,6 +256,8 @@ pub(crate) struct RateSettings {
     /// inner service has answered. `None` (the usual case) costs one
     /// branch.
     pub(crate) after: Option<ResponseCost>,
+    /// Refusals are gRPC statuses ([`RateLimitLayer::grpc`]).
+    pub(crate) grpc: bool,
 }
 
 impl RateSettings {
@@ -428,6 +434,7 @@ impl RateSettings {
         };
         match &self.rejection {
             Some(custom) => custom(&rejection),
+            None if self.grpc => rejection.grpc_response(),
             None => rejection.default_response(),
         }
     }

@@ -18,7 +18,9 @@ use crate::spec::PolicyFile;
 /// `MatchedPath`, such as `/users/{id}`), so add the layer with
 /// `Router::layer` or `Router::route_layer`; outside a router the request's
 /// URI path is used. A rule path ending in `*` matches every path that
-/// starts with the rest.
+/// starts with the rest. A gRPC method is such a path,
+/// `/package.Service/Method`, and `/package.Service/*` covers a service
+/// ([gRPC](crate::grpc#keys-and-methods)).
 ///
 /// ```
 /// use fleetgate::rate_limit::RoutePolicies;

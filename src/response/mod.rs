@@ -3,6 +3,7 @@
 
 mod answer;
 mod body;
+pub(crate) mod grpc;
 mod headers;
 mod metered;
 mod refusal;

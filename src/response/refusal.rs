@@ -8,6 +8,7 @@ use http_body_util::{BodyExt, Full};
 use super::Metered;
 use super::{BodyMeter, ResponseBody};
 use crate::lease::{GuardedBody, Lease};
+use crate::rate_limit::{TrailerWatch, WatchesTrailers};
 
 /// A response body type the rate-limit layer can answer a refusal in: the
 /// body of the 429 (or 503, or 400) is built from the refusal's text.
@@ -19,6 +20,8 @@ use crate::lease::{GuardedBody, Lease};
 ///
 /// - axum's `Body` (every route of an axum `Router`, whatever the layers
 ///   added with `Router::layer` before this one);
+/// - tonic's `Body` (feature `grpc`: what a tonic server's services and a
+///   tonic client's `Channel` answer in);
 /// - `String` (a custom rejection body that is not UTF-8 is converted
 ///   lossily, so a `Content-Length` set by that rejection would no longer
 ///   match: leave it to the server);
@@ -58,6 +61,21 @@ pub trait RefusalBody: Sized {
         meter.finish();
         self
     }
+
+    /// For upstream feedback from trailers: this body, with `watch`
+    /// reading its trailers. By default the body is not wrapped and its
+    /// trailers are not read; tonic's `Body` reads them. Sealed: its
+    /// argument's type cannot be named outside this crate.
+    #[doc(hidden)]
+    fn watch_trailers(self, watch: TrailerWatch) -> Self {
+        drop(watch);
+        self
+    }
+
+    /// Whether [`watch_trailers`](Self::watch_trailers) reads them: when
+    /// not, the layer builds no watch. Sealed as that method is.
+    #[doc(hidden)]
+    const WATCHES_TRAILERS: WatchesTrailers = WatchesTrailers(false);
 }
 
 #[cfg(feature = "axum")]
@@ -68,6 +86,25 @@ impl RefusalBody for axum::body::Body {
 
     fn metered(self, meter: BodyMeter) -> Self {
         axum::body::Body::new(Metered::new(self, meter))
+    }
+}
+
+#[cfg(feature = "grpc")]
+impl RefusalBody for tonic::body::Body {
+    fn refusal(text: Bytes) -> Self {
+        // A gRPC refusal has no body: an empty body ends the stream with
+        // the headers, which makes the response trailers-only.
+        if text.is_empty() {
+            tonic::body::Body::empty()
+        } else {
+            tonic::body::Body::new(Full::new(text))
+        }
+    }
+
+    const WATCHES_TRAILERS: WatchesTrailers = WatchesTrailers(true);
+
+    fn watch_trailers(self, watch: TrailerWatch) -> Self {
+        tonic::body::Body::new(crate::rate_limit::Watched::new(self, watch))
     }
 }
 

@@ -1,7 +1,10 @@
+use std::time::Duration;
+
 use bytes::Bytes;
 use http::header::{CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderValue, Response, StatusCode};
 
+use super::grpc;
 use super::headers::{PolicyHeaders, integer_value, retry_after_secs};
 use crate::decision::Decision;
 use crate::error::StoreError;
@@ -111,5 +114,58 @@ impl Rejection<'_> {
             RejectionKind::MissingKey(_) => {}
         }
         response
+    }
+
+    /// The refusal a layer in gRPC mode ([`RateLimitLayer::grpc`](crate::RateLimitLayer::grpc))
+    /// sends by default: HTTP 200, trailers-only, `grpc-status`
+    /// `RESOURCE_EXHAUSTED` (8) with `grpc-retry-pushback-ms`,
+    /// `retry-after`, `grpc-status-details-bin` (a `google.rpc.RetryInfo`)
+    /// and the rate-limit headers when a limit denied; `UNAVAILABLE` (14)
+    /// with a 1 s retry hint when the store is down; the gRPC code of the
+    /// configured status for a missing key (400 is `INVALID_ARGUMENT`, 401
+    /// `UNAUTHENTICATED`). `grpc-message` names the policy and the limit. A
+    /// call that can never pass is told not to retry
+    /// (`grpc-retry-pushback-ms: -1`).
+    pub fn grpc_response(&self) -> Response<Bytes> {
+        let policy = self.policy.name();
+        match &self.kind {
+            RejectionKind::Limited(d) => {
+                let name = self.limit_name().unwrap_or("limit");
+                let message = match d.retry_after() {
+                    Some(_) => concat(&["rate limit ", name, " of policy ", policy, " exceeded"]),
+                    None => concat(&[
+                        "request cost exceeds rate limit ",
+                        name,
+                        " of policy ",
+                        policy,
+                        "; it can never be admitted",
+                    ]),
+                };
+                let mut response =
+                    grpc::refusal(grpc::RESOURCE_EXHAUSTED, &message, Some(d.retry_after()));
+                if d.retry_after().is_some() {
+                    self.headers.write(response.headers_mut(), d);
+                }
+                response
+            }
+            RejectionKind::MissingKey(status) => grpc::refusal(
+                grpc::code_for(*status),
+                &concat(&[
+                    "rate limiting (policy ",
+                    policy,
+                    ") could not identify the client; the server's log says why",
+                ]),
+                None,
+            ),
+            RejectionKind::Unavailable(_) => grpc::refusal(
+                grpc::UNAVAILABLE,
+                &concat(&[
+                    "rate limiter unavailable (policy ",
+                    policy,
+                    "); retry shortly",
+                ]),
+                Some(Some(Duration::from_secs(1))),
+            ),
+        }
     }
 }

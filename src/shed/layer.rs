@@ -18,6 +18,7 @@ pub(crate) struct ShedLayerSettings<C, M> {
     pub(crate) classify: C,
     pub(crate) retry_after: Duration,
     rejection: Option<ShedRejectFn>,
+    grpc: bool,
     _mode: PhantomData<fn() -> M>,
 }
 
@@ -28,6 +29,7 @@ impl ShedLayerSettings<(), mode::Http> {
             classify: (),
             retry_after,
             rejection: None,
+            grpc: false,
             _mode: PhantomData,
         }
     }
@@ -52,6 +54,11 @@ impl<C, M> ShedLayerSettings<C, M> {
         self
     }
 
+    pub(crate) fn grpc(mut self) -> Self {
+        self.grpc = true;
+        self
+    }
+
     pub(crate) fn typed_errors(self) -> ShedLayerSettings<C, mode::TypedErrors> {
         self.rebuild(|classify| classify)
     }
@@ -61,6 +68,7 @@ impl<C, M> ShedLayerSettings<C, M> {
             classify: f(self.classify),
             retry_after: self.retry_after,
             rejection: self.rejection,
+            grpc: self.grpc,
             _mode: PhantomData,
         }
     }
@@ -72,6 +80,7 @@ impl<C, M> ShedLayerSettings<C, M> {
             tiers: tiers.clone(),
             retry_after: self.retry_after,
             rejection: self.rejection.clone(),
+            grpc: self.grpc,
         }
     }
 }
@@ -82,6 +91,7 @@ impl<C: Clone, M> Clone for ShedLayerSettings<C, M> {
             classify: self.classify.clone(),
             retry_after: self.retry_after,
             rejection: self.rejection.clone(),
+            grpc: self.grpc,
             _mode: PhantomData,
         }
     }

@@ -10,7 +10,7 @@ use super::tier::{Tier, Tiers};
 use crate::error::BoxError;
 use crate::error::StoreError;
 use crate::response::Answer;
-use crate::response::retry_after_secs;
+use crate::response::{grpc, retry_after_secs};
 
 /// Why a load shedder refused a request; handed to a custom rejection
 /// function.
@@ -107,6 +107,34 @@ impl ShedRejection<'_> {
         headers.insert(RETRY_AFTER, HeaderValue::from(secs));
         response
     }
+
+    /// The refusal a layer in gRPC mode sends by default
+    /// ([`FleetShedLayer::grpc`](crate::shed::FleetShedLayer::grpc),
+    /// [`UtilizationShedLayer::grpc`](crate::shed::UtilizationShedLayer::grpc)):
+    /// HTTP 200, trailers-only, `grpc-status` `UNAVAILABLE` (14), with
+    /// `grpc-retry-pushback-ms`, `retry-after` and
+    /// `grpc-status-details-bin` (a `google.rpc.RetryInfo`) from
+    /// [`retry_after`](Self::retry_after). `grpc-message` names the policy
+    /// and the tier (and, for the fleet shedder, the tier's limit).
+    pub fn grpc_response(&self) -> Response<Bytes> {
+        let message = match &self.kind {
+            ShedRejectionKind::Unavailable(_) => format!(
+                "load shedder unavailable (policy {}); retry shortly",
+                self.policy
+            ),
+            ShedRejectionKind::OverLimit { limit, .. } => format!(
+                "overloaded: {} traffic is being shed (policy {}, at most {limit} in flight)",
+                self.tier_name(),
+                self.policy
+            ),
+            ShedRejectionKind::Dropped { .. } => format!(
+                "overloaded: {} traffic is being shed (policy {})",
+                self.tier_name(),
+                self.policy
+            ),
+        };
+        grpc::refusal(grpc::UNAVAILABLE, &message, Some(Some(self.retry_after())))
+    }
 }
 
 pub(crate) type ShedRejectFn = Arc<dyn Fn(&ShedRejection<'_>) -> Response<Bytes> + Send + Sync>;
@@ -125,6 +153,8 @@ pub(crate) struct ShedAnswer {
     pub(crate) tiers: Tiers,
     pub(crate) retry_after: Duration,
     pub(crate) rejection: Option<ShedRejectFn>,
+    /// Refusals are gRPC statuses (the layers' `grpc()`).
+    pub(crate) grpc: bool,
 }
 
 impl Answer for ShedAnswer {
@@ -140,6 +170,7 @@ impl Answer for ShedAnswer {
         };
         match &self.rejection {
             Some(custom) => custom(&rejection),
+            None if self.grpc => rejection.grpc_response(),
             None => rejection.default_response(),
         }
     }

@@ -198,7 +198,8 @@ impl<B> Classify<Request<B>> for HeaderTier {
 /// Classifies by route: the first rule whose method (if given) and path
 /// match. Paths are matched against axum's `MatchedPath` (such as
 /// `/users/{id}`) when the request has one, else the URI path; a rule path
-/// ending in `*` matches by prefix.
+/// ending in `*` matches by prefix. A gRPC method is such a path
+/// (`/package.Service/Method`, or `/package.Service/*` for a service).
 ///
 /// ```
 /// use fleetgate::shed::{RouteTiers, Tiers};

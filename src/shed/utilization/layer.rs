@@ -74,6 +74,17 @@ impl<C, M> UtilizationShedLayer<C, M> {
         self
     }
 
+    /// gRPC mode, for tonic servers: a shed call gets an HTTP 200
+    /// trailers-only response with `grpc-status` `UNAVAILABLE` and the
+    /// retry hints gRPC clients read ([`ShedRejection::grpc_response`];
+    /// see the [gRPC guide](crate::grpc)). A custom
+    /// [`rejection`](Self::rejection) still replaces it. Give the layer
+    /// only gRPC traffic: it does not look at `content-type`.
+    pub fn grpc(mut self) -> Self {
+        self.settings = self.settings.grpc();
+        self
+    }
+
     /// Refuse with a [`ShedError`](crate::shed::ShedError) instead of an
     /// HTTP response; works around any `tower::Service`. An admitted call
     /// then holds its place in the in-flight count until the response

@@ -1,0 +1,109 @@
+//! Who a call is (metadata, the peer) and which of its methods it calls:
+//! per-method policies, in code and in a policy file.
+
+use std::sync::Arc;
+
+use fleetgate::RateLimitLayer;
+use fleetgate::key::{HeaderKey, PeerIp};
+use fleetgate::rate_limit::RoutePolicies;
+use fleetgate::spec::PolicyFile;
+use tonic::Code;
+
+use crate::{Greeter, GreeterClient, channel, hello, on_both_stores, serve};
+
+on_both_stores!(keys_from_metadata_hashed_else_the_peer, store => {
+    let layer = RateLimitLayer::new(store.limiter("per-key", "1/min"))
+        .key(HeaderKey::new("x-api-key").or(PeerIp))
+        .grpc();
+    let (greeter, _dropped) = Greeter::new();
+    let addr = serve!(layer, greeter.clone());
+    let mut client = GreeterClient::new(channel(addr).await);
+
+    client.say_hello(hello("a", Some("secret-a"))).await.expect("key a");
+    let refused = client.say_hello(hello("a", Some("secret-a"))).await.unwrap_err();
+    assert_eq!(refused.code(), Code::ResourceExhausted);
+    client.say_hello(hello("b", Some("secret-b"))).await.expect("key b: its own budget");
+    // No key: the peer's address (tonic's TcpConnectInfo), its own budget.
+    client.say_hello(hello("c", None)).await.expect("the peer");
+    let refused = client.say_hello(hello("c", None)).await.unwrap_err();
+    assert_eq!(refused.code(), Code::ResourceExhausted);
+    assert_eq!(greeter.calls(), 3);
+
+    // The API keys were hashed before they became keys.
+    if let Some(server) = &store.server {
+        let mut admin = server.admin().await;
+        let keys: Vec<String> = redis::cmd("KEYS").arg("*").query_async(&mut admin).await.unwrap();
+        assert!(!keys.is_empty());
+        assert!(keys.iter().all(|k| !k.contains("secret")), "{keys:?}");
+        assert!(keys.iter().any(|k| k.contains("127.0.0.1")), "the peer's key: {keys:?}");
+    }
+});
+
+/// Three calls of `SayHello` pass per minute, one of every other method of
+/// the service, and nothing else is limited.
+async fn per_method(routes: RoutePolicies) {
+    let layer = RateLimitLayer::per_route(routes)
+        .unwrap()
+        .key(PeerIp)
+        .grpc();
+    let (greeter, _dropped) = Greeter::new();
+    let addr = serve!(layer, greeter.clone());
+    let mut client = GreeterClient::new(channel(addr).await);
+
+    for _ in 0..3 {
+        client
+            .say_hello(hello("a", None))
+            .await
+            .expect("SayHello's budget");
+    }
+    let refused = client.say_hello(hello("a", None)).await.unwrap_err();
+    assert_eq!(refused.code(), Code::ResourceExhausted);
+    assert!(
+        refused.message().contains("policy hello"),
+        "{}",
+        refused.message()
+    );
+
+    let stream = client
+        .say_hello_stream(hello("a", None))
+        .await
+        .expect("its own budget");
+    drop(stream);
+    let refused = client.say_hello_stream(hello("a", None)).await.unwrap_err();
+    assert_eq!(refused.code(), Code::ResourceExhausted);
+    assert!(
+        refused.message().contains("policy greeter"),
+        "{}",
+        refused.message()
+    );
+}
+
+on_both_stores!(per_method_policies_in_code, store => {
+    let routes = RoutePolicies::new()
+        .route(None, "/fleetgate.demo.Greeter/SayHello", store.limiter("hello", "3/min"))
+        .unwrap()
+        .route(None, "/fleetgate.demo.Greeter/*", store.limiter("greeter", "1/min"))
+        .unwrap();
+    per_method(routes).await;
+});
+
+on_both_stores!(per_method_policies_in_a_policy_file, store => {
+    let file: PolicyFile = toml::from_str(
+        r#"
+        [policies]
+        hello = "3/min"
+        greeter = "1/min"
+
+        [[routes]]
+        path = "/fleetgate.demo.Greeter/SayHello"
+        policy = "hello"
+
+        [[routes]]
+        path = "/fleetgate.demo.Greeter/*"
+        method = "POST"
+        policy = "greeter"
+        "#,
+    )
+    .unwrap();
+    per_method(RoutePolicies::from_file(&file, Arc::clone(&store.store)).unwrap()).await;
+});
