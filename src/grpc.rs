@@ -80,7 +80,9 @@
 //! A gRPC method is the path `/package.Service/Method`, so
 //! [`RoutePolicies`](crate::rate_limit::RoutePolicies) (in code or from a
 //! policy file's `[[routes]]`) and [`RouteTiers`](crate::shed::RouteTiers)
-//! pick a policy or a shedding tier per method, and a rule ending in `*`
+//! (in code or from a policy file's `[[shed_routes]]`,
+//! [`RouteTiers::from_file`](crate::shed::RouteTiers::from_file)) pick a
+//! policy or a shedding tier per method, and a rule ending in `*`
 //! (`/package.Service/*`) covers a whole service. Add such a layer with
 //! `Server::builder().layer(..)`: inside an axum router's `route_layer`,
 //! the matched route is tonic's `/package.Service/{*rest}`.
@@ -149,9 +151,11 @@
 //! refuses before answering: fleetgate's refusals, a tonic handler
 //! returning an error) is recorded before the response is handed back;
 //! one in the trailers after a streamed reply, when the trailers are read
-//! (on Redis, by a task of its own). With `.grpc()`, a call the client
-//! layer itself refuses (its wait would be too long) fails with
-//! `RESOURCE_EXHAUSTED` as well.
+//! (on Redis, by a task of its own). With `.grpc()`, a call waits no
+//! longer than its deadline (`grpc-timeout`, which a tonic client sends
+//! but does not enforce while the layer waits), and a call the client
+//! layer itself refuses (its slot is past `max_wait` or the deadline)
+//! fails at once, uncharged, with `RESOURCE_EXHAUSTED` as well.
 //!
 //! ```no_run
 //! use std::time::Duration;
