@@ -75,15 +75,76 @@
 //! and [`HeaderKey::bearer()`](crate::key::HeaderKey::bearer) (from
 //! `authorization`) hash the value before it becomes a key. With the
 //! `grpc` feature, [`PeerIp`](crate::key::PeerIp) reads the peer address
-//! tonic's server puts in every call.
+//! tonic's server puts in every call served over plain TCP
+//! (`TcpConnectInfo`).
+//!
+//! Over TLS tonic stores a `TlsConnectInfo<TcpConnectInfo>` instead, which
+//! fleetgate does not read (the type needs tonic's `tls-connect-info`
+//! feature, and so tokio-rustls, which the `grpc` feature leaves off);
+//! `PeerIp` then finds no peer, and every call it keys has no key.
+//! Copy the address into a `SocketAddr` extension, which `PeerIp` reads,
+//! with a layer added before the limit (not compiled here: it needs
+//! tonic's `tls-ring` or `tls-aws-lc` feature, which a TLS server has):
+//!
+//! ```ignore
+//! use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
+//!
+//! let peer = tower::util::MapRequestLayer::new(|mut req: http::Request<_>| {
+//!     let addr = req
+//!         .extensions()
+//!         .get::<TlsConnectInfo<TcpConnectInfo>>()
+//!         .and_then(|info| info.get_ref().remote_addr());
+//!     if let Some(addr) = addr {
+//!         req.extensions_mut().insert(addr);
+//!     }
+//!     req
+//! });
+//! Server::builder()
+//!     .tls_config(tls)?
+//!     .layer(peer) // the outer layer: runs first
+//!     .layer(RateLimitLayer::new(limiter).key(PeerIp).grpc())
+//!     .add_service(GreeterServer::new(greeter))
+//! ```
 //!
 //! A gRPC method is the path `/package.Service/Method`, so
 //! [`RoutePolicies`](crate::rate_limit::RoutePolicies) (in code or from a
 //! policy file's `[[routes]]`) and [`RouteTiers`](crate::shed::RouteTiers)
-//! pick a policy or a shedding tier per method, and a rule ending in `*`
+//! (in code or from a policy file's `[[shed_routes]]`,
+//! [`RouteTiers::from_file`](crate::shed::RouteTiers::from_file)) pick a
+//! policy or a shedding tier per method, and a rule ending in `*`
 //! (`/package.Service/*`) covers a whole service. Add such a layer with
 //! `Server::builder().layer(..)`: inside an axum router's `route_layer`,
 //! the matched route is tonic's `/package.Service/{*rest}`.
+//!
+//! A layer on `Server::builder()` sees every service of the server,
+//! gRPC health checking (`/grpc.health.v1.Health/*`) and reflection
+//! included: a load balancer's probes would spend a caller's budget (or,
+//! keyed by [`PeerIp`](crate::key::PeerIp), the prober's). To exempt them,
+//! limit by method with rules for your own services and no default: a
+//! method no rule matches passes unlimited. For the shedders, give them a
+//! rule to the `critical` tier, which is never shed.
+//!
+//! ```
+//! use fleetgate::key::HeaderKey;
+//! use fleetgate::rate_limit::RoutePolicies;
+//! use fleetgate::shed::{RouteTiers, Tiers};
+//! use fleetgate::spec::PolicySpec;
+//! use fleetgate::{Limiter, MemoryStore, RateLimitLayer};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let policy = "100/s".parse::<PolicySpec>()?.build("greeter")?;
+//! let limiter = Limiter::new(policy, MemoryStore::new());
+//! // Only the greeter is limited; health checks and reflection are not.
+//! let routes = RoutePolicies::new().route(None, "/fleetgate.demo.Greeter/*", limiter)?;
+//! let layer = RateLimitLayer::per_route(routes)?
+//!     .key(HeaderKey::new("x-api-key"))
+//!     .grpc();
+//! // Never shed health checks; the rest as the shedder's default tier.
+//! let tiers = RouteTiers::new(&Tiers::default())
+//!     .route(None, "/grpc.health.v1.Health/*", "critical")?;
+//! # let _ = (layer, tiers);
+//! # Ok(()) }
+//! ```
 //!
 //! # Streaming calls
 //!
@@ -149,9 +210,11 @@
 //! refuses before answering: fleetgate's refusals, a tonic handler
 //! returning an error) is recorded before the response is handed back;
 //! one in the trailers after a streamed reply, when the trailers are read
-//! (on Redis, by a task of its own). With `.grpc()`, a call the client
-//! layer itself refuses (its wait would be too long) fails with
-//! `RESOURCE_EXHAUSTED` as well.
+//! (on Redis, by a task of its own). With `.grpc()`, a call waits no
+//! longer than its deadline (`grpc-timeout`, which a tonic client sends
+//! but does not enforce while the layer waits), and a call the client
+//! layer itself refuses (its slot is past `max_wait` or the deadline)
+//! fails at once, uncharged, with `RESOURCE_EXHAUSTED` as well.
 //!
 //! ```no_run
 //! use std::time::Duration;

@@ -735,6 +735,13 @@ pub struct PolicyFile {
         serde(default, skip_serializing_if = "BTreeMap::is_empty")
     )]
     pub plans: BTreeMap<String, BTreeMap<String, PolicySpec>>,
+    /// Shedding tiers by route (`[[shed_routes]]`), first match wins, for
+    /// the shedders' [`RouteTiers::from_file`](crate::shed::RouteTiers::from_file).
+    #[cfg_attr(
+        feature = "serde",
+        serde(default, skip_serializing_if = "Vec::is_empty")
+    )]
+    pub shed_routes: Vec<ShedRouteSpec>,
 }
 
 /// One route of a [`PolicyFile`]: requests whose matched path (and method,
@@ -755,6 +762,45 @@ pub struct RouteSpec {
     pub method: Option<String>,
     /// The name of a policy of the file.
     pub policy: String,
+}
+
+/// One of a [`PolicyFile`]'s `shed_routes`: requests whose matched path
+/// (and method, when given) is this are shed in the named tier.
+///
+/// ```toml
+/// [[shed_routes]]
+/// path = "/fleetgate.demo.Greeter/SayHelloStream"
+/// tier = "low"
+///
+/// [[shed_routes]]
+/// path = "/v1/reports/*"
+/// method = "GET"
+/// tier = "low"
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Deserialize, serde::Serialize))]
+#[cfg_attr(feature = "serde", serde(deny_unknown_fields))]
+pub struct ShedRouteSpec {
+    /// The route or gRPC method, as in [`RouteSpec::path`].
+    pub path: String,
+    /// The method, such as `POST`; none matches every method.
+    #[cfg_attr(
+        feature = "serde",
+        serde(default, skip_serializing_if = "Option::is_none")
+    )]
+    pub method: Option<String>,
+    /// The name of a tier of the shedder's [`Tiers`](crate::shed::Tiers).
+    pub tier: String,
+}
+
+/// A route's `method` as written in a policy file.
+pub(crate) fn route_method(method: Option<&String>) -> Result<Option<http::Method>, ConfigError> {
+    method
+        .map(|m| {
+            http::Method::from_bytes(m.as_bytes())
+                .map_err(|_| ConfigError::InvalidMethod { method: m.clone() })
+        })
+        .transpose()
 }
 
 impl PolicyFile {

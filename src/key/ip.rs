@@ -58,14 +58,17 @@ fn warn_no_peer_address() {
         tracing::warn!(
             "PeerIp found no ConnectInfo: serve the router with \
              into_make_service_with_connect_info::<SocketAddr>() (for tonic, \
-             enable fleetgate's `grpc` feature; elsewhere, put the peer's \
-             SocketAddr in the request's extensions)"
+             enable fleetgate's `grpc` feature, and over TLS copy the \
+             address into the request's extensions: see fleetgate::grpc; \
+             elsewhere, put the peer's SocketAddr in the request's \
+             extensions)"
         );
     });
 }
 
 /// Keys requests by the address of the TCP peer: axum's `ConnectInfo`,
-/// tonic's `TcpConnectInfo` (feature `grpc`) or a `SocketAddr` extension.
+/// tonic's `TcpConnectInfo` (feature `grpc`; over TLS, see the
+/// [gRPC guide](crate::grpc#keys-and-methods)) or a `SocketAddr` extension.
 ///
 /// Behind a proxy or load balancer every request comes from the proxy: use
 /// [`ForwardedIp`] there.

@@ -273,6 +273,11 @@ impl<K, C, M, Fb> RateLimitLayer<K, C, M, Fb> {
     /// [`RateLimitError::WaitTooLong`](crate::RateLimitError::WaitTooLong)
     /// in typed-error mode, a 429 with `Retry-After` otherwise.
     ///
+    /// In [`grpc`](Self::grpc) mode a call also waits no longer than its
+    /// deadline (its `grpc-timeout` header; one the gRPC spec would not
+    /// accept is ignored): a slot past it is refused at once, uncharged,
+    /// with `RESOURCE_EXHAUSTED` and the pushback to the slot.
+    ///
     /// A call of a cost above the burst can never pass and is refused
     /// without waiting. In shadow mode the layer reserves but never sleeps.
     /// `max_wait` is capped at about 35 years

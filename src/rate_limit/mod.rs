@@ -262,17 +262,25 @@ pub(crate) struct RateSettings {
 
 impl RateSettings {
     /// Asks the store to decide `cost` for `key`: a check, or in waiting
-    /// mode a reservation.
+    /// mode a reservation within `max_wait` and the call's `deadline` (a
+    /// gRPC call's `grpc-timeout`, read only in waiting mode): a slot
+    /// further away is refused, reserving nothing.
     #[inline(always)]
-    pub(crate) fn ask(&self, key: &Key, cost: u64) -> StoreFuture<Decision> {
+    pub(crate) fn ask(
+        &self,
+        key: &Key,
+        cost: u64,
+        deadline: Option<Duration>,
+    ) -> StoreFuture<Decision> {
         // The policy these settings were chosen for: the limiter's rules
         // were read once, when the settings were.
         if let Some(after) = &self.after {
             return self.ask_before_response(after, key, cost);
         }
-        let max_wait = self
-            .max_wait
-            .map(|wait| wait.min(Duration::from_micros(MAX_TOLERANCE_MICROS)));
+        let max_wait = self.max_wait.map(|wait| {
+            let wait = deadline.map_or(wait, |deadline| wait.min(deadline));
+            wait.min(Duration::from_micros(MAX_TOLERANCE_MICROS))
+        });
         self.limiter.decide_as(&self.policy, key, cost, max_wait)
     }
 
@@ -312,7 +320,7 @@ impl RateSettings {
             result,
             |c| c.fallback.as_ref(),
             RateSettings::log_failure,
-            |local| local.ask(key, cost).take_ready(),
+            |local| local.ask(key, cost, None).take_ready(),
         )
     }
 

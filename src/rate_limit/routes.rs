@@ -93,13 +93,7 @@ impl RoutePolicies {
         };
         let mut table = RoutePolicies::new();
         for route in &file.routes {
-            let method = match &route.method {
-                Some(m) => Some(
-                    Method::from_bytes(m.as_bytes())
-                        .map_err(|_| ConfigError::InvalidMethod { method: m.clone() })?,
-                ),
-                None => None,
-            };
+            let method = crate::spec::route_method(route.method.as_ref())?;
             table = table.route(method, &route.path, limiter(&route.policy)?)?;
         }
         if let Some(name) = &file.default {

@@ -2,6 +2,7 @@ use std::fmt;
 use std::marker::PhantomData;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, Response};
@@ -77,11 +78,12 @@ impl<S, K, C, M, F> RateLimit<S, K, C, M, F> {
         C: Cost<Req>,
         F: UpstreamFeedback<S::Response>,
     {
-        self.start_with(req, Which::Layer, |_| None)
+        self.start_with(req, Which::Layer, |_| None, |_| None)
     }
 
     /// Decides `req` with the settings `which` names (the layer's, or its
-    /// route's) for its key and for the plan `plan` finds in it.
+    /// route's) for its key and for the plan `plan` finds in it; in gRPC
+    /// waiting mode, within the deadline `deadline` finds in it.
     ///
     /// `req` is only borrowed until the decision is in, and then moved
     /// once: moved earlier into a function of its own (even one inlined),
@@ -92,6 +94,7 @@ impl<S, K, C, M, F> RateLimit<S, K, C, M, F> {
         req: Req,
         which: Which,
         plan: impl Fn(&Req) -> Option<&Plan>,
+        deadline: impl Fn(&Req) -> Option<Duration>,
     ) -> ResponseFuture<S, Req, M, F>
     where
         S: Service<Req> + Clone,
@@ -118,8 +121,15 @@ impl<S, K, C, M, F> RateLimit<S, K, C, M, F> {
             }
         };
         let cost = self.shared.cost.cost(&req);
+        // A gRPC client does not enforce its deadline while it waits here
+        // (the server counts it from when the call arrives): a slot past
+        // it would be spent on a call that is dead on arrival.
+        let deadline = match settings.max_wait {
+            Some(_) if settings.grpc => deadline(&req),
+            _ => None,
+        };
         let mut start = Start::new(settings, feedback);
-        let mut decision = start.settings.ask(&key, cost);
+        let mut decision = start.settings.ask(&key, cost, deadline);
         start.cost = cost;
         if start.feedback.is_enabled()
             || start.settings.fallback.is_some()
@@ -226,7 +236,12 @@ impl<S, K, C, M, F> RateLimit<S, K, C, M, F> {
                 }
             },
         };
-        self.start_with(req, which, |req| req.extensions().get::<Plan>())
+        self.start_with(
+            req,
+            which,
+            |req| req.extensions().get::<Plan>(),
+            |req| crate::response::grpc::timeout(req.headers()),
+        )
     }
 }
 

@@ -27,6 +27,30 @@ pub(crate) const UNAVAILABLE: u8 = 14;
 /// Where `grpc-status-details-bin`'s `Any` says its `RetryInfo` is defined.
 const RETRY_INFO_URL: &str = "type.googleapis.com/google.rpc.RetryInfo";
 
+/// A call's deadline from its `grpc-timeout` header, as the gRPC spec
+/// writes it: 1 to 8 ASCII digits and a unit, `H` `M` `S` `m` `u` `n`
+/// (hours down to nanoseconds). Anything else is no deadline.
+pub(crate) fn timeout(headers: &HeaderMap) -> Option<Duration> {
+    let value = headers.get("grpc-timeout")?.as_bytes();
+    let (&unit, digits) = value.split_last()?;
+    if digits.is_empty() || digits.len() > 8 || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    // At most 8 digits: no overflow, even in hours (10^8 h fits in u64 s).
+    let n = digits
+        .iter()
+        .fold(0u64, |n, d| n * 10 + u64::from(d - b'0'));
+    Some(match unit {
+        b'H' => Duration::from_secs(n * 3600),
+        b'M' => Duration::from_secs(n * 60),
+        b'S' => Duration::from_secs(n),
+        b'm' => Duration::from_millis(n),
+        b'u' => Duration::from_micros(n),
+        b'n' => Duration::from_nanos(n),
+        _ => return None,
+    })
+}
+
 /// The trailers-only refusal with gRPC status `code` and `message`.
 ///
 /// `retry` is when a retry can help: `Some(Some(after))` sends the retry
@@ -170,6 +194,45 @@ pub(crate) fn code_for(status: StatusCode) -> u8 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn timeout_of(value: &'static str) -> Option<Duration> {
+        let mut headers = HeaderMap::new();
+        headers.insert("grpc-timeout", HeaderValue::from_static(value));
+        timeout(&headers)
+    }
+
+    #[test]
+    fn reads_grpc_timeout_as_the_spec_writes_it() {
+        assert_eq!(timeout_of("2H"), Some(Duration::from_secs(7200)));
+        assert_eq!(timeout_of("3M"), Some(Duration::from_secs(180)));
+        assert_eq!(timeout_of("1S"), Some(Duration::from_secs(1)));
+        assert_eq!(timeout_of("200m"), Some(Duration::from_millis(200)));
+        assert_eq!(timeout_of("250u"), Some(Duration::from_micros(250)));
+        assert_eq!(
+            timeout_of("99999999n"),
+            Some(Duration::from_nanos(99_999_999))
+        );
+        assert_eq!(timeout_of("0m"), Some(Duration::ZERO));
+        assert_eq!(
+            timeout_of("99999999H"),
+            Some(Duration::from_secs(99_999_999 * 3600))
+        );
+        // Nine digits, no digits, no unit, a bad unit, a sign: ignored.
+        for bad in [
+            "123456789m",
+            "m",
+            "100",
+            "100s",
+            "100x",
+            "-1S",
+            "+1S",
+            "1 S",
+            "",
+        ] {
+            assert_eq!(timeout_of(bad), None, "{bad:?}");
+        }
+        assert_eq!(timeout(&HeaderMap::new()), None);
+    }
 
     #[test]
     fn messages_are_percent_encoded() {

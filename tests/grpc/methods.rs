@@ -8,6 +8,7 @@ use fleetgate::key::{HeaderKey, PeerIp};
 use fleetgate::rate_limit::RoutePolicies;
 use fleetgate::spec::PolicyFile;
 use tonic::Code;
+use tower::ServiceExt;
 
 use crate::{Greeter, GreeterClient, channel, hello, on_both_stores, serve};
 
@@ -36,6 +37,38 @@ on_both_stores!(keys_from_metadata_hashed_else_the_peer, store => {
         assert!(!keys.is_empty());
         assert!(keys.iter().all(|k| !k.contains("secret")), "{keys:?}");
         assert!(keys.iter().any(|k| k.contains("127.0.0.1")), "the peer's key: {keys:?}");
+    }
+});
+
+on_both_stores!(keys_from_bearer_tokens_hashed, store => {
+    let layer = RateLimitLayer::new(store.limiter("per-token", "1/min"))
+        .key(HeaderKey::bearer())
+        .grpc();
+    let (greeter, _dropped) = Greeter::new();
+    let addr = serve!(layer, greeter.clone());
+    let mut client = GreeterClient::new(channel(addr).await);
+    let call = |authorization: &str| {
+        let mut call = hello("a", None);
+        call.metadata_mut()
+            .insert("authorization", authorization.parse().expect("ASCII metadata"));
+        call
+    };
+
+    client.say_hello(call("Bearer secret-a")).await.expect("token a");
+    let refused = client.say_hello(call("Bearer secret-a")).await.unwrap_err();
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+    client.say_hello(call("Bearer secret-b")).await.expect("token b: its own budget");
+    // Another scheme is no key: refused as a call without one.
+    let refused = client.say_hello(call("Basic c2VjcmV0")).await.unwrap_err();
+    assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
+    assert_eq!(greeter.calls(), 2);
+
+    // The tokens were hashed before they became keys.
+    if let Some(server) = &store.server {
+        let mut admin = server.admin().await;
+        let keys: Vec<String> = redis::cmd("KEYS").arg("*").query_async(&mut admin).await.unwrap();
+        assert_eq!(keys.len(), 2, "one key per token: {keys:?}");
+        assert!(keys.iter().all(|k| !k.contains("secret")), "{keys:?}");
     }
 });
 
@@ -76,6 +109,20 @@ async fn per_method(routes: RoutePolicies) {
         "{}",
         refused.message()
     );
+
+    // A method no rule matches passes unlimited, to the server's own
+    // answer (it has no such service: UNIMPLEMENTED).
+    let channel = channel(addr).await;
+    for _ in 0..5 {
+        let call = crate::refusals::raw_call_to("/fleetgate.demo.Other/SayHello");
+        let answer = channel.clone().oneshot(call).await.expect("an answer");
+        assert_eq!(
+            answer.headers()["grpc-status"],
+            "12",
+            "{:?}",
+            answer.headers()
+        );
+    }
 }
 
 on_both_stores!(per_method_policies_in_code, store => {

@@ -109,3 +109,40 @@ on_both_stores!(pushback_in_trailers_pauses_every_client, store => {
     assert!(held.message().contains("policy client"), "{}", held.message());
     assert_eq!(greeter.calls(), 1, "the paused call never reached the server");
 });
+
+on_both_stores!(waiting_stops_at_the_calls_deadline, store => {
+    let (greeter, _dropped) = Greeter::new();
+    let addr = serve!(tower::layer::util::Identity::new(), greeter.clone());
+    // One call a minute, and the client would wait up to two for its slot.
+    let layer = RateLimitLayer::new(store.limiter("client", "1/min"))
+        .key(GlobalKey::new())
+        .wait_up_to(Duration::from_secs(120))
+        .grpc();
+    let mut client =
+        GreeterClient::new(ServiceBuilder::new().layer(layer).service(channel(addr).await));
+    client.say_hello(hello("a", None)).await.expect("the minute's call");
+
+    // The next slot is a minute away, past this call's 200 ms deadline
+    // (`grpc-timeout: 200m`): refused at once, not after a minute.
+    let mut call = hello("b", None);
+    call.set_timeout(Duration::from_millis(200));
+    let refused = tokio::time::timeout(Duration::from_secs(30), client.say_hello(call))
+        .await
+        .expect("refused at once, not after waiting for the slot")
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+    assert!(refused.message().contains("policy client"), "{}", refused.message());
+    let pushback = crate::pushback_ms(&refused);
+    assert!((1..=60_000).contains(&pushback), "{pushback}");
+    assert_eq!(greeter.calls(), 1);
+
+    // Uncharged: the next slot is still the one a minute after the first
+    // call (a reservation would have pushed it to two minutes).
+    let decision = store
+        .limiter("client", "1/min")
+        .check(&Key::new("global"), 1)
+        .await
+        .unwrap();
+    assert!(!decision.is_allowed());
+    assert!(decision.retry_after().unwrap() <= Duration::from_secs(60), "{decision:?}");
+});

@@ -5,7 +5,10 @@ use std::time::Duration;
 
 use bytes::{BufMut, Bytes, BytesMut};
 use fleetgate::key::{HeaderKey, PeerIp};
-use fleetgate::{FailurePolicy, RateLimitLayer};
+use fleetgate::{
+    ConcurrencyLimitLayer, ConcurrencyLimiter, ConcurrencyPolicy, FailurePolicy, FleetShedLayer,
+    FleetShedPolicy, FleetShedder, RateLimitLayer,
+};
 use http_body_util::BodyExt;
 use tonic::Code;
 use tower::ServiceExt;
@@ -45,8 +48,10 @@ on_both_stores!(rate_limit_refuses_with_resource_exhausted_and_pushback, store =
     assert!(status.metadata().get("ratelimit").is_some(), "the refusal's headers");
     assert_eq!(greeter.calls(), 2, "the refused call never reached the service");
 
-    // Another key has its own budget; a call without one has no key.
+    // Another key has its own budget, and so has a call without one
+    // (keyed by its peer's address).
     client.say_hello(hello("bob", Some("k2"))).await.expect("another key");
+    client.say_hello(hello("cy", None)).await.expect("the peer's budget");
 });
 
 on_both_stores!(missing_key_is_invalid_argument, store => {
@@ -64,13 +69,19 @@ on_both_stores!(missing_key_is_invalid_argument, store => {
 
 /// One `SayHello` call as HTTP/2 sees it, through a bare channel.
 fn raw_call() -> http::Request<tonic::body::Body> {
+    raw_call_to("/fleetgate.demo.Greeter/SayHello")
+}
+
+/// A call of the method at `path` (`/package.Service/Method`) with a
+/// `HelloRequest`, as HTTP/2 sees it.
+pub(crate) fn raw_call_to(path: &str) -> http::Request<tonic::body::Body> {
     // A gRPC message: uncompressed, its length, then `HelloRequest { name: "ada" }`.
     let message = [0x0a, 3, b'a', b'd', b'a'];
     let mut frame = BytesMut::new();
     frame.put_u8(0);
     frame.put_u32(message.len() as u32);
     frame.put_slice(&message);
-    http::Request::post("/fleetgate.demo.Greeter/SayHello")
+    http::Request::post(path)
         .header("content-type", "application/grpc")
         .header("te", "trailers")
         .body(tonic::body::Body::new(http_body_util::Full::new(
@@ -127,5 +138,41 @@ async fn store_down_and_failing_closed_is_unavailable() {
     assert!(status.message().contains("greet"), "{}", status.message());
     assert_eq!(pushback_ms(&status), 1000);
     assert_eq!(retry_delay(&status), Some(Duration::from_secs(1)));
+    assert_eq!(greeter.calls(), 0);
+}
+
+/// The concurrency limiter and the fleet shedder failing closed on a store
+/// that is down: `UNAVAILABLE` too, never reaching the service.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrency_and_fleet_shed_failing_closed_are_unavailable() {
+    let down = || crate::common::unreachable_store(Duration::from_millis(200));
+
+    let policy = ConcurrencyPolicy::builder("in-flight", 4).build().unwrap();
+    let layer = ConcurrencyLimitLayer::new(ConcurrencyLimiter::new(policy, down()))
+        .key(PeerIp)
+        .on_store_error(FailurePolicy::Closed)
+        .grpc();
+    let (greeter, _dropped) = Greeter::new();
+    let addr = serve!(layer, greeter.clone());
+    let mut client = GreeterClient::new(channel(addr).await);
+    let status = client.say_hello(hello("ada", None)).await.unwrap_err();
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    assert!(
+        status.message().contains("in-flight"),
+        "{}",
+        status.message()
+    );
+    assert_eq!(greeter.calls(), 0);
+
+    let policy = FleetShedPolicy::builder("fleet", 4).build().unwrap();
+    let layer = FleetShedLayer::new(FleetShedder::new(policy, down()))
+        .on_store_error(FailurePolicy::Closed)
+        .grpc();
+    let (greeter, _dropped) = Greeter::new();
+    let addr = serve!(layer, greeter.clone());
+    let mut client = GreeterClient::new(channel(addr).await);
+    let status = client.say_hello(hello("ada", None)).await.unwrap_err();
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    assert!(status.message().contains("fleet"), "{}", status.message());
     assert_eq!(greeter.calls(), 0);
 }

@@ -78,8 +78,9 @@ on_both_stores!(stream_holds_its_lease_until_cancelled, store => {
     admitted_again(&mut client).await;
 });
 
-on_both_stores!(shed_tier_by_method_while_streams_run, store => {
-    // Two in flight for the fleet; streams are `low` and may use one.
+/// Two in flight for the fleet; streams are `low` (by `routes`, over the
+/// default tiers) and may use one; the rest of the service is `critical`.
+async fn shed_by_method(store: crate::TestStore, routes: impl FnOnce(&Tiers) -> RouteTiers) {
     let tiers = Tiers::default();
     let policy = FleetShedPolicy::builder("fleet", 2)
         .share("low", 0.5)
@@ -87,27 +88,32 @@ on_both_stores!(shed_tier_by_method_while_streams_run, store => {
         .build()
         .unwrap();
     let shedder = FleetShedder::new(policy, std::sync::Arc::clone(&store.store));
-    let routes = RouteTiers::new(&tiers)
-        .route(None, "/fleetgate.demo.Greeter/SayHelloStream", "low")
-        .unwrap()
-        .route(None, "/fleetgate.demo.Greeter/*", "critical")
-        .unwrap();
-    let layer = FleetShedLayer::new(shedder).classify(routes).grpc();
+    let layer = FleetShedLayer::new(shedder).classify(routes(&tiers)).grpc();
     let (greeter, mut dropped) = Greeter::new();
     let addr = serve!(layer, greeter.clone());
     let mut client = GreeterClient::new(channel(addr).await);
 
-    let mut stream = client.say_hello_stream(hello("ada", None)).await.expect("admitted").into_inner();
+    let mut stream = client
+        .say_hello_stream(hello("ada", None))
+        .await
+        .expect("admitted")
+        .into_inner();
     stream.message().await.expect("a reply").expect("one reply");
 
-    let status = client.say_hello_stream(hello("bob", None)).await.unwrap_err();
+    let status = client
+        .say_hello_stream(hello("bob", None))
+        .await
+        .unwrap_err();
     assert_eq!(status.code(), Code::Unavailable, "{status:?}");
     assert!(status.message().contains("low"), "{}", status.message());
     assert!(status.message().contains("fleet"), "{}", status.message());
     assert_eq!(crate::meta(&status, "grpc-retry-pushback-ms"), "1000");
     assert_eq!(crate::meta(&status, "retry-after"), "1");
     // Critical calls are never shed.
-    client.say_hello(hello("cy", None)).await.expect("critical passes");
+    client
+        .say_hello(hello("cy", None))
+        .await
+        .expect("critical passes");
 
     drop(stream);
     stream_dropped(&mut dropped).await;
@@ -122,6 +128,40 @@ on_both_stores!(shed_tier_by_method_while_streams_run, store => {
             Err(status) => panic!("the stream's place was never given back: {status:?}"),
         }
     }
+}
+
+on_both_stores!(shed_tier_by_method_while_streams_run, store => {
+    shed_by_method(store, |tiers| {
+        RouteTiers::new(tiers)
+            .route(None, "/fleetgate.demo.Greeter/SayHelloStream", "low")
+            .unwrap()
+            .route(None, "/fleetgate.demo.Greeter/*", "critical")
+            .unwrap()
+    })
+    .await;
+});
+
+on_both_stores!(shed_tier_by_method_from_a_policy_file, store => {
+    let file: fleetgate::spec::PolicyFile = toml::from_str(
+        r#"
+        [policies]
+
+        [[shed_routes]]
+        path = "/fleetgate.demo.Greeter/SayHelloStream"
+        tier = "low"
+
+        [[shed_routes]]
+        path = "/fleetgate.demo.Greeter/*"
+        method = "POST"
+        tier = "critical"
+        "#,
+    )
+    .unwrap();
+    shed_by_method(store, |tiers| RouteTiers::from_file(&file, tiers).unwrap()).await;
+    // A tier the shedder does not have is an error, as in code.
+    let unknown: fleetgate::spec::PolicyFile =
+        toml::from_str("[policies]\n[[shed_routes]]\npath = \"/a/*\"\ntier = \"gold\"\n").unwrap();
+    assert!(RouteTiers::from_file(&unknown, &Tiers::default()).is_err());
 });
 
 /// A manual clock that counts its reads: the memory store reads it once
