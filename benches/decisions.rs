@@ -31,6 +31,9 @@
 //! times (default 3), one case after the other; each row is the case's
 //! median round by decisions/s (on this 2-CPU machine, a single task's
 //! round trip swings by 2x with where the scheduler puts it).
+//! After each concurrency's cases, `Limiter::check` on GCRA and the loop
+//! run again in turn, in short slices (see `paired`): the targets that
+//! compare the two use these, which a load swinging between cases spares.
 //! `FLEETGATE_BENCH_SECS` sets the measured time per round (default 0.5),
 //! `FLEETGATE_BENCH_WARMUP` the warm-up (default 0.2). Run without
 //! `--bench` (as `cargo test --all-targets` does) each case runs once for
