@@ -31,6 +31,9 @@
 //! times (default 3), one case after the other; each row is the case's
 //! median round by decisions/s (on this 2-CPU machine, a single task's
 //! round trip swings by 2x with where the scheduler puts it).
+//! After each concurrency's cases, `Limiter::check` on GCRA and the loop
+//! run again in turn, in short slices (see `paired`): the targets that
+//! compare the two use these, which a load swinging between cases spares.
 //! `FLEETGATE_BENCH_SECS` sets the measured time per round (default 0.5),
 //! `FLEETGATE_BENCH_WARMUP` the warm-up (default 0.2). Run without
 //! `--bench` (as `cargo test --all-targets` does) each case runs once for
@@ -388,6 +391,9 @@ async fn run(server: &RedisServer, plan: &Plan) -> Result<(), BoxError> {
     }
 
     let mut rounds: Vec<Vec<Row>> = Vec::new();
+    // Limiter::check on GCRA and the floor in interleaved slices, per
+    // concurrency, summed over the rounds (see [`paired`]).
+    let mut pairs: HashMap<usize, [Side; 2]> = HashMap::new();
     for _ in 0..plan.rounds {
         let mut rows = Vec::new();
         for concurrency in CONCURRENCY {
@@ -419,12 +425,12 @@ async fn run(server: &RedisServer, plan: &Plan) -> Result<(), BoxError> {
                 }
             }
             common::flush_all(&mut admin).await?;
-            let (c, script, keys) = (conn.clone(), gcra.clone(), keys.clone());
-            let op = move |task: usize, n: usize| {
+            let (c, script, keys_floor) = (conn.clone(), gcra.clone(), keys.clone());
+            let floor_op = move |task: usize, n: usize| {
                 let (mut conn, script) = (c.clone(), script.clone());
                 let key = format!(
                     "floor:bench:{{{}}}:0",
-                    keys[(task * 157 + n) % keys.len()].text()
+                    keys_floor[(task * 157 + n) % keys_floor.len()].text()
                 );
                 async move {
                     // now = server clock, 1 call: 1 limit, cost 1, no
@@ -451,10 +457,23 @@ async fn run(server: &RedisServer, plan: &Plan) -> Result<(), BoxError> {
                     concurrency,
                     1,
                     plan,
-                    op,
+                    floor_op.clone(),
                 )
                 .await?,
             );
+            let limiter = Limiter::new(
+                policy(Algorithm::Gcra)?,
+                Arc::new(redis_store.clone()) as Arc<dyn fleetgate::Store>,
+            );
+            let keys_check = keys.clone();
+            let check_op = move |task: usize, n: usize| {
+                let decision = limiter.check(&keys_check[(task * 157 + n) % keys_check.len()], 1);
+                async move { decision.await.map(|d| d.is_allowed()) }
+            };
+            let [check, floor] = paired(concurrency, plan, check_op, floor_op).await?;
+            let sums = pairs.entry(concurrency).or_default();
+            sums[0].add(check);
+            sums[1].add(floor);
             let (c, script) = (conn.clone(), return_one.clone());
             let op = move |_task: usize, _n: usize| {
                 let (mut conn, script) = (c.clone(), script.clone());
@@ -495,7 +514,7 @@ async fn run(server: &RedisServer, plan: &Plan) -> Result<(), BoxError> {
         }
     }
     let rows: Vec<Row> = by_case.into_iter().map(median).collect();
-    print_tables(&rows, plan, &version, &skipped);
+    print_tables(&rows, &pairs, plan, &version, &skipped);
     Ok(())
 }
 
@@ -504,6 +523,78 @@ fn median(mut rounds: Vec<Row>) -> Row {
     rounds.sort_by(|a, b| a.per_sec().total_cmp(&b.per_sec()));
     let middle = rounds.len() / 2;
     rounds.swap_remove(middle)
+}
+
+/// One side of [`paired`]: its slices' decisions, time and latencies.
+#[derive(Default)]
+struct Side {
+    decisions: u64,
+    elapsed: Duration,
+    latencies: Vec<Duration>,
+}
+
+impl Side {
+    fn add(&mut self, other: Side) {
+        self.decisions += other.decisions;
+        self.elapsed += other.elapsed;
+        self.latencies.extend(other.latencies);
+    }
+
+    fn per_sec(&self) -> f64 {
+        self.decisions as f64 / self.elapsed.as_secs_f64().max(1e-9)
+    }
+
+    fn p99(&mut self) -> Duration {
+        self.latencies.sort_unstable();
+        percentile(&self.latencies, 0.99)
+    }
+}
+
+/// Slices per side in [`paired`].
+const SLICES: u32 = 10;
+
+/// `a` and `b` at `concurrency`, each for the measured time, in
+/// [`SLICES`] slices taken in turn (a b, b a, a b, ...): on a machine
+/// whose load swings from one second to the next (other jobs on both
+/// cores), cases run one after the other compare moments as much as
+/// clients, while slices a few tens of milliseconds apart see the same
+/// load. The targets comparing `Limiter::check` with the floor use these.
+async fn paired<FA, FutA, EA, FB, FutB, EB>(
+    concurrency: usize,
+    plan: &Plan,
+    a: FA,
+    b: FB,
+) -> Result<[Side; 2], BoxError>
+where
+    FA: Fn(usize, usize) -> FutA + Clone + Send + 'static,
+    FutA: Future<Output = Result<bool, EA>> + Send + 'static,
+    EA: std::fmt::Display + Send + 'static,
+    FB: Fn(usize, usize) -> FutB + Clone + Send + 'static,
+    FutB: Future<Output = Result<bool, EB>> + Send + 'static,
+    EB: std::fmt::Display + Send + 'static,
+{
+    phase(concurrency, 1, plan.warm_up / 2, a.clone()).await?;
+    phase(concurrency, 1, plan.warm_up / 2, b.clone()).await?;
+    let slice = plan.measure / SLICES;
+    let mut sides = [Side::default(), Side::default()];
+    for i in 0..2 * SLICES {
+        let first_a = (i / 2) % 2 == 0;
+        let side = usize::from((i % 2 == 0) != first_a);
+        let start = Instant::now();
+        let tasks = if side == 0 {
+            phase(concurrency, 1, slice, a.clone()).await?
+        } else {
+            phase(concurrency, 1, slice, b.clone()).await?
+        };
+        let elapsed = start.elapsed();
+        let sum = &mut sides[side];
+        sum.elapsed += elapsed;
+        for task in tasks {
+            sum.decisions += task.decisions;
+            sum.latencies.extend(task.latencies);
+        }
+    }
+    Ok(sides)
 }
 
 /// Runs `op` from `concurrency` tasks: a warm-up, then the measured phase
@@ -638,7 +729,13 @@ fn per_decision(cpu: Option<Duration>, decisions: f64) -> String {
     cpu.map_or("-".into(), |cpu| format!("{:.2}", micros(cpu) / decisions))
 }
 
-fn print_tables(rows: &[Row], plan: &Plan, version: &str, skipped: &[String]) {
+fn print_tables(
+    rows: &[Row],
+    pairs: &HashMap<usize, [Side; 2]>,
+    plan: &Plan,
+    version: &str,
+    skipped: &[String],
+) {
     println!(
         "\n### Raw decisions: each store and algorithm\n\n\
          10k identities, one limit of 1000 per 100 ms each; tasks on a current-thread runtime \
@@ -765,17 +862,26 @@ fn print_tables(rows: &[Row], plan: &Plan, version: &str, skipped: &[String]) {
     );
     peer_target(Algorithm::SlidingLog, 64, "Python limits (redis-py)", 5.0);
     for c in CONCURRENCY {
-        let (Some(ours), Some(floor)) = (
-            at(Subject::Store("redis", Algorithm::Gcra), c),
-            at(Subject::Floor, c),
-        ) else {
+        let Some([ours, floor]) = pairs.get(&c) else {
             continue;
         };
+        let (mut ours, mut floor) = (
+            Side {
+                latencies: ours.latencies.clone(),
+                ..*ours
+            },
+            Side {
+                latencies: floor.latencies.clone(),
+                ..*floor
+            },
+        );
         let ratio = ours.per_sec() / floor.per_sec().max(1e-9);
         println!(
             "{}",
             target_row(
-                &format!("raw: Limiter::check GCRA on Redis / plain EVALSHA loop, c = {c}"),
+                &format!(
+                    "raw, interleaved: Limiter::check GCRA on Redis / plain EVALSHA loop, c = {c}"
+                ),
                 "≥ 1.00x decisions/s",
                 &format!(
                     "{ratio:.2} ({:.0} vs {:.0})",
@@ -785,14 +891,13 @@ fn print_tables(rows: &[Row], plan: &Plan, version: &str, skipped: &[String]) {
                 (ratio * 100.0).round() / 100.0 >= 1.0,
             )
         );
-        let (ours_p99, floor_p99) = (
-            percentile(&ours.latencies, 0.99),
-            percentile(&floor.latencies, 0.99),
-        );
+        let (ours_p99, floor_p99) = (ours.p99(), floor.p99());
         println!(
             "{}",
             target_row(
-                &format!("raw: Limiter::check GCRA on Redis p99 vs plain EVALSHA loop, c = {c}"),
+                &format!(
+                    "raw, interleaved: Limiter::check GCRA on Redis p99 vs plain EVALSHA loop, c = {c}"
+                ),
                 "p99 ≤ the loop's",
                 &format!("{:.0} vs {:.0} µs", micros(ours_p99), micros(floor_p99)),
                 ours_p99 <= floor_p99,

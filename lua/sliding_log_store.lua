@@ -1,14 +1,20 @@
 -- Stores a call of the sliding log: trims what has left every window
 -- and logs cost entries at now. Comes after lua/sliding_log.lua in the
 -- check (then lua/common/admit.lua) and after lua/sliding_log_charge.lua
--- in a charge; needs key, fmt, longest and top from either, and cost.
+-- in a charge; needs key, fmt, last (the newest entry, read before any
+-- write), longest and top from either, and cost.
 -- Transcribes log_store in src/window.rs.
 
 -- Trim what has left every window, and with the caller's clock only what
 -- has left them slack_ms ago: an entry this caller no longer counts may
 -- still be inside the window of another whose clock lags.
 redis.call('ZREMRANGEBYSCORE', key, '-inf', fmt(now - longest - slack_ms * 1000))
-local seq = redis.call('ZCOUNT', key, fmt(now), fmt(now))
+-- Entries already logged at now exist only if the newest (read before the
+-- trim, which leaves now alone) is at now or later: most calls skip the count.
+local seq = 0
+if last[2] and tonumber(last[2]) >= now then
+  seq = redis.call('ZCOUNT', key, fmt(now), fmt(now))
+end
 local j = 0
 while j < cost do
   local args = {}

@@ -53,10 +53,11 @@ pub fn micros(d: Duration) -> f64 {
 /// processes) to `cpu`, if the machine has it; a no-op where affinity
 /// cannot be set.
 pub fn pin(cpu: usize) {
-    let available = std::thread::available_parallelism().map_or(1, |n| n.get());
-    if cpu >= available {
-        return;
-    }
+    // No check against `available_parallelism`, which counts the CPUs of
+    // the caller's current mask: once pinned to one CPU it says 1, and a
+    // later pin elsewhere silently did nothing (the decisions bench's
+    // peers and their servers all ran on CPU 0). A CPU the machine lacks
+    // makes `sched_setaffinity` fail, which leaves the mask as it was.
     let mut set = nix::sched::CpuSet::new();
     if set.set(cpu).is_ok() {
         let _ = nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set);
