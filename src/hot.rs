@@ -32,9 +32,11 @@ use crate::store::{AdjustCall, Store, StoreFuture};
 /// [`lease_time`](Self::lease_time) at that rate, at least the call's
 /// cost, and at most the **largest lease**,
 /// [`max_share`](Self::max_share) of the policy's smallest burst (1% by
-/// default; never below 1). A lease refused by the store halves the next
-/// one; this instance then refuses the identity locally until the store's
-/// retry time, capped at one lease time, and asks again.
+/// default; never below 1). A lease the store refuses (it has fewer
+/// tokens than asked) makes this instance refuse the identity locally
+/// until the store's retry time, when the lease would fit, capped at one
+/// lease time; it then asks again. Near the limit, calls are therefore
+/// refused a little early rather than leased a few tokens at a time.
 /// Tokens left when the lease time has passed are given back with a
 /// refund ([`Limiter::refund`]), as are those still held when the limiter
 /// is dropped inside a runtime. While a lease is on its way, other calls
@@ -200,9 +202,6 @@ struct Entry {
     /// Tokens held, and until when they may be spent.
     held: u64,
     expires: Instant,
-    /// The most the next lease asks for: halved by a refusal, doubled by a
-    /// grant.
-    ask: u64,
     /// After a refused lease: refused here until then.
     denied_until: Option<Instant>,
     /// What the store said at the last lease.
@@ -224,7 +223,6 @@ impl Entry {
             last: now,
             held: 0,
             expires: now,
-            ask: u64::MAX,
             denied_until: None,
             limit: 0,
             remaining: 0,
@@ -364,7 +362,7 @@ impl HotTable {
         // Enough for one lease time at the rate seen, within the cap.
         let want = u128::from(rate) * u128::from(self.config.lease_us()) / 1_000_000 + 1;
         let want = u64::try_from(want).unwrap_or(u64::MAX);
-        let asked = want.min(entry.ask).min(cap).max(cost);
+        let asked = want.min(cap).max(cost);
         // Tokens left (expired, or too few for this cost) go back first, so
         // that what this instance holds or returns stays within one lease.
         let left = std::mem::take(&mut entry.held);
@@ -393,18 +391,8 @@ impl HotTable {
                 // A refund lost leaves the tokens charged: an undercount.
                 let _ = refund.await;
             }
-            let mut asked = asked;
-            loop {
-                let reply = limiter.decide_plain(&policy, &busy.key, asked).await;
-                match reply {
-                    // The store has fewer tokens than asked but enough for
-                    // this call: ask once more for what it has.
-                    Ok(d) if !d.allowed && d.remaining >= cost && d.remaining < asked => {
-                        asked = d.remaining.min(asked / 2).max(cost);
-                    }
-                    reply => return busy.finish(reply, &policy, asked, cost),
-                }
-            }
+            let reply = limiter.decide_plain(&policy, &busy.key, asked).await;
+            busy.finish(reply, &policy, asked, cost)
         }))
     }
 
@@ -540,11 +528,9 @@ impl Busy {
                     entry.held = asked - cost;
                     entry.remaining = d.remaining;
                     entry.expires = now + lease_time;
-                    entry.ask = asked.saturating_mul(2);
                     entry.policy = Some(policy.clone());
                     Ok(entry.allowed())
                 } else {
-                    entry.ask = (asked / 2).max(1);
                     let retry = d
                         .retry_after()
                         .map_or(lease_time, |retry| retry.min(lease_time));
