@@ -702,9 +702,21 @@ mod tests {
         for _ in 0..100 {
             assert!(!limiter.check(&key, 1).await.unwrap().is_allowed());
         }
-        // Then the store is asked again, and admits at its own rate.
-        tokio::time::advance(retry).await;
-        assert!(limiter.check(&key, 1).await.unwrap().is_allowed());
+        // Then the store is asked again each retry time, and admits once a
+        // lease of 10 fits: 10 tokens at 20 a second, in 500 ms.
+        let mut waited = Duration::ZERO;
+        loop {
+            let d = limiter.check(&key, 1).await.unwrap();
+            if d.is_allowed() {
+                break;
+            }
+            let retry = d.retry_after().unwrap();
+            assert!(retry <= Duration::from_millis(200), "{retry:?}");
+            tokio::time::advance(retry).await;
+            waited += retry;
+        }
+        assert!(waited >= Duration::from_millis(500), "{waited:?}");
+        assert!(waited <= Duration::from_millis(600), "{waited:?}");
     }
 
     #[tokio::test(start_paused = true)]
