@@ -60,7 +60,7 @@ use axum::extract::{ConnectInfo, Request, State};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use fleetgate::key::HeaderKey;
-use fleetgate::{HeaderStyle, Limit, Limiter, MemoryStore, Policy, RateLimitLayer, RedisStore};
+use fleetgate::{HeaderStyle, HotKeys, Limit, Limiter, MemoryStore, Policy, RateLimitLayer, RedisStore};
 use http::StatusCode;
 use http_body_util::{BodyExt, Empty};
 use hyper::body::Bytes;
@@ -90,6 +90,9 @@ enum Variant {
     /// `x-ratelimit-remaining` on what passes, beside our default headers.
     GovernorHeaders,
     Redis,
+    /// The Redis layer with hot keys (`Limiter::hot_keys`): the one key
+    /// is decided from leases of its tokens.
+    RedisHot,
     Evalsha,
 }
 
@@ -102,6 +105,7 @@ impl Variant {
             Variant::Governor => "tower_governor",
             Variant::GovernorHeaders => "tower_governor, headers",
             Variant::Redis => "RateLimitLayer, Redis",
+            Variant::RedisHot => "RateLimitLayer, Redis, hot keys",
             Variant::Evalsha => "hand-written EVALSHA middleware",
         }
     }
@@ -209,9 +213,10 @@ struct Row {
     server_cpu: Option<Duration>,
 }
 
-const CASES: [(Variant, Load); 13] = [
+const CASES: [(Variant, Load); 14] = [
     (Variant::Bare, Load::Admitted),
     (Variant::Memory, Load::Admitted),
+    (Variant::RedisHot, Load::Admitted),
     (Variant::Memory, Load::Rejected),
     (Variant::MemoryNoHeaders, Load::Admitted),
     (Variant::Governor, Load::Admitted),
@@ -449,13 +454,18 @@ async fn app(
             RateLimitLayer::new(Limiter::new(policy, MemoryStore::new()))
                 .headers(HeaderStyle::None),
         ),
-        Variant::Redis => {
+        Variant::Redis | Variant::RedisHot => {
             let store = RedisStore::builder()
                 .prefix("bench")
                 .timeout(Duration::from_secs(1))
                 .connect(redis_url)
                 .await?;
-            let layer = RateLimitLayer::new(Limiter::new(policy, store));
+            let limiter = Limiter::new(policy, store);
+            let limiter = match variant {
+                Variant::RedisHot => limiter.hot_keys(HotKeys::new())?,
+                _ => limiter,
+            };
+            let layer = RateLimitLayer::new(limiter);
             if load == Load::ManyKeys {
                 router.layer(layer.key(HeaderKey::new("x-api-key").unhashed()))
             } else {
@@ -834,6 +844,33 @@ fn print_table(rows: &[Row], plan: &Plan, redis_version: &str) {
     for v in [memory, redis] {
         let name = format!("HTTP: {}, rejected / admitted", v.name());
         targets.push(at_least((v, r), (v, a), 0.9, name));
+    }
+    // Hot keys: one identity decided from leases, against the memory
+    // layer and the one-EVALSHA floor, in Redis calls per request.
+    let hot = Variant::RedisHot;
+    targets.push(at_least(
+        (hot, a),
+        (memory, a),
+        0.85,
+        "HTTP: Redis RateLimitLayer with hot keys / memory RateLimitLayer, admitted".into(),
+    ));
+    targets.push(at_least(
+        (hot, a),
+        (evalsha, a),
+        1.6,
+        "HTTP: Redis RateLimitLayer with hot keys / EVALSHA middleware, admitted".into(),
+    ));
+    if let Some(row) = find(hot, a) {
+        let per_request = row.median.scripts as f64 / row.median.requests.max(1) as f64;
+        targets.push(target_row(
+            "HTTP: Redis RateLimitLayer with hot keys, admitted: Redis calls per request",
+            "≤ 0.02",
+            &format!(
+                "{per_request:.4} ({} in {} requests)",
+                row.median.scripts, row.median.requests
+            ),
+            per_request <= 0.02,
+        ));
     }
     if let Some(row) = find(redis, r) {
         targets.push(target_row(
