@@ -60,7 +60,9 @@ use axum::extract::{ConnectInfo, Request, State};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use fleetgate::key::HeaderKey;
-use fleetgate::{HeaderStyle, HotKeys, Limit, Limiter, MemoryStore, Policy, RateLimitLayer, RedisStore};
+use fleetgate::{
+    HeaderStyle, HotKeys, Limit, Limiter, MemoryStore, Policy, RateLimitLayer, RedisStore,
+};
 use http::StatusCode;
 use http_body_util::{BodyExt, Empty};
 use hyper::body::Bytes;

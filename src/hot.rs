@@ -332,6 +332,16 @@ impl HotTable {
             state.entries.insert(key.clone(), Entry::new(now));
         }
         let entry = state.entries.get_mut(key)?;
+        if entry
+            .policy
+            .as_ref()
+            .is_some_and(|leased| leased.as_ptr() != policy.as_ptr())
+        {
+            // Held under another policy (a plan or the identity's own
+            // limits changed): decided the ordinary way until the sweep
+            // gives those tokens back.
+            return None;
+        }
         let rate = entry.count(now);
         if entry.busy {
             let mut notified = Box::pin(Arc::clone(&self.done).notified_owned());

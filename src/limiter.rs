@@ -87,6 +87,16 @@ impl Limiter {
         Ok(self)
     }
 
+    /// A limiter of `policy` on this one's store, sharing its hot keys:
+    /// what a layer decides each of its policies with.
+    pub(crate) fn bound_to(&self, policy: Policy) -> Limiter {
+        Limiter {
+            cell: Arc::new(Cell::new(policy)),
+            store: Arc::clone(&self.store),
+            hot: self.hot.clone(),
+        }
+    }
+
     pub(crate) fn cell(&self) -> &Arc<Cell> {
         &self.cell
     }

@@ -1,17 +1,27 @@
 //! Hot keys on Redis: two instances (each its own store and connection)
 //! with many callers on one identity, for 10 s, admit at most what the
 //! limit allows over the time Redis measured plus one largest lease per
-//! instance, on GCRA and on the sliding window, in few script calls; and a
-//! Redis that is gone fails the lease as it fails any decision.
+//! instance, on GCRA and on the sliding window, in few script calls; a
+//! layer on such a limiter leases too; and a Redis that is gone fails the
+//! lease as it fails any decision, under the layer's failure policy.
 use crate::common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
+use axum::Router;
+use axum::body::Body;
+use axum::routing::get;
 use common::RedisServer;
 use common::stats::{reset_stats, script_calls};
-use fleetgate::{Algorithm, HotKeys, Key, Limit, Limiter, LocalShare, Policy, Rate, StoreError};
+use fleetgate::key::GlobalKey;
+use fleetgate::{
+    Algorithm, FailurePolicy, HotKeys, Key, Limit, Limiter, LocalShare, Policy, Rate,
+    RateLimitLayer, StoreError,
+};
+use http::{Request, StatusCode};
+use tower::ServiceExt;
 
 /// Instances, and callers on each.
 const INSTANCES: usize = 2;
@@ -157,4 +167,53 @@ async fn a_lease_redis_fails_on_fails_the_call() {
         }
     }
     assert!(failed > 0, "every call was answered from a lease");
+}
+
+/// Behind a `RateLimitLayer`, one identity's requests are decided from
+/// leases (a few script calls for 3,000 requests); once Redis is gone and
+/// the lease spent, the layer's failure policy answers (here: closed).
+#[tokio::test]
+async fn a_layer_on_a_hot_limiter_leases_and_fails_as_configured() {
+    let _shared = crate::machine::shared().await;
+    let server = RedisServer::start();
+    let mut admin = server.admin().await;
+    let policy =
+        Policy::single("hot-layer", Limit::new(Rate::per_second(100_000)).unwrap()).unwrap();
+    let store = common::redis_store(&server).await;
+    let limiter = Limiter::new(policy, store)
+        .hot_keys(HotKeys::new())
+        .unwrap();
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .route_layer(
+            RateLimitLayer::new(limiter)
+                .key(GlobalKey::new())
+                .on_store_error(FailurePolicy::Closed),
+        );
+    let get_status = || async {
+        let response = app
+            .clone()
+            .oneshot(Request::get("/").body(Body::empty()).unwrap())
+            .await
+            .unwrap();
+        response.status()
+    };
+    reset_stats(&mut admin).await;
+    for _ in 0..3_000 {
+        assert_eq!(get_status().await, StatusCode::OK);
+    }
+    let scripts = script_calls(&mut admin).await;
+    // 100 cold calls before the identity is hot, then leases of 20% of
+    // the calls seen in the second: a few dozen calls at most.
+    assert!(scripts <= 150, "{scripts} script calls for 3,000 requests");
+    server.stop();
+    let mut statuses = Vec::new();
+    for _ in 0..3_000 {
+        let status = get_status().await;
+        statuses.push(status);
+        if status != StatusCode::OK {
+            break;
+        }
+    }
+    assert_eq!(statuses.last(), Some(&StatusCode::SERVICE_UNAVAILABLE));
 }
