@@ -406,6 +406,12 @@ impl HotTable {
         }))
     }
 
+    /// Drops what this instance holds or remembers of `key` (a lease in
+    /// flight finds no entry and answers its call alone).
+    pub(crate) fn forget(&self, key: &Key) {
+        self.lock().entries.remove(key);
+    }
+
     /// Starts the task that gives back what expired leases left and
     /// forgets idle identities, every lease time, for as long as the table
     /// lives; none outside a runtime (leftovers then go back when the
@@ -624,6 +630,23 @@ mod tests {
         }
         assert_eq!(held(&limiter, &key), Some(0));
         assert_eq!(left_in_store(&limiter, &key).await, 10_000 - 12);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_reset_drops_the_lease() {
+        let limiter = limiter(10_000, HotKeys::new().threshold(1));
+        let key = Key::new("k");
+        // Leases grow with the calls seen: one is soon left holding some.
+        for _ in 0..100 {
+            limiter.check(&key, 1).await.unwrap();
+            if held(&limiter, &key).unwrap() > 0 {
+                break;
+            }
+        }
+        assert!(held(&limiter, &key).unwrap() > 0);
+        limiter.reset(&key).await.unwrap();
+        assert_eq!(held(&limiter, &key), None);
+        assert_eq!(left_in_store(&limiter, &key).await, 10_000);
     }
 
     #[tokio::test(start_paused = true)]

@@ -470,6 +470,9 @@ impl Limiter {
     /// same name resets the same state. The memory store frees the
     /// identity's entries at once.
     ///
+    /// With [hot keys](Self::hot_keys), this instance drops its lease of
+    /// `key` and what it remembers of it.
+    ///
     /// On Redis this instance forgets its cached denials of `key` (see
     /// [`RedisStoreBuilder::deny_cache`](crate::RedisStoreBuilder::deny_cache));
     /// other instances' caches may still refuse it locally until the retry
@@ -493,6 +496,11 @@ impl Limiter {
     /// # Ok(()) }
     /// ```
     pub fn reset(&self, key: &Key) -> StoreFuture<()> {
+        if let Some(hot) = &self.hot {
+            // The identity starts afresh here too: tokens leased from the
+            // state being cleared are dropped, not given back to it.
+            hot.forget(key);
+        }
         self.store.reset(self.name(), key)
     }
 }
