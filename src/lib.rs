@@ -161,7 +161,9 @@
 //!   [`Algorithm`].
 //!
 //! Timeouts, reconnecting, the deny cache, Redis Cluster and what to watch
-//! in production are in `docs/operating.md` in the repository.
+//! in production are in `docs/operating.md` in the repository. A few busy
+//! identities on a high limit can be decided in process from leases of
+//! their Redis budget, with a bounded overshoot: [`HotKeys`].
 //!
 //! [tower]: https://docs.rs/tower
 //! [axum]: https://docs.rs/axum
