@@ -252,10 +252,11 @@ pub enum ConfigError {
         /// The policy's algorithm.
         algorithm: crate::Algorithm,
     },
-    /// Hot keys with a lease time of zero, or a threshold of zero calls
-    /// per second.
-    #[error("hot keys need a lease time and a threshold above zero")]
-    HotKeysZero,
+    /// Hot keys with a lease time of zero or above
+    /// [`HotKeys::MAX_LEASE_TIME`](crate::HotKeys::MAX_LEASE_TIME), or a
+    /// threshold of zero calls per second.
+    #[error("hot keys need a lease time above zero and at most 60 s, and a threshold above zero")]
+    HotKeysOutOfRange,
 }
 
 /// A store could not decide: Redis unreachable, too slow, or answering

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
-use tokio::sync::Notify;
+use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
 
 use crate::algorithm::Algorithm;
@@ -108,6 +108,10 @@ impl Default for HotKeys {
 }
 
 impl HotKeys {
+    /// The longest [`lease_time`](Self::lease_time) accepted: tokens held
+    /// longer would make the bound below meaningless.
+    pub const MAX_LEASE_TIME: Duration = Duration::from_secs(60);
+
     /// Hot above 100 calls a second, leases of 200 ms, at most 1% of the
     /// burst per lease, 10,000 identities tracked.
     pub fn new() -> Self {
@@ -128,7 +132,9 @@ impl HotKeys {
     }
 
     /// How long a lease's tokens are spent before what is left goes back
-    /// to the store, and the span of calls a lease is sized for.
+    /// to the store, and the span of calls a lease is sized for; above
+    /// zero and at most [`MAX_LEASE_TIME`](Self::MAX_LEASE_TIME), or
+    /// [`Limiter::hot_keys`] refuses it.
     #[must_use]
     pub fn lease_time(mut self, lease_time: Duration) -> Self {
         self.lease_time = lease_time;
@@ -159,8 +165,11 @@ impl HotKeys {
 
     /// Whether the mode can apply to `policy`.
     pub(crate) fn check(&self, policy: &Policy) -> Result<(), ConfigError> {
-        if self.lease_time.is_zero() || self.threshold == 0 {
-            return Err(ConfigError::HotKeysZero);
+        if self.lease_time.is_zero()
+            || self.lease_time > Self::MAX_LEASE_TIME
+            || self.threshold == 0
+        {
+            return Err(ConfigError::HotKeysOutOfRange);
         }
         match policy.algorithm() {
             Algorithm::Gcra | Algorithm::SlidingWindow => Ok(()),
@@ -178,9 +187,6 @@ pub(crate) struct HotTable {
     config: HotKeys,
     store: Arc<dyn Store>,
     state: Mutex<State>,
-    /// Woken whenever a lease or refund in flight ends: the calls waiting
-    /// for it look again.
-    done: Arc<Notify>,
 }
 
 struct State {
@@ -189,7 +195,13 @@ struct State {
     /// costs one scan per 100 ms at most.
     pruned: Option<Instant>,
     sweeping: bool,
+    /// Source of entry generations and flight ids.
+    next_id: u64,
 }
+
+/// How a lease or refund in flight ended, as its waiters see it: `None`
+/// while in flight; a failed lease fails its waiters with the same error.
+type Outcome = Option<Result<(), StoreError>>;
 
 /// One identity: its recent calls, and the lease held for it.
 struct Entry {
@@ -204,18 +216,25 @@ struct Entry {
     expires: Instant,
     /// After a refused lease: refused here until then.
     denied_until: Option<Instant>,
+    /// After a failed lease: the ordinary path until then, each call with
+    /// its own timeout, so that a hung store does not queue the calls.
+    failed_until: Option<Instant>,
     /// What the store said at the last lease.
     limit: usize,
     remaining: u64,
     reset_us: u64,
     /// The policy the tokens were leased under, to give them back.
     policy: Option<Policy>,
-    /// A lease or refund is in flight.
-    busy: bool,
+    /// Changed by a reset: a lease in flight from before it records
+    /// nothing when it ends.
+    generation: u64,
+    /// The lease or refund in flight, if any (its id, and where its end is
+    /// told): at most one per identity, and the others wait for it.
+    flight: Option<(u64, watch::Receiver<Outcome>)>,
 }
 
 impl Entry {
-    fn new(now: Instant) -> Self {
+    fn new(now: Instant, generation: u64) -> Self {
         Entry {
             second: now,
             seen: 0,
@@ -224,17 +243,18 @@ impl Entry {
             held: 0,
             expires: now,
             denied_until: None,
+            failed_until: None,
             limit: 0,
             remaining: 0,
             reset_us: 0,
             policy: None,
-            busy: false,
+            generation,
+            flight: None,
         }
     }
 
-    /// Counts a call; the calls of the last full second, or of this one if
-    /// more.
-    fn count(&mut self, now: Instant) -> u64 {
+    /// Moves the one-second count on to `now`.
+    fn roll(&mut self, now: Instant) {
         let elapsed = now.saturating_duration_since(self.second);
         if elapsed >= Duration::from_secs(1) {
             self.seen_before = if elapsed < Duration::from_secs(2) {
@@ -245,6 +265,17 @@ impl Entry {
             self.seen = 0;
             self.second = now;
         }
+    }
+
+    /// The calls of the last full second, or of this one if more.
+    fn rate(&mut self, now: Instant) -> u64 {
+        self.roll(now);
+        self.seen.max(self.seen_before)
+    }
+
+    /// Counts a call, then its rate.
+    fn count(&mut self, now: Instant) -> u64 {
+        self.roll(now);
         self.seen = self.seen.saturating_add(1);
         self.last = now;
         self.seen.max(self.seen_before)
@@ -274,13 +305,24 @@ impl Entry {
         }
     }
 
-    /// Idle, holding nothing and refusing nothing: safe to forget.
-    fn idle(&self, now: Instant) -> bool {
-        !self.busy
+    /// Holding nothing, refusing nothing and nothing in flight: forgetting
+    /// it loses only its count.
+    fn empty(&self, now: Instant) -> bool {
+        self.flight.is_none()
             && self.held == 0
             && self.denied_until.is_none_or(|until| until <= now)
-            && now.saturating_duration_since(self.last) >= Duration::from_secs(1)
     }
+
+    /// Empty and idle for a second: safe to forget.
+    fn idle(&self, now: Instant) -> bool {
+        self.empty(now) && now.saturating_duration_since(self.last) >= Duration::from_secs(1)
+    }
+}
+
+/// `now + span`, or far ahead when that overflows the clock.
+fn after(now: Instant, span: Duration) -> Instant {
+    now.checked_add(span)
+        .unwrap_or_else(|| now + Duration::from_secs(86_400 * 365))
 }
 
 impl HotTable {
@@ -292,8 +334,8 @@ impl HotTable {
                 entries: HashMap::new(),
                 pruned: None,
                 sweeping: false,
+                next_id: 0,
             }),
-            done: Arc::new(Notify::new()),
         }
     }
 
@@ -304,14 +346,16 @@ impl HotTable {
     }
 
     /// Decides `cost` for `key` from this instance's lease, or takes one;
-    /// `None` for the ordinary path (not hot, not tracked, or a policy or
-    /// cost the mode does not cover).
+    /// `None` for the ordinary path (not hot, not tracked, after a failed
+    /// lease, or a policy or cost the mode does not cover). `counted`: the
+    /// call was counted already (it waited for a lease and looks again).
     pub(crate) fn decide(
         self: &Arc<Self>,
         limiter: &Limiter,
         policy: &Policy,
         key: &Key,
         cost: u64,
+        counted: bool,
     ) -> Option<StoreFuture<Decision>> {
         if !matches!(
             policy.algorithm(),
@@ -329,7 +373,10 @@ impl HotTable {
             if !state.make_room(now, self.config.max_keys) {
                 return None;
             }
-            state.entries.insert(key.clone(), Entry::new(now));
+            let generation = state.id();
+            state
+                .entries
+                .insert(key.clone(), Entry::new(now, generation));
         }
         let entry = state.entries.get_mut(key)?;
         if entry
@@ -342,17 +389,34 @@ impl HotTable {
             // gives those tokens back.
             return None;
         }
-        let rate = entry.count(now);
-        if entry.busy {
-            let mut notified = Box::pin(Arc::clone(&self.done).notified_owned());
-            // Registered before the lock is let go: the end of the lease in
-            // flight cannot be missed.
-            notified.as_mut().enable();
+        let rate = if counted {
+            entry.rate(now)
+        } else {
+            entry.count(now)
+        };
+        if let Some((_, flight)) = &entry.flight {
+            let mut flight = flight.clone();
             drop(state);
-            let (limiter, policy, key) = (limiter.clone(), policy.clone(), key.clone());
+            let (table, limiter, policy, key) = (
+                Arc::clone(self),
+                limiter.clone(),
+                policy.clone(),
+                key.clone(),
+            );
             return Some(StoreFuture::pending(async move {
-                notified.await;
-                limiter.decide_as(&policy, &key, cost, None).await
+                // A sender gone without a word (its task ended with the
+                // runtime) counts as done: look again.
+                let outcome = match flight.wait_for(Option::is_some).await {
+                    Ok(outcome) => outcome.clone(),
+                    Err(_) => None,
+                };
+                if let Some(Err(err)) = outcome {
+                    return Err(err);
+                }
+                match table.decide(&limiter, &policy, &key, cost, true) {
+                    Some(decided) => decided.await,
+                    None => limiter.decide_plain(&policy, &key, cost).await,
+                }
             }));
         }
         if now < entry.expires && entry.held >= cost {
@@ -364,6 +428,12 @@ impl HotTable {
                 return Some(StoreFuture::ready(Ok(entry.denied(until - now))));
             }
             entry.denied_until = None;
+        }
+        if let Some(until) = entry.failed_until {
+            if now < until {
+                return None;
+            }
+            entry.failed_until = None;
         }
         if rate < self.config.threshold {
             // Not hot (any tokens left are given back by the sweep).
@@ -377,39 +447,85 @@ impl HotTable {
         // that what this instance holds or returns stays within one lease.
         let left = std::mem::take(&mut entry.held);
         let back = entry.policy.take().filter(|_| left > 0);
-        entry.busy = true;
+        let generation = entry.generation;
+        let (tx, rx) = watch::channel(None);
+        let id = state.id();
+        if let Some(entry) = state.entries.get_mut(key) {
+            entry.flight = Some((id, rx));
+        }
         let sweep = !std::mem::replace(&mut state.sweeping, true);
         drop(state);
         if sweep {
             self.start_sweeping();
         }
-        let refund = back.map(|p| {
-            self.store.refund(AdjustCall {
-                policy: &p,
-                key,
-                cost: left,
-            })
-        });
         let busy = Busy {
             table: Arc::clone(self),
             key: key.clone(),
-            armed: true,
+            id,
+            generation,
+            tx,
+            unsent: back.map(|p| (p, left)),
         };
         let (limiter, policy) = (limiter.clone(), policy.clone());
-        Some(StoreFuture::pending(async move {
-            if let Some(refund) = refund {
+        let lease = async move {
+            let mut busy = busy;
+            if let Some((back, left)) = &busy.unsent {
+                let refund = busy.table.store.refund(AdjustCall {
+                    policy: back,
+                    key: &busy.key,
+                    cost: *left,
+                });
+                busy.unsent = None;
                 // A refund lost leaves the tokens charged: an undercount.
                 let _ = refund.await;
             }
             let reply = limiter.decide_plain(&policy, &busy.key, asked).await;
             busy.finish(reply, &policy, asked, cost)
+        };
+        // The lease runs on its own task, so that a caller that goes away
+        // (a client gone, a timeout above) loses no tokens: what the store
+        // charged is recorded here all the same.
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return Some(StoreFuture::pending(async move { lease.await.0 }));
+        };
+        let (answer_tx, answer_rx) = oneshot::channel();
+        runtime.spawn(async move {
+            let (answer, table, key, generation) = lease.await;
+            if let (Err(Ok(decision)), Some(table)) = (answer_tx.send(answer), table)
+                && decision.allowed
+            {
+                // Nobody took the token spent for the caller: keep it.
+                let mut state = table.lock();
+                if let Some(entry) = state.entries.get_mut(&key)
+                    && entry.generation == generation
+                {
+                    entry.held = entry.held.saturating_add(cost);
+                }
+            }
+        });
+        Some(StoreFuture::pending(async move {
+            answer_rx
+                .await
+                .unwrap_or_else(|_| Err(StoreError::Redis("hot-key lease task ended".into())))
         }))
     }
 
-    /// Drops what this instance holds or remembers of `key` (a lease in
-    /// flight finds no entry and answers its call alone).
+    /// Drops what this instance holds or remembers of `key`. A lease or
+    /// refund in flight keeps the entry (so no second one starts), but
+    /// records nothing when it ends.
     pub(crate) fn forget(&self, key: &Key) {
-        self.lock().entries.remove(key);
+        let mut state = self.lock();
+        let generation = state.id();
+        let Some(entry) = state.entries.get_mut(key) else {
+            return;
+        };
+        if entry.flight.is_none() {
+            state.entries.remove(key);
+            return;
+        }
+        let flight = entry.flight.take();
+        *entry = Entry::new(Instant::now(), generation);
+        entry.flight = flight;
     }
 
     /// Starts the task that gives back what expired leases left and
@@ -438,20 +554,25 @@ impl HotTable {
     fn sweep(self: &Arc<Self>, now: Instant) {
         let mut back = Vec::new();
         let mut state = self.lock();
+        let mut next_id = state.next_id;
         state.entries.retain(|key, entry| {
-            if !entry.busy
+            if entry.flight.is_none()
                 && entry.held > 0
                 && now >= entry.expires
                 && let Some(policy) = entry.policy.take()
             {
-                entry.busy = true;
-                back.push((key.clone(), policy, std::mem::take(&mut entry.held)));
+                let (tx, rx) = watch::channel(None);
+                next_id += 1;
+                entry.flight = Some((next_id, rx));
+                let left = std::mem::take(&mut entry.held);
+                back.push((key.clone(), policy, left, next_id, entry.generation, tx));
                 return true;
             }
             !entry.idle(now) || now.saturating_duration_since(entry.last) < Duration::from_secs(2)
         });
+        state.next_id = next_id;
         drop(state);
-        for (key, policy, left) in back {
+        for (key, policy, left, id, generation, tx) in back {
             let refund = self.store.refund(AdjustCall {
                 policy: &policy,
                 key: &key,
@@ -460,7 +581,10 @@ impl HotTable {
             let busy = Busy {
                 table: Arc::clone(self),
                 key,
-                armed: true,
+                id,
+                generation,
+                tx,
+                unsent: None,
             };
             tokio::spawn(async move {
                 let _ = refund.await;
@@ -471,7 +595,14 @@ impl HotTable {
 }
 
 impl State {
-    /// Whether a new identity fits, pruning idle ones when full.
+    fn id(&mut self) -> u64 {
+        self.next_id += 1;
+        self.next_id
+    }
+
+    /// Whether a new identity fits. When full, at most every 100 ms:
+    /// forgets idle identities, then the coldest tenth of those holding
+    /// nothing, so that a busy identity arriving late still finds room.
     fn make_room(&mut self, now: Instant, max_keys: usize) -> bool {
         if self.entries.len() < max_keys {
             return true;
@@ -484,6 +615,21 @@ impl State {
         }
         self.pruned = Some(now);
         self.entries.retain(|_, entry| !entry.idle(now));
+        if self.entries.len() >= max_keys {
+            let mut cold: Vec<(u64, Key)> = self
+                .entries
+                .iter_mut()
+                .filter(|(_, entry)| entry.empty(now))
+                .map(|(key, entry)| (entry.rate(now), key.clone()))
+                .collect();
+            let evict = (max_keys / 10).max(1).min(cold.len());
+            if evict > 0 {
+                cold.select_nth_unstable_by_key(evict - 1, |(rate, _)| *rate);
+                for (_, key) in &cold[..evict] {
+                    self.entries.remove(key);
+                }
+            }
+        }
         self.entries.len() < max_keys
     }
 }
@@ -512,67 +658,102 @@ impl Drop for HotTable {
     }
 }
 
-/// A lease or refund in flight for `key`: when it ends (or its future is
-/// dropped), the identity is free again and the calls waiting look again.
+/// A lease or refund in flight for `key`: when it ends (or is dropped
+/// unfinished), the identity is free again and its waiters are told.
 struct Busy {
     table: Arc<HotTable>,
     key: Key,
-    armed: bool,
+    /// The flight's id, and the entry's generation when it began.
+    id: u64,
+    generation: u64,
+    tx: watch::Sender<Outcome>,
+    /// Leftovers to give back that have not been sent yet: put back in the
+    /// entry if dropped before they are, for the sweep to send.
+    unsent: Option<(Policy, u64)>,
 }
 
+/// The answer for the call that asked for a lease, and where to put a
+/// token back if that call is gone.
+type Answered = (
+    Result<Decision, StoreError>,
+    Option<Arc<HotTable>>,
+    Key,
+    u64,
+);
+
 impl Busy {
-    /// Records the store's answer to a lease of `asked` tokens and answers
-    /// the call of `cost` that asked for it.
+    /// Records the store's answer to a lease of `asked` tokens, tells the
+    /// waiters, and answers the call of `cost` that asked for it.
     fn finish(
-        mut self,
+        self,
         reply: Result<Decision, StoreError>,
         policy: &Policy,
         asked: u64,
         cost: u64,
-    ) -> Result<Decision, StoreError> {
-        self.armed = false;
+    ) -> Answered {
         let lease_time = self.table.config.lease_time;
         let now = Instant::now();
         let mut state = self.table.lock();
-        let answer = match (state.entries.get_mut(&self.key), reply) {
-            (_, Err(err)) => Err(err),
-            (None, Ok(d)) => Ok(d),
+        let current = state
+            .entries
+            .get_mut(&self.key)
+            .filter(|entry| entry.generation == self.generation);
+        let answer = match (current, reply) {
+            (Some(entry), Err(err)) => {
+                let span = match &err {
+                    StoreError::Timeout(timeout) => lease_time.min(*timeout),
+                    _ => lease_time,
+                };
+                entry.failed_until = Some(after(now, span));
+                Err(err)
+            }
+            (None, reply) => reply,
             (Some(entry), Ok(d)) => {
                 entry.limit = d.limit;
                 entry.reset_us = d.reset_us;
                 if d.allowed {
-                    entry.held = asked - cost;
+                    entry.held = asked.saturating_sub(cost);
                     entry.remaining = d.remaining;
-                    entry.expires = now + lease_time;
+                    entry.expires = after(now, lease_time);
                     entry.policy = Some(policy.clone());
                     Ok(entry.allowed())
                 } else {
                     let retry = d
                         .retry_after()
                         .map_or(lease_time, |retry| retry.min(lease_time));
-                    entry.denied_until = Some(now + retry);
+                    entry.denied_until = Some(after(now, retry));
                     Ok(entry.denied(retry))
                 }
             }
         };
-        if let Some(entry) = state.entries.get_mut(&self.key) {
-            entry.busy = false;
-        }
         drop(state);
-        self.table.done.notify_waiters();
-        answer
+        let (table, key, generation) = (Arc::clone(&self.table), self.key.clone(), self.generation);
+        // Dropping `self` clears the flight and tells the waiters.
+        let _ = self
+            .tx
+            .send_replace(Some(answer.as_ref().map(|_| ()).map_err(Clone::clone)));
+        drop(self);
+        (answer, Some(table), key, generation)
     }
 }
 
 impl Drop for Busy {
     fn drop(&mut self) {
-        if !self.armed {
-            return;
+        let mut state = self.table.lock();
+        if let Some(entry) = state.entries.get_mut(&self.key) {
+            if entry.flight.as_ref().is_some_and(|(id, _)| *id == self.id) {
+                entry.flight = None;
+            }
+            if let Some((policy, left)) = self.unsent.take()
+                && entry.generation == self.generation
+            {
+                entry.held = entry.held.saturating_add(left);
+                entry.policy.get_or_insert(policy);
+            }
         }
-        if let Some(entry) = self.table.lock().entries.get_mut(&self.key) {
-            entry.busy = false;
-        }
-        self.table.done.notify_waiters();
+        drop(state);
+        // Waiters not told an outcome see the sender gone and look again.
+        let _ = self.tx.send_if_modified(|_| false);
     }
 }
 

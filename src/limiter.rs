@@ -344,7 +344,7 @@ impl Limiter {
         }
         if max_wait.is_none()
             && let Some(hot) = &self.hot
-            && let Some(decided) = hot.decide(self, policy, key, cost)
+            && let Some(decided) = hot.decide(self, policy, key, cost, false)
         {
             return decided;
         }
