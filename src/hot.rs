@@ -43,12 +43,14 @@ use crate::store::{AdjustCall, Store, StoreFuture};
 /// for the identity wait for it rather than asking the store themselves.
 ///
 /// **The bound.** Every call admitted here spends a token the store
-/// charged earlier, and an instance holds at most one largest lease of an
-/// identity at a time (tokens on their way back in a refund included). So
-/// over any interval, `n` instances admit at most what the store alone
-/// would have admitted plus `n` largest leases: those leased before the
-/// interval began and spent (or refunded, which lets the store admit as
-/// many again) within it. With the default 1%, that is at most 1% of the
+/// charged when the lease was taken, and an instance holds at most one
+/// largest lease of an identity at a time (tokens on their way back in a
+/// refund included; a reset waits for a lease in flight). So over any
+/// window, `n` instances admit at most what the store alone would have
+/// admitted plus `n` largest leases: those leased before the window began
+/// and spent (or refunded, which lets the store admit as many again)
+/// within it. Not exactly the limit over windows longer than the lease
+/// time: the excess is those `n` leases, whatever the window's length. With the default 1%, that is at most 1% of the
 /// burst per instance. Tokens never spent are charged all the same until
 /// refunded: the error on the other side is an undercount of at most the
 /// same size.
@@ -67,13 +69,18 @@ use crate::store::{AdjustCall, Store, StoreFuture};
 /// this instance will ask the store again.
 ///
 /// **Failures.** A lease the store fails on fails the call that asked for
-/// it, and the layer's [`FailurePolicy`](crate::FailurePolicy) applies, as
-/// for any decision; tokens already held are still spent.
+/// it and every call waiting for it, at once, with the same error (the
+/// layer's [`FailurePolicy`](crate::FailurePolicy) then applies, as for
+/// any decision); for min(store timeout, lease time) after, the identity
+/// is decided the ordinary way, each call with its own timeout. Tokens
+/// already held are still spent. A lease runs on its own task, so a caller
+/// that goes away loses no tokens.
 ///
 /// **Memory.** At most [`max_keys`](Self::max_keys) identities are
 /// tracked (10,000 by default, each a few dozen bytes); when the table is
-/// full, identities idle for a second are forgotten, and new identities
-/// take the ordinary path until there is room.
+/// full (checked at most every 100 ms), identities idle for a second are
+/// forgotten, then the coldest tenth of those holding nothing, and new
+/// identities take the ordinary path until there is room.
 ///
 /// ```
 /// use std::time::Duration;
@@ -811,6 +818,23 @@ mod tests {
         }
         assert_eq!(held(&limiter, &key), Some(0));
         assert_eq!(left_in_store(&limiter, &key).await, 10_000 - 12);
+    }
+
+    #[test]
+    fn a_lease_time_of_zero_or_above_a_minute_is_refused() {
+        let policy = Policy::single("hot", Limit::new(Rate::per_second(10)).unwrap()).unwrap();
+        let limiter = || Limiter::new(policy.clone(), MemoryStore::new());
+        for lease_time in [Duration::ZERO, Duration::from_secs(61), Duration::MAX] {
+            let err = limiter()
+                .hot_keys(HotKeys::new().lease_time(lease_time))
+                .unwrap_err();
+            assert_eq!(err, ConfigError::HotKeysOutOfRange, "{lease_time:?}");
+        }
+        assert!(
+            limiter()
+                .hot_keys(HotKeys::new().lease_time(HotKeys::MAX_LEASE_TIME))
+                .is_ok()
+        );
     }
 
     #[tokio::test(start_paused = true)]
