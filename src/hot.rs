@@ -733,9 +733,15 @@ impl Busy {
                 }
             }
         };
+        // The flight ends before its waiters are told, so that none of
+        // them finds it still in flight when it looks again.
+        if let Some(entry) = state.entries.get_mut(&self.key)
+            && entry.flight.as_ref().is_some_and(|(id, _)| *id == self.id)
+        {
+            entry.flight = None;
+        }
         drop(state);
         let (table, key, generation) = (Arc::clone(&self.table), self.key.clone(), self.generation);
-        // Dropping `self` clears the flight and tells the waiters.
         let _ = self
             .tx
             .send_replace(Some(answer.as_ref().map(|_| ()).map_err(Clone::clone)));
@@ -758,9 +764,8 @@ impl Drop for Busy {
                 entry.policy.get_or_insert(policy);
             }
         }
-        drop(state);
-        // Waiters not told an outcome see the sender gone and look again.
-        let _ = self.tx.send_if_modified(|_| false);
+        // Waiters not told an outcome see the sender (dropped with `self`)
+        // gone, and look again.
     }
 }
 
