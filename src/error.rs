@@ -243,6 +243,20 @@ pub enum ConfigError {
         /// The offending share, as given.
         share: String,
     },
+    /// Hot keys ([`Limiter::hot_keys`](crate::Limiter::hot_keys)) asked
+    /// of a policy whose algorithm cannot lend tokens.
+    #[error(
+        "hot keys need GCRA or the sliding window (counter), not {algorithm}: a lease is tested on those two only"
+    )]
+    HotKeysUnsupported {
+        /// The policy's algorithm.
+        algorithm: crate::Algorithm,
+    },
+    /// Hot keys with a lease time of zero or above
+    /// [`HotKeys::MAX_LEASE_TIME`](crate::HotKeys::MAX_LEASE_TIME), or a
+    /// threshold of zero calls per second.
+    #[error("hot keys need a lease time above zero and at most 60 s, and a threshold above zero")]
+    HotKeysOutOfRange,
 }
 
 /// A store could not decide: Redis unreachable, too slow, or answering

@@ -163,7 +163,9 @@
 //!   [`Algorithm`].
 //!
 //! Timeouts, reconnecting, the deny cache, Redis Cluster and what to watch
-//! in production are in `docs/operating.md` in the repository.
+//! in production are in `docs/operating.md` in the repository. A few busy
+//! identities on a high limit can be decided in process from leases of
+//! their Redis budget, with a bounded overshoot: [`HotKeys`].
 //!
 //! [tower]: https://docs.rs/tower
 //! [axum]: https://docs.rs/axum
@@ -181,6 +183,7 @@ mod decision;
 mod error;
 pub(crate) mod gcra;
 pub mod grpc;
+mod hot;
 pub mod key;
 mod layer;
 pub mod lease;
@@ -206,6 +209,7 @@ mod proptests;
 pub use crate::algorithm::Algorithm;
 pub use crate::decision::Decision;
 pub use crate::error::{BoxError, ConfigError, RateLimitError, StoreError};
+pub use crate::hot::HotKeys;
 pub use crate::key::Key;
 pub use crate::layer::{FailurePolicy, OnMissingKey, mode};
 pub use crate::limit::{Limit, LimitBuilder, Policy, PolicyBuilder, Rate};

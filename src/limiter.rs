@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use crate::decision::Decision;
 use crate::error::ConfigError;
+use crate::hot::{HotKeys, HotTable};
 use crate::key::Key;
 use crate::limit::{MAX_TOLERANCE_MICROS, Policy};
 use crate::live::Cell;
@@ -40,6 +41,8 @@ use crate::store::{DeferCall, GcraCall, MemoryStore, Store, StoreFuture, WindowC
 pub struct Limiter {
     cell: Arc<Cell>,
     store: Arc<dyn Store>,
+    /// Hot-key mode's table, when set ([`Limiter::hot_keys`]).
+    pub(crate) hot: Option<Arc<HotTable>>,
 }
 
 impl Limiter {
@@ -49,7 +52,49 @@ impl Limiter {
     }
 
     pub(crate) fn from_cell(cell: Arc<Cell>, store: Arc<dyn Store>) -> Self {
-        Limiter { cell, store }
+        Limiter {
+            cell,
+            store,
+            hot: None,
+        }
+    }
+
+    /// Decides the identities that are hot on this instance from leases
+    /// of their tokens, spent in process: see [`HotKeys`] for when an
+    /// identity is hot, how leases are sized and the bound on what the
+    /// fleet may admit beyond the limit. [`check`](Self::check) and every
+    /// layer built on this limiter use it; reserve mode, charges, refunds
+    /// and peeks do not. Refused for a policy on the sliding log or fixed
+    /// window ([`ConfigError::HotKeysUnsupported`]), and for a zero lease
+    /// time or threshold.
+    ///
+    /// ```
+    /// use fleetgate::{ConfigError, HotKeys, Limit, Limiter, Policy, Rate};
+    /// use fleetgate::Algorithm;
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let log = Policy::builder("api")
+    ///     .algorithm(Algorithm::SlidingLog)
+    ///     .limit(Limit::new(Rate::per_second(1000))?)
+    ///     .build()?;
+    /// let err = Limiter::in_memory(log).hot_keys(HotKeys::new()).unwrap_err();
+    /// assert!(matches!(err, ConfigError::HotKeysUnsupported { .. }));
+    /// # Ok(()) }
+    /// ```
+    pub fn hot_keys(mut self, hot: HotKeys) -> Result<Self, ConfigError> {
+        hot.check(&self.policy())?;
+        self.hot = Some(Arc::new(HotTable::new(hot, Arc::clone(&self.store))));
+        Ok(self)
+    }
+
+    /// A limiter of `policy` on this one's store, sharing its hot keys:
+    /// what a layer decides each of its policies with.
+    pub(crate) fn bound_to(&self, policy: Policy) -> Limiter {
+        Limiter {
+            cell: Arc::new(Cell::new(policy)),
+            store: Arc::clone(&self.store),
+            hot: self.hot.clone(),
+        }
     }
 
     pub(crate) fn cell(&self) -> &Arc<Cell> {
@@ -297,7 +342,34 @@ impl Limiter {
         if max_wait.is_some() && algorithm.is_window() {
             return StoreFuture::ready(Err(ConfigError::ReserveNeedsGcra { algorithm }.into()));
         }
-        let max_wait = max_wait.unwrap_or(Duration::ZERO);
+        if max_wait.is_none()
+            && let Some(hot) = &self.hot
+            && let Some(decided) = hot.decide(self, policy, key, cost, false)
+        {
+            return decided;
+        }
+        self.decide_in_store(policy, key, cost, max_wait.unwrap_or(Duration::ZERO))
+    }
+
+    /// An ordinary check of `cost` under `policy`, in the store, whether
+    /// the identity is hot or not: how hot-key mode takes a lease.
+    pub(crate) fn decide_plain(
+        &self,
+        policy: &Policy,
+        key: &Key,
+        cost: u64,
+    ) -> StoreFuture<Decision> {
+        self.decide_in_store(policy, key, cost, Duration::ZERO)
+    }
+
+    #[inline]
+    fn decide_in_store(
+        &self,
+        policy: &Policy,
+        key: &Key,
+        cost: u64,
+        max_wait: Duration,
+    ) -> StoreFuture<Decision> {
         match call(policy, key, cost, max_wait) {
             Call::Never => StoreFuture::ready(Ok(never(policy))),
             Call::Gcra(call) => self.store.gcra(call),
@@ -398,6 +470,9 @@ impl Limiter {
     /// same name resets the same state. The memory store frees the
     /// identity's entries at once.
     ///
+    /// With [hot keys](Self::hot_keys), this instance drops its lease of
+    /// `key` and what it remembers of it.
+    ///
     /// On Redis this instance forgets its cached denials of `key` (see
     /// [`RedisStoreBuilder::deny_cache`](crate::RedisStoreBuilder::deny_cache));
     /// other instances' caches may still refuse it locally until the retry
@@ -421,6 +496,11 @@ impl Limiter {
     /// # Ok(()) }
     /// ```
     pub fn reset(&self, key: &Key) -> StoreFuture<()> {
+        if let Some(hot) = &self.hot {
+            // The identity starts afresh here too: tokens leased from the
+            // state being cleared are dropped, not given back to it.
+            hot.forget(key);
+        }
         self.store.reset(self.name(), key)
     }
 }

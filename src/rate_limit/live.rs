@@ -17,7 +17,7 @@ use crate::live::Rules;
 use crate::metrics::LayerMetrics;
 use crate::response::{HeaderStyle, PolicyHeaders};
 use crate::share::fleet_epoch;
-use crate::store::{MemoryStore, Store};
+use crate::store::MemoryStore;
 
 /// What a layer's settings are made of, besides the policy.
 #[derive(Clone)]
@@ -41,7 +41,7 @@ impl Recipe {
     fn settings(
         &self,
         policy: &Policy,
-        store: &Arc<dyn Store>,
+        limiter: &Limiter,
         metrics: &LayerMetrics,
     ) -> Arc<RateSettings> {
         let fallback = match (self.failure, &self.local) {
@@ -52,7 +52,8 @@ impl Recipe {
             }
             _ => None,
         };
-        let limiter = Limiter::new(policy.clone(), Arc::clone(store));
+        // The layer's limiter's store, and its hot keys if set.
+        let limiter = limiter.bound_to(policy.clone());
         self.make(policy.clone(), limiter, metrics.clone(), fallback, false)
     }
 
@@ -217,12 +218,11 @@ fn derive(
     metrics: &LayerMetrics,
     generation: (u64, u64),
 ) -> Derived {
-    let store = limiter.store();
     let mut built: HashMap<*const (), Arc<RateSettings>> = HashMap::new();
     let mut settings = |policy: &Policy| {
         built
             .entry(policy.as_ptr())
-            .or_insert_with(|| recipe.settings(policy, store, metrics))
+            .or_insert_with(|| recipe.settings(policy, limiter, metrics))
             .clone()
     };
     let base = settings(&rules.base);

@@ -18,6 +18,7 @@ mod cluster;
 #[cfg(feature = "cluster")]
 mod cluster_failover;
 mod faults;
+mod hot_keys;
 mod leases;
 mod live;
 mod local_fallback;
