@@ -186,6 +186,7 @@ mod limiter;
 pub mod live;
 mod log;
 pub mod metrics;
+pub mod observe;
 mod rate;
 pub mod rate_limit;
 pub mod response;

@@ -26,6 +26,11 @@ pub(crate) fn set_fleet_size(instances: usize) {
     }
 }
 
+/// How many instances share the store, as last counted (at least 1).
+pub(crate) fn fleet_size() -> u64 {
+    FLEET_SIZE.load(Ordering::Acquire)
+}
+
 /// Moves whenever the fleet's size does.
 #[inline]
 pub(crate) fn fleet_epoch() -> u64 {

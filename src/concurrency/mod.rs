@@ -175,6 +175,9 @@ impl ConcurrencySettings {
         let _entered = span.enter();
         let (outcome, verdict) = match result {
             Ok(Admission::Acquired(guard)) => {
+                if let Some(lease) = guard.lease() {
+                    lease.count_in(self.metrics.observed());
+                }
                 let outcome = Outcome::Allowed.by_fallback(self.local);
                 self.metrics.decided(outcome, false);
                 span.record("outcome", outcome.as_str());

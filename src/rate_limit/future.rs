@@ -224,7 +224,10 @@ where
                         this.key.as_ref(),
                         *this.cost,
                     );
-                    match (this.settings.judge(result, latency), parked.take()) {
+                    match (
+                        this.settings.judge(result, latency, this.key.as_ref()),
+                        parked.take(),
+                    ) {
                         (Err(kind), _) => Outcome::Rejected(kind),
                         (Ok(decision), Some(mut parked)) => {
                             let next = match this.settings.wait_for(decision.as_ref()) {

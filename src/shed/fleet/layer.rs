@@ -146,6 +146,10 @@ impl<S, C: Clone, M> Layer<S> for FleetShedLayer<C, M> {
         let name: Arc<str> = Arc::from(policy.name());
         let tiers = policy.tiers();
         let metrics = LayerMetrics::new("fleet_shed", name.clone());
+        let shedder = self.shedder.clone();
+        metrics
+            .observed()
+            .shedder(Some(policy.capacity()), Box::new(move || shedder.state()));
         let settings = |shedder: &FleetShedder, local: bool| {
             Arc::new(FleetShedSettings {
                 shedder: shedder.clone(),

@@ -109,10 +109,15 @@ impl<S, C: Clone, M> Layer<S> for UtilizationShedLayer<C, M> {
 
     fn layer(&self, inner: S) -> Self::Service {
         let name: Arc<str> = Arc::from(self.shedder.name());
+        let metrics = LayerMetrics::new("utilization_shed", name.clone());
+        let shedder = self.shedder.clone();
+        metrics
+            .observed()
+            .shedder(None, Box::new(move || shedder.state()));
         let settings = UtilizationSettings {
             shedder: self.shedder.clone(),
-            answer: self.settings.answer(name.clone(), self.shedder.tiers()),
-            metrics: LayerMetrics::new("utilization_shed", name),
+            answer: self.settings.answer(name, self.shedder.tiers()),
+            metrics,
         };
         UtilizationShed::new(inner, self.settings.classify.clone(), Arc::new(settings))
     }
