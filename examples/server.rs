@@ -117,6 +117,8 @@
 //! and `for i in 1 2 3; do curl -s -w ' %{http_code}\n' 'localhost:3000/api/slow?ms=3000' & done; wait`
 //! and `for i in 1 2 3 4; do curl -s -w ' %{http_code}\n' 'localhost:3000/api/report?ms=3000' & done; curl -s -w ' %{http_code}\n' -X POST localhost:3000/api/charge; wait`
 
+mod dashboard;
+
 use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::net::SocketAddr;
@@ -152,6 +154,7 @@ GET /api/ping  pong; per x-api-key (or client IP): burst 5, 1/s
 GET /api/window  window; per x-api-key (or client IP): sliding log, 25/5s and 300/min
 GET /healthz   ok; unlimited
 GET /metrics   Prometheus metrics: decisions by policy and outcome, store latency
+GET /dashboard  a live page of the decisions; GET /dashboard/events: its data, one JSON event a second (SSE)
 GET /api/slow?ms=N  answers after N ms (default 1000); per x-api-key (or client IP): 2 in flight
 POST /api/charge?ms=N  answers after N ms (default 1000); critical: never shed
 GET /api/report?ms=N  answers after N ms (default 1000); low priority: 503 beyond 2 of the fleet's 4 in flight
@@ -447,6 +450,7 @@ async fn run() -> Result<(), BoxError> {
         .merge(slow_routes(slow.clone(), api_key, failure))
         .merge(shed_routes(fleet.clone(), local, failure)?)
         .merge(after_routes(&live, api_key_after, failure)?)
+        .merge(dashboard::routes(live.clone()))
         .route("/", get(|| async { ROUTES }))
         .route("/healthz", get(|| async { "ok\n" }))
         .route(
