@@ -110,7 +110,10 @@ function render(event) {
       cell(row, p.policy);
       cell(row, t.tier);
       cell(row, t.in_flight);
-      cell(row, t.limit === null ? "never shed" : t.limit + " of " + (p.capacity ?? "?"));
+      // The worker-utilization shedder is local: it has no fleet share.
+      const share = p.layer === "utilization_shed" ? "– (local)"
+        : t.limit === null ? "never shed" : t.limit + " of " + (p.capacity ?? "?");
+      cell(row, share);
       cell(row, Math.round(t.shed_fraction * 100) + "%");
     }
     for (const who of p.top_denied || []) {
@@ -127,11 +130,20 @@ function render(event) {
 
 const status = document.getElementById("status");
 const source = new EventSource("/dashboard/events");
+// `?events=N`: stop after N events, leaving a still page (for screenshots
+// and for scripts/dashboard-check.sh, whose headless browser waits for the
+// network to go quiet).
+const stopAfter = Number(new URLSearchParams(location.search).get("events")) || 0;
 source.onopen = () => { status.textContent = "live"; status.dataset.state = "live"; };
 source.onerror = () => { status.textContent = "reconnecting…"; status.dataset.state = "lost"; };
 source.onmessage = (message) => {
   try {
     render(JSON.parse(message.data));
+    if (stopAfter && Number(document.body.dataset.events) >= stopAfter) {
+      source.close();
+      status.textContent = "stopped after " + stopAfter + " events";
+      status.dataset.state = "stopped";
+    }
   } catch (err) {
     status.textContent = "bad event: " + err;
   }
