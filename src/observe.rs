@@ -85,8 +85,9 @@ pub struct PolicySnapshot {
     pub decisions: Decisions,
     /// Rate limits: admitted with at most a tenth of the burst left.
     pub near_limit: u64,
-    /// Rate limits: the identities denied most in the last 30 to 60 s, most
-    /// denied first, at most ten.
+    /// Rate limits: the identities denied most in the last 30 to 60 s (when
+    /// snapshots come at least every 30 s; otherwise since the one before
+    /// last), most denied first, at most ten.
     pub top_denied: Vec<Denials>,
     /// Concurrency limits: leases this process holds now (all identities).
     pub leases_in_use: Option<u64>,
@@ -301,7 +302,7 @@ impl PolicyStats {
     /// counting one: a flood of denials never waits on this lock.
     pub(crate) fn denied(&self, key: &Key) {
         if let Ok(mut table) = self.denied.try_lock() {
-            table.record(hash(key), Instant::now());
+            table.record(hash(key));
         }
     }
 
@@ -381,7 +382,9 @@ impl Drop for Held {
 }
 
 /// The identities denied most, per period: two space-saving tables, the
-/// current one and the one before.
+/// current one and the one before. They turn over when read, at most once
+/// a period: read every second or so (as [`watch`] does), they hold the
+/// last one to two periods; read rarely, what came since the read before.
 struct DeniedTable {
     since: Instant,
     current: Vec<(u64, u64)>,
@@ -404,14 +407,12 @@ impl DeniedTable {
         }
         std::mem::swap(&mut self.current, &mut self.previous);
         self.current.clear();
-        if age >= DENIAL_PERIOD * 2 {
-            self.previous.clear();
-        }
         self.since = now;
     }
 
-    fn record(&mut self, hash: u64, now: Instant) {
-        self.rotate(now);
+    /// Counts one denial in the current table. The tables turn over when
+    /// a snapshot reads them, so that a denial reads no clock.
+    fn record(&mut self, hash: u64) {
         if let Some(slot) = self.current.iter_mut().find(|(h, _)| *h == hash) {
             slot.1 += 1;
         } else if self.current.len() < SLOTS {
@@ -577,10 +578,10 @@ mod tests {
         // space-saving always keeps.
         for round in 0..100u64 {
             for _ in 0..5 {
-                table.record(7, t0);
+                table.record(7);
             }
             for other in 0..50 {
-                table.record(1000 + round * 100 + other, t0);
+                table.record(1000 + round * 100 + other);
             }
         }
         assert!(table.current.len() <= SLOTS);
@@ -592,15 +593,18 @@ mod tests {
     }
 
     #[test]
-    fn denials_are_forgotten_after_two_periods() {
+    fn denials_are_forgotten_two_readings_later() {
         let t0 = Instant::now();
         let mut table = DeniedTable::new(t0);
-        table.record(1, t0);
+        table.record(1);
         let mut counts = HashMap::new();
         table.add_to(&mut counts, t0 + DENIAL_PERIOD);
         assert_eq!(counts.get(&1), Some(&1), "kept one period more");
         let mut counts = HashMap::new();
-        table.add_to(&mut counts, t0 + DENIAL_PERIOD * 3);
+        table.add_to(&mut counts, t0 + DENIAL_PERIOD / 2 * 3);
+        assert_eq!(counts.get(&1), Some(&1), "no turn within a period");
+        let mut counts = HashMap::new();
+        table.add_to(&mut counts, t0 + DENIAL_PERIOD * 2);
         assert!(counts.is_empty());
     }
 }

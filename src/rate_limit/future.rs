@@ -270,7 +270,7 @@ where
                 StateProj::Calling { fut, decision } => {
                     let result = ready!(fut.poll(cx));
                     let decision = decision.take();
-                    // The key is only kept when the feedback is enabled.
+                    // Without feedback `hold_of` finds nothing, key or not.
                     let hold = match (&result, this.key.as_ref()) {
                         (Ok(response), Some(key)) => {
                             hold_of(&*this.feedback, response).map(|hold| (hold, key))
