@@ -183,7 +183,8 @@ pub fn snapshot() -> Snapshot {
 }
 
 /// A snapshot now and then one every `every` (at least 10 ms), for as long
-/// as a receiver is kept, from a task spawned on the current Tokio runtime.
+/// as a receiver is kept, from a task spawned on the current Tokio runtime
+/// (it ends at the first tick with no receiver left).
 ///
 /// # Panics
 ///
@@ -195,10 +196,8 @@ pub fn watch(every: Duration) -> tokio::sync::watch::Receiver<Arc<Snapshot>> {
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         ticks.tick().await;
         loop {
-            tokio::select! {
-                _ = ticks.tick() => {}
-                () = sender.closed() => return,
-            }
+            ticks.tick().await;
+            // Fails once every receiver is gone: the task ends a tick later.
             if sender.send(Arc::new(snapshot())).is_err() {
                 return;
             }
