@@ -21,7 +21,7 @@ done
 if [ -z "$browser" ]; then
   echo "scripts/dashboard-check.sh: chromium not found; installing it" >&2
   sudo=""
-  [ "$(id -u)" -ne 0 ] && sudo="sudo"
+  if [ "$(id -u)" -ne 0 ] && command -v sudo >/dev/null 2>&1; then sudo="sudo"; fi
   if command -v apt-get >/dev/null 2>&1 \
     && $sudo apt-get update -qq \
     && $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; then
