@@ -1,9 +1,11 @@
 //! Raw decisions, outside any HTTP stack: each store (`MemoryStore`,
 //! `RedisStore` on a private `redis-server`) and each algorithm at
 //! concurrency 1, 16 and 64, beside the floor for any Redis limiter: a
-//! hand-written `EVALSHA` of the same `lua/gcra.lua` through one redis-rs
-//! multiplexed connection, with the key and arguments built by hand, and
-//! the bare round trip (`EVALSHA` of `return 1`). The Redis store runs
+//! plain redis-rs loop of one `EVALSHA` of the same `lua/gcra.lua` per
+//! decision, as lean as a user would write it (a `redis::Script` loaded
+//! once, `script.key(..).arg(..).invoke_async(..)` on a clone of one
+//! `ConnectionManager`, no string building beyond the key), and the bare
+//! round trip (`EVALSHA` of `return 1`). The Redis store runs
 //! twice for GCRA: as built by default, where calls that find the store's
 //! script slots all in flight go together in one script, and with
 //! `max_in_flight(usize::MAX)`, one script per call.
@@ -12,7 +14,8 @@
 //! cargo bench --bench decisions
 //! ```
 //!
-//! Tasks on a two-worker tokio runtime share one limiter (for Redis, one
+//! The client runs on a current-thread tokio runtime pinned to CPU 0, the
+//! private `redis-server` on CPU 1. Tasks share one limiter (for Redis, one
 //! store and so one multiplexed connection) and call
 //! `limiter.check(&key, 1).await` back to back over 10k identities, each
 //! task starting at its own place, yielding every 64 calls so that the
@@ -90,9 +93,12 @@ fn main() -> Result<(), BoxError> {
             rounds: 1,
         }
     };
+    // redis-server (a child: it inherits the mask) on CPU 1, the client on
+    // CPU 0: one core each.
+    common::pin(1);
     let server = RedisServer::start();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+    common::pin(0);
+    let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
     let result = runtime.block_on(run(&server, &plan));
@@ -104,18 +110,21 @@ fn main() -> Result<(), BoxError> {
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Subject {
     Store(&'static str, Algorithm),
-    /// The hand-written `EVALSHA` of gcra.lua.
+    /// The plain redis-rs `EVALSHA` loop of gcra.lua.
     Floor,
     /// `EVALSHA` of `return 1`.
     RoundTrip,
+    /// Another project's limiter, run as a child process (see [`Peer`]).
+    Peer(&'static str, &'static str),
 }
 
 impl Subject {
     fn label(self) -> (String, String) {
         match self {
             Subject::Store(store, algorithm) => (store.to_owned(), algorithm.name().to_owned()),
-            Subject::Floor => ("hand-written EVALSHA".into(), "gcra".into()),
-            Subject::RoundTrip => ("hand-written EVALSHA".into(), "`return 1`".into()),
+            Subject::Floor => ("plain redis-rs EVALSHA loop".into(), "gcra".into()),
+            Subject::RoundTrip => ("plain redis-rs EVALSHA loop".into(), "`return 1`".into()),
+            Subject::Peer(name, algorithm) => (name.into(), algorithm.into()),
         }
     }
 }
@@ -129,13 +138,203 @@ struct Row {
     errors: u64,
     elapsed: Duration,
     latencies: Vec<Duration>,
+    /// p50 and p99 as a peer's process reported them (it keeps its
+    /// latencies to itself).
+    reported: Option<(Duration, Duration)>,
+    /// Decisions while Redis counted: all of a peer's (warm-up included),
+    /// the measured ones otherwise.
+    counted: u64,
     commands: HashMap<String, u64>,
+    /// CPU time the client (this process's one runtime thread, or a peer's
+    /// process) and redis-server used over the measured phase: what a
+    /// decision costs each side, which a loaded machine disturbs far less
+    /// than the decisions per second.
+    client_cpu: Option<Duration>,
+    redis_cpu: Option<Duration>,
+}
+
+/// CPU time of a thread group's leader so far (`/proc/<pid>/schedstat`, in
+/// ns): the client's runtime thread is this process's main thread, and
+/// redis-server runs every command on its main thread.
+fn leader_cpu(pid: &str) -> Option<Duration> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/schedstat")).ok()?;
+    Some(Duration::from_nanos(
+        text.split_whitespace().next()?.parse().ok()?,
+    ))
+}
+
+/// CPU time of this process's children that have ended and been waited
+/// for (fields 16 and 17 of `/proc/self/stat`, in 10 ms ticks): a peer's
+/// whole process, all its threads.
+fn children_cpu() -> Option<Duration> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = fields.get(13)?.parse::<u64>().ok()? + fields.get(14)?.parse::<u64>().ok()?;
+    Some(Duration::from_millis(ticks * 10))
+}
+
+fn cpu_delta(before: Option<Duration>, after: Option<Duration>) -> Option<Duration> {
+    Some(after?.saturating_sub(before?))
 }
 
 impl Row {
     fn per_sec(&self) -> f64 {
         self.decisions as f64 / self.elapsed.as_secs_f64()
     }
+
+    fn p50(&self) -> Duration {
+        self.reported
+            .map_or_else(|| percentile(&self.latencies, 0.50), |(p50, _)| p50)
+    }
+
+    fn p99(&self) -> Duration {
+        self.reported
+            .map_or_else(|| percentile(&self.latencies, 0.99), |(_, p99)| p99)
+    }
+}
+
+/// A peer: another project's limiter on its own private `redis-server`,
+/// driven by a script in `benches/peers/` from a runtime installed by
+/// `scripts/peers-install.sh` into `target/peers`.
+struct Peer {
+    subject: Subject,
+    server: RedisServer,
+    admin: MultiplexedConnection,
+    program: std::path::PathBuf,
+    script: &'static str,
+    /// `NODE_PATH` for node.
+    env: Option<(&'static str, std::path::PathBuf)>,
+    /// The script takes a concurrency (node, asynchronous), or runs one
+    /// call at a time (Python's blocking client), only at concurrency 1.
+    concurrent: bool,
+}
+
+/// The peers whose runtime and packages are installed; a line on stderr
+/// and in the report for each that is not.
+async fn peers(skipped: &mut Vec<String>) -> Result<Vec<Peer>, BoxError> {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dir = root.join("target/peers");
+    let mut found = Vec::new();
+    let modules = dir.join("node/node_modules");
+    let node = which("node");
+    match node {
+        Some(node) if modules.join("rate-limiter-flexible").is_dir() => found.push((
+            Subject::Peer("node rate-limiter-flexible (ioredis)", "fixed window"),
+            node,
+            "benches/peers/rate_limiter_flexible.js",
+            Some(("NODE_PATH", modules)),
+            true,
+        )),
+        Some(_) => skipped.push(format!(
+            "node rate-limiter-flexible: not installed in {} (run scripts/peers-install.sh)",
+            modules.display()
+        )),
+        None => skipped.push("node rate-limiter-flexible: no node on the PATH".into()),
+    }
+    let python = dir.join("py/bin/python");
+    if python.is_file() {
+        found.push((
+            Subject::Peer("Python limits (redis-py)", "moving window"),
+            python,
+            "benches/peers/limits_moving_window.py",
+            None,
+            false,
+        ));
+    } else {
+        skipped.push(format!(
+            "Python limits: no virtualenv at {} (run scripts/peers-install.sh)",
+            python.display()
+        ));
+    }
+    let mut peers = Vec::new();
+    for (subject, program, script, env, concurrent) in found {
+        // Each on its own server, on CPU 1 as the store's.
+        common::pin(1);
+        let server = RedisServer::start();
+        common::pin(0);
+        let admin = server.client().get_multiplexed_async_connection().await?;
+        peers.push(Peer {
+            subject,
+            server,
+            admin,
+            program,
+            script,
+            env,
+            concurrent,
+        });
+    }
+    Ok(peers)
+}
+
+fn which(program: &str) -> Option<std::path::PathBuf> {
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|dir| dir.join(program))
+            .find(|path| path.is_file())
+    })
+}
+
+/// One round of a peer at `concurrency`: its process runs its own warm-up
+/// and measured phase (on CPU 0, as this process) and prints one JSON line.
+async fn peer_case(peer: &mut Peer, concurrency: usize, plan: &Plan) -> Result<Row, BoxError> {
+    common::flush_all(&mut peer.admin).await?;
+    stats::reset_stats(&mut peer.admin).await;
+    let root = env!("CARGO_MANIFEST_DIR");
+    let mut command = tokio::process::Command::new(&peer.program);
+    command
+        .current_dir(root)
+        .arg(peer.script)
+        .arg(peer.server.port().to_string());
+    if peer.concurrent {
+        command.arg(concurrency.to_string());
+    }
+    command
+        .arg(plan.warm_up.as_secs_f64().to_string())
+        .arg(plan.measure.as_secs_f64().to_string());
+    if let Some((name, value)) = &peer.env {
+        command.env(name, value);
+    }
+    let redis_pid = peer.server.pid().to_string();
+    let cpu_before = (children_cpu(), leader_cpu(&redis_pid));
+    let output = command.output().await?;
+    let client_cpu = cpu_delta(cpu_before.0, children_cpu());
+    let redis_cpu = cpu_delta(cpu_before.1, leader_cpu(&redis_pid));
+    if !output.status.success() {
+        return Err(format!(
+            "{} failed: {}",
+            peer.script,
+            String::from_utf8_lossy(&output.stderr)
+        )
+        .into());
+    }
+    let text = String::from_utf8_lossy(&output.stdout);
+    let line = text.lines().last().ok_or("no output from the peer")?;
+    let v: serde_json::Value = serde_json::from_str(line)?;
+    let number = |field: &str| v[field].as_f64().ok_or(format!("no {field} in {line}"));
+    let micros = |x: f64| Duration::from_nanos((x * 1000.0) as u64);
+    let row = Row {
+        subject: peer.subject,
+        concurrency,
+        decisions: number("decisions")? as u64,
+        allowed: number("admitted")? as u64,
+        errors: number("errors")? as u64,
+        elapsed: Duration::from_secs_f64(number("secs")?),
+        latencies: Vec::new(),
+        reported: Some((micros(number("p50_us")?), micros(number("p99_us")?))),
+        counted: number("all_decisions")? as u64,
+        commands: stats::command_calls(&mut peer.admin).await,
+        // Over its warm-up and its start too: all of its decisions.
+        client_cpu,
+        redis_cpu,
+    };
+    let (name, algorithm) = peer.subject.label();
+    eprintln!(
+        "{name} {algorithm} @ {concurrency}: {:.0} decisions/s, p99 {:.1} µs",
+        row.per_sec(),
+        crate::common::micros(row.p99())
+    );
+    Ok(row)
 }
 
 fn policy(algorithm: Algorithm) -> Result<Policy, BoxError> {
@@ -146,6 +345,7 @@ fn policy(algorithm: Algorithm) -> Result<Policy, BoxError> {
 }
 
 async fn run(server: &RedisServer, plan: &Plan) -> Result<(), BoxError> {
+    let redis_pid = server.pid();
     let client = server.client();
     let mut admin = client.get_multiplexed_async_connection().await?;
     let version = common::redis_version(&mut admin).await?;
@@ -167,32 +367,25 @@ async fn run(server: &RedisServer, plan: &Plan) -> Result<(), BoxError> {
             .collect(),
     );
     let conn = ConnectionManager::new(client).await?;
-    let mut load = conn.clone();
-    let return_one: String = redis::cmd("SCRIPT")
-        .arg("LOAD")
-        .arg("return 1")
-        .query_async(&mut load)
-        .await?;
-    let gcra: String = redis::cmd("SCRIPT")
-        .arg("LOAD")
-        .arg(GCRA_LUA)
-        .query_async(&mut load)
-        .await?;
+    let return_one = Arc::new(redis::Script::new("return 1"));
+    let gcra = Arc::new(redis::Script::new(GCRA_LUA));
+    for script in [&return_one, &gcra] {
+        script
+            .prepare_invoke()
+            .load_async(&mut conn.clone())
+            .await?;
+    }
     // The floor's arguments, as the store sends them for the bench's limit
     // (T = 100 µs, tolerance 100 ms).
     let limit = Limit::new(Rate::new(1000, Duration::from_millis(100)))?;
-    let emission = limit.emission_interval().as_micros().to_string();
-    let tolerance = (limit.emission_interval() * 1000).as_micros().to_string();
-    // now = server clock, 1 call: 1 limit, cost 1, no wait, T, tolerance.
-    let floor_args: Arc<[String; 7]> = Arc::new([
-        String::new(),
-        "1".into(),
-        "1".into(),
-        "1".into(),
-        "0".into(),
-        emission,
-        tolerance,
-    ]);
+    let emission = u64::try_from(limit.emission_interval().as_micros())?;
+    let tolerance = emission * 1000;
+
+    let mut skipped = Vec::new();
+    let mut peers = peers(&mut skipped).await?;
+    for reason in &skipped {
+        eprintln!("peer skipped: {reason}");
+    }
 
     let mut rounds: Vec<Vec<Row>> = Vec::new();
     for _ in 0..plan.rounds {
@@ -220,47 +413,75 @@ async fn run(server: &RedisServer, plan: &Plan) -> Result<(), BoxError> {
                     };
                     let every = if store_name == "memory" { 8 } else { 1 };
                     let subject = Subject::Store(store_name, algorithm);
-                    rows.push(case(&mut admin, subject, concurrency, every, plan, op).await?);
+                    rows.push(
+                        case(&mut admin, redis_pid, subject, concurrency, every, plan, op).await?,
+                    );
                 }
             }
             common::flush_all(&mut admin).await?;
-            let (c, sha, keys, args) = (
-                conn.clone(),
-                Arc::new(gcra.clone()),
-                keys.clone(),
-                floor_args.clone(),
-            );
+            let (c, script, keys) = (conn.clone(), gcra.clone(), keys.clone());
             let op = move |task: usize, n: usize| {
-                let (mut conn, sha, args) = (c.clone(), sha.clone(), args.clone());
+                let (mut conn, script) = (c.clone(), script.clone());
                 let key = format!(
                     "floor:bench:{{{}}}:0",
                     keys[(task * 157 + n) % keys.len()].text()
                 );
                 async move {
-                    redis::cmd("EVALSHA")
-                        .arg(sha.as_str())
+                    // now = server clock, 1 call: 1 limit, cost 1, no
+                    // wait, T, tolerance.
+                    script
+                        .key(key)
+                        .arg("")
                         .arg(1)
-                        .arg(key)
-                        .arg(&args[..])
-                        .query_async::<Vec<Vec<i64>>>(&mut conn)
+                        .arg(1)
+                        .arg(1)
+                        .arg(0)
+                        .arg(emission)
+                        .arg(tolerance)
+                        .invoke_async::<Vec<Vec<i64>>>(&mut conn)
                         .await
                         .map(|v| v.first().and_then(|r| r.first()) == Some(&1))
                 }
             };
-            rows.push(case(&mut admin, Subject::Floor, concurrency, 1, plan, op).await?);
-            let (c, sha) = (conn.clone(), Arc::new(return_one.clone()));
+            rows.push(
+                case(
+                    &mut admin,
+                    redis_pid,
+                    Subject::Floor,
+                    concurrency,
+                    1,
+                    plan,
+                    op,
+                )
+                .await?,
+            );
+            let (c, script) = (conn.clone(), return_one.clone());
             let op = move |_task: usize, _n: usize| {
-                let (mut conn, sha) = (c.clone(), sha.clone());
+                let (mut conn, script) = (c.clone(), script.clone());
                 async move {
-                    redis::cmd("EVALSHA")
-                        .arg(sha.as_str())
-                        .arg(0)
-                        .query_async::<i64>(&mut conn)
+                    script
+                        .invoke_async::<_, i64>(&mut conn)
                         .await
                         .map(|v| v == 1)
                 }
             };
-            rows.push(case(&mut admin, Subject::RoundTrip, concurrency, 1, plan, op).await?);
+            rows.push(
+                case(
+                    &mut admin,
+                    redis_pid,
+                    Subject::RoundTrip,
+                    concurrency,
+                    1,
+                    plan,
+                    op,
+                )
+                .await?,
+            );
+            for peer in &mut peers {
+                if peer.concurrent || concurrency == 1 {
+                    rows.push(peer_case(peer, concurrency, plan).await?);
+                }
+            }
         }
         rounds.push(rows);
     }
@@ -274,7 +495,7 @@ async fn run(server: &RedisServer, plan: &Plan) -> Result<(), BoxError> {
         }
     }
     let rows: Vec<Row> = by_case.into_iter().map(median).collect();
-    print_tables(&rows, plan, &version);
+    print_tables(&rows, plan, &version, &skipped);
     Ok(())
 }
 
@@ -289,6 +510,7 @@ fn median(mut rounds: Vec<Row>) -> Row {
 /// between Redis' counter reset and read.
 async fn case<F, Fut, E>(
     admin: &mut MultiplexedConnection,
+    redis_pid: u32,
     subject: Subject,
     concurrency: usize,
     every: usize,
@@ -302,9 +524,13 @@ where
 {
     phase(concurrency, every, plan.warm_up, op.clone()).await?;
     stats::reset_stats(admin).await;
+    let redis_pid = redis_pid.to_string();
+    let cpu_before = (leader_cpu("self"), leader_cpu(&redis_pid));
     let start = Instant::now();
     let tasks = phase(concurrency, every, plan.measure, op).await?;
     let elapsed = start.elapsed();
+    let client_cpu = cpu_delta(cpu_before.0, leader_cpu("self"));
+    let redis_cpu = cpu_delta(cpu_before.1, leader_cpu(&redis_pid));
     let commands = stats::command_calls(admin).await;
     let mut row = Row {
         subject,
@@ -314,7 +540,11 @@ where
         errors: 0,
         elapsed,
         latencies: Vec::new(),
+        reported: None,
+        counted: 0,
         commands,
+        client_cpu,
+        redis_cpu,
     };
     let mut first_error = None;
     for task in tasks {
@@ -324,6 +554,7 @@ where
         row.latencies.extend(task.latencies);
         first_error = first_error.or(task.first_error);
     }
+    row.counted = row.decisions;
     row.latencies.sort_unstable();
     let (store, algorithm) = subject.label();
     eprintln!(
@@ -403,19 +634,29 @@ where
     Ok(tasks)
 }
 
-fn print_tables(rows: &[Row], plan: &Plan, version: &str) {
+fn per_decision(cpu: Option<Duration>, decisions: f64) -> String {
+    cpu.map_or("-".into(), |cpu| format!("{:.2}", micros(cpu) / decisions))
+}
+
+fn print_tables(rows: &[Row], plan: &Plan, version: &str, skipped: &[String]) {
     println!(
         "\n### Raw decisions: each store and algorithm\n\n\
-         10k identities, one limit of 1000 per 100 ms each; tasks on a two-worker runtime; \
+         10k identities, one limit of 1000 per 100 ms each; tasks on a current-thread runtime \
+         on CPU 0, redis-server on CPU 1; \
          {:?} warm-up, {:?} measured per round, median of {} rounds; redis-server {version} \
-         (private, loopback, sharing the 2 CPUs). \"x floor\": decisions/s over the \
-         hand-written EVALSHA of gcra.lua at the same concurrency.\n",
+         (private, loopback). \"x floor\": decisions/s over the plain \
+         redis-rs EVALSHA loop of gcra.lua at the same concurrency. Peers: each on its own \
+         redis-server on CPU 1, its process on CPU 0; scripts / decision count `EVALSHA` + \
+         `EVAL` over its warm-up and measured phase.\n",
         plan.warm_up, plan.measure, plan.rounds
     );
+    for reason in skipped {
+        println!("Peer skipped: {reason}.\n");
+    }
     println!(
-        "| store | algorithm | concurrency | decisions/s | x floor | p50 µs | p99 µs | admitted | errors | round trips / decision | in-script commands / decision |"
+        "| store | algorithm | concurrency | decisions/s | x floor | p50 µs | p99 µs | admitted | errors | scripts / decision | other commands / decision | client CPU µs / decision | Redis CPU µs / decision |"
     );
-    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     let floor = |c: usize| {
         rows.iter()
             .find(|r| r.subject == Subject::Floor && r.concurrency == c)
@@ -424,11 +665,12 @@ fn print_tables(rows: &[Row], plan: &Plan, version: &str) {
     for row in rows {
         let (store, algorithm) = row.subject.label();
         let decisions = row.decisions.max(1) as f64;
+        let counted = row.counted.max(1) as f64;
         let trips = stats::scripts_in(&row.commands);
         let total: u64 = row.commands.values().sum();
         let floor = floor(row.concurrency);
         println!(
-            "| {store} | {algorithm} | {} | {:.0} | {} | {:.1} | {:.1} | {:.1}% | {} | {:.3} | {:.2} |",
+            "| {store} | {algorithm} | {} | {:.0} | {} | {:.1} | {:.1} | {:.1}% | {} | {:.3} | {:.2} | {} | {} |",
             row.concurrency,
             row.per_sec(),
             if floor > 0.0 {
@@ -436,12 +678,14 @@ fn print_tables(rows: &[Row], plan: &Plan, version: &str) {
             } else {
                 "-".into()
             },
-            micros(percentile(&row.latencies, 0.50)),
-            micros(percentile(&row.latencies, 0.99)),
+            micros(row.p50()),
+            micros(row.p99()),
             100.0 * row.allowed as f64 / decisions,
             row.errors,
-            trips as f64 / decisions,
-            (total - trips) as f64 / decisions,
+            trips as f64 / counted,
+            (total - trips) as f64 / counted,
+            per_decision(row.client_cpu, counted),
+            per_decision(row.redis_cpu, counted),
         );
     }
     println!("\nRedis commands per case (measured phase, `INFO commandstats`):\n");
@@ -480,6 +724,78 @@ fn print_tables(rows: &[Row], plan: &Plan, version: &str) {
                 "≤ 1 (counted)",
                 &shown.join(" / "),
                 exact,
+            )
+        );
+    }
+    let at = |subject: Subject, c: usize| {
+        rows.iter()
+            .find(|r| r.subject == subject && r.concurrency == c)
+    };
+    let peer_target = |ours: Algorithm, c: usize, peer: &str, min: f64| {
+        let theirs = rows
+            .iter()
+            .filter(|r| matches!(r.subject, Subject::Peer(name, _) if name == peer))
+            .max_by(|a, b| a.per_sec().total_cmp(&b.per_sec()));
+        if let (Some(ours_row), Some(theirs)) = (at(Subject::Store("redis", ours), c), theirs) {
+            let ratio = ours_row.per_sec() / theirs.per_sec().max(1e-9);
+            let (_, algorithm) = theirs.subject.label();
+            println!(
+                "{}",
+                target_row(
+                    &format!(
+                        "peers: Limiter::check {ours} at c = {c} / {peer} {algorithm} at its best (c = {})",
+                        theirs.concurrency
+                    ),
+                    &format!("≥ {min:.1}x decisions/s"),
+                    &format!(
+                        "{ratio:.2} ({:.0} vs {:.0})",
+                        ours_row.per_sec(),
+                        theirs.per_sec()
+                    ),
+                    (ratio * 100.0).round() / 100.0 >= min,
+                )
+            );
+        }
+    };
+    peer_target(
+        Algorithm::Gcra,
+        64,
+        "node rate-limiter-flexible (ioredis)",
+        1.2,
+    );
+    peer_target(Algorithm::SlidingLog, 64, "Python limits (redis-py)", 5.0);
+    for c in CONCURRENCY {
+        let (Some(ours), Some(floor)) = (
+            at(Subject::Store("redis", Algorithm::Gcra), c),
+            at(Subject::Floor, c),
+        ) else {
+            continue;
+        };
+        let ratio = ours.per_sec() / floor.per_sec().max(1e-9);
+        println!(
+            "{}",
+            target_row(
+                &format!("raw: Limiter::check GCRA on Redis / plain EVALSHA loop, c = {c}"),
+                "≥ 1.00x decisions/s",
+                &format!(
+                    "{ratio:.2} ({:.0} vs {:.0})",
+                    ours.per_sec(),
+                    floor.per_sec()
+                ),
+                (ratio * 100.0).round() / 100.0 >= 1.0,
+            )
+        );
+        let (ours_p99, floor_p99) = (
+            percentile(&ours.latencies, 0.99),
+            percentile(&floor.latencies, 0.99),
+        );
+        println!(
+            "{}",
+            target_row(
+                &format!("raw: Limiter::check GCRA on Redis p99 vs plain EVALSHA loop, c = {c}"),
+                "p99 ≤ the loop's",
+                &format!("{:.0} vs {:.0} µs", micros(ours_p99), micros(floor_p99)),
+                ours_p99 <= floor_p99,
             )
         );
     }

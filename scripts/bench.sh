@@ -12,6 +12,8 @@
 # Knobs (environment):
 #   FLEETGATE_BENCHES          which benches, in order (default:
 #                              "http decisions memory redis_memory")
+#   (the decisions bench also runs the peers scripts/peers-install.sh puts
+#   in target/peers, each on its own private redis-server)
 #   FLEETGATE_BENCH_SECS       measured seconds per round of a case (http: 2,
 #                              decisions: 0.5)
 #   FLEETGATE_BENCH_WARMUP     warm-up seconds per round (http: 1, decisions: 0.2)
@@ -62,6 +64,13 @@ if [ "$idle_wait" != "0" ]; then
     sleep 5
   done
 fi
+
+# The peers the decisions bench sets beside Limiter::check (node
+# rate-limiter-flexible, Python limits), into target/peers; each is skipped
+# with its reason where it cannot be installed.
+case " $benches " in
+  *" decisions "*) scripts/peers-install.sh ;;
+esac
 
 bench_args() {
   for b in $benches; do printf -- '--bench %s ' "$b"; done

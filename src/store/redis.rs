@@ -185,8 +185,8 @@ impl TimeSource {
 
 /// Limiter state in Redis, shared by every instance that points at the same
 /// server: one Lua script and one round trip per decision, at most; under
-/// load, GCRA calls queued behind the connection's busy script slots share
-/// one script ([`RedisStoreBuilder::max_in_flight`]).
+/// load, GCRA calls made together while the connection's script slots are
+/// busy share one script ([`RedisStoreBuilder::max_in_flight`]).
 ///
 /// Keys look like `{prefix}:{policy}:{{identity}}:{limit}`; the braces are a
 /// Redis Cluster hash tag, so all keys of one identity live in one slot and
@@ -783,9 +783,11 @@ impl RedisStoreBuilder {
     }
 
     /// How many GCRA scripts may be in flight on the connection at once
-    /// (default 4). A call that finds them all in flight waits, and goes
-    /// with every other call queued by then in the next script, sent as
-    /// soon as one comes back: one `EVALSHA` that decides them in order at
+    /// before calls queue (default 4). A call that finds them all in flight
+    /// queues, and goes with every other call queued in the same turn of
+    /// the runtime (once every task ready to run has made its calls) in
+    /// one script sent at the end of that turn, without waiting for a
+    /// script to come back: one `EVALSHA` that decides them in order at
     /// one instant, exactly as if they had reached Redis back to back.
     ///
     /// Below this many calls in flight nothing waits. Under load, Redis
@@ -809,10 +811,10 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// The most calls one script decides (default 64); more queued calls
-    /// wait for the next free slot. Zero is refused
-    /// ([`ConfigError::ZeroBatch`]); 1 sends queued calls one by one, at
-    /// most [`max_in_flight`](Self::max_in_flight) at once.
+    /// The most calls one script decides (default 64); more calls queued
+    /// in the same turn go in further scripts, sent one after the other.
+    /// Zero is refused ([`ConfigError::ZeroBatch`]); 1 sends queued calls
+    /// one script each.
     pub fn max_batch(mut self, calls: usize) -> Self {
         self.max_batch = calls;
         self

@@ -1,5 +1,6 @@
-//! GCRA calls that find every script slot of a Redis store in flight wait,
-//! and go together in the next script (`RedisStoreBuilder::max_in_flight`).
+//! GCRA calls that find every script slot of a Redis store in flight
+//! queue, and go together in one script at the end of the runtime's turn
+//! (`RedisStoreBuilder::max_in_flight`), without waiting for a slot.
 //! A batch decides exactly what the same calls one after the other would,
 //! in the order they were first polled, costs Redis one script and one
 //! `GET`/`SET` per identity, fails only the calls whose key is unreadable,
@@ -346,6 +347,47 @@ async fn no_slot_is_lost_to_timeouts_or_cancellations() {
     // `a` was charged for its first call and the 20 that timed out (they
     // reached Redis once it woke), not for the cancelled or unpolled ones.
     assert_eq!(limiter.check(&a, 1).await.unwrap().remaining(), 1000 - 22);
+}
+
+/// Queued calls go at the end of the runtime's turn, not when a script in
+/// flight comes back: with the one slot taken by a call Redis has not
+/// answered (it is stopped), a call queued in one turn and another queued
+/// in a later turn go in two scripts of their own, not together behind
+/// the first call's answer.
+#[tokio::test]
+async fn queued_calls_do_not_wait_for_the_script_in_flight() {
+    let _shared = crate::machine::shared().await;
+    let server = RedisServer::start();
+    let store = uncached_store(&server, 1, Duration::from_secs(5)).await;
+    let limiter = Limiter::new(
+        Policy::single("turns", limit(Rate::per_hour(100), 100)).unwrap(),
+        store,
+    );
+    // The script cached, so that each call below is one `EVALSHA`.
+    limiter.check(&Key::new("warm-up"), 1).await.unwrap();
+    let mut admin = server.admin().await;
+    reset_stats(&mut admin).await;
+
+    server.pause();
+    let first = start(limiter.check(&Key::new("a"), 1));
+    let second = start(limiter.check(&Key::new("b"), 1));
+    // Turns of this current-thread runtime: the task that sends the queue
+    // runs in them, while the first call still waits for its answer.
+    for _ in 0..8 {
+        tokio::task::yield_now().await;
+    }
+    let third = start(limiter.check(&Key::new("c"), 1));
+    for _ in 0..8 {
+        tokio::task::yield_now().await;
+    }
+    server.resume();
+    for call in [first, second, third] {
+        assert!(call.await.expect("decided").is_allowed());
+    }
+    let calls = command_calls(&mut admin).await;
+    // Waiting for the first call's answer, the second and third would
+    // have gone together: two scripts.
+    assert_eq!(scripts_in(&calls), 3, "{calls:?}");
 }
 
 /// Without batching (`max_in_flight(usize::MAX)`) every call is its own
