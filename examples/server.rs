@@ -61,6 +61,9 @@
 //!   is evicted.
 //! - `FLEETGATE_SHED_WORKERS`: the worker capacity of the worker-utilization
 //!   shedder in front of `/api/charge` and `/api/report` (default 64).
+//! - `FLEETGATE_OBSERVE_SECRET`: the secret the dashboard's identity hashes
+//!   are keyed with (`fleetgate::observe::set_identity_secret`); give every
+//!   instance the same one.
 //!
 //! On SIGTERM or SIGINT (Ctrl-C) the demo stops accepting connections, lets
 //! the requests in flight finish (for at most 10 s), gives back their
@@ -215,6 +218,10 @@ async fn run() -> Result<(), BoxError> {
             EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
         )
         .init();
+
+    if let Ok(secret) = std::env::var("FLEETGATE_OBSERVE_SECRET") {
+        fleetgate::observe::set_identity_secret(secret);
+    }
 
     let addr: SocketAddr = std::env::var("FLEETGATE_ADDR")
         .unwrap_or_else(|_| "127.0.0.1:3000".into())

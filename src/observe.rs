@@ -10,14 +10,16 @@
 //!
 //! - per layer and policy, the decisions so far by outcome (cumulative:
 //!   subtract two snapshots for a rate) and the identities most often
-//!   denied recently, as hashes ([`identity`]), never as keys;
+//!   denied in the last minute, as hashes ([`identity`]), never as keys;
 //! - per concurrency policy, the leases this process holds and the
-//!   capacity of each identity; per fleet shedder, each tier's requests in
-//!   flight here against the tier's share of the fleet;
+//!   capacity of each identity (the identities refused for being at it
+//!   are its `top_denied`); per shedder, each tier's requests in flight
+//!   here against the limit the fleet admits it under;
 //! - the Redis store's recent round-trip latency (p50, p99) and its calls
 //!   and errors so far;
 //! - how many instances share the store, as the heartbeats of
-//!   [`LivePolicies`](crate::live::LivePolicies) last counted them.
+//!   [`LivePolicies`](crate::live::LivePolicies) last counted them
+//!   (unknown without them).
 //!
 //! ```no_run
 //! # #[tokio::main] async fn main() {
@@ -35,11 +37,13 @@
 //!
 //! With the `serde` feature every type here is `Serialize`.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasher, RandomState};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use sha2::{Digest, Sha256};
 
 use crate::key::Key;
 use crate::metrics::Outcome;
@@ -50,21 +54,27 @@ const TOP: usize = 10;
 /// Identities each denial table keeps per period (space-saving: the most
 /// denied survive whatever the number of identities).
 const SLOTS: usize = 32;
-/// How long each of the two denial tables (and latency histograms)
-/// collects before the older is cleared: a snapshot covers the last one
-/// to two periods.
-const DENIAL_PERIOD: Duration = Duration::from_secs(30);
+/// How long each denial table collects: a snapshot sums the tables of the
+/// last [`DENIAL_WINDOW`], so it covers 60 to 70 s.
+const DENIAL_PERIOD: Duration = Duration::from_secs(10);
+const DENIAL_WINDOW: Duration = Duration::from_secs(60);
+/// Denial tables kept: the window's, and the one being filled.
+const DENIAL_TABLES: usize = 7;
+/// How long each of the two latency histograms collects before the older
+/// is cleared: a snapshot covers the last one to two periods.
 const LATENCY_PERIOD: Duration = Duration::from_secs(10);
 
 /// What this process's layers have decided, at one instant.
 #[derive(Clone, Debug, Default, PartialEq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[non_exhaustive]
 pub struct Snapshot {
     /// When it was taken: milliseconds since the Unix epoch.
     pub at_ms: u64,
-    /// How many instances share the store (1 on a memory store, or before
-    /// the first heartbeat).
-    pub instances: u64,
+    /// How many instances share the store, as the heartbeats of
+    /// [`LivePolicies`](crate::live::LivePolicies) last counted them;
+    /// `None` without them (a memory store, or before the first).
+    pub instances: Option<u64>,
     /// One entry per layer kind and policy name built so far, sorted by
     /// both.
     pub policies: Vec<PolicySnapshot>,
@@ -76,6 +86,7 @@ pub struct Snapshot {
 /// and policy name share their counters).
 #[derive(Clone, Debug, Default, PartialEq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[non_exhaustive]
 pub struct PolicySnapshot {
     /// `rate_limit`, `concurrency`, `fleet_shed` or `utilization_shed`.
     pub layer: &'static str,
@@ -85,14 +96,17 @@ pub struct PolicySnapshot {
     pub decisions: Decisions,
     /// Rate limits: admitted with at most a tenth of the burst left.
     pub near_limit: u64,
-    /// Rate limits: the identities denied most in the last 30 to 60 s (when
-    /// snapshots come at least every 30 s; otherwise since the one before
-    /// last), most denied first, at most ten.
+    /// Rate and concurrency limits: the identities denied most in the last
+    /// minute (60 to 70 s: tables of 10 s, which turn over when a snapshot
+    /// reads them, so this holds when snapshots come at least every 10 s),
+    /// most denied first, at most ten. For a concurrency limit, these are
+    /// the identities refused for holding their capacity.
     pub top_denied: Vec<Denials>,
-    /// Concurrency limits: leases this process holds now (all identities).
+    /// Concurrency limits: leases this process holds now, all identities
+    /// together.
     pub leases_in_use: Option<u64>,
-    /// Concurrency limits: leases each identity may hold; fleet shedders:
-    /// the fleet's capacity.
+    /// Concurrency limits: leases each identity may hold, fleet-wide;
+    /// fleet shedders: the fleet's capacity (of the layer built last).
     pub capacity: Option<u64>,
     /// Load shedders: each tier, least important last.
     pub tiers: Vec<TierShare>,
@@ -103,6 +117,7 @@ pub struct PolicySnapshot {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
 #[allow(missing_docs)] // Each is the metric label of the same name.
+#[non_exhaustive]
 pub struct Decisions {
     pub allowed: u64,
     pub denied: u64,
@@ -118,40 +133,50 @@ pub struct Decisions {
 /// How often one identity was denied.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[non_exhaustive]
 pub struct Denials {
     /// The identity's hash ([`identity`]).
     pub identity: String,
-    /// Denials counted (at least; an estimate once more identities are
-    /// denied than the table holds).
+    /// Denials counted: an estimate, which may be high once more
+    /// identities are denied than a table holds, and low under contention
+    /// (a denial is skipped rather than waited for).
     pub denials: u64,
 }
 
 /// One load-shedding tier.
 #[derive(Clone, Debug, Default, PartialEq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[non_exhaustive]
 pub struct TierShare {
     /// The tier's name.
     pub tier: String,
-    /// Its requests in flight in this process.
+    /// Its requests in flight in this process (through every live layer of
+    /// the policy, its local fallback's included).
     pub in_flight: u64,
     /// Fleet shedder: how many the whole fleet may have in flight when one
-    /// of this tier is admitted (`None`: never shed).
+    /// of this tier is admitted (`None`: never shed). Compare it with the
+    /// fleet's in flight, about `in_flight` times
+    /// [`Snapshot::instances`] when traffic is balanced.
     pub limit: Option<u64>,
     /// How much of the tier is shed now, 0 to 1
-    /// ([`TierState::shed_fraction`](crate::shed::TierState::shed_fraction)).
+    /// ([`TierState::shed_fraction`](crate::shed::TierState::shed_fraction);
+    /// the most of the live layers').
     pub shed_fraction: f64,
 }
 
 /// The Redis store's round trips.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[non_exhaustive]
 pub struct StoreSnapshot {
-    /// Round trips so far.
+    /// Round trips so far (a batch of decisions is one).
     pub calls: u64,
-    /// Calls failed so far (timeouts included).
+    /// Decisions the store failed so far (timeouts included; each waiting
+    /// decision of a failed batch counts, so this can exceed `calls`).
     pub errors: u64,
-    /// Median latency of the last 10 to 20 s, in microseconds (to within
-    /// a fifth); `None` without calls.
+    /// Median latency of the last 10 to 20 s (when snapshots come at least
+    /// every 10 s), in microseconds (to within a fifth); `None` without
+    /// calls.
     pub p50_us: Option<u64>,
     /// 99th percentile of the same.
     pub p99_us: Option<u64>,
@@ -176,7 +201,7 @@ pub fn snapshot() -> Snapshot {
     policies.sort_by(|a, b| (a.layer, &a.policy).cmp(&(b.layer, &b.policy)));
     Snapshot {
         at_ms,
-        instances: crate::share::fleet_size(),
+        instances: crate::share::counted_fleet_size(),
         policies,
         store: STORE.snapshot(),
     }
@@ -207,22 +232,46 @@ pub fn watch(every: Duration) -> tokio::sync::watch::Receiver<Arc<Snapshot>> {
 }
 
 /// The hash `key` is listed by in [`PolicySnapshot::top_denied`]: 16 hex
-/// digits, keyed by a secret chosen when the process starts, so that a
-/// listed hash reveals nothing of the key (not even a guessable IP
-/// address), and differs from one process to the next.
+/// digits of the SHA-256 of the secret set with [`set_identity_secret`]
+/// and the key's text. The same on every instance and across restarts
+/// (given the same secret), so that the views of a fleet can be merged,
+/// and an operator can find a customer's hash by calling this with its
+/// key. Without a secret, a hash of a guessable key (an IP address) can
+/// be guessed: deployments that show these views set one.
 pub fn identity(key: &Key) -> String {
-    hex(hash(key))
+    let mut digest = Sha256::new();
+    let secret = SECRET.get().map_or(&[][..], Vec::as_slice);
+    digest.update(
+        u64::try_from(secret.len())
+            .unwrap_or(u64::MAX)
+            .to_be_bytes(),
+    );
+    digest.update(secret);
+    digest.update(key.text().as_bytes());
+    let digest = digest.finalize();
+    let mut text = String::with_capacity(16);
+    for byte in &digest[..8] {
+        text.push_str(&format!("{byte:02x}"));
+    }
+    text
 }
 
+/// Keys [`identity`] with `secret` for the life of the process: set it,
+/// the same on every instance, before the first snapshot. Returns `false`
+/// (and changes nothing) once a secret is set.
+pub fn set_identity_secret(secret: impl Into<Vec<u8>>) -> bool {
+    SECRET.set(secret.into()).is_ok()
+}
+
+static SECRET: OnceLock<Vec<u8>> = OnceLock::new();
+
+/// The hash a denial table matches identities by: cheap, and private to
+/// the process (the stable one, [`identity`], is taken at snapshot time).
 fn hash(key: &Key) -> u64 {
-    static SECRET: OnceLock<RandomState> = OnceLock::new();
-    SECRET
+    static STATE: OnceLock<RandomState> = OnceLock::new();
+    STATE
         .get_or_init(RandomState::new)
         .hash_one(key.hash_bytes())
-}
-
-fn hex(hash: u64) -> String {
-    format!("{hash:016x}")
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -237,8 +286,19 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// a layer rebuilt (axum may build one per request) keeps counting on.
 static REGISTRY: Mutex<Vec<Arc<PolicyStats>>> = Mutex::new(Vec::new());
 
-/// Where a policy's shedder state is read from, at snapshot time.
-type ShedSource = Box<dyn Fn() -> ShedState + Send + Sync>;
+/// Where a policy's shedder state is read from, at snapshot time: the
+/// settings of a live layer, registered weakly so that a layer dropped
+/// (a router rebuilt) stops being read and keeps nothing alive.
+pub(crate) trait ShedSource: Send + Sync {
+    /// The shedder's tiers now.
+    fn state(&self) -> ShedState;
+    /// What tells shedders apart: clones of one shedder share their
+    /// counters, and are read once.
+    fn id(&self) -> usize;
+    /// The fleet's capacity, for a fleet shedder's own settings (not its
+    /// local fallback's).
+    fn capacity(&self) -> Option<u64>;
+}
 
 /// The counters of one layer kind and policy name, registered when a
 /// layer is built.
@@ -249,9 +309,10 @@ pub(crate) struct PolicyStats {
     near_limit: AtomicU64,
     denied: Mutex<DeniedTable>,
     leases_in_use: AtomicU64,
-    capacity: OnceLock<u64>,
-    leases: OnceLock<()>,
-    shed: OnceLock<ShedSource>,
+    /// Per identity, of the concurrency layer built last.
+    capacity: AtomicU64,
+    leases: AtomicBool,
+    shed: Mutex<Vec<Weak<dyn ShedSource>>>,
 }
 
 impl std::fmt::Debug for PolicyStats {
@@ -281,9 +342,9 @@ impl PolicyStats {
             near_limit: AtomicU64::new(0),
             denied: Mutex::new(DeniedTable::new(Instant::now())),
             leases_in_use: AtomicU64::new(0),
-            capacity: OnceLock::new(),
-            leases: OnceLock::new(),
-            shed: OnceLock::new(),
+            capacity: AtomicU64::new(0),
+            leases: AtomicBool::new(false),
+            shed: Mutex::new(Vec::new()),
         });
         registry.push(stats.clone());
         stats
@@ -301,22 +362,67 @@ impl PolicyStats {
     /// counting one: a flood of denials never waits on this lock.
     pub(crate) fn denied(&self, key: &Key) {
         if let Ok(mut table) = self.denied.try_lock() {
-            table.record(hash(key));
+            table.record(hash(key), key);
         }
     }
 
     /// A concurrency policy whose identities may each hold `capacity`.
     pub(crate) fn leases(&self, capacity: u64) {
-        let _ = self.capacity.set(capacity);
-        let _ = self.leases.set(());
+        self.capacity.store(capacity, Ordering::Relaxed);
+        self.leases.store(true, Ordering::Relaxed);
     }
 
-    /// A shedder whose tiers `state` reads, of fleet capacity `capacity`.
-    pub(crate) fn shedder(&self, capacity: Option<u64>, state: ShedSource) {
-        if let Some(capacity) = capacity {
-            let _ = self.capacity.set(capacity);
+    /// A shedder layer's settings, read while they live (forgotten once
+    /// dropped).
+    pub(crate) fn shedder(&self, source: Weak<dyn ShedSource>) {
+        let mut sources = lock(&self.shed);
+        sources.retain(|s| s.strong_count() > 0);
+        sources.push(source);
+    }
+
+    /// The tiers of every live shedder of the policy, each read once:
+    /// requests in flight summed by tier, the fleet's limit and capacity
+    /// of the layer built last, the most shed.
+    fn shed_state(&self) -> Option<(Vec<TierShare>, Option<u64>)> {
+        let live: Vec<_> = {
+            let mut sources = lock(&self.shed);
+            sources.retain(|s| s.strong_count() > 0);
+            if sources.is_empty() {
+                return None;
+            }
+            sources.iter().filter_map(Weak::upgrade).collect()
+        };
+        let mut seen = Vec::with_capacity(live.len());
+        let mut tiers: Vec<TierShare> = Vec::new();
+        let mut capacity = None;
+        for source in &live {
+            if seen.contains(&source.id()) {
+                continue;
+            }
+            seen.push(source.id());
+            let fleet = source.capacity();
+            capacity = fleet.or(capacity);
+            for t in source.state().tiers() {
+                let at = match tiers.iter().position(|s| s.tier == t.name()) {
+                    Some(at) => at,
+                    None => {
+                        tiers.push(TierShare {
+                            tier: t.name().to_owned(),
+                            ..TierShare::default()
+                        });
+                        tiers.len() - 1
+                    }
+                };
+                let share = &mut tiers[at];
+                share.in_flight += t.in_flight();
+                // A local fallback's limits are its share, not the fleet's.
+                if fleet.is_some() || share.limit.is_none() {
+                    share.limit = t.limit().or(share.limit);
+                }
+                share.shed_fraction = share.shed_fraction.max(t.shed_fraction());
+            }
         }
-        let _ = self.shed.set(state);
+        Some((tiers, capacity))
     }
 
     /// One lease held until the returned token is dropped.
@@ -339,33 +445,26 @@ impl PolicyStats {
             fallback_denied: n(Outcome::FallbackDenied),
         };
         to.near_limit = self.near_limit.load(Ordering::Relaxed);
-        if self.leases.get().is_some() {
+        if self.leases.load(Ordering::Relaxed) {
             to.leases_in_use = Some(self.leases_in_use.load(Ordering::Relaxed));
+            to.capacity = Some(self.capacity.load(Ordering::Relaxed));
         }
-        to.capacity = self.capacity.get().copied();
         let mut denied = HashMap::new();
         lock(&self.denied).add_to(&mut denied, Instant::now());
-        let mut top: Vec<(u64, u64)> = denied.into_iter().collect();
-        top.sort_unstable_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
-        to.top_denied = top
-            .into_iter()
-            .take(TOP)
-            .map(|(hash, denials)| Denials {
-                identity: hex(hash),
+        // Hashed outside the lock: denials meanwhile are not skipped.
+        let mut top: Vec<Denials> = denied
+            .into_values()
+            .map(|(key, denials)| Denials {
+                identity: identity(&key),
                 denials,
             })
             .collect();
-        if let Some(state) = self.shed.get() {
-            to.tiers = state()
-                .tiers()
-                .iter()
-                .map(|t| TierShare {
-                    tier: t.name().to_owned(),
-                    in_flight: t.in_flight(),
-                    limit: t.limit(),
-                    shed_fraction: t.shed_fraction(),
-                })
-                .collect();
+        top.sort_unstable_by(|a, b| b.denials.cmp(&a.denials).then(a.identity.cmp(&b.identity)));
+        top.truncate(TOP);
+        to.top_denied = top;
+        if let Some((tiers, capacity)) = self.shed_state() {
+            to.tiers = tiers;
+            to.capacity = capacity;
         }
     }
 }
@@ -380,53 +479,68 @@ impl Drop for Held {
     }
 }
 
-/// The identities denied most, per period: two space-saving tables, the
-/// current one and the one before. They turn over when read, at most once
-/// a period: read every second or so (as [`watch`] does), they hold the
-/// last one to two periods; read rarely, what came since the read before.
+/// The identities denied most, per period of 10 s: space-saving tables,
+/// the one being filled and those before it. They turn over when read, so
+/// that a denial reads no clock: read at least every 10 s (as [`watch`]
+/// every second does), they hold the last 60 to 70 s; read rarely, the
+/// current table holds everything since the read before.
 struct DeniedTable {
+    /// When the current table began.
     since: Instant,
-    current: Vec<(u64, u64)>,
-    previous: Vec<(u64, u64)>,
+    /// The tables before, oldest first, each with the instant it ended.
+    done: VecDeque<(Instant, Vec<Slot>)>,
+    current: Vec<Slot>,
 }
+
+/// One identity in a table: its process-private hash (to match it by), the
+/// key (to take its stable hash from when read), its count.
+type Slot = (u64, Key, u64);
 
 impl DeniedTable {
     fn new(now: Instant) -> Self {
         DeniedTable {
             since: now,
+            done: VecDeque::with_capacity(DENIAL_TABLES),
             current: Vec::with_capacity(SLOTS),
-            previous: Vec::with_capacity(SLOTS),
         }
     }
 
     fn rotate(&mut self, now: Instant) {
-        let age = now.saturating_duration_since(self.since);
-        if age < DENIAL_PERIOD {
-            return;
+        if now.saturating_duration_since(self.since) >= DENIAL_PERIOD {
+            let full = std::mem::replace(&mut self.current, Vec::with_capacity(SLOTS));
+            self.done.push_back((now, full));
+            self.since = now;
         }
-        std::mem::swap(&mut self.current, &mut self.previous);
-        self.current.clear();
-        self.since = now;
+        // Tables that ended before the window began hold none of it.
+        while let Some((ended, _)) = self.done.front() {
+            if now.saturating_duration_since(*ended) > DENIAL_WINDOW
+                || self.done.len() >= DENIAL_TABLES
+            {
+                self.done.pop_front();
+            } else {
+                break;
+            }
+        }
     }
 
-    /// Counts one denial in the current table. The tables turn over when
-    /// a snapshot reads them, so that a denial reads no clock.
-    fn record(&mut self, hash: u64) {
-        if let Some(slot) = self.current.iter_mut().find(|(h, _)| *h == hash) {
-            slot.1 += 1;
+    /// Counts one denial in the current table.
+    fn record(&mut self, hash: u64, key: &Key) {
+        if let Some(slot) = self.current.iter_mut().find(|(h, _, _)| *h == hash) {
+            slot.2 += 1;
         } else if self.current.len() < SLOTS {
-            self.current.push((hash, 1));
-        } else if let Some(least) = self.current.iter_mut().min_by_key(|(_, n)| *n) {
+            self.current.push((hash, key.clone(), 1));
+        } else if let Some(least) = self.current.iter_mut().min_by_key(|(_, _, n)| *n) {
             // Space-saving: the newcomer inherits the least count, so an
             // identity denied often climbs back whatever came between.
-            *least = (hash, least.1 + 1);
+            *least = (hash, key.clone(), least.2 + 1);
         }
     }
 
-    fn add_to(&mut self, to: &mut HashMap<u64, u64>, now: Instant) {
+    fn add_to(&mut self, to: &mut HashMap<u64, (Key, u64)>, now: Instant) {
         self.rotate(now);
-        for (hash, n) in self.current.iter().chain(&self.previous) {
-            *to.entry(*hash).or_insert(0) += n;
+        let tables = self.done.iter().map(|(_, t)| t).chain([&self.current]);
+        for (hash, key, n) in tables.flatten() {
+            to.entry(*hash).or_insert_with(|| (key.clone(), 0)).1 += n;
         }
     }
 }
@@ -575,35 +689,59 @@ mod tests {
         // 500 denials of one identity among 5,000 of 5,000 others, each
         // denied once: more than the total over the slots (172), which
         // space-saving always keeps.
+        let key = Key::new("k");
         for round in 0..100u64 {
             for _ in 0..5 {
-                table.record(7);
+                table.record(7, &key);
             }
             for other in 0..50 {
-                table.record(1000 + round * 100 + other);
+                table.record(1000 + round * 100 + other, &key);
             }
         }
         assert!(table.current.len() <= SLOTS);
         let mut counts = HashMap::new();
         table.add_to(&mut counts, t0);
-        let top = counts.iter().max_by_key(|(_, n)| **n).map(|(h, _)| *h);
+        let top = counts.iter().max_by_key(|(_, (_, n))| *n).map(|(h, _)| *h);
         assert_eq!(top, Some(7));
-        assert!(counts[&7] >= 500);
+        assert!(counts[&7].1 >= 500);
     }
 
     #[test]
-    fn denials_are_forgotten_two_readings_later() {
+    fn denials_stay_for_a_minute_read_every_second() {
         let t0 = Instant::now();
         let mut table = DeniedTable::new(t0);
-        table.record(1);
-        let mut counts = HashMap::new();
-        table.add_to(&mut counts, t0 + DENIAL_PERIOD);
-        assert_eq!(counts.get(&1), Some(&1), "kept one period more");
-        let mut counts = HashMap::new();
-        table.add_to(&mut counts, t0 + DENIAL_PERIOD / 2 * 3);
-        assert_eq!(counts.get(&1), Some(&1), "no turn within a period");
-        let mut counts = HashMap::new();
-        table.add_to(&mut counts, t0 + DENIAL_PERIOD * 2);
-        assert!(counts.is_empty());
+        table.record(1, &Key::new("k"));
+        let second = Duration::from_secs(1);
+        let mut last_seen = None;
+        for s in 1..=80u32 {
+            let mut counts = HashMap::new();
+            table.add_to(&mut counts, t0 + second * s);
+            if counts.get(&1).map(|(_, n)| *n) == Some(1) {
+                last_seen = Some(s);
+            }
+            assert!(table.done.len() < DENIAL_TABLES);
+        }
+        assert!(
+            last_seen.is_some_and(|s| (60..70).contains(&s)),
+            "a denial at 0 s listed until {last_seen:?} s"
+        );
+    }
+
+    #[test]
+    fn identities_are_the_same_from_one_process_to_the_next() {
+        // No secret is set in unit tests: SHA-256 of the secret's length
+        // (0, as 8 bytes) and the key's text.
+        let key = Key::new("tenant:42");
+        let mut digest = Sha256::new();
+        digest.update(0u64.to_be_bytes());
+        digest.update(b"tenant:42");
+        let expected: String = digest.finalize()[..8]
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        assert_eq!(identity(&key), expected);
+        let ip = Key::from_ip([203, 0, 113, 7].into());
+        assert_eq!(identity(&ip), identity(&Key::new("ip:203.0.113.7")));
+        assert_ne!(identity(&key), identity(&Key::new("tenant:43")));
     }
 }

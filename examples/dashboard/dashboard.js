@@ -104,15 +104,19 @@ function render(event) {
       cell(l, p.policy);
       cell(l, p.leases_in_use, "leases-" + p.policy);
       cell(l, p.capacity ?? "–");
+      cell(l, (p.top_denied || []).length);
     }
     for (const t of p.tiers || []) {
       const row = tiers.insertRow();
       cell(row, p.policy);
       cell(row, t.tier);
       cell(row, t.in_flight);
-      // The worker-utilization shedder is local: it has no fleet share.
+      // The worker-utilization shedder is local: it has no fleet limit.
+      // The fleet's in flight is estimated as this instance's times the
+      // instances counted, when they are.
+      const fleet = event.instances ? " (fleet ≈ " + t.in_flight * event.instances + ")" : "";
       const share = p.layer === "utilization_shed" ? "– (local)"
-        : t.limit === null ? "never shed" : t.limit + " of " + (p.capacity ?? "?");
+        : t.limit === null ? "never shed" : t.limit + " of " + (p.capacity ?? "?") + fleet;
       cell(row, share);
       cell(row, Math.round(t.shed_fraction * 100) + "%");
     }

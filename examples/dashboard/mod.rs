@@ -6,7 +6,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::http::header;
@@ -107,11 +107,18 @@ async fn sample(
 ) {
     let mut snapshots = observe::watch(Duration::from_secs(1));
     let mut before: Arc<Snapshot> = snapshots.borrow_and_update().clone();
+    // Rates are per second of the monotonic clock, read as each snapshot
+    // arrives (right after it is taken): a step of the wall clock, which
+    // `at_ms` follows, would make them 0 or huge.
+    let mut before_at = Instant::now();
     while snapshots.changed().await.is_ok() {
         let now = snapshots.borrow_and_update().clone();
+        let now_at = Instant::now();
+        let seconds = now_at.duration_since(before_at).as_secs_f64();
+        before_at = now_at;
         let event = {
             let mut board = board.lock().unwrap_or_else(|e| e.into_inner());
-            let event = tick(&live, &before, &now, &mut board.history);
+            let event = tick(&live, &before, &now, seconds, &mut board.history);
             board.latest = Some(event.clone());
             event
         };
@@ -120,15 +127,16 @@ async fn sample(
     }
 }
 
-/// One event: `now`, with rates per second since `before`; appends each
-/// policy's point to `history`.
+/// One event: `now`, with rates per second since `before`, `seconds`
+/// earlier; appends each policy's point to `history`.
 fn tick(
     live: &LivePolicies,
     before: &Snapshot,
     now: &Snapshot,
+    seconds: f64,
     history: &mut HashMap<String, VecDeque<[f64; 4]>>,
 ) -> Value {
-    let seconds = (now.at_ms.saturating_sub(before.at_ms) as f64 / 1000.0).max(0.001);
+    let seconds = seconds.max(0.001);
     let per_s = |a: u64, b: u64| (a.saturating_sub(b) as f64 / seconds * 100.0).round() / 100.0;
     let policies: Vec<Value> = now
         .policies

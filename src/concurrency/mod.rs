@@ -165,11 +165,13 @@ impl ConcurrencySettings {
 
     /// What to do with the store's answer: pass (holding the lease, if one
     /// was taken) or refuse.
-    /// `latency` is the store's, when it did I/O.
+    /// `latency` is the store's, when it did I/O; a refusal is counted
+    /// against `key` in `observe`'s most denied.
     pub(crate) fn judge(
         &self,
         result: Result<Admission, StoreError>,
         latency: Option<Duration>,
+        key: Option<&Key>,
     ) -> Result<Option<LeaseGuard<StoreLease>>, ConcurrencyRejectionKind> {
         let span = decision_span("concurrency", self.limiter.policy().name(), None, latency);
         let _entered = span.enter();
@@ -189,6 +191,9 @@ impl ConcurrencySettings {
                     in_flight = grant.in_flight(),
                     "too many in flight"
                 );
+                if let Some(key) = key {
+                    self.metrics.denied(key);
+                }
                 let outcome = Outcome::Denied.by_fallback(self.local);
                 (outcome, Err(ConcurrencyRejectionKind::InFlight(grant)))
             }
