@@ -214,3 +214,48 @@ async fn a_watch_sends_fresh_snapshots() {
     // No LivePolicies heartbeat in this binary: the fleet is not counted.
     assert_eq!(seen.instances, None);
 }
+
+#[tokio::test]
+async fn a_rebuilt_shedder_is_read_and_the_dropped_one_forgotten() {
+    use fleetgate::shed::{FleetShedLayer, FleetShedPolicy, FleetShedder, HeaderTier};
+    use http::{HeaderName, Request};
+    use tower::ServiceExt;
+
+    let app = |capacity: u64| {
+        let policy = FleetShedPolicy::builder("o-rebuilt", capacity)
+            .share("low", 0.5)
+            .build()
+            .unwrap();
+        Router::new()
+            .route("/", get(|| async { "ok" }))
+            .route_layer(
+                FleetShedLayer::new(FleetShedder::new(policy, MemoryStore::new()))
+                    .classify(HeaderTier::new(HeaderName::from_static("x-priority"))),
+            )
+    };
+    let call = |app: &Router| {
+        let req = Request::get("/")
+            .header("x-priority", "low")
+            .body(axum::body::Body::empty())
+            .unwrap();
+        app.clone().oneshot(req)
+    };
+    let low = |seen: &PolicySnapshot| {
+        let tier = seen.tiers.iter().find(|t| t.tier == "low").cloned();
+        (seen.capacity, tier.map(|t| t.in_flight))
+    };
+    let first = app(10);
+    let held = call(&first).await.unwrap();
+    assert_eq!(low(&find("fleet_shed", "o-rebuilt")), (Some(10), Some(1)));
+    // The router is rebuilt with a new shedder under the same name; the
+    // old one's response ends.
+    drop(first);
+    drop(held);
+    let second = app(20);
+    let (a, b) = (call(&second).await.unwrap(), call(&second).await.unwrap());
+    assert_eq!(low(&find("fleet_shed", "o-rebuilt")), (Some(20), Some(2)));
+    drop(second);
+    drop((a, b));
+    // No layer left: no tiers, nothing kept alive.
+    assert_eq!(low(&find("fleet_shed", "o-rebuilt")).1, None);
+}
