@@ -352,6 +352,12 @@ impl PolicyStats {
 
     #[inline]
     pub(crate) fn decided(&self, outcome: Outcome, near_limit: bool) {
+        // Built with `--cfg fleetgate_observe_off` (by scripts/bench.sh
+        // only), the decision path does none of this: what it costs is the
+        // difference.
+        if cfg!(fleetgate_observe_off) {
+            return;
+        }
         self.outcomes[outcome.index()].fetch_add(1, Ordering::Relaxed);
         if near_limit && outcome == Outcome::Allowed {
             self.near_limit.fetch_add(1, Ordering::Relaxed);
@@ -361,6 +367,9 @@ impl PolicyStats {
     /// Counts a denial of `key` in the table, unless another thread is
     /// counting one: a flood of denials never waits on this lock.
     pub(crate) fn denied(&self, key: &Key) {
+        if cfg!(fleetgate_observe_off) {
+            return;
+        }
         if let Ok(mut table) = self.denied.try_lock() {
             table.record(hash(key), key);
         }
@@ -607,6 +616,9 @@ impl StoreStats {
 #[cfg(feature = "redis")]
 #[inline]
 pub(crate) fn store_timed(took: Duration) {
+    if cfg!(fleetgate_observe_off) {
+        return;
+    }
     let us = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
     let current = STORE.current.load(Ordering::Relaxed) & 1;
     STORE.histograms[current][bucket(us)].fetch_add(1, Ordering::Relaxed);
