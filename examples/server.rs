@@ -61,6 +61,9 @@
 //!   is evicted.
 //! - `FLEETGATE_SHED_WORKERS`: the worker capacity of the worker-utilization
 //!   shedder in front of `/api/charge` and `/api/report` (default 64).
+//! - `FLEETGATE_OBSERVE_SECRET`: the secret the dashboard's identity hashes
+//!   are keyed with (`fleetgate::observe::set_identity_secret`); give every
+//!   instance the same one.
 //!
 //! On SIGTERM or SIGINT (Ctrl-C) the demo stops accepting connections, lets
 //! the requests in flight finish (for at most 10 s), gives back their
@@ -117,6 +120,8 @@
 //! and `for i in 1 2 3; do curl -s -w ' %{http_code}\n' 'localhost:3000/api/slow?ms=3000' & done; wait`
 //! and `for i in 1 2 3 4; do curl -s -w ' %{http_code}\n' 'localhost:3000/api/report?ms=3000' & done; curl -s -w ' %{http_code}\n' -X POST localhost:3000/api/charge; wait`
 
+mod dashboard;
+
 use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::net::SocketAddr;
@@ -152,6 +157,7 @@ GET /api/ping  pong; per x-api-key (or client IP): burst 5, 1/s
 GET /api/window  window; per x-api-key (or client IP): sliding log, 25/5s and 300/min
 GET /healthz   ok; unlimited
 GET /metrics   Prometheus metrics: decisions by policy and outcome, store latency
+GET /dashboard  a live page of the decisions; GET /dashboard/events: its data, one JSON event a second (SSE)
 GET /api/slow?ms=N  answers after N ms (default 1000); per x-api-key (or client IP): 2 in flight
 POST /api/charge?ms=N  answers after N ms (default 1000); critical: never shed
 GET /api/report?ms=N  answers after N ms (default 1000); low priority: 503 beyond 2 of the fleet's 4 in flight
@@ -212,6 +218,10 @@ async fn run() -> Result<(), BoxError> {
             EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
         )
         .init();
+
+    if let Ok(secret) = std::env::var("FLEETGATE_OBSERVE_SECRET") {
+        fleetgate::observe::set_identity_secret(secret);
+    }
 
     let addr: SocketAddr = std::env::var("FLEETGATE_ADDR")
         .unwrap_or_else(|_| "127.0.0.1:3000".into())
@@ -447,6 +457,7 @@ async fn run() -> Result<(), BoxError> {
         .merge(slow_routes(slow.clone(), api_key, failure))
         .merge(shed_routes(fleet.clone(), local, failure)?)
         .merge(after_routes(&live, api_key_after, failure)?)
+        .merge(dashboard::routes(live.clone()))
         .route("/", get(|| async { ROUTES }))
         .route("/healthz", get(|| async { "ok\n" }))
         .route(

@@ -11,7 +11,10 @@
 #
 # Knobs (environment):
 #   FLEETGATE_BENCHES          which benches, in order (default:
-#                              "http decisions memory redis_memory grpc")
+#                              "http decisions memory redis_memory grpc observe";
+#                              `observe` is not a cargo bench: what feeding
+#                              fleetgate::observe costs a call through the
+#                              layer, by callgrind, on vs off; needs valgrind)
 #   (the decisions bench also runs the peers scripts/peers-install.sh puts
 #   in target/peers, each on its own private redis-server)
 #   FLEETGATE_BENCH_SECS       measured seconds per round of a case (http: 2,
@@ -37,7 +40,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-benches="${FLEETGATE_BENCHES:-http decisions memory redis_memory grpc}"
+benches="${FLEETGATE_BENCHES:-http decisions memory redis_memory grpc observe}"
 stamp="$(date -u +%Y%m%dT%H%M%SZ)"
 out="${FLEETGATE_BENCH_OUT:-target/bench/$stamp}"
 mkdir -p "$out"
@@ -76,12 +79,46 @@ case " $benches " in
 esac
 
 bench_args() {
-  for b in $benches; do printf -- '--bench %s ' "$b"; done
+  for b in $benches; do [ "$b" = observe ] || printf -- '--bench %s ' "$b"; done
+}
+
+# What fleetgate::observe costs a call through the layer (memory store):
+# scripts/callgrind-layer.sh on the default build and on one built with
+# `--cfg fleetgate_observe_off` (the layers then feed observe nothing), in
+# a target directory of its own, as other RUSTFLAGS rebuild everything.
+# Instructions are repeatable whatever else the machine does; the noise
+# between two builds is about 25 a call (BENCHMARKS.md).
+observe_cost() {
+  local cases="bare:admitted memory:admitted memory:rejected" noise=25
+  if ! command -v valgrind >/dev/null 2>&1; then
+    echo "### observe: skipped (needs valgrind)"
+    return
+  fi
+  FLEETGATE_CALLGRIND_CASES="$cases" scripts/callgrind-layer.sh >"$out/observe-on.txt"
+  CARGO_TARGET_DIR="${FLEETGATE_OBSERVE_OFF_DIR:-target/observe-off}" \
+    RUSTFLAGS="${RUSTFLAGS:-} --cfg fleetgate_observe_off" \
+    FLEETGATE_CALLGRIND_CASES="$cases" scripts/callgrind-layer.sh >"$out/observe-off.txt"
+  echo "### observe: instructions per call through the layer, on vs off"
+  echo
+  echo "| case | on | off | on - off |"
+  echo "|---|---:|---:|---:|"
+  awk -F' *[|] *' 'NR == FNR { if ($4 ~ /^[0-9]+$/) off[$2 ":" $3] = $4; next }
+    $4 ~ /^[0-9]+$/ && ($2 ":" $3) in off { printf "| %s %s | %d | %d | %+d |\n", $2, $3, $4, off[$2 ":" $3], $4 - off[$2 ":" $3] }' \
+    "$out/observe-off.txt" "$out/observe-on.txt"
+  echo
+  echo "| target | required | measured | result |"
+  echo "|---|---|---:|---|"
+  awk -F' *[|] *' -v noise="$noise" 'NR == FNR { if ($4 ~ /^[0-9]+$/) off[$2 ":" $3] = $4; next }
+    $2 == "memory" && ($2 ":" $3) in off { d = $4 - off[$2 ":" $3];
+      printf "| observe: cost of a call %s | within the noise (%d instructions) | %+d | %s |\n", $3, noise, d, (d <= noise ? "PASS" : "MISS") }' \
+    "$out/observe-off.txt" "$out/observe-on.txt"
 }
 echo "scripts/bench.sh: building" >&2
-# shellcheck disable=SC2046
-cargo bench --no-run $(bench_args) 2>"$out/build.log" ||
-  { cat "$out/build.log" >&2; exit 1; }
+if [ -n "$(bench_args)" ]; then
+  # shellcheck disable=SC2046
+  cargo bench --no-run $(bench_args) 2>"$out/build.log" ||
+    { cat "$out/build.log" >&2; exit 1; }
+fi
 
 wrk_version() {
   if command -v wrk >/dev/null 2>&1; then
@@ -102,6 +139,9 @@ for b in $benches; do
   before="$(load)"
   started=$SECONDS
   case "$b" in
+    observe)
+      observe_cost >"$out/observe.md" 2>"$out/observe.log"
+      ;;
     memory)
       cargo bench --bench memory -- \
         --warm-up-time "${FLEETGATE_CRITERION_WARMUP:-0.5}" \
@@ -149,6 +189,7 @@ missed="$(grep -c '| MISS |$' <<<"$targets" || true)"
   echo "scripts/bench.sh   # FLEETGATE_BENCHES=\"$benches\""
   for b in $benches; do
     case "$b" in
+      observe) echo "scripts/callgrind-layer.sh   # twice: as built, and with RUSTFLAGS=\"--cfg fleetgate_observe_off\" CARGO_TARGET_DIR=target/observe-off" ;;
       memory) echo "cargo bench --bench memory -- --warm-up-time ${FLEETGATE_CRITERION_WARMUP:-0.5} --measurement-time ${FLEETGATE_CRITERION_SECS:-1.5}" ;;
       *) echo "cargo bench --bench $b" ;;
     esac

@@ -192,6 +192,7 @@ mod limiter;
 pub mod live;
 mod log;
 pub mod metrics;
+pub mod observe;
 mod rate;
 pub mod rate_limit;
 pub mod response;

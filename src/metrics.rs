@@ -73,6 +73,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::error::StoreError;
+use crate::observe::PolicyStats;
 
 /// What a layer did with one request; the `outcome` label (the module
 /// docs list its values).
@@ -159,35 +160,45 @@ pub(crate) fn error_label(err: &StoreError) -> &'static str {
     }
 }
 
-/// One layer's metric handles: cheap to clone, resolved once.
+/// One layer's metric handles: cheap to clone, resolved once. They also
+/// feed [`observe`](crate::observe), which needs no feature.
 #[derive(Clone, Debug)]
 pub(crate) struct LayerMetrics {
     #[cfg(feature = "metrics")]
     inner: Arc<enabled::Inner>,
-    #[cfg(not(feature = "metrics"))]
-    _labels: std::marker::PhantomData<Arc<str>>,
+    observed: Arc<PolicyStats>,
 }
 
 impl LayerMetrics {
     /// Handles for a layer of kind `layer` (`rate_limit`, ...) deciding
     /// `policy`.
-    #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
     pub(crate) fn new(layer: &'static str, policy: Arc<str>) -> Self {
         LayerMetrics {
             #[cfg(feature = "metrics")]
-            inner: Arc::new(enabled::Inner::new(layer, policy)),
-            #[cfg(not(feature = "metrics"))]
-            _labels: std::marker::PhantomData,
+            inner: Arc::new(enabled::Inner::new(layer, policy.clone())),
+            observed: PolicyStats::register(layer, policy),
         }
+    }
+
+    /// The layer's counters in [`observe`](crate::observe).
+    pub(crate) fn observed(&self) -> &Arc<PolicyStats> {
+        &self.observed
     }
 
     /// Counts one decision. `near_limit` says whether an admitted request
     /// left at most a tenth of the deciding limit.
     #[inline]
-    #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
     pub(crate) fn decided(&self, outcome: Outcome, near_limit: bool) {
         #[cfg(feature = "metrics")]
         self.inner.decided(outcome, near_limit);
+        self.observed.decided(outcome, near_limit);
+    }
+
+    /// Offers a refused identity to [`observe`](crate::observe)'s table of
+    /// the most denied.
+    #[inline]
+    pub(crate) fn denied(&self, key: &crate::Key) {
+        self.observed.denied(key);
     }
 }
 
@@ -217,6 +228,7 @@ impl ScriptMetrics {
     /// resolved per failure).
     #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
     pub(crate) fn failed(&self, error: &StoreError) {
+        crate::observe::store_failed();
         #[cfg(feature = "metrics")]
         ::metrics::counter!(
             "fleetgate_store_errors_total",
@@ -232,6 +244,7 @@ impl ScriptMetrics {
     #[inline]
     #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
     pub(crate) fn timed(&self, took: Duration) {
+        crate::observe::store_timed(took);
         #[cfg(feature = "metrics")]
         {
             let op = self.op;

@@ -2,7 +2,7 @@
 //! its own while the store is unreachable.
 
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use crate::error::ConfigError;
 
@@ -21,9 +21,20 @@ pub(crate) fn set_fleet_size(instances: usize) {
     let n = u64::try_from(instances)
         .unwrap_or(MAX_DENOM)
         .clamp(1, MAX_DENOM);
+    FLEET_COUNTED.store(true, Ordering::Release);
     if FLEET_SIZE.swap(n, Ordering::AcqRel) != n {
         FLEET_EPOCH.fetch_add(1, Ordering::AcqRel);
     }
+}
+
+/// Whether a heartbeat has counted the fleet yet.
+static FLEET_COUNTED: AtomicBool = AtomicBool::new(false);
+
+/// How many instances share the store, if a heartbeat has counted them.
+pub(crate) fn counted_fleet_size() -> Option<u64> {
+    FLEET_COUNTED
+        .load(Ordering::Acquire)
+        .then(|| FLEET_SIZE.load(Ordering::Acquire))
 }
 
 /// Moves whenever the fleet's size does.

@@ -24,11 +24,13 @@ use crate::response::{Answer, Outcome};
 pub(crate) trait Gate: Answer {
     /// What to do with the store's answer: pass (holding the lease, if one
     /// was taken) or refuse. Counts and traces the decision; `latency` is
-    /// the store's, when it did I/O.
+    /// the store's, when it did I/O; `key` the request's identity, when
+    /// the gate has one.
     fn admit(
         &self,
         result: Result<Admission, StoreError>,
         latency: Option<Duration>,
+        key: Option<&Key>,
     ) -> Result<Option<LeaseGuard<StoreLease>>, Self::Refusal>;
 
     /// The refusal for a failure outside the store's decision (the future
@@ -74,7 +76,7 @@ pin_project! {
             acquire: Acquire,
             inner: Option<S>,
             req: Option<Req>,
-            // For the local fallback only.
+            // The request's identity, when the gate has one.
             key: Option<Key>,
         },
         Calling {
@@ -94,7 +96,8 @@ impl<S: Service<Req>, Req, G: Gate> Admitting<S, Req, G> {
     /// When the store has decided already (the memory store), the ready
     /// service is called at once; when it does I/O, the ready service moves
     /// into the future and a clone takes its place. `key` is kept for the
-    /// gate's local fallback, if it needs one.
+    /// gate, if it has one (to count its refusals, and for a local
+    /// fallback).
     pub(crate) fn start(
         mut gate: Arc<G>,
         mut acquire: Acquire,
@@ -107,7 +110,7 @@ impl<S: Service<Req>, Req, G: Gate> Admitting<S, Req, G> {
     {
         if let Some(result) = acquire.take_ready() {
             let result = G::fall_back(&mut gate, result, key.as_ref());
-            return match gate.admit(result, None) {
+            return match gate.admit(result, None, key.as_ref()) {
                 Ok(guard) => Self::calling(gate, inner.call(req), guard),
                 Err(refusal) => Self::rejected(gate, refusal),
             };
@@ -169,7 +172,8 @@ impl<S: Service<Req>, Req, G: Gate> Admitting<S, Req, G> {
                     let result = ready!(Pin::new(&mut *acquire).poll(cx));
                     let latency = acquire.latency();
                     let result = G::fall_back(this.gate, result, key.as_ref());
-                    match (this.gate.admit(result, latency), inner.take(), req.take()) {
+                    let decided = this.gate.admit(result, latency, key.as_ref());
+                    match (decided, inner.take(), req.take()) {
                         (Err(refusal), _, _) => Outcome::Rejected(refusal),
                         (Ok(guard), Some(mut inner), Some(req)) => {
                             let fut = inner.call(req);

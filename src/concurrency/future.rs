@@ -93,8 +93,9 @@ impl Gate for ConcurrencySettings {
         &self,
         result: Result<Admission, StoreError>,
         latency: Option<Duration>,
+        key: Option<&Key>,
     ) -> Result<Option<LeaseGuard<StoreLease>>, ConcurrencyRejectionKind> {
-        self.judge(result, latency)
+        self.judge(result, latency, key)
     }
 
     fn broken(&self, err: StoreError) -> ConcurrencyRejectionKind {

@@ -227,6 +227,9 @@ impl<S, K: Clone, M> Layer<S> for ConcurrencyLimitLayer<K, M> {
 
     fn layer(&self, inner: S) -> Self::Service {
         let metrics = LayerMetrics::new("concurrency", self.limiter.policy().name_arc());
+        metrics
+            .observed()
+            .leases(self.limiter.policy().max_in_flight());
         let fallback = self
             .local
             .as_ref()

@@ -167,16 +167,21 @@ impl ConcurrencySettings {
 
     /// What to do with the store's answer: pass (holding the lease, if one
     /// was taken) or refuse.
-    /// `latency` is the store's, when it did I/O.
+    /// `latency` is the store's, when it did I/O; a refusal is counted
+    /// against `key` in `observe`'s most denied.
     pub(crate) fn judge(
         &self,
         result: Result<Admission, StoreError>,
         latency: Option<Duration>,
+        key: Option<&Key>,
     ) -> Result<Option<LeaseGuard<StoreLease>>, ConcurrencyRejectionKind> {
         let span = decision_span("concurrency", self.limiter.policy().name(), None, latency);
         let _entered = span.enter();
         let (outcome, verdict) = match result {
             Ok(Admission::Acquired(guard)) => {
+                if let Some(lease) = guard.lease() {
+                    lease.count_in(self.metrics.observed());
+                }
                 let outcome = Outcome::Allowed.by_fallback(self.local);
                 self.metrics.decided(outcome, false);
                 span.record("outcome", outcome.as_str());
@@ -188,6 +193,9 @@ impl ConcurrencySettings {
                     in_flight = grant.in_flight(),
                     "too many in flight"
                 );
+                if let Some(key) = key {
+                    self.metrics.denied(key);
+                }
                 let outcome = Outcome::Denied.by_fallback(self.local);
                 (outcome, Err(ConcurrencyRejectionKind::InFlight(grant)))
             }

@@ -72,8 +72,8 @@ impl<S, K, M> ConcurrencyLimit<S, K, M> {
             },
         };
         let acquire = settings.limiter.acquire(&key);
-        // Kept for the local fallback only.
-        let key = settings.fallback.is_some().then_some(key);
+        // Kept to count a refusal against, and for the local fallback.
+        let key = Some(key);
         ResponseFuture::new(Admitting::start(
             settings,
             acquire,

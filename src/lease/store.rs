@@ -1,12 +1,13 @@
 use std::fmt;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use tokio::sync::Notify;
 
 use super::Lease;
 use crate::key::Key;
+use crate::observe::{Held, PolicyStats};
 use crate::store::{LeaseCall, LeaseId, Store, StoreFuture};
 
 /// A concurrency lease held in a [`Store`]: the set of `key` under the
@@ -18,6 +19,8 @@ pub struct StoreLease {
     id: LeaseId,
     ttl: Duration,
     pending: Arc<Pending>,
+    /// Counts the lease in [`observe`](crate::observe) while it is held.
+    held: OnceLock<Held>,
 }
 
 impl StoreLease {
@@ -35,6 +38,15 @@ impl StoreLease {
             id: LeaseId::generate(),
             ttl,
             pending,
+            held: OnceLock::new(),
+        }
+    }
+
+    /// Counts the lease as held in `stats` until it is dropped (its
+    /// release begun).
+    pub(crate) fn count_in(&self, stats: &Arc<PolicyStats>) {
+        if self.held.get().is_none() {
+            let _ = self.held.set(stats.hold());
         }
     }
 

@@ -225,7 +225,10 @@ where
                         this.key.as_ref(),
                         *this.cost,
                     );
-                    match (this.settings.judge(result, latency), parked.take()) {
+                    match (
+                        this.settings.judge(result, latency, this.key.as_ref()),
+                        parked.take(),
+                    ) {
                         (Err(kind), _) => Outcome::Rejected(kind),
                         (Ok(decision), Some(mut parked)) => {
                             let next = match this.settings.wait_for(decision.as_ref()) {
@@ -268,7 +271,7 @@ where
                 StateProj::Calling { fut, decision } => {
                     let result = ready!(fut.poll(cx));
                     let decision = decision.take();
-                    // The key is only kept when the feedback is enabled.
+                    // Without feedback `hold_of` finds nothing, key or not.
                     let hold = match (&result, this.key.as_ref()) {
                         (Ok(response), Some(key)) => {
                             hold_of(&*this.feedback, response).map(|hold| (hold, key))

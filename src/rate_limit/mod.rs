@@ -339,11 +339,13 @@ impl RateSettings {
     /// headers to send, if any) or refuse. Shadow mode and the failure
     /// policy are applied here.
     ///
-    /// `latency` is the store's, when it did I/O.
+    /// `latency` is the store's, when it did I/O; `key` the request's,
+    /// counted in [`observe`](crate::observe) when it is refused.
     pub(crate) fn judge(
         &self,
         result: Result<Decision, StoreError>,
         latency: Option<Duration>,
+        key: Option<&Key>,
     ) -> Result<Option<Decision>, RejectionKind> {
         let policy = &self.policy;
         let span = decision_span("rate_limit", policy.name(), None, latency);
@@ -363,7 +365,12 @@ impl RateSettings {
                 record(outcome);
                 return Ok(Some(d));
             }
-            Ok(d) => RejectionKind::Limited(d),
+            Ok(d) => {
+                if let Some(key) = key {
+                    self.metrics.denied(key);
+                }
+                RejectionKind::Limited(d)
+            }
             Err(err) => {
                 self.log_failure(&err);
                 match self.failure {

@@ -131,18 +131,20 @@ impl<S, K, C, M, F> RateLimit<S, K, C, M, F> {
         let mut start = Start::new(settings, feedback);
         let mut decision = start.settings.ask(&key, cost, deadline);
         start.cost = cost;
+        let mut key = Some(key);
         if start.feedback.is_enabled()
             || start.settings.fallback.is_some()
             || start.settings.after.is_some()
         {
-            start.key = Some(key);
+            start.key = key.take();
         }
         // The memory store has decided already: call the service that was
         // driven to readiness right away, unless there is a slot to wait for.
         if let Some(result) = decision.take_ready() {
             let result =
                 RateSettings::fall_back(&mut start.settings, result, start.key.as_ref(), cost);
-            return match start.settings.judge(result, None) {
+            let seen = start.key.as_ref().or(key.as_ref());
+            return match start.settings.judge(result, None, seen) {
                 Ok(decision) => match start.settings.wait_for(decision.as_ref()) {
                     None => ResponseFuture::calling(start, self.inner.call(req), decision),
                     Some(wait) => {
@@ -152,6 +154,12 @@ impl<S, K, C, M, F> RateLimit<S, K, C, M, F> {
                 },
                 Err(kind) => ResponseFuture::rejected(start, kind),
             };
+        }
+        // Kept while the store decides, for `observe` to count a refusal
+        // by identity (the feedback and the charge after the response ask
+        // for it themselves, and only act when configured).
+        if start.key.is_none() {
+            start.key = key;
         }
         let inner = self.take_ready();
         ResponseFuture::deciding(start, decision, inner, req)

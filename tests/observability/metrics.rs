@@ -90,7 +90,7 @@ fn near_limit(policy: &str) -> u64 {
     take().counters.get(&id).copied().unwrap_or(0)
 }
 
-fn router<L>(layer: L) -> Router
+pub(crate) fn router<L>(layer: L) -> Router
 where
     L: tower::Layer<axum::routing::Route> + Clone + Send + Sync + 'static,
     L::Service: tower::Service<Request<Body>, Error = std::convert::Infallible>
@@ -107,7 +107,7 @@ where
 }
 
 /// The response to one request, its body not read yet.
-async fn respond(app: &Router, api_key: &str) -> http::Response<Body> {
+pub(crate) async fn respond(app: &Router, api_key: &str) -> http::Response<Body> {
     let mut req = Request::get("/")
         .header("x-api-key", api_key)
         .body(Body::empty())
@@ -117,7 +117,7 @@ async fn respond(app: &Router, api_key: &str) -> http::Response<Body> {
     app.clone().oneshot(req).await.unwrap()
 }
 
-async fn status(app: &Router, api_key: Option<&str>) -> StatusCode {
+pub(crate) async fn status(app: &Router, api_key: Option<&str>) -> StatusCode {
     let mut builder = Request::get("/");
     if let Some(key) = api_key {
         builder = builder.header("x-api-key", key);
@@ -128,7 +128,7 @@ async fn status(app: &Router, api_key: Option<&str>) -> StatusCode {
     app.clone().oneshot(req).await.unwrap().status()
 }
 
-fn policy(name: &str, burst: u64) -> Policy {
+pub(crate) fn policy(name: &str, burst: u64) -> Policy {
     Policy::single(
         name,
         Limit::builder(Rate::per_hour(burst))

@@ -9,6 +9,7 @@ use tower_layer::Layer;
 use super::{FleetShed, FleetShedSettings, FleetShedder, TierGate};
 use crate::layer::{FailurePolicy, mode};
 use crate::metrics::LayerMetrics;
+use crate::observe::ShedSource;
 use crate::shed::layer::ShedLayerSettings;
 use crate::shed::rejection::ShedRejection;
 
@@ -174,6 +175,11 @@ impl<S, C: Clone, M> Layer<S> for FleetShedLayer<C, M> {
         };
         let local = self.local.as_ref().map(|local| settings(local, true));
         let settings = settings(&self.shedder, false);
+        // Read by `observe` while the service built here lives.
+        for source in [Some(&settings), local.as_ref()].into_iter().flatten() {
+            let source: Arc<dyn ShedSource> = source.clone();
+            metrics.observed().shedder(Arc::downgrade(&source));
+        }
         let gate = |tier| {
             let fallback = local.as_ref().map(|local| {
                 Arc::new(TierGate {

@@ -50,6 +50,20 @@ pub(crate) struct FleetShedSettings {
     pub(crate) local: bool,
 }
 
+impl crate::observe::ShedSource for FleetShedSettings {
+    fn state(&self) -> super::ShedState {
+        self.shedder.state()
+    }
+
+    fn id(&self) -> usize {
+        Arc::as_ptr(self.shedder.counters()) as usize
+    }
+
+    fn capacity(&self) -> Option<u64> {
+        (!self.local).then(|| self.shedder.policy().capacity())
+    }
+}
+
 /// The settings as seen by requests of one tier: one per tier, built with
 /// the layer, so that deciding costs no allocation.
 pub(crate) struct TierGate {
@@ -98,6 +112,7 @@ impl Gate for TierGate {
         &self,
         result: Result<Admission, StoreError>,
         latency: Option<Duration>,
+        _key: Option<&Key>,
     ) -> Result<Option<LeaseGuard<StoreLease>>, Refusal> {
         let settings = &self.settings;
         let tier_name = settings.answer.tiers.name(self.tier);

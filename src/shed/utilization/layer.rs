@@ -9,6 +9,7 @@ use tower_layer::Layer;
 use super::{UtilizationSettings, UtilizationShed, UtilizationShedder};
 use crate::layer::mode;
 use crate::metrics::LayerMetrics;
+use crate::observe::ShedSource;
 use crate::shed::layer::ShedLayerSettings;
 use crate::shed::rejection::ShedRejection;
 
@@ -120,11 +121,15 @@ impl<S, C: Clone, M> Layer<S> for UtilizationShedLayer<C, M> {
 
     fn layer(&self, inner: S) -> Self::Service {
         let name: Arc<str> = Arc::from(self.shedder.name());
-        let settings = UtilizationSettings {
+        let metrics = LayerMetrics::new("utilization_shed", name.clone());
+        let settings = Arc::new(UtilizationSettings {
             shedder: self.shedder.clone(),
-            answer: self.settings.answer(name.clone(), self.shedder.tiers()),
-            metrics: LayerMetrics::new("utilization_shed", name),
-        };
-        UtilizationShed::new(inner, self.settings.classify.clone(), Arc::new(settings))
+            answer: self.settings.answer(name, self.shedder.tiers()),
+            metrics,
+        });
+        // Read by `observe` while the service built here lives.
+        let source: Arc<dyn ShedSource> = settings.clone();
+        settings.metrics.observed().shedder(Arc::downgrade(&source));
+        UtilizationShed::new(inner, self.settings.classify.clone(), settings)
     }
 }

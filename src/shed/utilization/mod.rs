@@ -37,6 +37,20 @@ pub(crate) struct UtilizationSettings {
     pub(crate) metrics: LayerMetrics,
 }
 
+impl crate::observe::ShedSource for UtilizationSettings {
+    fn state(&self) -> super::ShedState {
+        self.shedder.state()
+    }
+
+    fn id(&self) -> usize {
+        self.shedder.id()
+    }
+
+    fn capacity(&self) -> Option<u64> {
+        None
+    }
+}
+
 impl UtilizationSettings {
     /// Admits a request of `tier` (holding its slot) or sheds it. Counts
     /// and traces the decision.

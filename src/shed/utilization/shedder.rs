@@ -166,6 +166,11 @@ impl UtilizationShedder {
         }
     }
 
+    /// What tells shedders apart: its clones share it.
+    pub(crate) fn id(&self) -> usize {
+        Arc::as_ptr(&self.inner) as usize
+    }
+
     /// Per tier: in flight, admitted, shed, and the current drop
     /// probability; with the utilization last sampled and the shed amount.
     pub fn state(&self) -> ShedState {
