@@ -469,7 +469,12 @@ async fn one_layer_serves_many_accounts_each_with_its_own_slots() {
 
     // By upstream host, and by tenant: any key extractor works.
     let upstream = Upstream::unlimited();
-    let limiter = Limiter::in_memory(one_limit("hosts", Rate::per_second(1), 1));
+    // On tokio's paused clock, as above: a store on the real clock would
+    // shorten the wait by whatever real time passed between the calls.
+    let limiter = Limiter::new(
+        one_limit("hosts", Rate::per_second(1), 1),
+        crate::paused_memory_store(),
+    );
     let mut c = RateLimitLayer::new(limiter)
         .key(HostKey)
         .typed_errors()
