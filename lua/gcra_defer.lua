@@ -7,8 +7,9 @@
 -- TAT is raised to at least now + pause + tolerance - (remaining + 1)*T,
 -- and never lowered; a floor at or before now holds nothing back. With
 -- remaining > 0 the floor is raised by the slots reserved since the last
--- hold that lie in the future (tat - max(now + tolerance, hold)): the
--- upstream has not counted them yet. A TAT that moves sets its hold: to
+-- hold that lie after the report was written, age before now
+-- (tat - max(now - age + tolerance, hold)): the upstream may not have
+-- counted them yet. A TAT that moves sets its hold: to
 -- the new TAT, or with none left that far before it that the pending
 -- slots stay pending.
 -- Keys expire when that TAT has passed, as in gcra.lua.
@@ -25,8 +26,9 @@
 -- ARGV[1]        now in microseconds, or "" to read the server clock
 -- ARGV[2]        pause in microseconds
 -- ARGV[3]        remaining calls before the pause ends
--- ARGV[2+2i]     emission interval T of limit i, in microseconds
--- ARGV[3+2i]     tolerance (burst * T) of limit i, in microseconds
+-- ARGV[4]        age of the report in microseconds
+-- ARGV[3+2i]     emission interval T of limit i, in microseconds
+-- ARGV[4+2i]     tolerance (burst * T) of limit i, in microseconds
 --
 -- Returns how many limits were moved (0 when every limit already held
 -- back enough).
@@ -36,16 +38,18 @@
 
 local pause = tonumber(ARGV[2])
 local remaining = tonumber(ARGV[3])
+local since = now - tonumber(ARGV[4])
+if since < 0 then since = 0 end
 local n = #KEYS / 2
 
 local moved = 0
 for i = 1, n do
-  local emission = tonumber(ARGV[2 + 2 * i])
-  local tolerance = tonumber(ARGV[3 + 2 * i])
+  local emission = tonumber(ARGV[3 + 2 * i])
+  local tolerance = tonumber(ARGV[4 + 2 * i])
   local floor = now + pause + tolerance - (remaining + 1) * emission
   local tat = tonumber(redis.call('GET', KEYS[i]) or 0) or 0
   local hold = tonumber(redis.call('GET', KEYS[n + i]) or 0) or 0
-  local pending = tat - math.max(now + tolerance, hold)
+  local pending = tat - math.max(since + tolerance, hold)
   if pending < 0 then pending = 0 end
   -- Some left: pending slots count against it, and are settled. None
   -- left: they stay pending for the next report.

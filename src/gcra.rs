@@ -219,9 +219,14 @@ mod tests {
 ///
 /// The upstream counts the calls it has seen, not those the fleet has
 /// admitted and not yet made: slots reserved since the last hold that lie
-/// in the future. `holds[i]` is the TAT the last hold that moved limit `i`
-/// left (0 when none); the TAT's advance past both it and `now + τ`,
-/// `pending = tat − max(now + τ, hold)`, is those slots, and with
+/// after the report was written. The report is `age` old: it left the
+/// upstream no earlier than the call it answers was sent, and slots that
+/// came due since then (calls sent while the response travelled, or while
+/// a loaded machine got round to recording it) may be missing from it, so
+/// they count as not yet made. `holds[i]` is the TAT the last hold that
+/// moved limit `i` left (0 when none); the TAT's advance past both it and
+/// `now − age + τ`, `pending = tat − max(now − age + τ, hold)`, is those
+/// slots, and with
 /// `remaining > 0` the floor is raised by it, so that they count against
 /// what is left, and the hold set to the new TAT. With `remaining` 0 they
 /// cannot be helped (the floor holds back only the calls after them) and
@@ -241,6 +246,7 @@ pub(crate) fn defer<P: AsParams>(
     now: u64,
     pause: u64,
     remaining: u64,
+    age: u64,
 ) -> u64 {
     debug_assert_eq!(params.len(), tats.len());
     debug_assert_eq!(params.len(), holds.len());
@@ -249,7 +255,10 @@ pub(crate) fn defer<P: AsParams>(
     for ((p, tat), hold) in params.iter().zip(tats.iter_mut()).zip(holds.iter_mut()) {
         let p = p.params();
         let mut floor = hold_floor(p, until, remaining);
-        let base = now.saturating_add(p.tolerance).max(*hold);
+        let base = now
+            .saturating_sub(age)
+            .saturating_add(p.tolerance)
+            .max(*hold);
         let pending = i128::from(tat.saturating_sub(base));
         // With some left, the pending slots count against it and are
         // settled: the new hold is the new TAT. With none left they are
@@ -292,7 +301,7 @@ mod defer_tests {
         }];
         let mut tat = [0];
         let now = 100 * S;
-        let idle = defer(&p, &mut tat, &mut [0], now, 5 * S, 0);
+        let idle = defer(&p, &mut tat, &mut [0], now, 5 * S, 0, 0);
         assert_eq!(idle, now + 7 * S);
         let (d, _) = decide(&p, &mut tat, now + 5 * S - 1, 1, 0);
         assert!(!d.allowed);
@@ -303,7 +312,7 @@ mod defer_tests {
         assert!(!d.allowed, "no burst right after a pause");
         // A state already further out is left alone.
         let before = tat;
-        defer(&p, &mut tat, &mut [0], now, S, 0);
+        defer(&p, &mut tat, &mut [0], now, S, 0, 0);
         assert_eq!(tat, before);
     }
 
@@ -315,13 +324,13 @@ mod defer_tests {
         }];
         let mut tat = [0];
         // The pause saturates at the end of time; the TAT is clamped there.
-        let idle = defer(&p, &mut tat, &mut [0], u64::MAX - 1, u64::MAX, 0);
+        let idle = defer(&p, &mut tat, &mut [0], u64::MAX - 1, u64::MAX, 0, 0);
         assert_eq!(tat, [u64::MAX]);
         assert_eq!(idle, u64::MAX);
         // Any remaining, however large, never wraps.
         let mut tat = [0];
         let mut hold = [u64::MAX];
-        let idle = defer(&p, &mut tat, &mut hold, u64::MAX - 1, u64::MAX, u64::MAX);
+        let idle = defer(&p, &mut tat, &mut hold, u64::MAX - 1, u64::MAX, u64::MAX, 0);
         assert_eq!((tat, idle), ([0], u64::MAX - 1));
     }
 
@@ -337,7 +346,7 @@ mod defer_tests {
             }];
             let now = 100 * S;
             let mut tat = [0];
-            defer(&p, &mut tat, &mut [0], now, reset * S, remaining);
+            defer(&p, &mut tat, &mut [0], now, reset * S, remaining, 0);
             let mut admitted = 0;
             let mut t = now;
             while t < now + reset * S {
@@ -362,8 +371,52 @@ mod defer_tests {
             tolerance: S,
         }];
         let mut tat = [0];
-        assert_eq!(defer(&p, &mut tat, &mut [0], 100 * S, 2 * S, 5), 100 * S);
+        assert_eq!(defer(&p, &mut tat, &mut [0], 100 * S, 2 * S, 5, 0), 100 * S);
         assert_eq!(tat, [0]);
+    }
+
+    /// A report recorded late: the upstream answered call A, then call B
+    /// went out (its slot came due) before the report reached the store.
+    /// The report has not seen B, and B is no longer in the future: only
+    /// the report's age tells that B may be missing from it.
+    #[test]
+    fn slots_due_since_the_report_was_written_count_against_it() {
+        let ms = S / 1_000;
+        // 100 calls a second, one at a time; the upstream allows 5 until
+        // 1 s from the start, and has seen none.
+        let p = [Params {
+            emission: 10 * ms,
+            tolerance: 10 * ms,
+        }];
+        let start = 100 * S;
+        let reset = start + S;
+        let admitted_before_reset = |age_known: bool| {
+            let mut tat = [0];
+            let mut hold = [0];
+            let mut slots = Vec::new();
+            for _ in 0..3 {
+                let (d, _) = decide(&p, &mut tat, start, 1, u64::MAX);
+                slots.push(start + d.wait_us);
+            }
+            let (a, b) = (slots[0], slots[1]);
+            assert!(a < b, "{slots:?}");
+            // A's answer: 4 left. Recorded 1 ms after B was sent.
+            let now = b + ms;
+            let age = if age_known { now - a } else { 0 };
+            defer(&p, &mut tat, &mut hold, now, reset - now, 4, age);
+            loop {
+                let (d, _) = decide(&p, &mut tat, now, 1, u64::MAX);
+                let slot = now + d.wait_us;
+                if slot >= reset {
+                    return slots.len();
+                }
+                slots.push(slot);
+            }
+        };
+        assert_eq!(admitted_before_reset(true), 5);
+        // Taken as written when recorded, the report lets B (and C, due
+        // less than a slot after the recording) through on top of the 4.
+        assert!(admitted_before_reset(false) > 5);
     }
 }
 

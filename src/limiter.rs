@@ -248,6 +248,7 @@ impl Limiter {
             key,
             pause: pause.min(cap),
             remaining: 0,
+            age: Duration::ZERO,
         })
     }
 
@@ -275,7 +276,11 @@ impl Limiter {
     /// the TAT the last report left). Slots already handed out keep their
     /// times. Calls admitted to go at once but not yet seen by the upstream
     /// when it answered (the network's round trip) cannot be told apart:
-    /// they are the bound on what a fleet can still overshoot.
+    /// they are the bound on what a fleet can still overshoot. This takes
+    /// the report as written now; the layer's
+    /// [`upstream_feedback`](crate::RateLimitLayer::upstream_feedback)
+    /// also counts the slots that came due between sending the call and
+    /// recording its answer, which a loaded machine can make long.
     ///
     /// One round trip, none when the local limits alone already admit no
     /// more than `remaining` before `reset` (`(remaining + 1)·T ≥ reset + τ`
@@ -304,6 +309,19 @@ impl Limiter {
     /// # Ok(()) }
     /// ```
     pub fn align(&self, key: &Key, remaining: u64, reset: Duration) -> StoreFuture<()> {
+        self.align_written(key, remaining, reset, Duration::ZERO)
+    }
+
+    /// [`align`](Self::align) for a report written no earlier than `age`
+    /// before now (the call it answers was sent then): slots that came due
+    /// since may be missing from it, and count against `remaining`.
+    pub(crate) fn align_written(
+        &self,
+        key: &Key,
+        remaining: u64,
+        reset: Duration,
+        age: Duration,
+    ) -> StoreFuture<()> {
         let cap = Duration::from_micros(MAX_TOLERANCE_MICROS);
         let reset = reset.min(cap);
         let rules = self.cell.rules();
@@ -316,6 +334,7 @@ impl Limiter {
             key,
             pause: reset,
             remaining,
+            age,
         })
     }
 

@@ -76,6 +76,9 @@ pin_project! {
             #[pin]
             fut: S::Future,
             decision: Option<Decision>,
+            // When the inner service was called: its answer was written no
+            // earlier (see `Limiter::align_written`).
+            sent: Instant,
         },
         // The upstream asked for a pause: recording it before returning
         // its response, so that the caller's next call already sees it.
@@ -168,7 +171,14 @@ impl<S: Service<Req>, Req, M, F> ResponseFuture<S, Req, M, F> {
     }
 
     pub(crate) fn calling(start: Start<F>, fut: S::Future, decision: Option<Decision>) -> Self {
-        Self::with_state(start, State::Calling { fut, decision })
+        Self::with_state(
+            start,
+            State::Calling {
+                fut,
+                decision,
+                sent: Instant::now(),
+            },
+        )
     }
 
     pub(crate) fn rejected(start: Start<F>, kind: RejectionKind) -> Self {
@@ -241,6 +251,7 @@ where
                                     State::Calling {
                                         fut: inner.call(req),
                                         decision,
+                                        sent: Instant::now(),
                                     }
                                 }
                             };
@@ -262,13 +273,18 @@ where
                             this.state.set(State::Calling {
                                 fut: inner.call(req),
                                 decision,
+                                sent: Instant::now(),
                             });
                             continue;
                         }
                         None => Outcome::polled_after_completion(),
                     }
                 }
-                StateProj::Calling { fut, decision } => {
+                StateProj::Calling {
+                    fut,
+                    decision,
+                    sent,
+                } => {
                     let result = ready!(fut.poll(cx));
                     let decision = decision.take();
                     // Without feedback `hold_of` finds nothing, key or not.
@@ -283,7 +299,9 @@ where
                             let limiter = &this.settings.limiter;
                             let mut report = match hold.remaining {
                                 0 => limiter.defer(key, hold.reset),
-                                left => limiter.align(key, left, hold.reset),
+                                left => {
+                                    limiter.align_written(key, left, hold.reset, sent.elapsed())
+                                }
                             };
                             // A quota recorded at once (the memory store),
                             // or one that holds nothing back: the response

@@ -16,10 +16,17 @@ pub struct DeferCall<'a> {
     pub(crate) key: &'a Key,
     pub(crate) pause: Duration,
     pub(crate) remaining: u64,
+    /// How long before now the report was written, at the earliest (see
+    /// `gcra::defer`).
+    pub(crate) age: Duration,
 }
 
 impl DeferCall<'_> {
     pub(crate) fn pause_us(&self) -> u64 {
         u64::try_from(self.pause.as_micros()).unwrap_or(u64::MAX)
+    }
+
+    pub(crate) fn age_us(&self) -> u64 {
+        u64::try_from(self.age.as_micros()).unwrap_or(u64::MAX)
     }
 }

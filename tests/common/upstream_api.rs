@@ -42,6 +42,8 @@ struct State {
     schedule: Vec<(Duration, u64)>,
     style: Style,
     counts: BTreeMap<u64, u64>,
+    /// When the first accepted call of each window came, from the start.
+    firsts: BTreeMap<u64, Duration>,
     /// When each 429 was sent, from the start.
     refused: Vec<Duration>,
 }
@@ -54,6 +56,7 @@ impl UpstreamApi {
             schedule: schedule.to_vec(),
             style,
             counts: BTreeMap::new(),
+            firsts: BTreeMap::new(),
             refused: Vec::new(),
         })))
     }
@@ -61,6 +64,19 @@ impl UpstreamApi {
     /// Accepted calls per window (by index from the start).
     pub fn accepted(&self) -> BTreeMap<u64, u64> {
         self.0.lock().unwrap().counts.clone()
+    }
+
+    /// When the first accepted call of each window (by index) came, from
+    /// the window's start.
+    pub fn first_calls(&self) -> BTreeMap<u64, Duration> {
+        let state = self.0.lock().unwrap();
+        let w = state.window.as_micros() as u64;
+        let start = |index: u64| Duration::from_micros(index * w);
+        state
+            .firsts
+            .iter()
+            .map(|(&index, &at)| (index, at - start(index)))
+            .collect()
     }
 
     /// When each 429 was sent, from the start.
@@ -87,6 +103,9 @@ impl UpstreamApi {
             *count += 1;
         }
         let remaining = limit.saturating_sub(*count);
+        if ok {
+            state.firsts.entry(index).or_insert(at);
+        }
         if !ok {
             state.refused.push(at);
         }

@@ -144,7 +144,8 @@ async fn align_gives_the_same_decisions_on_both_stores() {
 /// at 5 s, in the middle of a window; the clients' policy allows 100 a
 /// second in bursts of 20. Both header styles run side by side, each with
 /// its own policy name. Bound: no 429 but for the calls in flight when the
-/// limit drops (at most the 4 workers), all in that window.
+/// limit drops (at most the 4 workers), all in that window; with resets to
+/// the millisecond, every window used from soon after its start.
 #[tokio::test]
 async fn a_fleet_of_two_instances_follows_the_upstreams_headers() {
     let _shared = crate::machine::shared().await;
@@ -193,12 +194,19 @@ async fn a_fleet_of_two_instances_follows_the_upstreams_headers() {
         }
         assert!(run.calls >= 15, "{style}: only {} calls", run.calls);
     }
-    // Resets to the millisecond: the fleet used what the upstream allowed,
-    // 10 per window, then 5 (real time: allow one call of slack).
-    let accepted = ms_api.accepted();
-    let per_window: Vec<u64> = (0..5)
-        .map(|w| accepted.get(&w).copied().unwrap_or(0))
-        .collect();
-    assert!(per_window[0] >= 9 && per_window[1] >= 9, "{per_window:?}");
-    assert!(per_window[3..].iter().all(|&n| n >= 4), "{per_window:?}");
+    // Resets to the millisecond: the fleet resumes at each reset, not up
+    // to a second after it as whole seconds would have it. How many calls
+    // fit in a window depends on how late a loaded machine wakes the
+    // workers (slots in its last stretch slip into the next one), so what
+    // is checked is the fleet's own wait: every window's first call comes
+    // within a quarter of the window of its start; one late by a second's
+    // rounding, or never, fails.
+    let firsts = ms_api.first_calls();
+    for w in 1..5 {
+        let first = firsts.get(&w);
+        assert!(
+            first.is_some_and(|&late| late < 500 * MS),
+            "ms: window {w} first used {first:?} after its start: {firsts:?}"
+        );
+    }
 }

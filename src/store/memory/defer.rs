@@ -12,6 +12,7 @@ impl MemoryStore {
         let defer = Defer {
             pause: call.pause_us(),
             remaining: call.remaining,
+            age: call.age_us(),
         };
         // The holds live in the second half of the state.
         self.with_tats(&call.policy.doubled(), call.key, &defer);
@@ -23,6 +24,7 @@ impl MemoryStore {
 struct Defer {
     pause: u64,
     remaining: u64,
+    age: u64,
 }
 
 impl Step for Defer {
@@ -32,7 +34,15 @@ impl Step for Defer {
         // The policy was doubled: TATs first, then the holds.
         let n = limits.len() / 2;
         let (tats, holds) = tats.split_at_mut(n);
-        let idle = gcra::defer(&limits[..n], tats, holds, now, self.pause, self.remaining);
+        let idle = gcra::defer(
+            &limits[..n],
+            tats,
+            holds,
+            now,
+            self.pause,
+            self.remaining,
+            self.age,
+        );
         ((), idle > now)
     }
 }

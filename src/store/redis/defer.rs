@@ -29,10 +29,11 @@ impl RedisStore {
             TimeSource::Server => String::new(),
             TimeSource::Client(clock) => clock.now_micros().to_string(),
         };
-        let mut args: Vec<String> = Vec::with_capacity(3 + 2 * limits.len());
+        let mut args: Vec<String> = Vec::with_capacity(4 + 2 * limits.len());
         args.push(now);
         args.push(call.pause_us().to_string());
         args.push(call.remaining.to_string());
+        args.push(call.age_us().to_string());
         for limit in limits {
             args.push(limit.emission_us().to_string());
             args.push(limit.tolerance_us().to_string());
