@@ -79,18 +79,22 @@ fn stream(
 ) -> Sse<impl futures_util::Stream<Item = Result<Event, Infallible>> + use<>> {
     let mut receiver = events.subscribe();
     receiver.mark_unchanged();
+    // Before the first sample there is nothing to send: the stream starts
+    // with the first event (an empty history then), so that every event
+    // has the same shape.
     let first = {
         let board = board.lock().unwrap_or_else(|e| e.into_inner());
-        let mut first = board.latest.clone().unwrap_or_else(|| json!({}));
-        let history: serde_json::Map<String, Value> = board
-            .history
-            .iter()
-            .map(|(name, points)| (name.clone(), json!(points)))
-            .collect();
-        first["history"] = Value::Object(history);
-        first.to_string()
+        board.latest.clone().map(|mut first| {
+            let history: serde_json::Map<String, Value> = board
+                .history
+                .iter()
+                .map(|(name, points)| (name.clone(), json!(points)))
+                .collect();
+            first["history"] = Value::Object(history);
+            Ok(Event::default().data(first.to_string()))
+        })
     };
-    let first = futures_util::stream::once(async move { Ok(Event::default().data(first)) });
+    let first = futures_util::stream::iter(first);
     let next = futures_util::stream::unfold(receiver, |mut receiver| async move {
         receiver.changed().await.ok()?;
         let data = receiver.borrow_and_update().clone();
