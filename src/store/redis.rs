@@ -783,7 +783,7 @@ impl RedisStoreBuilder {
     }
 
     /// How many GCRA scripts may be in flight on the connection at once
-    /// before calls queue (default 4). A call that finds them all in flight
+    /// before calls queue (default 8). A call that finds them all in flight
     /// queues, and goes with every other call queued in the same turn of
     /// the runtime (once every task ready to run has made its calls) in
     /// one script sent at the end of that turn, without waiting for a
@@ -934,7 +934,7 @@ impl RedisStoreBuilder {
 }
 
 // The builder's defaults, as its methods' docs state them.
-pub(crate) const DEFAULT_MAX_IN_FLIGHT: usize = 4;
+pub(crate) const DEFAULT_MAX_IN_FLIGHT: usize = 8;
 pub(crate) const DEFAULT_MAX_BATCH: usize = 64;
 pub(crate) const DEFAULT_DENY_CACHE: usize = 10_000;
 
