@@ -65,7 +65,7 @@ use crate::store::{AdjustCall, Store, StoreFuture};
 /// **Headers.** A call admitted from a lease reports as remaining the
 /// tokens this instance still holds plus what the store had left after the
 /// lease, and as reset what the store said then (at most a lease time
-/// old). A local refusal reports 0 remaining and, as retry-after, when
+/// old), for each limit of a policy of several windows as for one. A local refusal reports 0 remaining and, as retry-after, when
 /// this instance will ask the store again.
 ///
 /// **Failures.** A lease the store fails on fails the call that asked for
@@ -230,6 +230,9 @@ struct Entry {
     limit: usize,
     remaining: u64,
     reset_us: u64,
+    /// Every limit's remaining and reset, where the store reported them
+    /// all (a policy of several windows).
+    each: Option<Arc<[(u64, Duration)]>>,
     /// The policy the tokens were leased under, to give them back.
     policy: Option<Policy>,
     /// Changed by a reset: a lease in flight from before it records
@@ -254,6 +257,7 @@ impl Entry {
             limit: 0,
             remaining: 0,
             reset_us: 0,
+            each: None,
             policy: None,
             generation,
             flight: None,
@@ -288,6 +292,9 @@ impl Entry {
         self.seen.max(self.seen_before)
     }
 
+    /// What the store had left after the lease, plus what is held here,
+    /// for the deciding limit and (where the store reported them all)
+    /// every other: the tokens held were charged to each.
     fn allowed(&self) -> Decision {
         Decision {
             allowed: true,
@@ -296,10 +303,16 @@ impl Entry {
             reset_us: self.reset_us,
             retry_us: None,
             wait_us: 0,
-            each: None,
+            each: self.each.as_ref().map(|each| {
+                each.iter()
+                    .map(|&(remaining, reset)| (remaining.saturating_add(self.held), reset))
+                    .collect()
+            }),
         }
     }
 
+    /// Nothing left for the deciding limit; the others as the store last
+    /// reported them.
     fn denied(&self, retry: Duration) -> Decision {
         Decision {
             allowed: false,
@@ -308,7 +321,14 @@ impl Entry {
             reset_us: self.reset_us,
             retry_us: Some(u64::try_from(retry.as_micros()).unwrap_or(u64::MAX)),
             wait_us: 0,
-            each: None,
+            each: self.each.as_ref().map(|each| {
+                each.iter()
+                    .enumerate()
+                    .map(|(i, &(remaining, reset))| {
+                        (if i == self.limit { 0 } else { remaining }, reset)
+                    })
+                    .collect()
+            }),
         }
     }
 
@@ -718,6 +738,7 @@ impl Busy {
             (Some(entry), Ok(d)) => {
                 entry.limit = d.limit;
                 entry.reset_us = d.reset_us;
+                entry.each = d.each.clone();
                 if d.allowed {
                     entry.held = asked.saturating_sub(cost);
                     entry.remaining = d.remaining;
@@ -823,6 +844,33 @@ mod tests {
         }
         assert_eq!(held(&limiter, &key), Some(0));
         assert_eq!(left_in_store(&limiter, &key).await, 10_000 - 12);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_call_from_a_lease_reports_every_window_of_the_policy() {
+        let policy = Policy::builder("hot-windows")
+            .algorithm(Algorithm::SlidingWindow)
+            .limit(Limit::new(Rate::per_second(10_000)).unwrap())
+            .limit(Limit::new(Rate::new(100_000, Duration::from_secs(60))).unwrap())
+            .build()
+            .unwrap();
+        let store = MemoryStore::builder().clock(MonotonicClock::new()).build();
+        let limiter = Limiter::new(policy, store)
+            .hot_keys(HotKeys::new().threshold(10))
+            .unwrap();
+        let key = Key::new("k");
+        for _ in 0..9 {
+            assert!(limiter.check(&key, 1).await.unwrap().is_allowed());
+        }
+        // The tenth call leases 3 (one for itself), the next spends one.
+        assert!(limiter.check(&key, 1).await.unwrap().is_allowed());
+        let d = limiter.check(&key, 1).await.unwrap();
+        assert!(d.is_allowed());
+        assert_eq!(held(&limiter, &key), Some(1));
+        // 12 charged to each window, 1 of them still held here.
+        assert_eq!(d.limit_index(), 0);
+        assert_eq!(d.remaining_of(0), Some(10_000 - 12 + 1));
+        assert_eq!(d.remaining_of(1), Some(100_000 - 12 + 1));
     }
 
     #[test]
