@@ -176,7 +176,8 @@ impl Limiter {
     /// runtime can limit in process; on a store doing I/O (Redis), only a
     /// cost no limit could ever admit, and `None` otherwise (call `check`
     /// there). The decision is the one `check` would give, and is charged
-    /// the same way.
+    /// the same way, except under [`hot_keys`](Self::hot_keys): this
+    /// always decides in the store, leaving leases held here untouched.
     ///
     /// ```
     /// use fleetgate::{Key, Limit, Limiter, Policy, Rate};
