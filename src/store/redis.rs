@@ -185,8 +185,8 @@ impl TimeSource {
 
 /// Limiter state in Redis, shared by every instance that points at the same
 /// server: one Lua script and one round trip per decision, at most; under
-/// load, GCRA calls made together while the connection's script slots are
-/// busy share one script ([`RedisStoreBuilder::max_in_flight`]).
+/// load, checks made together while the connection's script slots are busy
+/// share one script ([`RedisStoreBuilder::max_in_flight`]).
 ///
 /// Keys look like `{prefix}:{policy}:{{identity}}:{limit}`; the braces are a
 /// Redis Cluster hash tag, so all keys of one identity live in one slot and
@@ -327,7 +327,7 @@ impl RedisStore {
                 Some(batcher) => match batcher.enter(&store, &policy, &key, cost, max_wait_us) {
                     batch::Entry::Send(permit) => Some(permit),
                     batch::Entry::Wait(answer) => {
-                        let answer = store.queued(answer).await?;
+                        let answer = store.queued(&store.inner.gcra, answer).await?;
                         return store.decided(&answer.reply, &policy, &key, cost, answer.sent_at);
                     }
                 },
@@ -342,9 +342,10 @@ impl RedisStore {
     }
 
     /// A queued call's answer, within the store's timeout counted from the
-    /// moment it was queued.
+    /// moment it was queued; a failure here counts against `script`.
     async fn queued(
         &self,
+        script: &LuaScript,
         answer: tokio::sync::oneshot::Receiver<Result<batch::Answer, StoreError>>,
     ) -> Result<batch::Answer, StoreError> {
         let timeout = self.inner.timeout;
@@ -354,7 +355,7 @@ impl RedisStore {
             Ok(Err(_)) => StoreError::Redis("the batch carrying this call was dropped".into()),
             Err(_) => StoreError::Timeout(timeout),
         };
-        self.inner.gcra.metrics.failed(&error);
+        script.metrics.failed(&error);
         Err(error)
     }
 
@@ -782,17 +783,18 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// How many GCRA scripts may be in flight on the connection at once
+    /// How many checks' scripts may be in flight on the connection at once
     /// before calls queue (default 8). A call that finds them all in flight
     /// queues, and goes with every other call queued in the same turn of
     /// the runtime (once every task ready to run has made its calls) in
     /// one script sent at the end of that turn, without waiting for a
-    /// script to come back: one `EVALSHA` that decides them in order at
-    /// one instant, exactly as if they had reached Redis back to back.
+    /// script to come back: one `EVALSHA` per algorithm that decides them
+    /// in order, exactly as if they had reached Redis back to back (GCRA
+    /// calls at one instant).
     ///
     /// Below this many calls in flight nothing waits. Under load, Redis
-    /// runs one script, one `TIME`, and one `GET` and one `SET` per
-    /// identity for many calls instead of one of each per call, which is
+    /// runs one script for many calls instead of one per call (for GCRA,
+    /// one `TIME`, and one `GET` and one `SET` per identity), which is
     /// how a Redis-backed layer serves more requests than one `EVALSHA`
     /// per request can (see BENCHMARKS.md). A queued call's wait counts
     /// toward its [timeout](Self::timeout). A call takes its slot or its
@@ -804,8 +806,8 @@ impl RedisStoreBuilder {
     /// Redis proxy), set `usize::MAX`. Zero is refused
     /// ([`ConfigError::ZeroBatch`]).
     ///
-    /// Window algorithms, leases and upstream feedback send one script per
-    /// call always.
+    /// Charges, refunds, peeks, leases and upstream feedback send one
+    /// script per call always.
     pub fn max_in_flight(mut self, scripts: usize) -> Self {
         self.max_in_flight = scripts;
         self

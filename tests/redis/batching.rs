@@ -1,4 +1,5 @@
-//! GCRA calls that find every script slot of a Redis store in flight
+//! Checks (GCRA and window algorithms) that find every script slot of a
+//! Redis store in flight
 //! queue, and go together in one script at the end of the runtime's turn
 //! (`RedisStoreBuilder::max_in_flight`), without waiting for a slot.
 //! A batch decides exactly what the same calls one after the other would,
@@ -502,4 +503,175 @@ async fn a_long_queue_drains_while_redis_refuses() {
         failed += 1;
     }
     assert_eq!(failed, CALLS);
+}
+
+/// Window checks queue and travel together as GCRA's do: for each window
+/// algorithm, calls for many identities under a policy of one window and
+/// one of two, with costs above 1, queued together, are decided exactly
+/// as the memory store decides them one after the other at the same
+/// instant (every figure of every decision), in far fewer scripts than
+/// calls.
+#[tokio::test]
+async fn window_checks_travel_together_and_decide_as_one_by_one() {
+    let _shared = crate::machine::shared().await;
+    let server = RedisServer::start();
+    let mut admin = server.admin().await;
+    let clock = ManualClock::new(Duration::from_secs(1_000_000));
+    let store = one_slot_store(&server, TimeSource::Client(Arc::new(clock.clone()))).await;
+    let memory = MemoryStore::builder().clock(clock.clone()).build();
+    for algorithm in [
+        Algorithm::SlidingLog,
+        Algorithm::SlidingWindow,
+        Algorithm::FixedWindow,
+    ] {
+        let policies = [
+            Policy::builder(format!("one-{algorithm:?}"))
+                .algorithm(algorithm)
+                .limit(limit(Rate::per_hour(5), 5))
+                .build()
+                .unwrap(),
+            Policy::builder(format!("two-{algorithm:?}"))
+                .algorithm(algorithm)
+                .limit(limit(Rate::per_hour(4), 4))
+                .limit(limit(Rate::per_minute(3), 3))
+                .build()
+                .unwrap(),
+        ];
+        let on_redis: Vec<_> = policies
+            .iter()
+            .map(|p| Limiter::new(p.clone(), store.clone()))
+            .collect();
+        let in_memory: Vec<_> = policies
+            .iter()
+            .map(|p| Limiter::new(p.clone(), memory.clone()))
+            .collect();
+        let plan: Vec<(usize, Key, u64)> = (0..120)
+            .map(|i| {
+                (
+                    i % 2,
+                    Key::new(format!("id-{}", i % 7)),
+                    1 + (i % 3) as u64 / 2,
+                )
+            })
+            .collect();
+        // The algorithm's script cached in Redis, so that none is sent twice.
+        on_redis[0].check(&Key::new("warm-up"), 1).await.unwrap();
+        reset_stats(&mut admin).await;
+        let batched = decided(
+            plan.iter()
+                .map(|(p, key, cost)| on_redis[*p].check(key, *cost))
+                .collect(),
+        )
+        .await;
+        let scripts = scripts_in(&command_calls(&mut admin).await);
+        let mut one_by_one = Vec::new();
+        for (p, key, cost) in &plan {
+            one_by_one.push(in_memory[*p].check(key, *cost).await.unwrap());
+        }
+        let figures = |d: &Decision| {
+            let each: Vec<_> = (0..2).map(|i| (d.remaining_of(i), d.reset_of(i))).collect();
+            (
+                d.is_allowed(),
+                d.limit_index(),
+                d.remaining(),
+                d.reset(),
+                d.retry_after(),
+                each,
+            )
+        };
+        for (i, (b, m)) in batched.iter().zip(&one_by_one).enumerate() {
+            assert_eq!(
+                figures(b),
+                figures(m),
+                "{algorithm:?}, call {i}: {:?}",
+                plan[i]
+            );
+        }
+        let admitted = batched.iter().filter(|d| d.is_allowed()).count();
+        assert!(
+            admitted > 0 && admitted < batched.len(),
+            "{algorithm:?}: {admitted} of {} admitted",
+            batched.len()
+        );
+        // The first went alone; the rest queued behind it, 64 a script
+        // (the deny cache answers some without a script at all).
+        assert!(
+            (2..=3).contains(&scripts),
+            "{algorithm:?}: {scripts} scripts for {} calls",
+            plan.len()
+        );
+    }
+}
+
+/// A window check whose key holds another type, or a string that is not
+/// window state, fails alone; the calls it travelled with are decided. GCRA
+/// and window checks queued together each go in their own algorithm's
+/// script, and are decided right.
+#[tokio::test]
+async fn a_window_check_with_an_unreadable_key_fails_alone() {
+    let _shared = crate::machine::shared().await;
+    let server = RedisServer::start();
+    let store = one_slot_store(&server, TimeSource::Server).await;
+    let mut admin = server.admin().await;
+    let windows = Limiter::new(
+        Policy::builder("types-sw")
+            .algorithm(Algorithm::SlidingWindow)
+            .limit(limit(Rate::per_hour(3), 3))
+            .build()
+            .unwrap(),
+        store.clone(),
+    );
+    let gcra = Limiter::new(
+        Policy::single("types-gcra", limit(Rate::per_hour(3), 3)).unwrap(),
+        store.clone(),
+    );
+    let (list, garbage) = (Key::new("list"), Key::new("garbage"));
+    let () = redis::cmd("LPUSH")
+        .arg(&store.window_keys(&windows.policy(), &list)[0])
+        .arg("x")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let () = redis::cmd("SET")
+        .arg(&store.window_keys(&windows.policy(), &garbage)[0])
+        .arg("not a window")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    windows.check(&Key::new("warm-up"), 1).await.unwrap();
+    reset_stats(&mut admin).await;
+    let keys = ["a", "list", "b", "garbage", "a"].map(Key::new);
+    let mut calls = Vec::new();
+    for key in &keys {
+        calls.push(windows.check(key, 1));
+        calls.push(gcra.check(key, 1));
+    }
+    let results = all(calls).await;
+    let scripts = scripts_in(&command_calls(&mut admin).await);
+    for (i, result) in results.iter().enumerate() {
+        let (key, window) = (&keys[i / 2], i % 2 == 0);
+        match (&*key.text(), window, result) {
+            ("list", true, Err(StoreError::Redis(text))) => {
+                assert!(text.contains("WRONGTYPE"), "{text}")
+            }
+            ("garbage", true, Err(StoreError::Redis(text))) => {
+                assert!(text.contains("unreadable window state"), "{text}")
+            }
+            (_, true, Ok(d)) if !["list", "garbage"].contains(&&*key.text()) => {
+                assert!(d.is_allowed())
+            }
+            (_, false, Ok(d)) => assert!(d.is_allowed(), "GCRA on {key:?}"),
+            (_, _, other) => panic!("{key:?}, window {window}: {other:?}"),
+        }
+    }
+    for (i, left) in [(8, 1), (9, 1)] {
+        assert_eq!(
+            results[i].as_ref().map(Decision::remaining).ok(),
+            Some(left),
+            "the second call on `a` saw the first"
+        );
+    }
+    // The first call alone; the nine queued behind it: one script for the
+    // windows' and one for GCRA's.
+    assert_eq!(scripts, 3);
 }

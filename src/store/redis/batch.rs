@@ -1,18 +1,19 @@
-//! GCRA calls that travel together.
+//! Calls that travel together.
 //!
-//! A store lets a few GCRA scripts be in flight on its connection at once
+//! A store lets a few scripts be in flight on its connection at once
 //! ([`RedisStoreBuilder::max_in_flight`](super::RedisStoreBuilder::max_in_flight)).
-//! A call that finds them all taken (or earlier calls still queued) joins
-//! a queue, and the queue goes at the end of the runtime's current turn:
-//! a task spawned by the first call queued yields once, so that every task
-//! ready to run makes its calls first, and then sends everything queued
-//! (up to [`max_batch`](super::RedisStoreBuilder::max_batch) calls a
-//! script) in one `EVALSHA` that decides each call in order at one
-//! instant, as if they had reached Redis back to back. Below that many
-//! calls in flight nothing waits and each call is its own script, so a
-//! lightly loaded service pays nothing for this; under load Redis runs one
-//! script (one `TIME`, one `GET` and one `SET` per identity) for many calls
-//! instead of one each.
+//! A check (GCRA or a window algorithm) that finds them all taken (or
+//! earlier calls still queued) joins a queue, and the queue goes at the end
+//! of the runtime's current turn: a task spawned by the first call queued
+//! yields once, so that every task ready to run makes its calls first, and
+//! then sends everything queued (up to
+//! [`max_batch`](super::RedisStoreBuilder::max_batch) calls a script, the
+//! calls of one algorithm to a script) in one `EVALSHA` that decides each
+//! call in order, as if they had reached Redis back to back. Below that
+//! many calls in flight nothing waits and each call is its own script, so
+//! a lightly loaded service pays nothing for this; under load Redis runs
+//! one script for many calls instead of one each (and for GCRA one `TIME`
+//! for them all, and one `GET` and one `SET` per identity).
 //!
 //! Queued calls wait for the end of the turn, never for a script in flight
 //! to come back: waiting for a free slot, as this once did, made batches
@@ -72,7 +73,8 @@ pub(super) struct Queued {
 /// One call's part of a batch's reply.
 #[derive(Debug)]
 pub(super) struct Answer {
-    /// The call's own reply, as a script of one call would have given it.
+    /// The call's own reply, as a script of one call would have given it
+    /// (undecoded: the caller knows its algorithm's shape).
     pub(super) reply: Value,
     /// The instant the batch was sent, on the deny cache's clock (see
     /// `RedisStore::sent_at`).
@@ -182,12 +184,22 @@ impl Batcher {
             // takes it again.
             let permit;
             let mut state = self.state();
-            let mut batch = Vec::new();
-            while batch.len() < self.max_batch {
-                let Some(call) = state.queue.pop_front() else {
-                    break;
-                };
-                if !call.answer.is_closed() {
+            // The first waiting call's algorithm, and every call queued for
+            // it, in order: one script decides one algorithm. Calls of
+            // others keep their places (their keys are their own policies',
+            // so the order between algorithms decides nothing).
+            let mut batch: Vec<Queued> = Vec::new();
+            let mut i = 0;
+            while i < state.queue.len() && batch.len() < self.max_batch {
+                let call = &state.queue[i];
+                if call.answer.is_closed() {
+                    state.queue.remove(i);
+                } else if batch
+                    .first()
+                    .is_some_and(|first| first.policy.algorithm() != call.policy.algorithm())
+                {
+                    i += 1;
+                } else if let Some(call) = state.queue.remove(i) {
                     batch.push(call);
                 }
             }
@@ -255,12 +267,24 @@ impl Drop for Permit {
 /// Sends one batch and hands each caller its answer. A reply that is an
 /// error for one call (its key holds another type) fails that call only.
 async fn send(store: RedisStore, batch: Vec<Queued>) {
-    let (cmd, sent_at) = store.gcra_script(
-        batch
-            .iter()
-            .map(|c| (&c.policy, &c.key, c.cost, c.max_wait_us)),
-    );
-    let script = &store.inner.gcra;
+    let Some(algorithm) = batch.first().map(|call| call.policy.algorithm()) else {
+        return;
+    };
+    let (script, (cmd, sent_at)) = if algorithm.is_window() {
+        (
+            store.inner.windows.script(algorithm),
+            store.window_script(algorithm, batch.iter().map(|c| (&c.policy, &c.key, c.cost))),
+        )
+    } else {
+        (
+            &store.inner.gcra,
+            store.gcra_script(
+                batch
+                    .iter()
+                    .map(|c| (&c.policy, &c.key, c.cost, c.max_wait_us)),
+            ),
+        )
+    };
     let replies = match store.exchange(script, cmd).await {
         Ok(Value::Array(replies)) if replies.len() == batch.len() => Ok(replies),
         Ok(other) => Err(StoreError::UnexpectedReply(format!("{other:?}"))),

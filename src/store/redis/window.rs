@@ -1,11 +1,13 @@
 //! The Redis store's window algorithms: one script per algorithm, one
 //! round trip per decision, every key of one identity under one hash tag.
+//! Calls that find the connection busy travel together in one script, as
+//! GCRA calls do (see [`batch`](super::batch)).
 
 use std::time::Duration;
 
-use redis::Value;
+use redis::{Cmd, Value};
 
-use super::{LuaScript, RedisStore, TimeSource, decode_decision};
+use super::{LuaScript, RedisStore, TimeSource, batch, decode_decision, only_reply};
 use crate::algorithm::Algorithm;
 use crate::decision::Decision;
 use crate::error::StoreError;
@@ -19,29 +21,39 @@ use crate::window::Window;
 // the arguments every window takes and of how the deciding window and the
 // reply are chosen, so that the three scripts cannot drift apart. Each
 // algorithm's decision and its store are two parts, so that a peek and a
-// charge (src/store/redis/adjust.rs) share them.
-const SLIDING_LOG_LUA: &str = concat!(
-    include_str!("../../../lua/common/clock.lua"),
-    include_str!("../../../lua/common/windows.lua"),
-    include_str!("../../../lua/sliding_log.lua"),
-    include_str!("../../../lua/sliding_log_store.lua"),
-    include_str!("../../../lua/common/admit.lua"),
+// charge (src/store/redis/adjust.rs) share them. The check runs them once
+// per call of a batch, between batch_open.lua and batch_close.lua.
+macro_rules! window_check {
+    ($($part:literal),+) => {
+        concat!(
+            include_str!("../../../lua/common/batch_open.lua"),
+            $(include_str!(concat!("../../../lua/", $part)),)+
+            include_str!("../../../lua/common/batch_close.lua"),
+        )
+    };
+}
+const SLIDING_LOG_LUA: &str = window_check!(
+    "common/clock.lua",
+    "common/windows.lua",
+    "sliding_log.lua",
+    "sliding_log_store.lua",
+    "common/admit.lua"
 );
-const SLIDING_COUNTER_LUA: &str = concat!(
-    include_str!("../../../lua/common/clock.lua"),
-    include_str!("../../../lua/common/idiv.lua"),
-    include_str!("../../../lua/common/windows.lua"),
-    include_str!("../../../lua/sliding_counter.lua"),
-    include_str!("../../../lua/sliding_counter_store.lua"),
-    include_str!("../../../lua/common/admit.lua"),
+const SLIDING_COUNTER_LUA: &str = window_check!(
+    "common/clock.lua",
+    "common/idiv.lua",
+    "common/windows.lua",
+    "sliding_counter.lua",
+    "sliding_counter_store.lua",
+    "common/admit.lua"
 );
-const FIXED_WINDOW_LUA: &str = concat!(
-    include_str!("../../../lua/common/clock.lua"),
-    include_str!("../../../lua/common/idiv.lua"),
-    include_str!("../../../lua/common/windows.lua"),
-    include_str!("../../../lua/fixed_window.lua"),
-    include_str!("../../../lua/fixed_window_store.lua"),
-    include_str!("../../../lua/common/admit.lua"),
+const FIXED_WINDOW_LUA: &str = window_check!(
+    "common/clock.lua",
+    "common/idiv.lua",
+    "common/windows.lua",
+    "fixed_window.lua",
+    "fixed_window_store.lua",
+    "common/admit.lua"
 );
 
 /// The window scripts, hashed once per store.
@@ -61,7 +73,7 @@ impl Scripts {
         }
     }
 
-    fn script(&self, algorithm: Algorithm) -> &LuaScript {
+    pub(super) fn script(&self, algorithm: Algorithm) -> &LuaScript {
         match algorithm {
             Algorithm::SlidingLog => &self.sliding_log,
             Algorithm::SlidingWindow => &self.sliding_counter,
@@ -89,9 +101,11 @@ impl RedisStore {
             .collect()
     }
 
-    /// Answers from the deny cache, or sends the call: one script, one
-    /// round trip. A denial is remembered for as long as the script says
-    /// its figures hold (see [`DenyCache`](crate::store::DenyCache)).
+    /// Answers from the deny cache, or, when the returned future is first
+    /// polled, sends the call alone if the connection has a free script
+    /// slot, or queues it for the next batch (see [`batch`]). A denial is
+    /// remembered for as long as the script says its figures hold (see
+    /// [`DenyCache`](crate::store::DenyCache)).
     pub(super) fn run_window(&self, call: WindowCall<'_>) -> StoreFuture<Decision> {
         let algorithm = call.policy.algorithm();
         if !algorithm.is_window() {
@@ -104,43 +118,108 @@ impl RedisStore {
         {
             return StoreFuture::ready(Ok(denied));
         }
-        let limits = call.policy.limits();
-        let keys = self.window_keys(call.policy, call.key);
-        let script = self.inner.windows.script(algorithm);
-        let mut cmd = script.call(keys.len(), 2 + 2 * limits.len());
-        cmd.arg(&keys);
-        // "Now": empty for the server's clock; with the caller's, `sent_at`.
-        let sent_at = self.sent_at();
-        match (&self.inner.time, sent_at) {
-            (TimeSource::Client(_), Some(now)) => cmd.arg(now),
-            _ => cmd.arg(""),
-        };
-        cmd.arg(call.cost);
-        for limit in limits {
-            let w = Window::of(limit);
-            cmd.arg(w.length).arg(w.count);
-        }
         let store = self.clone();
         let (policy, key, cost) = (call.policy.clone(), call.key.clone(), call.cost);
         StoreFuture::pending(async move {
-            let reply = store
-                .run(store.inner.windows.script(algorithm), cmd)
-                .await?;
-            let (decision, hold_us) = decode_window(reply, policy.limits().len())?;
-            if let (Some(cache), Some(sent_at)) = (&store.inner.deny, sent_at) {
-                cache.record_held(&policy, &key, cost, sent_at, &decision, hold_us);
-            }
-            Ok(decision)
+            let script = store.inner.windows.script(algorithm);
+            let permit = match &store.inner.batcher {
+                Some(batcher) => match batcher.enter(&store, &policy, &key, cost, 0) {
+                    batch::Entry::Send(permit) => Some(permit),
+                    batch::Entry::Wait(answer) => {
+                        let answer = store.queued(script, answer).await?;
+                        return store.window_decided(
+                            answer.reply,
+                            &policy,
+                            &key,
+                            cost,
+                            answer.sent_at,
+                        );
+                    }
+                },
+                None => None,
+            };
+            let (cmd, sent_at) =
+                store.window_script(algorithm, std::iter::once((&policy, &key, cost)));
+            let reply = store.run(script, cmd).await;
+            drop(permit);
+            store.window_decided(only_reply(reply?)?, &policy, &key, cost, sent_at)
         })
+    }
+
+    /// One script of `algorithm` that decides `calls` (policy, identity,
+    /// cost) in order: alone, or queued ones together. Returns it with the
+    /// instant it is sent ([`RedisStore::sent_at`]).
+    pub(super) fn window_script<'a, I>(&self, algorithm: Algorithm, calls: I) -> (Cmd, Option<u64>)
+    where
+        I: Iterator<Item = (&'a Policy, &'a Key, u64)> + Clone,
+    {
+        let keys: Vec<Vec<String>> = calls
+            .clone()
+            .map(|(policy, key, _)| self.window_keys(policy, key))
+            .collect();
+        let args = 1 + calls
+            .clone()
+            .map(|(policy, ..)| 4 + 2 * policy.limits().len())
+            .sum::<usize>();
+        let mut cmd = self
+            .inner
+            .windows
+            .script(algorithm)
+            .call(keys.iter().map(Vec::len).sum(), args);
+        for names in &keys {
+            cmd.arg(names);
+        }
+        // "Now": empty for the server's clock; with the caller's, `sent_at`.
+        let sent_at = self.sent_at();
+        let now = match (&self.inner.time, sent_at) {
+            (TimeSource::Client(_), Some(now)) => now.to_string(),
+            _ => String::new(),
+        };
+        cmd.arg(keys.len());
+        // Each call's keys and arguments counted, then its arguments: now,
+        // cost, and each window's length and count.
+        for ((policy, _, cost), names) in calls.zip(&keys) {
+            let limits = policy.limits();
+            cmd.arg(names.len()).arg(2 + 2 * limits.len());
+            cmd.arg(&now).arg(cost);
+            for limit in limits {
+                let w = Window::of(limit);
+                cmd.arg(w.length).arg(w.count);
+            }
+        }
+        (cmd, sent_at)
+    }
+
+    /// Decodes one call's reply and remembers a denial.
+    pub(super) fn window_decided(
+        &self,
+        reply: Value,
+        policy: &Policy,
+        key: &Key,
+        cost: u64,
+        sent_at: Option<u64>,
+    ) -> Result<Decision, StoreError> {
+        let (decision, hold_us) = decode_window(reply, policy.limits().len())?;
+        if let (Some(cache), Some(sent_at)) = (&self.inner.deny, sent_at) {
+            cache.record_held(policy, key, cost, sent_at, &decision, hold_us);
+        }
+        Ok(decision)
     }
 }
 
-/// Decodes a window script's reply: GCRA's shape, with 0 where GCRA puts
+/// Decodes one call's part of a window script's replies: the text of the
+/// error that failed it alone, or GCRA's shape, with 0 where GCRA puts
 /// the wait, then every window's remaining and reset (for several), then
 /// how long a denial's figures hold, in µs. Takes the reply, so that the
 /// figures are decoded where they are, without a copy.
 pub(super) fn decode_window(reply: Value, limits: usize) -> Result<(Decision, u64), StoreError> {
     let unexpected = |reply: &Value| StoreError::UnexpectedReply(format!("{reply:?}"));
+    if let Value::BulkString(text) = &reply {
+        // The error that failed this call alone.
+        return Err(StoreError::Redis(
+            String::from_utf8_lossy(text).into_owned(),
+        ));
+    }
     let Value::Array(mut items) = reply else {
         return Err(unexpected(&reply));
     };

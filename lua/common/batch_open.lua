@@ -1,0 +1,17 @@
+-- The start of a window script that decides one or more calls, in order
+-- (calls queued behind a busy connection travel together; see
+-- src/store/redis/batch.rs). The one-call script between this part and
+-- lua/common/batch_close.lua runs once per call, as a function of that
+-- call's own KEYS and ARGV, as if the calls had reached Redis back to back.
+--
+-- ARGV[1]        number of calls
+-- then, for each call in order:
+--   keys         how many keys the call has
+--   arguments    how many arguments it has, then those arguments
+-- KEYS           each call's keys in order (one call's keys share one
+--                hash tag)
+--
+-- Returns one reply per call, or the text of the error that failed it (a
+-- string, not an error reply: one error inside the list would fail the
+-- whole reply in clients), as lua/gcra.lua does.
+local function decide(KEYS, ARGV)
