@@ -6,8 +6,8 @@
 //! once, `script.key(..).arg(..).invoke_async(..)` on a clone of one
 //! `ConnectionManager`, no string building beyond the key), and the bare
 //! round trip (`EVALSHA` of `return 1`). The Redis store runs
-//! twice for GCRA: as built by default, where calls that find the store's
-//! script slots all in flight go together in one script, and with
+//! twice: as built by default, where calls that find the store's script
+//! slots all in flight go together in one script, and with
 //! `max_in_flight(usize::MAX)`, one script per call.
 //!
 //! ```sh
@@ -406,10 +406,6 @@ async fn run(server: &RedisServer, plan: &Plan) -> Result<(), BoxError> {
                 (UNBATCHED, Arc::new(unbatched_store.clone())),
             ] {
                 for algorithm in ALGORITHMS {
-                    // Only GCRA calls travel together.
-                    if store_name == UNBATCHED && algorithm != Algorithm::Gcra {
-                        continue;
-                    }
                     common::flush_all(&mut admin).await?;
                     let limiter = Limiter::new(policy(algorithm)?, store.clone());
                     let keys = keys.clone();

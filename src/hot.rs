@@ -50,10 +50,10 @@ use crate::store::{AdjustCall, Store, StoreFuture};
 /// admitted plus `n` largest leases: those leased before the window began
 /// and spent (or refunded, which lets the store admit as many again)
 /// within it. Not exactly the limit over windows longer than the lease
-/// time: the excess is those `n` leases, whatever the window's length. With the default 1%, that is at most 1% of the
-/// burst per instance. Tokens never spent are charged all the same until
-/// refunded: the error on the other side is an undercount of at most the
-/// same size.
+/// time: the excess is those `n` leases, whatever the window's length.
+/// With the default 1%, that is at most 1% of the burst per instance.
+/// Tokens never spent are charged all the same until refunded: the error
+/// on the other side is an undercount of at most the same size.
 ///
 /// **Algorithms.** GCRA and [`Algorithm::SlidingWindow`] (the sliding
 /// window counter). The sliding log and fixed window are refused when the
@@ -746,6 +746,7 @@ impl Busy {
                     entry.policy = Some(policy.clone());
                     Ok(entry.allowed())
                 } else {
+                    entry.remaining = d.remaining;
                     let retry = d
                         .retry_after()
                         .map_or(lease_time, |retry| retry.min(lease_time));

@@ -14,11 +14,19 @@ for c = 1, tonumber(ARGV[1]) do
   local keys, argv = {}, {}
   for i = 1, nk do keys[i] = KEYS[k + i] end
   for i = 1, na do argv[i] = ARGV[a + 1 + i] end
-  -- A call that fails (a key of another type, unreadable state) fails
-  -- alone; what it wrote before failing stays, as for a script of its own.
   local ok, reply = pcall(decide, keys, argv)
-  if not ok or (type(reply) == 'table' and reply.err) then
-    reply = error_text(reply)
+  if not ok then
+    -- A key of another type fails its call alone; what the call wrote
+    -- before failing stays, as for a script of its own. Any other error
+    -- (READONLY on a demoted master, OOM, NOREPLICAS) is the server's, not
+    -- the call's: it fails the script, as it would a script of one call,
+    -- so that the store sees it and acts (a failover, a reconnect).
+    local text = error_text(reply)
+    if not string.find(text, 'WRONGTYPE', 1, true) then error(reply) end
+    reply = text
+  elseif type(reply) == 'table' and reply.err then
+    -- Unreadable state, returned by the call itself: its own.
+    reply = reply.err
   end
   replies[c] = reply
   k = k + nk

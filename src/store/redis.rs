@@ -359,7 +359,8 @@ impl RedisStore {
         Err(error)
     }
 
-    /// Decodes one call's reply and remembers a denial.
+    /// Decodes one call's reply (counting it when it failed the call) and
+    /// remembers a denial.
     fn decided(
         &self,
         reply: &Value,
@@ -368,7 +369,8 @@ impl RedisStore {
         cost: u64,
         sent_at: Option<u64>,
     ) -> Result<Decision, StoreError> {
-        let decision = decode_gcra(reply, policy.limits().len())?;
+        let decision = decode_gcra(reply, policy.limits().len())
+            .inspect_err(|err| self.inner.gcra.metrics.failed(err))?;
         if let (Some(cache), Some(sent_at)) = (&self.inner.deny, sent_at) {
             cache.record(policy, key, cost, sent_at, &decision);
         }
@@ -798,8 +800,8 @@ impl RedisStoreBuilder {
     /// how a Redis-backed layer serves more requests than one `EVALSHA`
     /// per request can (see BENCHMARKS.md). A queued call's wait counts
     /// toward its [timeout](Self::timeout). A call takes its slot or its
-    /// place in the queue when its future is first polled, and calls reach
-    /// Redis in that order. `usize::MAX` never queues: one script per call,
+    /// place in the queue when its future is first polled, and calls of one
+    /// algorithm reach Redis in that order. `usize::MAX` never queues: one script per call,
     /// however many are in flight. On a Redis Cluster, where calls for
     /// different slots cannot share a script, calls are never queued; behind
     /// a proxy that spreads keys over several servers (twemproxy, Envoy's
@@ -816,7 +818,10 @@ impl RedisStoreBuilder {
     /// The most calls one script decides (default 64); more calls queued
     /// in the same turn go in further scripts, sent one after the other.
     /// Zero is refused ([`ConfigError::ZeroBatch`]); 1 sends queued calls
-    /// one script each.
+    /// one script each. Redis runs a script's calls back to back, serving
+    /// no other client meanwhile: with sliding-log policies whose calls
+    /// cost thousands (each unit one logged entry), a smaller batch keeps
+    /// that pause short.
     pub fn max_batch(mut self, calls: usize) -> Self {
         self.max_batch = calls;
         self

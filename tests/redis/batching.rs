@@ -593,10 +593,10 @@ async fn window_checks_travel_together_and_decide_as_one_by_one() {
             "{algorithm:?}: {admitted} of {} admitted",
             batched.len()
         );
-        // The first went alone; the rest queued behind it, 64 a script
-        // (the deny cache answers some without a script at all).
-        assert!(
-            (2..=3).contains(&scripts),
+        // The first went alone; the rest queued behind it, 64 a script.
+        assert_eq!(
+            scripts,
+            3,
             "{algorithm:?}: {scripts} scripts for {} calls",
             plan.len()
         );

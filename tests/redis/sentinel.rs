@@ -20,7 +20,7 @@ use common::sentinel::{
 };
 use fleetgate::concurrency::{Admission, ConcurrencyLimiter, ConcurrencyPolicy};
 use fleetgate::key::Key;
-use fleetgate::{Limit, Limiter, Policy, Rate, RedisStore};
+use fleetgate::{Algorithm, Limit, Limiter, Policy, Rate, RedisStore};
 use tokio::sync::mpsc;
 
 /// The store's timeout: short, yet long enough that a healthy Redis on a
@@ -419,11 +419,28 @@ async fn the_master_killed_under_load() {
 /// periodic check is off, so that only `READONLY` can move the store.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readonly_makes_the_store_look_the_master_up() {
+    readonly_moves_the_store(hot_policy()).await;
+}
+
+/// The same with a window algorithm, whose script runs each call it
+/// carries in a protected call: a server's `READONLY` must still fail the
+/// script, not just the call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readonly_on_a_window_check_makes_the_store_look_the_master_up() {
+    let policy = Policy::builder("hot")
+        .algorithm(Algorithm::SlidingWindow)
+        .limit(Limit::builder(Rate::per_second(RATE)).build().unwrap())
+        .build()
+        .unwrap();
+    readonly_moves_the_store(policy).await;
+}
+
+async fn readonly_moves_the_store(policy: Policy) {
     let _shared = crate::machine::shared().await;
     let set = SentinelSet::start().await;
     let (old, new) = (set.master_port(), set.replica.port());
     let store = store(&set, Duration::from_secs(3600)).await;
-    let limiter = Limiter::new(hot_policy(), store.clone());
+    let limiter = Limiter::new(policy, store.clone());
     let key = Key::new("ro");
     assert!(limiter.check(&key, 1).await.is_ok());
 
@@ -488,7 +505,7 @@ async fn readonly_makes_the_store_look_the_master_up() {
         .query_async(&mut new_conn)
         .await
         .unwrap();
-    assert!(!keys.is_empty(), "no GCRA state on the new master");
+    assert!(!keys.is_empty(), "no limiter state on the new master");
 }
 
 /// One sentinel of three down: the store connects, and follows a failover,

@@ -161,13 +161,14 @@ impl Batcher {
     }
 
     /// Sends every call queued whose caller still waits, in scripts of up
-    /// to `max_batch` calls, each taking a slot without waiting for one.
+    /// to `max_batch` calls of one algorithm, each taking a slot without
+    /// waiting for one.
     ///
     /// Each script is written to the connection here, under the lock (one
     /// poll of the exchange, which queues the command on the multiplexed
     /// connection), and only the wait for the reply goes to a spawned task:
-    /// so scripts reach Redis in the order their calls were queued, which
-    /// is the order their callers first polled, and a waiting
+    /// so the calls of one algorithm reach Redis in the order they were
+    /// queued, which is the order their callers first polled, and a waiting
     /// (reserve-mode) call never loses its place to a later one.
     fn flush(&self, store: &RedisStore) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {

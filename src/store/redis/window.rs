@@ -190,7 +190,8 @@ impl RedisStore {
         (cmd, sent_at)
     }
 
-    /// Decodes one call's reply and remembers a denial.
+    /// Decodes one call's reply (counting it when it failed the call) and
+    /// remembers a denial.
     pub(super) fn window_decided(
         &self,
         reply: Value,
@@ -199,7 +200,14 @@ impl RedisStore {
         cost: u64,
         sent_at: Option<u64>,
     ) -> Result<Decision, StoreError> {
-        let (decision, hold_us) = decode_window(reply, policy.limits().len())?;
+        let (decision, hold_us) =
+            decode_window(reply, policy.limits().len()).inspect_err(|err| {
+                self.inner
+                    .windows
+                    .script(policy.algorithm())
+                    .metrics
+                    .failed(err);
+            })?;
         if let (Some(cache), Some(sent_at)) = (&self.inner.deny, sent_at) {
             cache.record_held(policy, key, cost, sent_at, &decision, hold_us);
         }
