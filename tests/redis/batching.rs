@@ -95,6 +95,31 @@ async fn decided(calls: Vec<StoreFuture<Decision>>) -> Vec<Decision> {
         .collect()
 }
 
+/// Every figure of a decision (with those of the first two limits), to
+/// compare two stores' decisions.
+type Figures = (
+    bool,
+    usize,
+    u64,
+    Duration,
+    Option<Duration>,
+    Duration,
+    Vec<(Option<u64>, Option<Duration>)>,
+);
+
+fn figures(d: &Decision) -> Figures {
+    let each = (0..2).map(|i| (d.remaining_of(i), d.reset_of(i))).collect();
+    (
+        d.is_allowed(),
+        d.limit_index(),
+        d.remaining(),
+        d.reset(),
+        d.retry_after(),
+        d.wait(),
+        each,
+    )
+}
+
 /// 200 calls at once on one hot identity with a burst of 50: exactly 50
 /// pass, each with its own remaining count, in far fewer scripts than
 /// calls, each reading and writing the identity once. On both time sources
@@ -205,18 +230,6 @@ async fn a_mixed_batch_decides_as_calls_one_by_one() {
     for call in &plan {
         one_by_one.push(decide(&in_memory, call).await.unwrap());
     }
-    let figures = |d: &Decision| {
-        let each: Vec<_> = (0..2).map(|i| (d.remaining_of(i), d.reset_of(i))).collect();
-        (
-            d.is_allowed(),
-            d.limit_index(),
-            d.remaining(),
-            d.reset(),
-            d.retry_after(),
-            d.wait(),
-            each,
-        )
-    };
     for (i, (b, m)) in batched.iter().zip(&one_by_one).enumerate() {
         assert_eq!(figures(b), figures(m), "call {i}: {:?}", plan[i]);
     }
@@ -568,17 +581,6 @@ async fn window_checks_travel_together_and_decide_as_one_by_one() {
         for (p, key, cost) in &plan {
             one_by_one.push(in_memory[*p].check(key, *cost).await.unwrap());
         }
-        let figures = |d: &Decision| {
-            let each: Vec<_> = (0..2).map(|i| (d.remaining_of(i), d.reset_of(i))).collect();
-            (
-                d.is_allowed(),
-                d.limit_index(),
-                d.remaining(),
-                d.reset(),
-                d.retry_after(),
-                each,
-            )
-        };
         for (i, (b, m)) in batched.iter().zip(&one_by_one).enumerate() {
             assert_eq!(
                 figures(b),
