@@ -419,6 +419,7 @@ async fn the_master_killed_under_load() {
 /// periodic check is off, so that only `READONLY` can move the store.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readonly_makes_the_store_look_the_master_up() {
+    let _shared = crate::machine::shared().await;
     readonly_moves_the_store(hot_policy()).await;
 }
 
@@ -427,6 +428,7 @@ async fn readonly_makes_the_store_look_the_master_up() {
 /// script, not just the call.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readonly_on_a_window_check_makes_the_store_look_the_master_up() {
+    let _shared = crate::machine::shared().await;
     let policy = Policy::builder("hot")
         .algorithm(Algorithm::SlidingWindow)
         .limit(Limit::builder(Rate::per_second(RATE)).build().unwrap())
@@ -436,7 +438,6 @@ async fn readonly_on_a_window_check_makes_the_store_look_the_master_up() {
 }
 
 async fn readonly_moves_the_store(policy: Policy) {
-    let _shared = crate::machine::shared().await;
     let set = SentinelSet::start().await;
     let (old, new) = (set.master_port(), set.replica.port());
     let store = store(&set, Duration::from_secs(3600)).await;
