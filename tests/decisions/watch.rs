@@ -103,11 +103,13 @@ async fn a_changed_file_is_applied_and_a_broken_one_changes_nothing() {
         seven.replace("[plans.pro]\napi", "[plans.pro]\nother"),
     )
     .unwrap();
+    // Waits for this refusal's own reason: one write can be seen twice (a
+    // truncate, then the text), so the broken file above may already have
+    // been refused twice.
     until("the second refusal", || {
-        logs.text().matches("policy file refused").count() >= 2
+        logs.text().contains("no policy named")
     })
     .await;
-    assert!(logs.text().contains("no policy named"), "{}", logs.text());
     assert_eq!(live.policies()["api"], "7/min");
     std::fs::remove_dir_all(&dir).ok();
 }
