@@ -21,6 +21,7 @@ use super::{
     AdjustCall, DeferCall, GcraCall, LeaseCall, LeaseGrant, Store, StoreFuture, StoreOps,
     WindowCall,
 };
+use crate::algorithm::Algorithm;
 use crate::clock::{Clock, SystemClock};
 use crate::decision::Decision;
 use crate::error::{ConfigError, StoreError};
@@ -323,22 +324,66 @@ impl RedisStore {
         let (cost, max_wait_us) = (call.cost, call.max_wait_us());
         let store = self.clone();
         StoreFuture::pending(async move {
-            let permit = match &store.inner.batcher {
-                Some(batcher) => match batcher.enter(&store, &policy, &key, cost, max_wait_us) {
-                    batch::Entry::Send(permit) => Some(permit),
-                    batch::Entry::Wait(answer) => {
-                        let answer = store.queued(&store.inner.gcra, answer).await?;
-                        return store.decided(&answer.reply, &policy, &key, cost, answer.sent_at);
-                    }
-                },
-                None => None,
-            };
-            let (cmd, sent_at) =
-                store.gcra_script(std::iter::once((&policy, &key, cost, max_wait_us)));
-            let reply = store.run(&store.inner.gcra, cmd).await;
-            drop(permit);
-            store.decided(&only_reply(reply?)?, &policy, &key, cost, sent_at)
+            let (reply, sent_at) = store
+                .check_reply(Algorithm::Gcra, &policy, &key, cost, max_wait_us)
+                .await?;
+            store.decided(&reply, &policy, &key, cost, sent_at)
         })
+    }
+
+    /// The check script of `algorithm`: GCRA's or a window algorithm's.
+    fn check_script(&self, algorithm: Algorithm) -> &LuaScript {
+        if algorithm.is_window() {
+            self.inner.windows.script(algorithm)
+        } else {
+            &self.inner.gcra
+        }
+    }
+
+    /// One call of `algorithm`'s check script deciding `calls` (policy,
+    /// identity, cost, longest wait in µs) in order, with the instant it is
+    /// sent ([`RedisStore::sent_at`]).
+    fn check_call<'a, I>(&self, algorithm: Algorithm, calls: I) -> (Cmd, Option<u64>)
+    where
+        I: Iterator<Item = (&'a Policy, &'a Key, u64, u64)> + Clone,
+    {
+        if algorithm.is_window() {
+            self.window_script(
+                algorithm,
+                calls.map(|(policy, key, cost, _)| (policy, key, cost)),
+            )
+        } else {
+            self.gcra_script(calls)
+        }
+    }
+
+    /// One check's reply, undecoded, and the instant it was sent: sent
+    /// alone when the connection has a free script slot, else in the next
+    /// batch of `algorithm`'s calls (see [`batch`]).
+    async fn check_reply(
+        &self,
+        algorithm: Algorithm,
+        policy: &Policy,
+        key: &Key,
+        cost: u64,
+        max_wait_us: u64,
+    ) -> Result<(Value, Option<u64>), StoreError> {
+        let script = self.check_script(algorithm);
+        let permit = match &self.inner.batcher {
+            Some(batcher) => match batcher.enter(self, algorithm, policy, key, cost, max_wait_us) {
+                batch::Entry::Send(permit) => Some(permit),
+                batch::Entry::Wait(answer) => {
+                    let answer = self.queued(script, answer).await?;
+                    return Ok((answer.reply, answer.sent_at));
+                }
+            },
+            None => None,
+        };
+        let (cmd, sent_at) =
+            self.check_call(algorithm, std::iter::once((policy, key, cost, max_wait_us)));
+        let reply = self.run(script, cmd).await;
+        drop(permit);
+        Ok((only_reply(reply?)?, sent_at))
     }
 
     /// A queued call's answer, within the store's timeout counted from the
@@ -801,8 +846,8 @@ impl RedisStoreBuilder {
     /// per request can (see BENCHMARKS.md). A queued call's wait counts
     /// toward its [timeout](Self::timeout). A call takes its slot or its
     /// place in the queue when its future is first polled, and calls of one
-    /// algorithm reach Redis in that order. `usize::MAX` never queues: one script per call,
-    /// however many are in flight. On a Redis Cluster, where calls for
+    /// algorithm reach Redis in that order. `usize::MAX` never queues: one
+    /// script per call, however many are in flight. On a Redis Cluster, where calls for
     /// different slots cannot share a script, calls are never queued; behind
     /// a proxy that spreads keys over several servers (twemproxy, Envoy's
     /// Redis proxy), set `usize::MAX`. Zero is refused

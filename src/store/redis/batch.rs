@@ -39,6 +39,7 @@ use redis::Value;
 use tokio::sync::oneshot;
 
 use super::RedisStore;
+use crate::algorithm::Algorithm;
 use crate::error::StoreError;
 use crate::key::Key;
 use crate::limit::Policy;
@@ -63,6 +64,8 @@ struct State {
 /// A call waiting for a script, with everything needed to write it into one.
 #[derive(Debug)]
 pub(super) struct Queued {
+    /// Whose check script decides it (one script a batch).
+    algorithm: Algorithm,
     policy: Policy,
     key: Key,
     cost: u64,
@@ -123,6 +126,7 @@ impl Batcher {
     pub(super) fn enter(
         &self,
         store: &RedisStore,
+        algorithm: Algorithm,
         policy: &Policy,
         key: &Key,
         cost: u64,
@@ -139,6 +143,7 @@ impl Batcher {
         }
         let (answer, receiver) = oneshot::channel();
         state.queue.push_back(Queued {
+            algorithm,
             policy: policy.clone(),
             key: key.clone(),
             cost,
@@ -197,7 +202,7 @@ impl Batcher {
                     state.queue.remove(i);
                 } else if batch
                     .first()
-                    .is_some_and(|first| first.policy.algorithm() != call.policy.algorithm())
+                    .is_some_and(|first| first.algorithm != call.algorithm)
                 {
                     i += 1;
                 } else if let Some(call) = state.queue.remove(i) {
@@ -268,24 +273,16 @@ impl Drop for Permit {
 /// Sends one batch and hands each caller its answer. A reply that is an
 /// error for one call (its key holds another type) fails that call only.
 async fn send(store: RedisStore, batch: Vec<Queued>) {
-    let Some(algorithm) = batch.first().map(|call| call.policy.algorithm()) else {
+    let Some(algorithm) = batch.first().map(|call| call.algorithm) else {
         return;
     };
-    let (script, (cmd, sent_at)) = if algorithm.is_window() {
-        (
-            store.inner.windows.script(algorithm),
-            store.window_script(algorithm, batch.iter().map(|c| (&c.policy, &c.key, c.cost))),
-        )
-    } else {
-        (
-            &store.inner.gcra,
-            store.gcra_script(
-                batch
-                    .iter()
-                    .map(|c| (&c.policy, &c.key, c.cost, c.max_wait_us)),
-            ),
-        )
-    };
+    let script = store.check_script(algorithm);
+    let (cmd, sent_at) = store.check_call(
+        algorithm,
+        batch
+            .iter()
+            .map(|c| (&c.policy, &c.key, c.cost, c.max_wait_us)),
+    );
     let replies = match store.exchange(script, cmd).await {
         Ok(Value::Array(replies)) if replies.len() == batch.len() => Ok(replies),
         Ok(other) => Err(StoreError::UnexpectedReply(format!("{other:?}"))),

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use redis::{Cmd, Value};
 
-use super::{LuaScript, RedisStore, TimeSource, batch, decode_decision, only_reply};
+use super::{LuaScript, RedisStore, TimeSource, decode_decision};
 use crate::algorithm::Algorithm;
 use crate::decision::Decision;
 use crate::error::StoreError;
@@ -121,28 +121,8 @@ impl RedisStore {
         let store = self.clone();
         let (policy, key, cost) = (call.policy.clone(), call.key.clone(), call.cost);
         StoreFuture::pending(async move {
-            let script = store.inner.windows.script(algorithm);
-            let permit = match &store.inner.batcher {
-                Some(batcher) => match batcher.enter(&store, &policy, &key, cost, 0) {
-                    batch::Entry::Send(permit) => Some(permit),
-                    batch::Entry::Wait(answer) => {
-                        let answer = store.queued(script, answer).await?;
-                        return store.window_decided(
-                            answer.reply,
-                            &policy,
-                            &key,
-                            cost,
-                            answer.sent_at,
-                        );
-                    }
-                },
-                None => None,
-            };
-            let (cmd, sent_at) =
-                store.window_script(algorithm, std::iter::once((&policy, &key, cost)));
-            let reply = store.run(script, cmd).await;
-            drop(permit);
-            store.window_decided(only_reply(reply?)?, &policy, &key, cost, sent_at)
+            let (reply, sent_at) = store.check_reply(algorithm, &policy, &key, cost, 0).await?;
+            store.window_decided(reply, &policy, &key, cost, sent_at)
         })
     }
 
@@ -192,7 +172,7 @@ impl RedisStore {
 
     /// Decodes one call's reply (counting it when it failed the call) and
     /// remembers a denial.
-    pub(super) fn window_decided(
+    fn window_decided(
         &self,
         reply: Value,
         policy: &Policy,
