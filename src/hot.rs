@@ -179,7 +179,7 @@ impl HotKeys {
             return Err(ConfigError::HotKeysOutOfRange);
         }
         match policy.algorithm() {
-            Algorithm::Gcra | Algorithm::SlidingWindow => Ok(()),
+            algorithm if covers(algorithm) => Ok(()),
             algorithm => Err(ConfigError::HotKeysUnsupported { algorithm }),
         }
     }
@@ -346,6 +346,11 @@ impl Entry {
     }
 }
 
+/// The algorithms a lease of tokens works for.
+fn covers(algorithm: Algorithm) -> bool {
+    matches!(algorithm, Algorithm::Gcra | Algorithm::SlidingWindow)
+}
+
 /// `now + span`, or far ahead when that overflows the clock.
 fn after(now: Instant, span: Duration) -> Instant {
     now.checked_add(span)
@@ -384,10 +389,7 @@ impl HotTable {
         cost: u64,
         counted: bool,
     ) -> Option<StoreFuture<Decision>> {
-        if !matches!(
-            policy.algorithm(),
-            Algorithm::Gcra | Algorithm::SlidingWindow
-        ) {
+        if !covers(policy.algorithm()) {
             return None;
         }
         let cap = self.config.max_lease(policy);
@@ -442,7 +444,11 @@ impl HotTable {
                 }
                 match table.decide(&limiter, &policy, &key, cost, true) {
                     Some(decided) => decided.await,
-                    None => limiter.decide_plain(&policy, &key, cost).await,
+                    None => {
+                        limiter
+                            .decide_in_store(&policy, &key, cost, Duration::ZERO)
+                            .await
+                    }
                 }
             }));
         }
@@ -506,7 +512,9 @@ impl HotTable {
                 // A refund lost leaves the tokens charged: an undercount.
                 let _ = refund.await;
             }
-            let reply = limiter.decide_plain(&policy, &busy.key, asked).await;
+            let reply = limiter
+                .decide_in_store(&policy, &busy.key, asked, Duration::ZERO)
+                .await;
             busy.finish(reply, &policy, asked, cost)
         };
         // The lease runs on its own task, so that a caller that goes away

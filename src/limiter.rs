@@ -371,19 +371,10 @@ impl Limiter {
         self.decide_in_store(policy, key, cost, max_wait.unwrap_or(Duration::ZERO))
     }
 
-    /// An ordinary check of `cost` under `policy`, in the store, whether
-    /// the identity is hot or not: how hot-key mode takes a lease.
-    pub(crate) fn decide_plain(
-        &self,
-        policy: &Policy,
-        key: &Key,
-        cost: u64,
-    ) -> StoreFuture<Decision> {
-        self.decide_in_store(policy, key, cost, Duration::ZERO)
-    }
-
+    /// A check of `cost` under `policy` in the store, whether the identity
+    /// is hot or not: also how hot-key mode takes a lease.
     #[inline]
-    fn decide_in_store(
+    pub(crate) fn decide_in_store(
         &self,
         policy: &Policy,
         key: &Key,

@@ -822,13 +822,7 @@ impl PolicyFile {
         };
         for route in &self.routes {
             known(&route.policy)?;
-            if let Some(method) = &route.method {
-                http::Method::from_bytes(method.as_bytes()).map_err(|_| {
-                    ConfigError::InvalidMethod {
-                        method: method.clone(),
-                    }
-                })?;
-            }
+            route_method(route.method.as_ref())?;
             if !route.path.starts_with('/') {
                 return Err(ConfigError::InvalidRoute {
                     path: route.path.clone(),

@@ -87,13 +87,7 @@ fn write_retry(headers: &mut HeaderMap, code: u8, message: &str, after: Duration
 /// `after` in whole milliseconds, rounded up: a client retrying on the
 /// dot must not arrive early.
 fn pushback_ms(after: Duration) -> u64 {
-    let ms = after.as_millis();
-    let ms = if after > Duration::from_millis(ms as u64) {
-        ms + 1
-    } else {
-        ms
-    };
-    u64::try_from(ms).unwrap_or(u64::MAX)
+    u64::try_from(after.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX)
 }
 
 /// The gRPC spec's encoding of `grpc-message`: every byte outside
