@@ -77,8 +77,9 @@ pin_project! {
             fut: S::Future,
             decision: Option<Decision>,
             // When the inner service was called: its answer was written no
-            // earlier (see `Limiter::align_written`).
-            sent: Instant,
+            // earlier (see `Limiter::align_written`). Read only where
+            // upstream feedback may need it.
+            sent: Option<Instant>,
         },
         // The upstream asked for a pause: recording it before returning
         // its response, so that the caller's next call already sees it.
@@ -114,6 +115,11 @@ struct Reporting<R> {
 enum Outcome<R, E> {
     Passed(Result<R, E>, Option<Decision>),
     Rejected(RejectionKind),
+}
+
+/// The instant the inner service is called, where `feedback` may use it.
+fn sent_at<Res, F: UpstreamFeedback<Res>>(feedback: &F) -> Option<Instant> {
+    feedback.is_enabled().then(Instant::now)
 }
 
 /// What every response future of one call starts from.
@@ -170,13 +176,17 @@ impl<S: Service<Req>, Req, M, F> ResponseFuture<S, Req, M, F> {
         Self::with_state(start, State::waiting(wait, parked))
     }
 
-    pub(crate) fn calling(start: Start<F>, fut: S::Future, decision: Option<Decision>) -> Self {
+    pub(crate) fn calling(start: Start<F>, fut: S::Future, decision: Option<Decision>) -> Self
+    where
+        F: UpstreamFeedback<S::Response>,
+    {
+        let sent = sent_at(&start.feedback);
         Self::with_state(
             start,
             State::Calling {
                 fut,
                 decision,
-                sent: Instant::now(),
+                sent,
             },
         )
     }
@@ -251,7 +261,7 @@ where
                                     State::Calling {
                                         fut: inner.call(req),
                                         decision,
-                                        sent: Instant::now(),
+                                        sent: sent_at(&*this.feedback),
                                     }
                                 }
                             };
@@ -273,7 +283,7 @@ where
                             this.state.set(State::Calling {
                                 fut: inner.call(req),
                                 decision,
-                                sent: Instant::now(),
+                                sent: sent_at(&*this.feedback),
                             });
                             continue;
                         }
@@ -300,7 +310,8 @@ where
                             let mut report = match hold.remaining {
                                 0 => limiter.defer(key, hold.reset),
                                 left => {
-                                    limiter.align_written(key, left, hold.reset, sent.elapsed())
+                                    let age = sent.map_or(Duration::ZERO, |sent| sent.elapsed());
+                                    limiter.align_written(key, left, hold.reset, age)
                                 }
                             };
                             // A quota recorded at once (the memory store),

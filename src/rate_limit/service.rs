@@ -178,6 +178,7 @@ impl<S, K, C, M, F> RateLimit<S, K, C, M, F> {
     ) -> ResponseFuture<S, Req, M, F>
     where
         S: Service<Req>,
+        F: UpstreamFeedback<S::Response>,
     {
         let refusal = reject.and_then(|status| settings.missing_key(status));
         let start = Start::new(settings, feedback);
