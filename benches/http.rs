@@ -128,8 +128,8 @@ enum Load {
     /// it (the Redis cases only): many identities, as a fleet sees.
     ManyKeys,
     /// One identity, a limit of about half bare axum's req/s in this run
-    /// and a burst of a tenth of a second's worth: the lease cap and
-    /// refusals bind, with or without hot keys.
+    /// (a second's worth of burst): the lease cap and refusals bind, with
+    /// hot keys.
     NearLimit,
 }
 
