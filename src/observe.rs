@@ -39,7 +39,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasher, RandomState};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -250,9 +250,7 @@ pub fn identity(key: &Key) -> String {
     digest.update(key.text().as_bytes());
     let digest = digest.finalize();
     let mut text = String::with_capacity(16);
-    for byte in &digest[..8] {
-        text.push_str(&format!("{byte:02x}"));
-    }
+    crate::key::push_hex(&mut text, &digest[..8]);
     text
 }
 
@@ -309,9 +307,9 @@ pub(crate) struct PolicyStats {
     near_limit: AtomicU64,
     denied: Mutex<DeniedTable>,
     leases_in_use: AtomicU64,
-    /// Per identity, of the concurrency layer built last.
+    /// Per identity, of the concurrency layer built last; 0 until one is
+    /// (a concurrency policy admits at least 1).
     capacity: AtomicU64,
-    leases: AtomicBool,
     shed: Mutex<Vec<Weak<dyn ShedSource>>>,
 }
 
@@ -343,7 +341,6 @@ impl PolicyStats {
             denied: Mutex::new(DeniedTable::new(Instant::now())),
             leases_in_use: AtomicU64::new(0),
             capacity: AtomicU64::new(0),
-            leases: AtomicBool::new(false),
             shed: Mutex::new(Vec::new()),
         });
         registry.push(stats.clone());
@@ -378,7 +375,6 @@ impl PolicyStats {
     /// A concurrency policy whose identities may each hold `capacity`.
     pub(crate) fn leases(&self, capacity: u64) {
         self.capacity.store(capacity, Ordering::Relaxed);
-        self.leases.store(true, Ordering::Relaxed);
     }
 
     /// A shedder layer's settings, read while they live (forgotten once
@@ -454,9 +450,10 @@ impl PolicyStats {
             fallback_denied: n(Outcome::FallbackDenied),
         };
         to.near_limit = self.near_limit.load(Ordering::Relaxed);
-        if self.leases.load(Ordering::Relaxed) {
+        let capacity = self.capacity.load(Ordering::Relaxed);
+        if capacity > 0 {
             to.leases_in_use = Some(self.leases_in_use.load(Ordering::Relaxed));
-            to.capacity = Some(self.capacity.load(Ordering::Relaxed));
+            to.capacity = Some(capacity);
         }
         let mut denied = HashMap::new();
         lock(&self.denied).add_to(&mut denied, Instant::now());

@@ -164,10 +164,7 @@ impl Key {
         // 128 bits are plenty against collisions and keep keys short.
         let mut text = String::with_capacity(prefix.len() + 32);
         text.push_str(prefix);
-        for byte in &digest[..16] {
-            text.push(hex_digit(byte >> 4));
-            text.push(hex_digit(byte & 0xf));
-        }
+        push_hex(&mut text, &digest[..16]);
         Key(Repr::Text(SmolStr::from(text)))
     }
 }
@@ -178,6 +175,14 @@ impl Key {
 fn ip_key_address(text: &str) -> Option<IpAddr> {
     let ip = text.strip_prefix("ip:")?.parse::<IpAddr>().ok()?;
     (Key::from_ip(ip).text() == text).then_some(ip)
+}
+
+/// Appends `bytes` to `out` as lowercase hex.
+pub(crate) fn push_hex(out: &mut String, bytes: &[u8]) {
+    for byte in bytes {
+        out.push(hex_digit(byte >> 4));
+        out.push(hex_digit(byte & 0xf));
+    }
 }
 
 fn hex_digit(nibble: u8) -> char {
