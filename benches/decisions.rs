@@ -166,21 +166,6 @@ fn leader_cpu(pid: &str) -> Option<Duration> {
     ))
 }
 
-/// CPU time of this process's children that have ended and been waited
-/// for (fields 16 and 17 of `/proc/self/stat`, in 10 ms ticks): a peer's
-/// whole process, all its threads.
-fn children_cpu() -> Option<Duration> {
-    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
-    let rest = &stat[stat.rfind(')')? + 1..];
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = fields.get(13)?.parse::<u64>().ok()? + fields.get(14)?.parse::<u64>().ok()?;
-    Some(Duration::from_millis(ticks * 10))
-}
-
-fn cpu_delta(before: Option<Duration>, after: Option<Duration>) -> Option<Duration> {
-    Some(after?.saturating_sub(before?))
-}
-
 impl Row {
     fn per_sec(&self) -> f64 {
         self.decisions as f64 / self.elapsed.as_secs_f64()
@@ -299,10 +284,10 @@ async fn peer_case(peer: &mut Peer, concurrency: usize, plan: &Plan) -> Result<R
         command.env(name, value);
     }
     let redis_pid = peer.server.pid().to_string();
-    let cpu_before = (children_cpu(), leader_cpu(&redis_pid));
+    let cpu_before = (common::children_cpu_time(), leader_cpu(&redis_pid));
     let output = command.output().await?;
-    let client_cpu = cpu_delta(cpu_before.0, children_cpu());
-    let redis_cpu = cpu_delta(cpu_before.1, leader_cpu(&redis_pid));
+    let client_cpu = common::cpu_delta(cpu_before.0, common::children_cpu_time());
+    let redis_cpu = common::cpu_delta(cpu_before.1, leader_cpu(&redis_pid));
     if !output.status.success() {
         return Err(format!(
             "{} failed: {}",
@@ -616,8 +601,8 @@ where
     let start = Instant::now();
     let tasks = phase(concurrency, every, plan.measure, op).await?;
     let elapsed = start.elapsed();
-    let client_cpu = cpu_delta(cpu_before.0, leader_cpu("self"));
-    let redis_cpu = cpu_delta(cpu_before.1, leader_cpu(&redis_pid));
+    let client_cpu = common::cpu_delta(cpu_before.0, leader_cpu("self"));
+    let redis_cpu = common::cpu_delta(cpu_before.1, leader_cpu(&redis_pid));
     let commands = stats::command_calls(admin).await;
     let mut row = Row {
         subject,

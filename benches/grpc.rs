@@ -370,14 +370,10 @@ fn measure_case(
     let server_before = common::thread_cpu_time(SERVER_THREAD);
     let loader_before = common::own_thread_cpu_time();
     let mut round = loader_rt.block_on(generate(&channels, plan.streams, plan.measure))?;
-    round.server_cpu = spent(server_before, common::thread_cpu_time(SERVER_THREAD));
-    round.loader_cpu = spent(loader_before, common::own_thread_cpu_time());
+    round.server_cpu = common::cpu_delta(server_before, common::thread_cpu_time(SERVER_THREAD));
+    round.loader_cpu = common::cpu_delta(loader_before, common::own_thread_cpu_time());
     round.scripts = admin_rt.block_on(stats::script_calls(admin));
     Ok(round)
-}
-
-fn spent(before: Option<Duration>, after: Option<Duration>) -> Option<Duration> {
-    Some(after?.saturating_sub(before?))
 }
 
 /// `count` HTTP/2 connections to the server.

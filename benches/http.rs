@@ -245,32 +245,6 @@ impl Round {
 /// The server thread's name, to find it in `/proc/self/task`.
 const SERVER_THREAD: &str = "bench-server";
 
-/// CPU time (user + system) the server's threads (its own and a
-/// multi-thread runtime's worker) have used so far: fields 14 and 15 of
-/// `/proc/self/task/<tid>/stat`, in the kernel's USER_HZ ticks (100 per
-/// second on Linux). `None` where there is no such file.
-fn server_cpu_time() -> Option<Duration> {
-    let mut ticks = None;
-    for task in std::fs::read_dir("/proc/self/task").ok()? {
-        let dir = task.ok()?.path();
-        let Ok(comm) = std::fs::read_to_string(dir.join("comm")) else {
-            continue; // a thread that ended meanwhile
-        };
-        if comm.trim() != SERVER_THREAD {
-            continue;
-        }
-        let Ok(stat) = std::fs::read_to_string(dir.join("stat")) else {
-            continue;
-        };
-        // The fields after the parenthesised name, from field 3 on.
-        let rest = &stat[stat.rfind(')')? + 1..];
-        let fields: Vec<&str> = rest.split_whitespace().collect();
-        let used = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
-        *ticks.get_or_insert(0) += used;
-    }
-    ticks.map(|t| Duration::from_millis(t * 10))
-}
-
 struct Row {
     variant: Variant,
     load: Load,
@@ -493,12 +467,9 @@ fn measure_case(
         return Err(format!("expected {} after the warm-up, got {status}", load.status()).into());
     }
     admin_rt.block_on(stats::reset_stats(admin));
-    let cpu_before = server_cpu_time();
+    let cpu_before = common::thread_cpu_time(SERVER_THREAD);
     let mut round = generate(plan, addr, plan.measure, load)?;
-    round.server_cpu = match (cpu_before, server_cpu_time()) {
-        (Some(before), Some(after)) => Some(after.saturating_sub(before)),
-        _ => None,
-    };
+    round.server_cpu = common::cpu_delta(cpu_before, common::thread_cpu_time(SERVER_THREAD));
     round.scripts = admin_rt.block_on(stats::script_calls(admin));
     Ok(round)
 }

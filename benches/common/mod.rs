@@ -64,33 +64,54 @@ pub fn pin(cpu: usize) {
     }
 }
 
-/// CPU time (user + system) this process's thread named `name` has used
-/// so far (Linux `/proc`; `None` elsewhere).
+/// CPU time (user + system) this process's threads named `name` (a
+/// thread and a multi-thread runtime's worker it starts) have used so far,
+/// summed (Linux `/proc`; `None` elsewhere, or with no such thread).
 pub fn thread_cpu_time(name: &str) -> Option<Duration> {
+    let mut total = None;
     for task in std::fs::read_dir("/proc/self/task").ok()? {
         let dir = task.ok()?.path();
-        let comm = std::fs::read_to_string(dir.join("comm")).ok()?;
-        if comm.trim() == name {
-            return stat_cpu_time(&dir.join("stat"));
+        // A thread that ended meanwhile has no files left.
+        let Ok(comm) = std::fs::read_to_string(dir.join("comm")) else {
+            continue;
+        };
+        if comm.trim() == name
+            && let Some(used) = stat_cpu_time(&dir.join("stat"), 11)
+        {
+            *total.get_or_insert(Duration::ZERO) += used;
         }
     }
-    None
+    total
 }
 
 /// CPU time (user + system) the calling thread has used so far (Linux
 /// `/proc`; `None` elsewhere).
 pub fn own_thread_cpu_time() -> Option<Duration> {
-    stat_cpu_time(std::path::Path::new("/proc/thread-self/stat"))
+    stat_cpu_time(std::path::Path::new("/proc/thread-self/stat"), 11)
 }
 
-/// Fields 14 and 15 of a `/proc/.../stat` file, in the kernel's USER_HZ
-/// ticks (100 per second on Linux).
-fn stat_cpu_time(path: &std::path::Path) -> Option<Duration> {
+/// CPU time of this process's children that have ended and been waited
+/// for: a child's whole process, all its threads.
+pub fn children_cpu_time() -> Option<Duration> {
+    stat_cpu_time(std::path::Path::new("/proc/self/stat"), 13)
+}
+
+/// `after - before`, when both were read.
+pub fn cpu_delta(before: Option<Duration>, after: Option<Duration>) -> Option<Duration> {
+    Some(after?.saturating_sub(before?))
+}
+
+/// Two consecutive time fields of a `/proc/.../stat` file, the first at
+/// `first` counting from field 3 (11: the task's user and system time;
+/// 13: its waited-for children's), in the kernel's USER_HZ ticks (100 per
+/// second on Linux).
+fn stat_cpu_time(path: &std::path::Path, first: usize) -> Option<Duration> {
     let stat = std::fs::read_to_string(path).ok()?;
     // The fields after the parenthesised name, from field 3 on.
     let rest = &stat[stat.rfind(')')? + 1..];
     let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    let ticks =
+        fields.get(first)?.parse::<u64>().ok()? + fields.get(first + 1)?.parse::<u64>().ok()?;
     Some(Duration::from_millis(ticks * 10))
 }
 
