@@ -41,6 +41,9 @@ use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status};
 use tracing_subscriber::EnvFilter;
 
+#[path = "common/shutdown.rs"]
+mod shutdown;
+
 #[allow(dead_code)] // the client half of the generated code is the client example's
 mod pb {
     include!("../proto/fleetgate.demo.rs");
@@ -168,27 +171,10 @@ async fn run() -> Result<(), BoxError> {
         .add_service(health_service)
         .add_service(GreeterServer::new(Greetings))
         .serve_with_incoming_shutdown(incoming, async {
-            let signal = shutdown_signal().await;
+            let signal = shutdown::shutdown_signal().await;
             println!("{signal}: draining in-flight calls");
         })
         .await?;
     println!("fleetgate gRPC demo stopped");
     Ok(())
-}
-
-/// Waits for SIGTERM (what orchestrators send on every deploy) or SIGINT
-/// (Ctrl-C); names the one that came.
-async fn shutdown_signal() -> &'static str {
-    use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
-        // No signal handling: serve until killed.
-        return std::future::pending().await;
-    };
-    tokio::select! {
-        _ = term.recv() => "SIGTERM",
-        _ = int.recv() => "SIGINT",
-    }
 }

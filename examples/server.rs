@@ -121,6 +121,8 @@
 //! and `for i in 1 2 3 4; do curl -s -w ' %{http_code}\n' 'localhost:3000/api/report?ms=3000' & done; curl -s -w ' %{http_code}\n' -X POST localhost:3000/api/charge; wait`
 
 mod dashboard;
+#[path = "common/shutdown.rs"]
+mod shutdown;
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
@@ -486,7 +488,7 @@ async fn run() -> Result<(), BoxError> {
     let mut server = std::pin::pin!(server.into_future());
     tokio::select! {
         served = &mut server => return served.map_err(Into::into),
-        signal = shutdown_signal() => {
+        signal = shutdown::shutdown_signal() => {
             println!("{signal}: draining in-flight requests (at most {} s)", DRAIN.as_secs());
         }
     }
@@ -577,31 +579,6 @@ fn every_five_seconds(chore: impl Fn() + Send + 'static) {
             chore();
         }
     });
-}
-
-/// Waits for SIGTERM (what orchestrators send on every deploy) or SIGINT
-/// (Ctrl-C); names the one that came.
-async fn shutdown_signal() -> &'static str {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => tokio::select! {
-                _ = term.recv() => "SIGTERM",
-                _ = tokio::signal::ctrl_c() => "SIGINT",
-            },
-            Err(err) => {
-                tracing::warn!(error = %err, "cannot listen for SIGTERM; only Ctrl-C stops the demo");
-                let _ = tokio::signal::ctrl_c().await;
-                "SIGINT"
-            }
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
-        "Ctrl-C"
-    }
 }
 
 /// The admin API under `/admin` when `FLEETGATE_ADMIN_TOKEN` is set (each
