@@ -175,11 +175,11 @@ impl<S, C: Clone, M> Layer<S> for FleetShedLayer<C, M> {
         };
         let local = self.local.as_ref().map(|local| settings(local, true));
         let settings = settings(&self.shedder, false);
-        // Read by `observe` while the service built here lives.
-        for source in [Some(&settings), local.as_ref()].into_iter().flatten() {
-            let source: Arc<dyn ShedSource> = source.clone();
-            metrics.observed().shedder(Arc::downgrade(&source));
-        }
+        // Read by `observe` while the service built here lives. The local
+        // fallback shares the shedder's counters (the same state), so it
+        // is read through the shedder's own settings.
+        let source: Arc<dyn ShedSource> = settings.clone();
+        metrics.observed().shedder(Arc::downgrade(&source));
         let gate = |tier| {
             let fallback = local.as_ref().map(|local| {
                 Arc::new(TierGate {

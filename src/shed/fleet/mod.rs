@@ -60,7 +60,7 @@ impl crate::observe::ShedSource for FleetShedSettings {
     }
 
     fn capacity(&self) -> Option<u64> {
-        (!self.local).then(|| self.shedder.policy().capacity())
+        Some(self.shedder.policy().capacity())
     }
 }
 
