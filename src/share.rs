@@ -2,14 +2,14 @@
 //! its own while the store is unreachable.
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::error::ConfigError;
 
 /// How many instances share the store, as the heartbeats of this
 /// process's [`LivePolicies`](crate::live::LivePolicies) last counted
-/// them (1 until then): what [`LocalShare::auto`] divides by.
-static FLEET_SIZE: AtomicU64 = AtomicU64::new(1);
+/// them, 0 until then (when [`LocalShare::auto`] divides by 1).
+static FLEET_SIZE: AtomicU64 = AtomicU64::new(0);
 
 /// Bumped whenever [`FLEET_SIZE`] changes, so that layers rebuild their
 /// local fallbacks.
@@ -21,20 +21,17 @@ pub(crate) fn set_fleet_size(instances: usize) {
     let n = u64::try_from(instances)
         .unwrap_or(MAX_DENOM)
         .clamp(1, MAX_DENOM);
-    FLEET_COUNTED.store(true, Ordering::Release);
-    if FLEET_SIZE.swap(n, Ordering::AcqRel) != n {
+    if FLEET_SIZE.swap(n, Ordering::AcqRel).max(1) != n {
         FLEET_EPOCH.fetch_add(1, Ordering::AcqRel);
     }
 }
 
-/// Whether a heartbeat has counted the fleet yet.
-static FLEET_COUNTED: AtomicBool = AtomicBool::new(false);
-
 /// How many instances share the store, if a heartbeat has counted them.
 pub(crate) fn counted_fleet_size() -> Option<u64> {
-    FLEET_COUNTED
-        .load(Ordering::Acquire)
-        .then(|| FLEET_SIZE.load(Ordering::Acquire))
+    match FLEET_SIZE.load(Ordering::Acquire) {
+        0 => None,
+        n => Some(n),
+    }
 }
 
 /// Moves whenever the fleet's size does.
@@ -150,7 +147,7 @@ impl LocalShare {
     /// The share as a fraction now.
     fn fraction(self) -> (u64, u64) {
         if self.is_auto() {
-            (1, FLEET_SIZE.load(Ordering::Acquire))
+            (1, FLEET_SIZE.load(Ordering::Acquire).max(1))
         } else {
             (self.numer, self.denom)
         }
