@@ -414,20 +414,21 @@ async fn run(server: &RedisServer, plan: &Plan) -> Result<(), BoxError> {
                     keys_floor[(task * 157 + n) % keys_floor.len()].text()
                 );
                 async move {
-                    // now = server clock, 1 call: 1 limit, cost 1, no
-                    // wait, T, tolerance.
+                    // now = server clock; 1 set of 1 limit: T, tolerance;
+                    // 1 call: of set 1, cost 1, no wait.
                     script
                         .key(key)
                         .arg("")
                         .arg(1)
                         .arg(1)
-                        .arg(1)
-                        .arg(0)
                         .arg(emission)
                         .arg(tolerance)
-                        .invoke_async::<Vec<Vec<i64>>>(&mut conn)
+                        .arg(1)
+                        .arg(1)
+                        .arg(0)
+                        .invoke_async::<Vec<i64>>(&mut conn)
                         .await
-                        .map(|v| v.first().and_then(|r| r.first()) == Some(&1))
+                        .map(|v| v.first() == Some(&1))
                 }
             };
             rows.push(

@@ -630,21 +630,23 @@ async fn floor_middleware(
         ),
         _ => format!("{}:{{{}}}:0", floor.prefix, peer.ip()),
     };
-    // now = server clock, 1 call: 1 limit, cost 1, no wait, T, tolerance.
-    let reply: redis::RedisResult<Vec<Vec<i64>>> = floor
+    // now = server clock; 1 set of 1 limit: T, tolerance; 1 call: of
+    // set 1, cost 1, no wait.
+    let reply: redis::RedisResult<Vec<i64>> = floor
         .script
         .key(key)
         .arg("")
         .arg(1)
         .arg(1)
-        .arg(1)
-        .arg(0)
         .arg(floor.emission)
         .arg(floor.tolerance)
+        .arg(1)
+        .arg(1)
+        .arg(0)
         .invoke_async(&mut floor.conn.clone())
         .await;
     match reply {
-        Ok(r) if r.first().and_then(|d| d.first()) == Some(&1) => next.run(req).await,
+        Ok(r) if r.first() == Some(&1) => next.run(req).await,
         Ok(_) => StatusCode::TOO_MANY_REQUESTS.into_response(),
         Err(_) => next.run(req).await,
     }

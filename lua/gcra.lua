@@ -5,20 +5,25 @@
 -- src/store/redis/batch.rs). Transcribes src/gcra.rs; keep the two in step.
 --
 -- ARGV[1]        now in microseconds, or "" to read the server clock
--- ARGV[2]        number of calls
--- then, for each call in order:
+-- ARGV[2]        number of limit sets (a batch's distinct policies, each
+--                sent once however many of its calls travel together)
+-- then, for each limit set:
 --   n            number of limits
---   cost         never above the smallest burst: checked by the caller
---   max wait     in microseconds (0 outside reserve mode)
 --   n pairs      emission interval T and tolerance (burst * T) of each
 --                limit, in microseconds
+-- then, for each call in order, to the end of ARGV:
+--   set          its limit set (1-based)
+--   cost         never above the smallest burst: checked by the caller
+--   max wait     in microseconds (0 outside reserve mode)
 -- KEYS           each call's n TAT keys in order (one call's keys share
 --                one hash tag)
 --
--- Returns one reply per call: {allowed (1/0), deciding limit (1-based),
--- remaining, reset_us, retry_after_us when denied / wait_us when allowed},
--- or the text of the error that failed it (a string, not an error reply:
--- one error inside the list would fail the whole reply in clients).
+-- Returns five values per call, one list for all of them (a list per call
+-- costs Redis a table each): allowed (1/0), deciding limit (1-based),
+-- remaining, reset_us, retry_after_us when denied / wait_us when allowed;
+-- or, for a call that failed alone, the text of its error and four zeros
+-- (a string, not an error reply: one error inside the list would fail the
+-- whole reply in clients).
 -- Times stay integral microseconds, below 2^53, so Lua's doubles hold them
 -- exactly; stored values are formatted with %d to keep every digit.
 
@@ -45,18 +50,25 @@ local function tat_of(key)
   return tat
 end
 
--- The call whose keys start after KEYS[k] and whose limits start after
--- ARGV[a].
-local function decide(k, a, n, cost, max_wait)
-  local tats = {}
+local replies, r = {}, 0
+local function reply(allowed, limit, remaining, reset, delay)
+  replies[r + 1], replies[r + 2], replies[r + 3] = allowed, limit, remaining
+  replies[r + 4], replies[r + 5] = reset, delay
+  r = r + 5
+end
+
+-- One call of the limit set `set` (emission, tolerance, emission, ...),
+-- whose keys start after KEYS[k]. `tats` is scratch, reused by every call.
+local tats = {}
+local function decide(k, set, cost, max_wait)
+  local n = #set / 2
   local worst, worst_delay = 0, -1
   local tight, tight_remaining = 1, -1
   local wait = 0
   for i = 1, n do
-    local emission = tonumber(ARGV[a + 2 * i - 1])
-    local tolerance = tonumber(ARGV[a + 2 * i])
+    local emission, tolerance = set[2 * i - 1], set[2 * i]
     local tat, err = tat_of(KEYS[k + i])
-    if err then return err end
+    if err then return reply(err, 0, 0, 0, 0) end
     tats[i] = tat
     local allow_at = tat + cost * emission - tolerance
     if allow_at > now then
@@ -76,32 +88,35 @@ local function decide(k, a, n, cost, max_wait)
   end
 
   if worst > 0 then
-    local emission = tonumber(ARGV[a + 2 * worst - 1])
-    local tolerance = tonumber(ARGV[a + 2 * worst])
+    local emission, tolerance = set[2 * worst - 1], set[2 * worst]
     local tat = tats[worst]
     local room = now + tolerance - tat
     local remaining = 0
     if room > 0 then remaining = idiv(room, emission) end
-    return {0, worst, remaining, tat - now, worst_delay}
+    return reply(0, worst, remaining, tat - now, worst_delay)
   end
 
   local reset = 0
   for i = 1, n do
     local key = KEYS[k + i]
-    local new_tat = tats[i] + cost * tonumber(ARGV[a + 2 * i - 1])
+    local new_tat = tats[i] + cost * set[2 * i - 1]
     dirty[key] = true
     known[key] = new_tat
     if i == tight then reset = new_tat - now end
   end
-  return {1, tight, tight_remaining, reset, wait}
+  return reply(1, tight, tight_remaining, reset, wait)
 end
 
-local replies = {}
-local k, a = 0, 2
-for c = 1, tonumber(ARGV[2]) do
-  local n = tonumber(ARGV[a + 1])
-  replies[c] = decide(k, a + 3, n, tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]))
-  k = k + n
-  a = a + 3 + 2 * n
+local sets, a = {}, 3
+for s = 1, tonumber(ARGV[2]) do
+  local set = {}
+  for i = 1, 2 * tonumber(ARGV[a]) do set[i] = tonumber(ARGV[a + i]) end
+  sets[s] = set
+  a = a + 1 + #set
 end
-
+local k = 0
+for c = a, #ARGV, 3 do
+  local set = sets[tonumber(ARGV[c])]
+  decide(k, set, tonumber(ARGV[c + 1]), tonumber(ARGV[c + 2]))
+  k = k + #set / 2
+end

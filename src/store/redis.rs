@@ -26,7 +26,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::decision::Decision;
 use crate::error::{ConfigError, StoreError};
 use crate::key::Key;
-use crate::limit::{Policy, check_name};
+use crate::limit::{Limit, Policy, check_name};
 use crate::metrics::ScriptMetrics;
 use crate::text::concat;
 
@@ -383,7 +383,7 @@ impl RedisStore {
             self.check_call(algorithm, std::iter::once((policy, key, cost, max_wait_us)));
         let reply = self.run(script, cmd).await;
         drop(permit);
-        Ok((only_reply(reply?)?, sent_at))
+        Ok((one_reply(algorithm, reply?)?, sent_at))
     }
 
     /// A queued call's answer, within the store's timeout counted from the
@@ -440,10 +440,25 @@ impl RedisStore {
     where
         I: Iterator<Item = (&'a Policy, &'a Key, u64, u64)> + Clone,
     {
-        let (count, keys) = calls.clone().fold((0, 0), |(n, k), (policy, ..)| {
-            (n + 1, k + policy.limits().len())
-        });
-        let mut cmd = self.inner.gcra.call(keys, 2 + 3 * count + 2 * keys);
+        // Each distinct set of limits once, and each call's place in them:
+        // calls of one policy travel together far more often than not.
+        let mut sets: Vec<&[Limit]> = Vec::new();
+        let mut set_of: Vec<usize> = Vec::new();
+        let mut keys = 0;
+        for (policy, ..) in calls.clone() {
+            let limits = policy.limits();
+            keys += limits.len();
+            let set = match sets.iter().position(|s| *s == limits) {
+                Some(set) => set,
+                None => {
+                    sets.push(limits);
+                    sets.len() - 1
+                }
+            };
+            set_of.push(set + 1);
+        }
+        let set_args: usize = sets.iter().map(|s| 1 + 2 * s.len()).sum();
+        let mut cmd = self.inner.gcra.call(keys, 2 + set_args + 3 * set_of.len());
         // Each call's keys, one per limit.
         for (policy, key, ..) in calls.clone() {
             for name in self.gcra_keys(policy, key) {
@@ -456,15 +471,18 @@ impl RedisStore {
             (TimeSource::Client(_), Some(now)) => cmd.arg(now),
             _ => cmd.arg(""),
         };
-        cmd.arg(count);
-        // Each call's number of limits, cost and longest wait, then each
-        // limit's emission interval and tolerance.
-        for (policy, _, cost, max_wait_us) in calls {
-            let limits = policy.limits();
-            cmd.arg(limits.len()).arg(cost).arg(max_wait_us);
+        // Each set: its number of limits, then each one's emission interval
+        // and tolerance.
+        cmd.arg(sets.len());
+        for limits in sets {
+            cmd.arg(limits.len());
             for limit in limits {
                 cmd.arg(limit.emission_us()).arg(limit.tolerance_us());
             }
+        }
+        // Each call: its set, cost and longest wait.
+        for ((_, _, cost, max_wait_us), set) in calls.zip(set_of) {
+            cmd.arg(set).arg(cost).arg(max_wait_us);
         }
         (cmd, sent_at)
     }
@@ -644,10 +662,39 @@ fn limit_key(base: &str, limit: usize) -> String {
     concat(&[base, ":", digits.format(limit)])
 }
 
-/// The one reply in a script's list of replies, for a script of one call.
-fn only_reply(reply: Value) -> Result<Value, StoreError> {
+/// How many values GCRA's check script answers per call (see
+/// `lua/gcra.lua`).
+const GCRA_REPLY: usize = 5;
+
+/// The reply of a check script of one call, as [`split_replies`] gives it.
+fn one_reply(algorithm: Algorithm, reply: Value) -> Result<Value, StoreError> {
     match reply {
-        Value::Array(mut replies) if replies.len() == 1 => Ok(replies.swap_remove(0)),
+        Value::Array(items) if !algorithm.is_window() && items.len() == GCRA_REPLY => {
+            Ok(Value::Array(items))
+        }
+        Value::Array(mut items) if algorithm.is_window() && items.len() == 1 => {
+            Ok(items.swap_remove(0))
+        }
+        other => Err(StoreError::UnexpectedReply(format!("{other:?}"))),
+    }
+}
+
+/// Each call's part of the reply of `algorithm`'s check script deciding
+/// `count` calls, in order. GCRA's script answers in one flat list, five
+/// values a call; a window script in a list per call.
+fn split_replies(
+    algorithm: Algorithm,
+    reply: Value,
+    count: usize,
+) -> Result<Vec<Value>, StoreError> {
+    match reply {
+        Value::Array(items) if algorithm.is_window() && items.len() == count => Ok(items),
+        Value::Array(items) if !algorithm.is_window() && items.len() == GCRA_REPLY * count => {
+            let mut items = items.into_iter();
+            Ok((0..count)
+                .map(|_| Value::Array(items.by_ref().take(GCRA_REPLY).collect()))
+                .collect())
+        }
         other => Err(StoreError::UnexpectedReply(format!("{other:?}"))),
     }
 }
@@ -655,12 +702,14 @@ fn only_reply(reply: Value) -> Result<Value, StoreError> {
 /// One call's part of a GCRA script's replies: its decision, or the text of
 /// the error that failed it alone (see `lua/gcra.lua`).
 pub(crate) fn decode_gcra(reply: &Value, limits: usize) -> Result<Decision, StoreError> {
-    match reply {
-        Value::BulkString(text) => Err(StoreError::Redis(
+    if let Value::Array(items) = reply
+        && let Some(Value::BulkString(text)) = items.first()
+    {
+        return Err(StoreError::Redis(
             String::from_utf8_lossy(text).into_owned(),
-        )),
-        _ => decode_decision(reply, limits, false),
+        ));
     }
+    decode_decision(reply, limits, false)
 }
 
 /// Decodes `{allowed, limit (1-based), remaining, reset_us, delay_us}`,
@@ -1441,21 +1490,62 @@ mod tests {
         assert_eq!(d.limit_index(), 1);
         assert_eq!(d.retry_after(), Some(Duration::from_micros(7)));
 
-        // One call's error travels as its text.
+        // One call's error travels as its text, then four zeros.
+        let failed = Value::Array(vec![
+            Value::BulkString(b"WRONGTYPE Operation".to_vec()),
+            Value::Int(0),
+            Value::Int(0),
+            Value::Int(0),
+            Value::Int(0),
+        ]);
         assert!(matches!(
-            decode_gcra(&Value::BulkString(b"WRONGTYPE Operation".to_vec()), 1),
+            decode_gcra(&failed, 1),
             Err(StoreError::Redis(text)) if text == "WRONGTYPE Operation"
         ));
 
-        // A script of one call answers a list of one reply.
-        assert_eq!(only_reply(Value::Array(vec![ok.clone()])).unwrap(), ok);
+        // GCRA's script answers five values a call in one list; a window
+        // script a list per call.
+        let ints = |n: i64| (0..n).map(Value::Int).collect::<Vec<_>>();
+        assert_eq!(
+            one_reply(Algorithm::Gcra, Value::Array(ints(5))).unwrap(),
+            Value::Array(ints(5))
+        );
+        assert_eq!(
+            split_replies(Algorithm::Gcra, Value::Array(ints(10)), 2).unwrap(),
+            vec![
+                Value::Array(ints(5)),
+                Value::Array((5..10).map(Value::Int).collect())
+            ]
+        );
+        assert_eq!(
+            one_reply(Algorithm::FixedWindow, Value::Array(vec![ok.clone()])).unwrap(),
+            ok
+        );
+        for reply in [
+            Value::Nil,
+            Value::Array(vec![]),
+            Value::Array(ints(4)),
+            Value::Array(ints(6)),
+            Value::Array(vec![ok.clone(), failed]),
+        ] {
+            assert!(
+                one_reply(Algorithm::Gcra, reply.clone()).is_err(),
+                "{reply:?}"
+            );
+            assert!(
+                split_replies(Algorithm::Gcra, reply.clone(), 2).is_err(),
+                "{reply:?}"
+            );
+        }
         for reply in [
             ok.clone(),
-            Value::Nil,
             Value::Array(vec![]),
             Value::Array(vec![ok.clone(), ok]),
         ] {
-            assert!(only_reply(reply.clone()).is_err(), "{reply:?}");
+            assert!(
+                one_reply(Algorithm::SlidingWindow, reply.clone()).is_err(),
+                "{reply:?}"
+            );
         }
     }
 }

@@ -25,7 +25,7 @@ use std::time::Duration;
 use ::redis::Value;
 
 use super::window::decode_window;
-use super::{LuaScript, RedisStore, TimeSource, decode_decision, only_reply};
+use super::{LuaScript, RedisStore, TimeSource, decode_decision, one_reply};
 use crate::algorithm::Algorithm;
 use crate::decision::Decision;
 use crate::error::StoreError;
@@ -183,7 +183,7 @@ fn scripts(algorithm: Algorithm) -> &'static Scripts {
 }
 
 /// Which operation a script runs: the arguments of a GCRA peek are those
-/// of a batch of one check (`lua/gcra.lua`).
+/// of a check of one call (`lua/gcra.lua`).
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Op {
     Peek,
@@ -211,17 +211,21 @@ impl RedisStore {
         args.push(now);
         if !policy.algorithm().is_window() {
             if op == Op::Peek {
-                // One call: its number of limits, cost and longest wait.
+                // One set of limits, counted.
                 args.push("1".to_owned());
                 args.push(limits.len().to_string());
-                args.push(call.cost.to_string());
-                args.push("0".to_owned());
             } else {
                 args.push(call.cost.to_string());
             }
             for limit in limits {
                 args.push(limit.emission_us().to_string());
                 args.push(limit.tolerance_us().to_string());
+            }
+            if op == Op::Peek {
+                // One call: of that set, its cost, no wait.
+                args.push("1".to_owned());
+                args.push(call.cost.to_string());
+                args.push("0".to_owned());
             }
             return (self.gcra_keys(policy, call.key).collect(), args, sent_at);
         }
@@ -250,7 +254,8 @@ impl RedisStore {
             let script = &scripts(policy.algorithm()).peek;
             let reply = store.eval(script, &keys, &args).await?;
             if !policy.algorithm().is_window() {
-                return store.decided(&only_reply(reply)?, &policy, &key, cost, sent_at);
+                let reply = one_reply(Algorithm::Gcra, reply)?;
+                return store.decided(&reply, &policy, &key, cost, sent_at);
             }
             let (decision, hold_us) = decode_window(reply, policy.limits().len())?;
             if let (Some(cache), Some(sent_at)) = (&store.inner.deny, sent_at) {

@@ -13,7 +13,8 @@
 //! many calls in flight nothing waits and each call is its own script, so
 //! a lightly loaded service pays nothing for this; under load Redis runs
 //! one script for many calls instead of one each (and for GCRA one `TIME`
-//! for them all, and one `GET` and one `SET` per identity).
+//! for them all, each policy's limits sent once, and one `GET` and one
+//! `SET` per identity).
 //!
 //! Queued calls wait for the end of the turn, never for a script in flight
 //! to come back: waiting for a free slot, as this once did, made batches
@@ -38,7 +39,7 @@ use std::task::{Context, Poll, Waker};
 use redis::Value;
 use tokio::sync::oneshot;
 
-use super::RedisStore;
+use super::{RedisStore, split_replies};
 use crate::algorithm::Algorithm;
 use crate::error::StoreError;
 use crate::key::Key;
@@ -283,11 +284,10 @@ async fn send(store: RedisStore, batch: Vec<Queued>) {
             .iter()
             .map(|c| (&c.policy, &c.key, c.cost, c.max_wait_us)),
     );
-    let replies = match store.exchange(script, cmd).await {
-        Ok(Value::Array(replies)) if replies.len() == batch.len() => Ok(replies),
-        Ok(other) => Err(StoreError::UnexpectedReply(format!("{other:?}"))),
-        Err(err) => Err(err),
-    };
+    let replies = store
+        .exchange(script, cmd)
+        .await
+        .and_then(|reply| split_replies(algorithm, reply, batch.len()));
     match replies {
         Ok(replies) => {
             for (call, reply) in batch.into_iter().zip(replies) {
