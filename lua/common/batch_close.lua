@@ -8,12 +8,13 @@ local function error_text(err)
 end
 
 local replies = {}
-local k, a = 0, 2
-for c = 1, tonumber(ARGV[1]) do
+local k, a = 0, 3
+for c = 1, tonumber(ARGV[2]) do
   local nk, na = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
-  local keys, argv = {}, {}
+  -- The call's own ARGV, "now" first as its one-call script takes it.
+  local keys, argv = {}, {ARGV[1]}
   for i = 1, nk do keys[i] = KEYS[k + i] end
-  for i = 1, na do argv[i] = ARGV[a + 1 + i] end
+  for i = 1, na do argv[i + 1] = ARGV[a + 1 + i] end
   local ok, reply = pcall(decide, keys, argv)
   if not ok then
     -- A key of another type fails its call alone; what the call wrote

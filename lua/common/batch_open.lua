@@ -2,12 +2,16 @@
 -- (calls queued behind a busy connection travel together; see
 -- src/store/redis/batch.rs). The one-call script between this part and
 -- lua/common/batch_close.lua runs once per call, as a function of that
--- call's own KEYS and ARGV, as if the calls had reached Redis back to back.
+-- call's own KEYS and ARGV, as if the calls had reached Redis back to back
+-- at one instant: lua/common/clock.lua comes before this part and reads
+-- the clock once for them all.
 --
--- ARGV[1]        number of calls
+-- ARGV[1]        now in microseconds, or "" to read the server clock
+-- ARGV[2]        number of calls
 -- then, for each call in order:
 --   keys         how many keys the call has
---   arguments    how many arguments it has, then those arguments
+--   arguments    how many arguments it has, then those arguments: the
+--                one-call script's, less its first (now)
 -- KEYS           each call's keys in order (one call's keys share one
 --                hash tag)
 --

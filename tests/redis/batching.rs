@@ -605,6 +605,46 @@ async fn window_checks_travel_together_and_decide_as_one_by_one() {
     }
 }
 
+/// On the server's clock a batch of window checks reads `TIME` once, as
+/// GCRA's does: every call it carries is decided at that one instant.
+#[tokio::test]
+async fn a_window_batch_reads_the_server_clock_once() {
+    let _shared = crate::machine::shared().await;
+    let server = RedisServer::start();
+    let mut admin = server.admin().await;
+    let store = one_slot_store(&server, TimeSource::Server).await;
+    for algorithm in [
+        Algorithm::SlidingLog,
+        Algorithm::SlidingWindow,
+        Algorithm::FixedWindow,
+    ] {
+        let policy = Policy::builder(format!("clock-{algorithm:?}"))
+            .algorithm(algorithm)
+            .limit(limit(Rate::per_hour(100), 100))
+            .build()
+            .unwrap();
+        let limiter = Limiter::new(policy, store.clone());
+        limiter.check(&Key::new("warm-up"), 1).await.unwrap();
+        reset_stats(&mut admin).await;
+        let batched = decided(
+            (0..40)
+                .map(|i| limiter.check(&Key::new(format!("id-{}", i % 5)), 1))
+                .collect(),
+        )
+        .await;
+        assert!(batched.iter().all(Decision::is_allowed), "{batched:?}");
+        let calls = command_calls(&mut admin).await;
+        let scripts = scripts_in(&calls);
+        // The first went alone, the rest together.
+        assert_eq!(scripts, 2, "{algorithm:?}: {calls:?}");
+        assert_eq!(
+            calls.get("time").copied(),
+            Some(scripts),
+            "{algorithm:?}: one TIME a script, {calls:?}"
+        );
+    }
+}
+
 /// A window check whose key holds another type, or a string that is not
 /// window state, fails alone; the calls it travelled with are decided. GCRA
 /// and window checks queued together each go in their own algorithm's

@@ -22,10 +22,12 @@ use crate::window::Window;
 // reply are chosen, so that the three scripts cannot drift apart. Each
 // algorithm's decision and its store are two parts, so that a peek and a
 // charge (src/store/redis/adjust.rs) share them. The check runs them once
-// per call of a batch, between batch_open.lua and batch_close.lua.
+// per call of a batch, between batch_open.lua and batch_close.lua, after
+// the clock, which a batch reads once.
 macro_rules! window_check {
     ($($part:literal),+) => {
         concat!(
+            include_str!("../../../lua/common/clock.lua"),
             include_str!("../../../lua/common/batch_open.lua"),
             $(include_str!(concat!("../../../lua/", $part)),)+
             include_str!("../../../lua/common/batch_close.lua"),
@@ -33,14 +35,12 @@ macro_rules! window_check {
     };
 }
 const SLIDING_LOG_LUA: &str = window_check!(
-    "common/clock.lua",
     "common/windows.lua",
     "sliding_log.lua",
     "sliding_log_store.lua",
     "common/admit.lua"
 );
 const SLIDING_COUNTER_LUA: &str = window_check!(
-    "common/clock.lua",
     "common/idiv.lua",
     "common/windows.lua",
     "sliding_counter.lua",
@@ -48,7 +48,6 @@ const SLIDING_COUNTER_LUA: &str = window_check!(
     "common/admit.lua"
 );
 const FIXED_WINDOW_LUA: &str = window_check!(
-    "common/clock.lua",
     "common/idiv.lua",
     "common/windows.lua",
     "fixed_window.lua",
@@ -137,9 +136,9 @@ impl RedisStore {
             .clone()
             .map(|(policy, key, _)| self.window_keys(policy, key))
             .collect();
-        let args = 1 + calls
+        let args = 2 + calls
             .clone()
-            .map(|(policy, ..)| 4 + 2 * policy.limits().len())
+            .map(|(policy, ..)| 3 + 2 * policy.limits().len())
             .sum::<usize>();
         let mut cmd = self
             .inner
@@ -149,19 +148,20 @@ impl RedisStore {
         for names in &keys {
             cmd.arg(names);
         }
-        // "Now": empty for the server's clock; with the caller's, `sent_at`.
+        // "Now", once for every call: empty for the server's clock; with
+        // the caller's, `sent_at`.
         let sent_at = self.sent_at();
-        let now = match (&self.inner.time, sent_at) {
-            (TimeSource::Client(_), Some(now)) => now.to_string(),
-            _ => String::new(),
+        match (&self.inner.time, sent_at) {
+            (TimeSource::Client(_), Some(now)) => cmd.arg(now),
+            _ => cmd.arg(""),
         };
         cmd.arg(keys.len());
-        // Each call's keys and arguments counted, then its arguments: now,
-        // cost, and each window's length and count.
+        // Each call's keys and arguments counted, then its arguments: cost,
+        // and each window's length and count.
         for ((policy, _, cost), names) in calls.zip(&keys) {
             let limits = policy.limits();
-            cmd.arg(names.len()).arg(2 + 2 * limits.len());
-            cmd.arg(&now).arg(cost);
+            cmd.arg(names.len()).arg(1 + 2 * limits.len());
+            cmd.arg(cost);
             for limit in limits {
                 let w = Window::of(limit);
                 cmd.arg(w.length).arg(w.count);
