@@ -36,7 +36,8 @@
 -- Each key is read at most once and written at most once per script, so
 -- calls of one identity that travel together cost one GET and one SET. A
 -- key that cannot be read (it holds another type) fails the calls that
--- name it, and only those: their reply is the error's text.
+-- name it, and only those: their reply is the error's text (and four
+-- zeros).
 local known, dirty = {}, {}
 local function tat_of(key)
   local tat = known[key]

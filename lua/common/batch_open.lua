@@ -15,7 +15,7 @@
 -- KEYS           each call's keys in order (one call's keys share one
 --                hash tag)
 --
--- Returns one reply per call, or the text of the error that failed it (a
--- string, not an error reply: one error inside the list would fail the
--- whole reply in clients), as lua/gcra.lua does.
+-- Returns one reply (a list) per call, or the text of the error that
+-- failed it (a string, not an error reply: one error inside the list would
+-- fail the whole reply in clients).
 local function decide(KEYS, ARGV)

@@ -885,12 +885,12 @@ impl RedisStoreBuilder {
     /// the runtime (once every task ready to run has made its calls) in
     /// one script sent at the end of that turn, without waiting for a
     /// script to come back: one `EVALSHA` per algorithm that decides them
-    /// in order, exactly as if they had reached Redis back to back (GCRA
-    /// calls at one instant).
+    /// in order, exactly as if they had reached Redis back to back at one
+    /// instant.
     ///
     /// Below this many calls in flight nothing waits. Under load, Redis
-    /// runs one script for many calls instead of one per call (for GCRA,
-    /// one `TIME`, and one `GET` and one `SET` per identity), which is
+    /// runs one script for many calls instead of one per call (one `TIME`;
+    /// for GCRA one `GET` and one `SET` per identity), which is
     /// how a Redis-backed layer serves more requests than one `EVALSHA`
     /// per request can (see BENCHMARKS.md). A queued call's wait counts
     /// toward its [timeout](Self::timeout). A call takes its slot or its

@@ -178,7 +178,8 @@ async fn a_hot_identity_is_decided_exactly_in_few_scripts() {
 }
 
 /// Calls for many identities under several policies (one limit, two
-/// limits, costs above 1, reserve mode admitted and refused) queued
+/// limits, two policies of the same limits, which a script carries once,
+/// costs above 1, reserve mode admitted and refused) queued
 /// together are decided exactly as the memory store decides the same calls
 /// one after the other at the same instant: every figure of every decision.
 #[tokio::test]
@@ -195,6 +196,7 @@ async fn a_mixed_batch_decides_as_calls_one_by_one() {
             .limit(limit(Rate::per_minute(100), 2))
             .build()
             .unwrap(),
+        Policy::single("twin", limit(Rate::per_hour(5), 5)).unwrap(),
     ];
     let limiters = |store: &dyn Fn(Policy) -> Limiter| -> Vec<Limiter> {
         policies.iter().map(|p| store(p.clone())).collect()
@@ -211,7 +213,7 @@ async fn a_mixed_batch_decides_as_calls_one_by_one() {
                 Duration::from_secs(36_000),
             ];
             (
-                i % 2,
+                (i / 5) % 3,
                 Key::new(format!("id-{}", i % 7)),
                 1 + (i % 3) as u64 / 2,
                 wait[i % 4],
@@ -284,7 +286,8 @@ async fn queued_reservations_keep_their_order() {
     }
 }
 
-/// A call whose key holds another type fails alone; the calls it travelled
+/// A call whose key holds another type fails alone, whether it goes alone
+/// or in a batch, and on any of its limits' keys; the calls it travelled
 /// with are decided.
 #[tokio::test]
 async fn an_unreadable_key_fails_only_its_own_call() {
@@ -295,16 +298,41 @@ async fn an_unreadable_key_fails_only_its_own_call() {
         Policy::single("types", limit(Rate::per_hour(3), 3)).unwrap(),
         store.clone(),
     );
+    // Two limits, the second's key unreadable for `bad`.
+    let both = Limiter::new(
+        Policy::builder("types-two")
+            .limit(limit(Rate::per_hour(3), 3))
+            .limit(limit(Rate::per_hour(2), 2))
+            .build()
+            .unwrap(),
+        store.clone(),
+    );
     let mut admin = server.admin().await;
     let bad = Key::new("bad");
-    let () = redis::cmd("LPUSH")
-        .arg(store.gcra_key(&limiter.policy(), &bad, 0))
-        .arg("x")
-        .query_async(&mut admin)
-        .await
-        .unwrap();
-    let keys = ["a", "bad", "b", "bad", "a"].map(Key::new);
-    let calls: Vec<_> = keys.iter().map(|k| limiter.check(k, 1)).collect();
+    for key in [
+        store.gcra_key(&limiter.policy(), &bad, 0),
+        store.gcra_key(&both.policy(), &bad, 1),
+    ] {
+        let () = redis::cmd("LPUSH")
+            .arg(key)
+            .arg("x")
+            .query_async(&mut admin)
+            .await
+            .unwrap();
+    }
+    // The first goes alone; the rest queue behind it, one script.
+    let keys = ["bad", "a", "bad", "b", "bad", "a", "b"].map(Key::new);
+    let calls: Vec<_> = keys
+        .iter()
+        .enumerate()
+        .map(|(i, k)| {
+            if i == 4 || i == 6 {
+                both.check(k, 1)
+            } else {
+                limiter.check(k, 1)
+            }
+        })
+        .collect();
     let results = all(calls).await;
     for (key, result) in keys.iter().zip(&results) {
         match (&*key.text(), result) {
@@ -315,9 +343,14 @@ async fn an_unreadable_key_fails_only_its_own_call() {
         }
     }
     assert_eq!(
-        results[4].as_ref().map(Decision::remaining).ok(),
+        results[5].as_ref().map(Decision::remaining).ok(),
         Some(1),
         "the second call on `a` saw the first"
+    );
+    assert_eq!(
+        results[6].as_ref().map(Decision::remaining).ok(),
+        Some(1),
+        "`b` under two limits is decided after the failed call: its tighter limit's remaining"
     );
 }
 
@@ -632,7 +665,24 @@ async fn a_window_batch_reads_the_server_clock_once() {
                 .collect(),
         )
         .await;
-        assert!(batched.iter().all(Decision::is_allowed), "{batched:?}");
+        // Each identity's 8 calls counted one after the other (the
+        // sliding log's entries of one instant each kept).
+        for id in 0..5 {
+            let remaining: Vec<u64> = batched
+                .iter()
+                .skip(id)
+                .step_by(5)
+                .map(|d| {
+                    assert!(d.is_allowed(), "{d:?}");
+                    d.remaining()
+                })
+                .collect();
+            assert_eq!(
+                remaining,
+                (92..100).rev().collect::<Vec<u64>>(),
+                "{algorithm:?}, id-{id}"
+            );
+        }
         let calls = command_calls(&mut admin).await;
         let scripts = scripts_in(&calls);
         // The first went alone, the rest together.

@@ -207,7 +207,7 @@ impl RedisStore {
             (TimeSource::Client(_), Some(now)) => now.to_string(),
             _ => String::new(),
         };
-        let mut args = Vec::with_capacity(5 + 2 * limits.len());
+        let mut args = Vec::with_capacity(6 + 2 * limits.len());
         args.push(now);
         if !policy.algorithm().is_window() {
             if op == Op::Peek {

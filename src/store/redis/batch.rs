@@ -12,9 +12,9 @@
 //! call in order, as if they had reached Redis back to back. Below that
 //! many calls in flight nothing waits and each call is its own script, so
 //! a lightly loaded service pays nothing for this; under load Redis runs
-//! one script for many calls instead of one each (and for GCRA one `TIME`
-//! for them all, each policy's limits sent once, and one `GET` and one
-//! `SET` per identity).
+//! one script for many calls instead of one each (and one `TIME` for them
+//! all; for GCRA also each policy's limits sent once, and one `GET` and
+//! one `SET` per identity).
 //!
 //! Queued calls wait for the end of the turn, never for a script in flight
 //! to come back: waiting for a free slot, as this once did, made batches
