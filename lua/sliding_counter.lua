@@ -28,7 +28,7 @@
 --          the retry; 0 when allowed. The deny cache of the Redis store
 --          answers the same call from it (src/store/deny_cache.rs).
 
--- Runs after lua/common/clock.lua, idiv.lua and windows.lua (joined in
+-- Runs after lua/common/clock.lua, idiv.lua, windows.lua and window_call.lua (joined in
 -- src/store/redis/window.rs): now, slack_ms, idiv, cost, n, the figures
 -- of each window and pick and reply come from there.
 

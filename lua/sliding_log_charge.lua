@@ -7,7 +7,7 @@
 -- logged at one instant leaves a window at the same time, so entries past
 -- that count would change no decision, only memory.
 
--- Runs after lua/common/clock.lua and windows.lua, and before
+-- Runs after lua/common/clock.lua, windows.lua and window_call.lua, and before
 -- lua/sliding_log_store.lua, lua/common/recheck.lua, lua/sliding_log.lua
 -- and lua/common/standing.lua (joined in src/store/redis/adjust.rs).
 

@@ -15,7 +15,7 @@
 -- KEYS and ARGV as lua/sliding_log.lua takes them, with ARGV[2] the cost
 -- given back. Returns how many entries went.
 
--- Runs after lua/common/clock.lua and windows.lua (joined in
+-- Runs after lua/common/clock.lua, windows.lua and window_call.lua (joined in
 -- src/store/redis/adjust.rs): now, cost and n come from there.
 
 local key = KEYS[1]

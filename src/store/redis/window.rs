@@ -23,33 +23,32 @@ use crate::window::Window;
 // algorithm's decision and its store are two parts, so that a peek and a
 // charge (src/store/redis/adjust.rs) share them. The check runs them once
 // per call of a batch, between batch_open.lua and batch_close.lua, after
-// the clock, which a batch reads once.
+// the parts a batch needs once: the clock (read once), and the functions
+// and lists every call uses in turn.
 macro_rules! window_check {
     ($($part:literal),+) => {
         concat!(
             include_str!("../../../lua/common/clock.lua"),
+            include_str!("../../../lua/common/idiv.lua"),
+            include_str!("../../../lua/common/windows.lua"),
             include_str!("../../../lua/common/batch_open.lua"),
+            include_str!("../../../lua/common/window_call.lua"),
             $(include_str!(concat!("../../../lua/", $part)),)+
             include_str!("../../../lua/common/batch_close.lua"),
         )
     };
 }
 const SLIDING_LOG_LUA: &str = window_check!(
-    "common/windows.lua",
     "sliding_log.lua",
     "sliding_log_store.lua",
     "common/admit.lua"
 );
 const SLIDING_COUNTER_LUA: &str = window_check!(
-    "common/idiv.lua",
-    "common/windows.lua",
     "sliding_counter.lua",
     "sliding_counter_store.lua",
     "common/admit.lua"
 );
 const FIXED_WINDOW_LUA: &str = window_check!(
-    "common/idiv.lua",
-    "common/windows.lua",
     "fixed_window.lua",
     "fixed_window_store.lua",
     "common/admit.lua"
