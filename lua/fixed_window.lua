@@ -25,9 +25,9 @@
 --          the retry; 0 when allowed. The deny cache of the Redis store
 --          answers the same call from it (src/store/deny_cache.rs).
 
--- Runs after lua/common/clock.lua, idiv.lua, windows.lua and window_call.lua (joined in
--- src/store/redis/window.rs): now, slack_ms, idiv, cost, n, the figures
--- of each window and pick and reply come from there.
+-- Runs after lua/common/clock.lua, idiv.lua, windows.lua and window_call.lua
+-- (joined in src/store/redis/window.rs): now, slack_ms, idiv, cost, n, the
+-- figures of each window and pick and reply come from there.
 
 local starts, used = {}, {}
 for i = 1, n do

@@ -8,9 +8,10 @@
 -- one if it is later, as in lua/fixed_window.lua); an overdraft is
 -- forgotten with the rest of the count when that window ends.
 
--- Runs after lua/common/clock.lua, idiv.lua, windows.lua and window_call.lua, and before
--- lua/fixed_window_store.lua, lua/common/recheck.lua, lua/fixed_window.lua
--- and lua/common/standing.lua (joined in src/store/redis/adjust.rs).
+-- Runs after lua/common/clock.lua, idiv.lua, windows.lua and window_call.lua,
+-- and before lua/fixed_window_store.lua, lua/common/recheck.lua,
+-- lua/fixed_window.lua and lua/common/standing.lua (joined in
+-- src/store/redis/adjust.rs).
 
 local starts, used = {}, {}
 for i = 1, n do

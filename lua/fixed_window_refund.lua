@@ -7,9 +7,9 @@
 -- KEYS and ARGV as lua/fixed_window.lua takes them, with ARGV[2] the cost
 -- given back. Returns how much was given back, over all windows.
 
--- Runs after lua/common/clock.lua, idiv.lua, windows.lua and window_call.lua (joined in
--- src/store/redis/adjust.rs): now, slack_ms, idiv, cost and n come from
--- there.
+-- Runs after lua/common/clock.lua, idiv.lua, windows.lua and window_call.lua
+-- (joined in src/store/redis/adjust.rs): now, slack_ms, idiv, cost and n come
+-- from there.
 
 local starts, used = {}, {}
 for i = 1, n do

@@ -28,9 +28,9 @@
 --          the retry; 0 when allowed. The deny cache of the Redis store
 --          answers the same call from it (src/store/deny_cache.rs).
 
--- Runs after lua/common/clock.lua, idiv.lua, windows.lua and window_call.lua (joined in
--- src/store/redis/window.rs): now, slack_ms, idiv, cost, n, the figures
--- of each window and pick and reply come from there.
+-- Runs after lua/common/clock.lua, idiv.lua, windows.lua and window_call.lua
+-- (joined in src/store/redis/window.rs): now, slack_ms, idiv, cost, n, the
+-- figures of each window and pick and reply come from there.
 
 -- How long until a call of `cost` fits in a window of `length` and `count`
 -- holding curr and prev, with r left of its fixed window, where it does not

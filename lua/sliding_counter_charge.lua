@@ -8,8 +8,8 @@
 -- cost charged. The overdraft then weighs as the previous window's count
 -- over the next window, less and less as the sliding window leaves it.
 
--- Runs after lua/common/clock.lua, idiv.lua, windows.lua and window_call.lua, and before
--- lua/sliding_counter_store.lua, lua/common/recheck.lua,
+-- Runs after lua/common/clock.lua, idiv.lua, windows.lua and window_call.lua,
+-- and before lua/sliding_counter_store.lua, lua/common/recheck.lua,
 -- lua/sliding_counter.lua and lua/common/standing.lua (joined in
 -- src/store/redis/adjust.rs).
 

@@ -17,14 +17,14 @@ if last[2] and tonumber(last[2]) >= now then
 end
 local j = 0
 while j < cost do
-  local args = {}
+  local members = {}
   local upto = math.min(cost, j + 500)
   while j < upto do
-    args[#args + 1] = fmt(now)
-    args[#args + 1] = fmt(now) .. '-' .. fmt(seq + j)
+    members[#members + 1] = fmt(now)
+    members[#members + 1] = fmt(now) .. '-' .. fmt(seq + j)
     j = j + 1
   end
-  redis.call('ZADD', key, unpack(args))
+  redis.call('ZADD', key, unpack(members))
 end
 -- Once the newest entry has left the longest window the log means nothing.
 local ttl_ms = math.ceil((top + longest - now) / 1000)

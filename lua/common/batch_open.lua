@@ -1,10 +1,11 @@
 -- The start of a window script that decides one or more calls, in order
 -- (calls queued behind a busy connection travel together; see
--- src/store/redis/batch.rs). The one-call script between this part and
--- lua/common/batch_close.lua runs once per call, as a function of that
--- call's own KEYS and ARGV, as if the calls had reached Redis back to back
--- at one instant: lua/common/clock.lua comes before this part and reads
--- the clock once for them all.
+-- src/store/redis/batch.rs). The parts between this one and
+-- lua/common/batch_close.lua (lua/common/window_call.lua, then the
+-- algorithm's) run once per call, as a function of that call's own KEYS
+-- and ARGV, as if the calls had reached Redis back to back at one instant;
+-- the parts before this one run once for them all: lua/common/clock.lua
+-- (the clock read once), idiv.lua and windows.lua.
 --
 -- ARGV[1]        now in microseconds, or "" to read the server clock
 -- ARGV[2]        number of calls

@@ -21,7 +21,10 @@
 --                  its figures of now, before the call
 -- The lists and the functions pick and reply below serve every call of a
 -- batch in turn (made once, not per call: Redis' Lua pays for each table
--- and function it makes).
+-- and function it makes). So each call fills entries 1..n before reading
+-- them: entries past n may be an earlier call's. The functions read the
+-- call's arguments through args, never ARGV (in a batch, the whole
+-- batch's).
 local cost, n, args
 -- The most a counter holds (2^50): charges saturate there, so that every
 -- count stays exact in Lua's doubles (see MAX_COUNTED in src/window.rs).
@@ -34,14 +37,12 @@ local admits, remaining, reset, retry, remaining0, reset0 = {}, {}, {}, {}, {}, 
 local function reply(allowed, i, retry_us, hold_us)
   if n == 1 then return {allowed, i, remaining[i], reset[i], retry_us, hold_us} end
   local out = {allowed, i, remaining[i], reset[i], retry_us}
-  if n > 1 then
-    -- A denied call charges nothing: every window's figures of now.
-    local r, t = remaining, reset
-    if allowed == 0 then r, t = remaining0, reset0 end
-    for j = 1, n do
-      out[#out + 1] = r[j]
-      out[#out + 1] = t[j]
-    end
+  -- A denied call charges nothing: every window's figures of now.
+  local r, t = remaining, reset
+  if allowed == 0 then r, t = remaining0, reset0 end
+  for j = 1, n do
+    out[#out + 1] = r[j]
+    out[#out + 1] = t[j]
   end
   out[#out + 1] = hold_us
   return out
