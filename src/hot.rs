@@ -65,8 +65,9 @@ use crate::store::{AdjustCall, Store, StoreFuture};
 /// **Headers.** A call admitted from a lease reports as remaining the
 /// tokens this instance still holds plus what the store had left after the
 /// lease, and as reset what the store said then (at most a lease time
-/// old), for each limit of a policy of several windows as for one. A local refusal reports 0 remaining and, as retry-after, when
-/// this instance will ask the store again.
+/// old), for each limit of a policy of several windows as for one. A local
+/// refusal reports 0 remaining and, as retry-after, when this instance
+/// will ask the store again.
 ///
 /// **Failures.** A lease the store fails on fails the call that asked for
 /// it and every call waiting for it, at once, with the same error (the

@@ -668,15 +668,9 @@ const GCRA_REPLY: usize = 5;
 
 /// The reply of a check script of one call, as [`split_replies`] gives it.
 fn one_reply(algorithm: Algorithm, reply: Value) -> Result<Value, StoreError> {
-    match reply {
-        Value::Array(items) if !algorithm.is_window() && items.len() == GCRA_REPLY => {
-            Ok(Value::Array(items))
-        }
-        Value::Array(mut items) if algorithm.is_window() && items.len() == 1 => {
-            Ok(items.swap_remove(0))
-        }
-        other => Err(StoreError::UnexpectedReply(format!("{other:?}"))),
-    }
+    split_replies(algorithm, reply, 1)?
+        .pop()
+        .ok_or_else(|| StoreError::UnexpectedReply("no reply".into()))
 }
 
 /// Each call's part of the reply of `algorithm`'s check script deciding

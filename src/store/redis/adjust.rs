@@ -219,22 +219,18 @@ impl RedisStore {
         let mut args = Vec::with_capacity(6 + 2 * limits.len());
         args.push(now);
         if !policy.algorithm().is_window() {
+            let each_limit = limits
+                .iter()
+                .flat_map(|l| [l.emission_us().to_string(), l.tolerance_us().to_string()]);
             if op == Op::Peek {
-                // One set of limits, counted.
-                args.push("1".to_owned());
-                args.push(limits.len().to_string());
+                // One set of limits, counted; then one call of it: its
+                // cost, no wait.
+                args.extend(["1".to_owned(), limits.len().to_string()]);
+                args.extend(each_limit);
+                args.extend(["1".to_owned(), call.cost.to_string(), "0".to_owned()]);
             } else {
                 args.push(call.cost.to_string());
-            }
-            for limit in limits {
-                args.push(limit.emission_us().to_string());
-                args.push(limit.tolerance_us().to_string());
-            }
-            if op == Op::Peek {
-                // One call: of that set, its cost, no wait.
-                args.push("1".to_owned());
-                args.push(call.cost.to_string());
-                args.push("0".to_owned());
+                args.extend(each_limit);
             }
             return (self.gcra_keys(policy, call.key).collect(), args, sent_at);
         }
