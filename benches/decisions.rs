@@ -650,7 +650,8 @@ struct TaskStats {
 }
 
 /// `concurrency` tasks calling `op` back to back until `duration` has
-/// passed, timing every `every`-th call; every call started is awaited, so
+/// passed, timing every `every`-th call and starting none after the
+/// deadline once a timed call sees it; every call started is awaited, so
 /// none is in flight afterwards.
 async fn phase<F, Fut, E>(
     concurrency: usize,
@@ -676,10 +677,24 @@ where
                     first_error: None,
                 };
                 let mut n = 0;
-                while Instant::now() < deadline {
+                'run: loop {
                     for _ in 0..64 {
+                        // The deadline is read with each timed call's start,
+                        // so that no task goes on past it for more than
+                        // `every` calls (as the peers' loops check it before
+                        // each call): checked once per 64 calls, the last
+                        // calls of a phase ran at a dwindling concurrency,
+                        // up to 64 round trips past the end.
                         let timed = n % every == 0;
-                        let start = timed.then(Instant::now);
+                        let start = if timed {
+                            let now = Instant::now();
+                            if now >= deadline {
+                                break 'run;
+                            }
+                            Some(now)
+                        } else {
+                            None
+                        };
                         let result = op(task, n).await;
                         if let Some(start) = start {
                             stats.latencies.push(start.elapsed());
@@ -693,6 +708,8 @@ where
                             }
                         }
                     }
+                    // A store that never waits (memory) would otherwise
+                    // hold the thread until the deadline.
                     tokio::task::yield_now().await;
                 }
                 stats.decisions = n as u64;
