@@ -7,7 +7,9 @@
 //!
 //! The `faults` tests bound every request's latency, so they need the
 //! machine to themselves: each holds `machine::alone()` for its whole run,
-//! every other test holds `machine::shared()` (the check below makes sure).
+//! as does a test that waits for a store warning through the process's
+//! once-a-second gate; every other test holds `machine::shared()` (the
+//! check below makes sure).
 #[path = "../common/mod.rs"]
 mod common;
 
@@ -56,7 +58,8 @@ mod machine {
     }
 
     /// The machine to this test alone, held until dropped: the first line
-    /// of every `faults` test.
+    /// of every `faults` test and of the few others that need it (each
+    /// says why).
     pub async fn alone() -> RwLockWriteGuard<'static, ()> {
         MACHINE.write().await
     }
