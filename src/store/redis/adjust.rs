@@ -42,8 +42,49 @@ struct Scripts {
 }
 
 macro_rules! part {
-    ($name:literal) => {
+    ($name:expr) => {
         include_str!(concat!("../../../lua/", $name))
+    };
+}
+
+/// A window script of one call: the clock, the shared window parts and
+/// the call's arguments (as a check's batch has them once), then `parts`.
+macro_rules! window_op {
+    ($($part:expr),+) => {
+        concat!(
+            part!("common/clock.lua"),
+            part!("common/idiv.lua"),
+            part!("common/windows.lua"),
+            part!("common/window_call.lua"),
+            $(part!($part)),+
+        )
+    };
+}
+
+/// A window algorithm's three scripts, from its files `<alg>.lua` (the
+/// decision), `<alg>_store.lua`, `<alg>_charge.lua` and `<alg>_refund.lua`.
+macro_rules! window_scripts {
+    ($alg:literal) => {
+        LazyLock::new(|| Scripts {
+            peek: LuaScript::new(
+                concat!($alg, "_peek"),
+                window_op!(concat!($alg, ".lua"), "common/admit.lua"),
+            ),
+            charge: LuaScript::new(
+                concat!($alg, "_charge"),
+                window_op!(
+                    concat!($alg, "_charge.lua"),
+                    concat!($alg, "_store.lua"),
+                    "common/recheck.lua",
+                    concat!($alg, ".lua"),
+                    "common/standing.lua"
+                ),
+            ),
+            refund: LuaScript::new(
+                concat!($alg, "_refund"),
+                window_op!(concat!($alg, "_refund.lua")),
+            ),
+        })
     };
 }
 
@@ -71,116 +112,9 @@ static GCRA: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     ),
 });
 
-static SLIDING_LOG: LazyLock<Scripts> = LazyLock::new(|| Scripts {
-    peek: LuaScript::new(
-        "sliding_log_peek",
-        concat!(
-            part!("common/clock.lua"),
-            part!("common/windows.lua"),
-            part!("common/window_call.lua"),
-            part!("sliding_log.lua"),
-            part!("common/admit.lua"),
-        ),
-    ),
-    charge: LuaScript::new(
-        "sliding_log_charge",
-        concat!(
-            part!("common/clock.lua"),
-            part!("common/windows.lua"),
-            part!("common/window_call.lua"),
-            part!("sliding_log_charge.lua"),
-            part!("sliding_log_store.lua"),
-            part!("common/recheck.lua"),
-            part!("sliding_log.lua"),
-            part!("common/standing.lua"),
-        ),
-    ),
-    refund: LuaScript::new(
-        "sliding_log_refund",
-        concat!(
-            part!("common/clock.lua"),
-            part!("common/windows.lua"),
-            part!("common/window_call.lua"),
-            part!("sliding_log_refund.lua"),
-        ),
-    ),
-});
-
-static SLIDING_COUNTER: LazyLock<Scripts> = LazyLock::new(|| Scripts {
-    peek: LuaScript::new(
-        "sliding_counter_peek",
-        concat!(
-            part!("common/clock.lua"),
-            part!("common/idiv.lua"),
-            part!("common/windows.lua"),
-            part!("common/window_call.lua"),
-            part!("sliding_counter.lua"),
-            part!("common/admit.lua"),
-        ),
-    ),
-    charge: LuaScript::new(
-        "sliding_counter_charge",
-        concat!(
-            part!("common/clock.lua"),
-            part!("common/idiv.lua"),
-            part!("common/windows.lua"),
-            part!("common/window_call.lua"),
-            part!("sliding_counter_charge.lua"),
-            part!("sliding_counter_store.lua"),
-            part!("common/recheck.lua"),
-            part!("sliding_counter.lua"),
-            part!("common/standing.lua"),
-        ),
-    ),
-    refund: LuaScript::new(
-        "sliding_counter_refund",
-        concat!(
-            part!("common/clock.lua"),
-            part!("common/idiv.lua"),
-            part!("common/windows.lua"),
-            part!("common/window_call.lua"),
-            part!("sliding_counter_refund.lua"),
-        ),
-    ),
-});
-
-static FIXED_WINDOW: LazyLock<Scripts> = LazyLock::new(|| Scripts {
-    peek: LuaScript::new(
-        "fixed_window_peek",
-        concat!(
-            part!("common/clock.lua"),
-            part!("common/idiv.lua"),
-            part!("common/windows.lua"),
-            part!("common/window_call.lua"),
-            part!("fixed_window.lua"),
-            part!("common/admit.lua"),
-        ),
-    ),
-    charge: LuaScript::new(
-        "fixed_window_charge",
-        concat!(
-            part!("common/clock.lua"),
-            part!("common/idiv.lua"),
-            part!("common/windows.lua"),
-            part!("common/window_call.lua"),
-            part!("fixed_window_charge.lua"),
-            part!("fixed_window_store.lua"),
-            part!("common/recheck.lua"),
-            part!("fixed_window.lua"),
-            part!("common/standing.lua"),
-        ),
-    ),
-    refund: LuaScript::new(
-        "fixed_window_refund",
-        concat!(
-            part!("common/clock.lua"),
-            part!("common/idiv.lua"),
-            part!("common/windows.lua"),
-            part!("common/window_call.lua"),
-            part!("fixed_window_refund.lua"),
-        ),
-    ),
-});
+static SLIDING_LOG: LazyLock<Scripts> = window_scripts!("sliding_log");
+static SLIDING_COUNTER: LazyLock<Scripts> = window_scripts!("sliding_counter");
+static FIXED_WINDOW: LazyLock<Scripts> = window_scripts!("fixed_window");
 
 fn scripts(algorithm: Algorithm) -> &'static Scripts {
     match algorithm {
