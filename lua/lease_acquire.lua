@@ -20,18 +20,23 @@
 local capacity = tonumber(ARGV[2])
 local ttl = tonumber(ARGV[3])
 
--- Leases whose holder vanished expire here, in the same call: no separate
--- trimming round trip.
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', string.format('%d', now))
-local held = redis.call('ZCARD', KEYS[1])
+-- Only unexpired leases count: an expired one's holder vanished.
+local after = '(' .. string.format('%d', now)
+local held = redis.call('ZCOUNT', KEYS[1], after, '+inf')
 if held >= capacity then
-  local oldest = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+  local oldest = redis.call('ZRANGEBYSCORE', KEYS[1], after, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
   local wait = 0
   if oldest[2] then wait = tonumber(oldest[2]) - now end
   return {0, held, wait}
 end
 
+-- The ZADD is the first write: on a master past maxmemory Redis refuses a
+-- script's first write only if it is one that takes memory, and lets every
+-- later write through, so the trim must not come first.
 redis.call('ZADD', KEYS[1], string.format('%d', now + ttl), ARGV[4])
+-- Leases whose holder vanished are dropped here, in the same call: no
+-- separate trimming round trip.
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', string.format('%d', now))
 -- The set lives as long as its longest lease.
 
 local ttl_ms = math.ceil(ttl / 1000) + slack_ms

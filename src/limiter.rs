@@ -597,7 +597,11 @@ impl Limiter {
     ///
     /// On Redis, a charge that leaves `key` unable to pass a call of cost 1
     /// is remembered by this instance's deny cache, if it has one, so that
-    /// the calls it refuses cost Redis nothing.
+    /// the calls it refuses cost Redis nothing. A charge that fails (Redis
+    /// refusing writes, a timeout) is kept by the store as owed by `key`
+    /// and sent again before the key's next [`peek`](Self::peek) or charge,
+    /// which fail while it cannot land: do not send it again yourself. A
+    /// charge that timed out may have run, so it lands at least once.
     ///
     /// ```
     /// use std::time::Duration;

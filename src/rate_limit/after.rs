@@ -45,8 +45,16 @@ type PartsFn<T> = Arc<dyn Fn(&Parts) -> T + Send + Sync>;
 /// a store error (`fleetgate_store_errors_total`, `op` the script's:
 /// `gcra_charge`, `fixed_window_refund`, ...); under
 /// [`FailurePolicy::Local`](crate::FailurePolicy::Local) it is then applied
-/// to the local fallback's limiter instead. An inner service that fails
-/// (no response) is charged or refunded nothing.
+/// to the local fallback's limiter instead. A Redis store keeps a failed
+/// (or timed-out) charge as owed by the key and sends it before the key's
+/// next peek: while it cannot land, that peek fails and the layer's
+/// failure policy decides the call as for a failed check (`Closed` refuses
+/// until a charge lands again, `Local` decides on the local limiter that
+/// took the charge, `Open` admits), so a Redis that answers reads but
+/// refuses writes does not turn the limit off
+/// (`docs/operating.md`, "When Redis answers reads but refuses writes").
+/// An inner service that fails (no response) is charged or refunded
+/// nothing.
 ///
 /// Charge-after callers admitted together can overshoot the budget by the
 /// costs they have in flight (each was admitted by a peek that counted

@@ -13,6 +13,7 @@ mod batch;
 mod defer;
 mod lease;
 pub(crate) mod live;
+mod owed;
 mod release;
 mod reset;
 mod window;
@@ -246,6 +247,9 @@ struct Inner {
     leases: lease::Scripts,
     /// Releases that failed on the way, being retried.
     releases: release::Retries,
+    /// Charges that did not land, sent again before their keys' next
+    /// peek or charge.
+    owed: owed::Owed,
     /// Whether the server refused the connection lately; `None` on a
     /// cluster, and on Sentinel, whose connection never reconnects by
     /// itself (a dropped one fails calls at once until a lookup replaces
@@ -1022,6 +1026,7 @@ impl RedisStoreBuilder {
                 windows: window::Scripts::new(),
                 leases: lease::Scripts::new(),
                 releases: release::Retries::default(),
+                owed: owed::Owed::default(),
                 refusals,
             }),
         })

@@ -28,6 +28,7 @@ mod private_server;
 #[cfg(feature = "cluster")]
 mod redis_cluster;
 mod redis_down;
+mod refused_writes;
 mod reset;
 #[cfg(feature = "sentinel")]
 mod sentinel;

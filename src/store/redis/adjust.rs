@@ -24,11 +24,14 @@ use std::time::Duration;
 
 use ::redis::Value;
 
+use super::owed::{Charge, Claim};
 use super::window::decode_window;
 use super::{LuaScript, RedisStore, TimeSource, decode_decision, one_reply};
 use crate::algorithm::Algorithm;
 use crate::decision::Decision;
 use crate::error::StoreError;
+use crate::key::Key;
+use crate::limit::Policy;
 use crate::store::{AdjustCall, StoreFuture};
 use crate::window::Window;
 
@@ -179,17 +182,37 @@ impl RedisStore {
 
     /// Answers from the deny cache, or sends the peek: a check's script
     /// without its store, so its answer (and a denial's caching) is the
-    /// check's.
+    /// check's. A key that owes a charge sends it first, and fails as it
+    /// does (see `owed.rs`).
     pub(super) fn run_peek(&self, call: AdjustCall<'_>) -> StoreFuture<Decision> {
         if let Some(cache) = &self.inner.deny
             && let Some(denied) = cache.lookup(call.policy, call.key, call.cost, Duration::ZERO)
         {
             return StoreFuture::ready(Ok(denied));
         }
-        let (keys, args, sent_at) = self.adjust_command(&call, Op::Peek);
+        let owed = match self.inner.owed.is_empty() {
+            true => None,
+            false => {
+                let base = self.key_base(call.policy.name(), call.key);
+                match self.inner.owed.claim_for_peek(&base) {
+                    Claim::Settled => None,
+                    Claim::Refuse(err) => return StoreFuture::ready(Err(err)),
+                    Claim::Send(charge) => Some(charge),
+                }
+            }
+        };
         let store = self.clone();
         let (policy, key, cost) = (call.policy.clone(), call.key.clone(), call.cost);
         StoreFuture::pending(async move {
+            if let Some(charge) = owed {
+                store.send_owed(charge).await?;
+            }
+            let call = AdjustCall {
+                policy: &policy,
+                key: &key,
+                cost,
+            };
+            let (keys, args, sent_at) = store.adjust_command(&call, Op::Peek);
             let script = &scripts(policy.algorithm()).peek;
             let reply = store.eval(script, &keys, &args).await?;
             if !policy.algorithm().is_window() {
@@ -204,26 +227,77 @@ impl RedisStore {
         })
     }
 
-    /// Sends the charge; its answer is the figures of now for a call of
-    /// cost 1, and a denial of that call is cached as one.
+    /// Sends the charge, with what the key owes from charges that did not
+    /// land; one that does not land is owed in turn (see `owed.rs`). Its
+    /// answer is the figures of now for a call of cost 1, and a denial of
+    /// that call is cached as one.
     pub(super) fn run_charge(&self, call: AdjustCall<'_>) -> StoreFuture<Decision> {
-        let (keys, args, sent_at) = self.adjust_command(&call, Op::Charge);
+        let owed = match self.inner.owed.is_empty() {
+            true => None,
+            false => {
+                let base = self.key_base(call.policy.name(), call.key);
+                self.inner.owed.claim_for_charge(&base)
+            }
+        };
         let store = self.clone();
         let (policy, key) = (call.policy.clone(), call.key.clone());
+        let cost = call.cost;
         StoreFuture::pending(async move {
-            let script = &scripts(policy.algorithm()).charge;
-            let reply = store.eval(script, &keys, &args).await?;
-            let limits = policy.limits().len();
-            let (decision, hold_us) = if policy.algorithm().is_window() {
-                decode_window(reply, limits)?
-            } else {
-                (decode_decision(&reply, limits, false)?, u64::MAX)
-            };
-            if let (Some(cache), Some(sent_at)) = (&store.inner.deny, sent_at) {
-                cache.record_held(&policy, &key, 1, sent_at, &decision, hold_us);
+            let total = cost.saturating_add(owed.as_ref().map_or(0, |c| c.amount));
+            let result = store.charge_now(&policy, &key, total).await;
+            match (&result, owed) {
+                (Ok(_), Some(charge)) => store.inner.owed.landed(charge),
+                (Ok(_), None) => store.inner.owed.wrote(),
+                (Err(err), owed) => {
+                    if let Some(charge) = owed {
+                        store.inner.owed.failed(charge, err.clone());
+                    }
+                    let base = store.key_base(policy.name(), &key);
+                    store.inner.owed.owe(base, &policy, &key, cost, err.clone());
+                }
             }
-            Ok(decision)
+            result
         })
+    }
+
+    /// Sends what a key owes: paid when it lands, owed still when not.
+    async fn send_owed(&self, charge: Charge) -> Result<(), StoreError> {
+        let result = self
+            .charge_now(&charge.policy, &charge.key, charge.amount)
+            .await;
+        match result {
+            Ok(_) => {
+                self.inner.owed.landed(charge);
+                Ok(())
+            }
+            Err(err) => {
+                self.inner.owed.failed(charge, err.clone());
+                Err(err)
+            }
+        }
+    }
+
+    /// One charge script of `cost` for `key` under `policy`.
+    async fn charge_now(
+        &self,
+        policy: &Policy,
+        key: &Key,
+        cost: u64,
+    ) -> Result<Decision, StoreError> {
+        let call = AdjustCall { policy, key, cost };
+        let (keys, args, sent_at) = self.adjust_command(&call, Op::Charge);
+        let script = &scripts(policy.algorithm()).charge;
+        let reply = self.eval(script, &keys, &args).await?;
+        let limits = policy.limits().len();
+        let (decision, hold_us) = if policy.algorithm().is_window() {
+            decode_window(reply, limits)?
+        } else {
+            (decode_decision(&reply, limits, false)?, u64::MAX)
+        };
+        if let (Some(cache), Some(sent_at)) = (&self.inner.deny, sent_at) {
+            cache.record_held(policy, key, 1, sent_at, &decision, hold_us);
+        }
+        Ok(decision)
     }
 
     /// Sends the refund, then forgets this instance's cached denials of

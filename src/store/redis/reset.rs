@@ -47,7 +47,9 @@ impl RedisStore {
     /// within the store's timeout, then forgets this instance's cached
     /// denials of `key` under `name` (whatever the outcome: a call that
     /// timed out may have run). Other instances' deny caches keep what
-    /// they hold, until its retry time at most.
+    /// they hold, until its retry time at most. Once the keys are gone,
+    /// a charge the key owed is forgotten too: it was a charge of the
+    /// state just cleared.
     pub(super) fn run_reset(&self, name: &str, key: &Key) -> StoreFuture<()> {
         let keys = self.reset_keys(name, key);
         let store = self.clone();
@@ -57,7 +59,11 @@ impl RedisStore {
             if let Some(cache) = &store.inner.deny {
                 cache.forget(&name, &key);
             }
-            decode_reset(&reply?, keys.len())
+            decode_reset(&reply?, keys.len())?;
+            if !store.inner.owed.is_empty() {
+                store.inner.owed.forget(&store.key_base(&name, &key));
+            }
+            Ok(())
         })
     }
 }
