@@ -8,11 +8,14 @@
 -- ARGV[2]        cost
 -- ARGV[1+2i]     emission interval T of limit i, in microseconds
 -- ARGV[2+2i]     tolerance (burst * T) of limit i, in microseconds
+-- ARGV[2+2n+i]   horizon of limit i (n limits): its tolerance and 16
+--                periods of its rate, in microseconds, at most 2^50
 --
--- tat = min(max(stored, now) + cost * T, now + 2^50): a debt is repaid at
--- the limit's rate like any TAT, and cut to about 35 years so that every
--- time stays exact in Lua's doubles (a product past 2^53 is inexact, but
--- then far past the cut). Keys expire once their TAT has passed.
+-- tat = min(max(stored, now) + cost * T, now + horizon), never below the
+-- stored one: a debt is repaid at the limit's rate like any TAT, and cut
+-- to what the limit refills in 16 periods, so that a huge charge holds
+-- the identity back that long at most (a product past 2^53 is inexact,
+-- but then far past the cut). Keys expire once their TAT has passed.
 --
 -- Returns {allowed (1/0), deciding limit (1-based), remaining, reset_us,
 -- retry_after_us when denied / 0 when allowed}, as lua/gcra.lua does.
@@ -21,15 +24,17 @@
 -- src/store/redis/adjust.rs): now, slack_ms and idiv come from there.
 
 local cost = tonumber(ARGV[2])
-local most = 1125899906842624
 
 local tats = {}
 for i = 1, #KEYS do
   local emission = tonumber(ARGV[1 + 2 * i])
-  local tat = tonumber(redis.call('GET', KEYS[i]) or 0) or 0
+  local horizon = tonumber(ARGV[2 + 2 * #KEYS + i])
+  local stored = tonumber(redis.call('GET', KEYS[i]) or 0) or 0
+  local tat = stored
   if tat < now then tat = now end
   local charged = tat + cost * emission
-  if charged > now + most then charged = now + most end
+  if charged > now + horizon then charged = now + horizon end
+  if charged < stored then charged = stored end
   tats[i] = charged
 end
 for i = 1, #KEYS do

@@ -23,11 +23,15 @@
 //! [`decide`] with nothing stored):
 //!
 //! ```text
-//! charge   tat = min(max(stored, now) + n·T, now + 2^50)   no test, no cap at τ
+//! charge   tat = min(max(stored, now) + n·T, now + τ + 16·P)   no test, no
+//!          cap at τ; never below stored
 //! refund   tat = max(now, tat − n·T)   where tat > now     never below now
 //! ```
 //!
-//! A charge may leave `tat > now + τ`: a debt of `(tat − now − τ)/T` units.
+//! A charge may leave `tat > now + τ`: a debt of `(tat − now − τ)/T` units,
+//! at most what the limit refills in 16 periods `P` of its rate, so that
+//! even a huge charge holds an identity back for 16 periods at most and
+//! its key lives no longer than `τ + 16·P`.
 //! A call of cost 1 passes again from `tat + T − τ` on, so the debt is
 //! repaid at exactly the limit's rate, one unit per `T`, and the identity
 //! then gets one call per `T` until it is idle long enough to rebuild its
@@ -54,6 +58,12 @@ pub(crate) struct Params {
 /// [`Limit`]s read in place, so that deciding copies nothing.
 pub(crate) trait AsParams {
     fn params(&self) -> Params;
+
+    /// The furthest past now a [`charge`] may move the TAT, in
+    /// microseconds: [`MAX_DEBT`] for bare parameters.
+    fn debt_horizon(&self) -> u64 {
+        MAX_DEBT
+    }
 }
 
 impl AsParams for Params {
@@ -68,6 +78,10 @@ impl AsParams for Limit {
             emission: self.emission_us(),
             tolerance: self.tolerance_us(),
         }
+    }
+
+    fn debt_horizon(&self) -> u64 {
+        self.debt_horizon_us()
     }
 }
 
@@ -420,10 +434,17 @@ mod defer_tests {
     }
 }
 
-/// The furthest a charge moves a TAT past now: 2^50 µs (about 35 years).
-/// A debt beyond it is cut to it, so that every stored time stays exact in
-/// the Lua scripts' doubles, however large or frequent the charges.
+/// The furthest any charge moves a TAT past now: 2^50 µs (about 35
+/// years), so that every stored time stays exact in the Lua scripts'
+/// doubles. A limit's own horizon, `τ + 16·P`, is at most this.
 pub(crate) const MAX_DEBT: u64 = 1 << 50;
+
+/// How many periods of its rate a limit's debt may reach past its burst:
+/// enough that honest costs in flight together are charged in full (each
+/// was admitted while the budget lasted), few enough that one absurd
+/// charge (a response claiming 2^64 tokens) locks its identity out for
+/// minutes or hours, not decades, and its key expires with it.
+pub(crate) const DEBT_PERIODS: u64 = 16;
 
 /// Cost after the fact: takes `cost` from every limit unconditionally,
 /// with no admission test and no cap at the burst, and returns the figures
@@ -431,8 +452,12 @@ pub(crate) const MAX_DEBT: u64 = 1 << 50;
 /// idle again. `lua/gcra_charge.lua` transcribes this.
 ///
 /// ```text
-/// tat = min(max(stored, now) + n·T, now + MAX_DEBT)
+/// tat = max(stored, min(max(stored, now) + n·T, now + τ + 16·P))   P: the rate's period
 /// ```
+///
+/// The cut bounds a debt to what the limit refills in [`DEBT_PERIODS`]
+/// periods: a charge, however large, holds the identity back that long at
+/// most, and its state lives `τ + 16·P` at most.
 ///
 /// A charge may take a limit into debt: its TAT then lies more than the
 /// tolerance `τ` past now, and a call of cost 1 passes again from
@@ -454,12 +479,14 @@ pub(crate) fn charge<P: AsParams>(
 ) -> (Decision, u64) {
     debug_assert_eq!(params.len(), tats.len());
     let mut idle_at = now;
-    for (p, tat) in params.iter().zip(tats.iter_mut()) {
-        let p = p.params();
+    for (limit, tat) in params.iter().zip(tats.iter_mut()) {
+        let (p, horizon) = (limit.params(), limit.debt_horizon());
         let charged = (*tat)
             .max(now)
             .saturating_add(cost.saturating_mul(p.emission));
-        *tat = charged.min(now.saturating_add(MAX_DEBT));
+        // Never back: a TAT past the horizon (a policy since shortened)
+        // stays where it is.
+        *tat = charged.min(now.saturating_add(horizon)).max(*tat);
         idle_at = idle_at.max(*tat);
     }
     // The figures of now for a call of cost 1: denied, the limit with the
@@ -575,6 +602,24 @@ mod adjust_tests {
         assert_eq!(idle, 100 * S + MAX_DEBT);
         charge(&p, &mut tat, 100 * S, 7);
         assert_eq!(tat, [100 * S + MAX_DEBT]);
+    }
+
+    #[test]
+    fn a_limits_debt_is_cut_at_16_periods_and_never_moves_back() {
+        use crate::rate::Rate;
+        // 1000 a minute, burst 1000: τ = P = 60 s.
+        let limit = [Limit::new(Rate::per_minute(1000)).unwrap()];
+        let mut tat = [0];
+        let (d, idle) = charge(&limit, &mut tat, 100 * S, u64::MAX);
+        assert_eq!(tat, [(100 + 60 + 16 * 60) * S]);
+        assert_eq!(idle, tat[0]);
+        // A call of cost 1 passes again 16 periods (and one token) later.
+        let retry = Duration::from_micros(16 * 60 * S + 60_000);
+        assert_eq!(d.retry_after(), Some(retry));
+        // A TAT already past the horizon is left where it is.
+        let mut tat = [5000 * S];
+        charge(&limit, &mut tat, 100 * S, 1);
+        assert_eq!(tat, [5000 * S]);
     }
 
     #[test]

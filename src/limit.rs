@@ -135,6 +135,17 @@ impl Limit {
     pub(crate) fn tolerance_us(&self) -> u64 {
         self.tolerance_us
     }
+
+    /// How far past now a GCRA charge may move this limit's TAT: its
+    /// tolerance and [`DEBT_PERIODS`](crate::gcra::DEBT_PERIODS) periods
+    /// of its rate, so that a debt is at most what the limit refills in
+    /// those periods.
+    pub(crate) fn debt_horizon_us(&self) -> u64 {
+        let period = u64::try_from(self.rate.period().as_micros()).unwrap_or(u64::MAX);
+        self.tolerance_us
+            .saturating_add(period.saturating_mul(crate::gcra::DEBT_PERIODS))
+            .min(crate::gcra::MAX_DEBT)
+    }
 }
 
 impl fmt::Display for Limit {

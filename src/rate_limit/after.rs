@@ -62,6 +62,13 @@ type PartsFn<T> = Arc<dyn Fn(&Parts) -> T + Send + Sync>;
 /// the limit's rate, and `Retry-After` says when. Refund callers never
 /// overshoot: every call was charged before it ran.
 ///
+/// A debt is bounded by the policy: under GCRA by what each limit refills
+/// in 16 periods of its rate past its burst, so that a response claiming
+/// an absurd cost (`x-tokens-used: 18446744073709551615`) holds its
+/// identity back 16 minutes at most under `1000/min`, and its Redis key
+/// expires then; the window algorithms forget a debt when its window (the
+/// sliding counter's: the next one) has passed.
+///
 /// With [`wait_up_to`](super::RateLimitLayer::wait_up_to), a layer that
 /// peeks never waits (a peek reserves no slot); a refunding one waits as
 /// usual. In shadow mode the layer still charges and refunds.

@@ -197,6 +197,48 @@ async fn a_debt_is_repaid_at_exactly_the_limits_rate() {
     }
 }
 
+/// One response stating the largest cost: refused for 16 periods of the
+/// limit (16 minutes), and the key expires with it rather than in 35 years.
+#[tokio::test]
+async fn a_huge_charge_holds_back_16_periods_and_its_key_expires_with_it() {
+    let _shared = crate::machine::shared().await;
+    let server = RedisServer::start();
+    let limiter = Limiter::new(
+        policy("tokens", Limit::new(Rate::per_minute(1000)).unwrap()),
+        common::redis_store(&server).await,
+    );
+    let svc = ServiceBuilder::new()
+        .layer(layer(&limiter, ResponseCost::header("x-tokens-used")))
+        .service(Handler::default().service());
+    let res = call(&svc, "/complete?tokens=18446744073709551615", "k").await;
+    assert_eq!(res.status(), StatusCode::OK);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let res = loop {
+        let res = call(&svc, "/complete?tokens=1", "k").await;
+        if res.status() != StatusCode::OK {
+            break res;
+        }
+        assert!(Instant::now() < deadline, "the charge never landed");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert!((955..=961).contains(&retry_after(&res)), "{res:?}");
+    let mut admin = server.admin().await;
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("*")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    assert_eq!(keys.len(), 1, "{keys:?}");
+    let ttl: i64 = redis::cmd("PTTL")
+        .arg(&keys[0])
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    // The burst's minute and the debt's 16, on the server's clock.
+    assert!((1..=17 * 60_000).contains(&ttl), "{ttl} ms");
+}
+
 /// Two instances (a store each), eight clients each, 400-token calls
 /// against 1000 an hour: together they overshoot by less than the costs
 /// of the sixteen clients in flight. Refund callers (burst 3, every

@@ -168,6 +168,9 @@ impl RedisStore {
             } else {
                 args.push(call.cost.to_string());
                 args.extend(each_limit);
+                if op == Op::Charge {
+                    args.extend(limits.iter().map(|l| l.debt_horizon_us().to_string()));
+                }
             }
             return (self.gcra_keys(policy, call.key).collect(), args, sent_at);
         }
