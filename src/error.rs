@@ -235,6 +235,15 @@ pub enum ConfigError {
     /// A [`MemoryStore`](crate::MemoryStore) bound of zero entries.
     #[error("a memory store's max_keys must be at least 1")]
     ZeroMaxKeys,
+    /// A [`MemoryStore`](crate::MemoryStore) bound above the largest it
+    /// takes.
+    #[error("a memory store's max_keys must be at most {most}, not {max_keys}")]
+    TooManyMaxKeys {
+        /// The bound asked for.
+        max_keys: usize,
+        /// The largest bound a memory store takes.
+        most: usize,
+    },
     /// A [`LocalShare`](crate::LocalShare) outside `1e-6 <= share <= 1`
     /// (not a number, zero or less, more than the whole, or less than a
     /// millionth).

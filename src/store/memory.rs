@@ -43,6 +43,9 @@ const SWEEP_PER_CALL: usize = 64;
 /// this plus one shard of each table.
 const SWEEP_BUDGET: usize = 4096;
 
+/// The largest bound [`MemoryStoreBuilder::max_keys`] takes.
+const MAX_MAX_KEYS: usize = 100_000_000;
+
 /// The most entries a shard of any table holds: the store has at least
 /// one shard per this many entries of its bound, so that a sweep or an
 /// eviction, which handles a whole shard under its lock, stays short
@@ -669,7 +672,10 @@ impl MemoryStoreBuilder {
     /// 1,000,000): GCRA entries, window entries and lease sets,
     /// each counted apart. An entry is one identity's state under one
     /// policy (or concurrency limit); see [`MemoryStore`] for what happens
-    /// at the bound. Refuses `0`.
+    /// at the bound. Refuses `0` and anything above 100,000,000: the store
+    /// makes one shard per 4096 entries of the bound when it is built
+    /// (about 10 MB at the maximum), and a hundred million identities'
+    /// state would outgrow most machines anyway.
     ///
     /// ```
     /// use fleetgate::MemoryStore;
@@ -677,11 +683,18 @@ impl MemoryStoreBuilder {
     /// let store = MemoryStore::builder().max_keys(100_000)?.build();
     /// # drop(store);
     /// assert!(MemoryStore::builder().max_keys(0).is_err());
+    /// assert!(MemoryStore::builder().max_keys(100_000_001).is_err());
     /// # Ok::<(), fleetgate::ConfigError>(())
     /// ```
     pub fn max_keys(mut self, max_keys: usize) -> Result<Self, ConfigError> {
         if max_keys == 0 {
             return Err(ConfigError::ZeroMaxKeys);
+        }
+        if max_keys > MAX_MAX_KEYS {
+            return Err(ConfigError::TooManyMaxKeys {
+                max_keys,
+                most: MAX_MAX_KEYS,
+            });
         }
         self.max_keys = max_keys;
         Ok(self)

@@ -204,6 +204,31 @@ fn bounded_store(max_keys: usize) -> MemoryStore {
         .build()
 }
 
+/// The bound is refused past 100,000,000 (it once allocated a shard per
+/// 4096 keys of any value up front: 1 GB idle at 10^10, an abort at
+/// `usize::MAX`), with an error that names both figures; the largest it
+/// takes builds a working store.
+#[tokio::test]
+async fn the_bound_has_a_maximum_and_the_maximum_works() {
+    for too_many in [100_000_001, 1 << 40, usize::MAX] {
+        let err = MemoryStore::builder().max_keys(too_many).unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains(&too_many.to_string()), "{text}");
+        assert!(text.contains("100000000"), "{text}");
+    }
+    let store = MemoryStore::builder()
+        .max_keys(100_000_000)
+        .unwrap()
+        .build();
+    let limiter = Limiter::new(
+        policy_of("big", Algorithm::Gcra, 1, Duration::from_secs(60)),
+        store,
+    );
+    let k = Key::new("k");
+    assert!(limiter.check(&k, 1).await.unwrap().is_allowed());
+    assert!(!limiter.check(&k, 1).await.unwrap().is_allowed());
+}
+
 /// Twenty times the bound in distinct identities, each with state that
 /// matters for an hour: the store never holds more than the bound, and
 /// every entry it had to let go is counted as an eviction.
