@@ -64,10 +64,25 @@
 //! - `FLEETGATE_OBSERVE_SECRET`: the secret the dashboard's identity hashes
 //!   are keyed with (`fleetgate::observe::set_identity_secret`); give every
 //!   instance the same one.
+//! - `FLEETGATE_HEADER_TIMEOUT_SECS`: how long a client may take to send a
+//!   request head, on a new connection and between the requests of a kept-
+//!   alive one (default 10, from 1 to 3600): a connection that sends part
+//!   of a head, or nothing, is closed after it.
+//! - `FLEETGATE_MAX_CONNECTIONS`: the most connections served at once
+//!   (default 10000, at most 1000000): past it the demo stops accepting,
+//!   and new connections wait in the kernel's accept queue until one
+//!   closes. The open-file limit (`ulimit -n`) must allow as many (the
+//!   demo warns at start-up when it does not).
+//! - `FLEETGATE_DRAIN_SECS`: how long requests in flight may take to finish
+//!   after SIGTERM or SIGINT (default 10, from 0 to 3600).
 //!
-//! On SIGTERM or SIGINT (Ctrl-C) the demo stops accepting connections, lets
-//! the requests in flight finish (for at most 10 s), gives back their
-//! leases and exits with status 0.
+//! The demo serves HTTP/1.1 itself (hyper's server, not `axum::serve`),
+//! for the header timeout, the connection cap and a shutdown that gives
+//! every lease back. On SIGTERM or SIGINT (Ctrl-C) it stops accepting
+//! connections, lets the requests in flight finish (for at most 10 s,
+//! `FLEETGATE_DRAIN_SECS`), cuts off those still running, gives back the
+//! leases of all of them (waiting at most 10 s for the store) and exits
+//! with status 0.
 //!
 //! Routes:
 //! - `GET /` lists the routes and their limits.
@@ -133,7 +148,7 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
-use axum::extract::{Query, Request};
+use axum::extract::{ConnectInfo, Query, Request};
 use axum::http::{Method, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -151,6 +166,13 @@ use fleetgate::{
     Algorithm, FailurePolicy, Limit, LocalShare, MemoryStore, Policy, Rate, RateLimitLayer,
     RedisStore, Store,
 };
+use hyper::server::conn::http1;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
+use tokio::net::TcpListener;
+use tokio::sync::{Semaphore, watch};
+use tokio::task::JoinSet;
+use tower::Layer;
 use tracing_subscriber::EnvFilter;
 
 const ROUTES: &str = "\
@@ -178,8 +200,13 @@ GET /api/flaky?fail=1|0  500 when fail=1, else 200; per x-api-key (or client IP)
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-/// How long in-flight requests may take to finish after SIGTERM or SIGINT.
-const DRAIN: Duration = Duration::from_secs(10);
+/// How long the lease releases of the requests stopped on shutdown may
+/// take to reach the store.
+const SETTLE: Duration = Duration::from_secs(10);
+
+/// File descriptors kept for what is not a client connection: the store's
+/// connections, the policy-file watch, stdio, the runtime's own.
+const RESERVED_FILES: u64 = 64;
 
 /// The identity of the API-key extractor, shared by every limited route.
 type ApiKey = Arc<dyn KeyExtractor<Request<Body>>>;
@@ -229,6 +256,7 @@ async fn run() -> Result<(), BoxError> {
         .unwrap_or_else(|_| "127.0.0.1:3000".into())
         .parse()
         .map_err(|err| format!("FLEETGATE_ADDR: {err}"))?;
+    let serving = Serving::from_env()?;
 
     let failure = match std::env::var("FLEETGATE_FAILURE_POLICY").as_deref() {
         Err(_) | Ok("" | "open") => FailurePolicy::Open,
@@ -475,41 +503,198 @@ async fn run() -> Result<(), BoxError> {
         // Outermost, so that every limit sees the identity it verified.
         .layer(middleware::from_fn_with_state(api_keys, check_api_key));
 
+    println!("{serving}");
     println!("fleetgate demo listening on http://{bound} (store: {store_name})");
-    let (stopping, stop) = tokio::sync::watch::channel(false);
-    let server = axum::serve(
-        listener,
-        app.into_make_service_with_connect_info::<SocketAddr>(),
-    )
-    .with_graceful_shutdown(async move {
-        let mut stop = stop;
-        let _ = stop.wait_for(|stop| *stop).await;
-    });
-    let mut server = std::pin::pin!(server.into_future());
-    tokio::select! {
-        served = &mut server => return served.map_err(Into::into),
-        signal = shutdown::shutdown_signal() => {
-            println!("{signal}: draining in-flight requests (at most {} s)", DRAIN.as_secs());
-        }
-    }
-    let _ = stopping.send(true);
-    match tokio::time::timeout(DRAIN, &mut server).await {
-        Ok(served) => served?,
-        Err(_) => println!(
-            "requests still in flight after {} s; stopping anyway",
-            DRAIN.as_secs()
-        ),
-    }
-    // The leases of the requests that finished are being given back on
-    // spawned tasks: let them reach the store before the runtime stops.
+    serve(listener, app, serving).await?;
+    // The leases of the requests that finished, and of those cut off, are
+    // being given back on spawned tasks: let them reach the store before
+    // the runtime stops.
     let settled = async { tokio::join!(slow.releases_settled(), fleet.releases_settled()) };
-    if tokio::time::timeout(DRAIN, settled).await.is_err() {
+    if tokio::time::timeout(SETTLE, settled).await.is_err() {
         println!(
             "lease releases still pending after {} s; they expire with their TTL",
-            DRAIN.as_secs()
+            SETTLE.as_secs()
         );
     }
     println!("fleetgate demo stopped");
+    Ok(())
+}
+
+/// How the demo serves its connections, from the environment (see the
+/// module docs).
+#[derive(Clone, Copy, Debug)]
+struct Serving {
+    /// How long a client may take to send a request head
+    /// (`FLEETGATE_HEADER_TIMEOUT_SECS`).
+    header_timeout: Duration,
+    /// The most connections served at once (`FLEETGATE_MAX_CONNECTIONS`).
+    max_connections: usize,
+    /// How long requests in flight may take to finish after SIGTERM or
+    /// SIGINT (`FLEETGATE_DRAIN_SECS`).
+    drain: Duration,
+}
+
+impl Serving {
+    fn from_env() -> Result<Self, BoxError> {
+        let serving = Serving {
+            header_timeout: Duration::from_secs(env_number(
+                "FLEETGATE_HEADER_TIMEOUT_SECS",
+                10,
+                1..=3600,
+            )?),
+            // Below Linux's default ceiling on open files (fs.nr_open, 2^20).
+            max_connections: env_number("FLEETGATE_MAX_CONNECTIONS", 10_000, 1..=1_000_000)?,
+            drain: Duration::from_secs(env_number("FLEETGATE_DRAIN_SECS", 10, 0..=3600)?),
+        };
+        if let Some(files) = open_file_limit()
+            && serving.max_connections as u64 + RESERVED_FILES > files
+        {
+            tracing::warn!(
+                "FLEETGATE_MAX_CONNECTIONS is {} but this process may open {files} files \
+                 (ulimit -n): past about {} connections, accepting fails (retried every \
+                 second) before the cap applies",
+                serving.max_connections,
+                files.saturating_sub(RESERVED_FILES)
+            );
+        }
+        Ok(serving)
+    }
+}
+
+impl fmt::Display for Serving {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "connections: at most {} at once (more wait to be accepted), a request head \
+             within {} s, {} s to drain on SIGTERM",
+            self.max_connections,
+            self.header_timeout.as_secs(),
+            self.drain.as_secs()
+        )
+    }
+}
+
+/// The number in the variable `var`, `default` when it is unset; an error
+/// naming the variable when it does not parse or falls outside `range`.
+fn env_number<T>(var: &str, default: T, range: std::ops::RangeInclusive<T>) -> Result<T, BoxError>
+where
+    T: std::str::FromStr + PartialOrd + fmt::Display,
+    T::Err: fmt::Display,
+{
+    let Ok(text) = std::env::var(var) else {
+        return Ok(default);
+    };
+    let n: T = text
+        .trim()
+        .parse()
+        .map_err(|err| format!("{var} {text:?}: {err}"))?;
+    if !range.contains(&n) {
+        return Err(format!(
+            "{var} {n}: must be from {} to {}",
+            range.start(),
+            range.end()
+        )
+        .into());
+    }
+    Ok(n)
+}
+
+/// The soft limit on this process's open files (`ulimit -n`), where Linux
+/// shows it; `None` elsewhere or when unlimited.
+fn open_file_limit() -> Option<u64> {
+    let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
+    let line = limits
+        .lines()
+        .find_map(|line| line.strip_prefix("Max open files"))?;
+    line.split_whitespace().next()?.parse().ok()
+}
+
+/// Serves `app` on `listener` until SIGTERM or SIGINT, then stops
+/// accepting and lets the requests in flight finish for at most
+/// `serving.drain`. Requests still running then are cut off here, while
+/// the runtime runs, so that their lease guards can spawn their releases
+/// (a task dropped only with the runtime cannot): returns once every
+/// connection is closed.
+///
+/// Served by hand, not by `axum::serve`, for the header timeout and the
+/// connection cap it does not have, and for that last step: the
+/// connection tasks of `axum::serve` outlive its future.
+async fn serve(mut listener: TcpListener, app: Router, serving: Serving) -> Result<(), BoxError> {
+    let mut http = http1::Builder::new();
+    // The timeout needs a timer (hyper panics without one). It runs while
+    // hyper waits for a request head: from the connection's start, then
+    // again after each response, so idle kept-alive connections close too.
+    http.timer(TokioTimer::new())
+        .header_read_timeout(serving.header_timeout);
+    let slots = Arc::new(Semaphore::new(serving.max_connections));
+    let (stopping, stop) = watch::channel(false);
+    let mut connections = JoinSet::new();
+    let mut signal = std::pin::pin!(shutdown::shutdown_signal());
+    let signal = loop {
+        // A slot first: at the cap nothing is accepted, so new connections
+        // wait in the kernel's accept queue and hold no descriptor here.
+        let slot = tokio::select! {
+            signal = &mut signal => break signal,
+            slot = slots.clone().acquire_owned() => slot?,
+        };
+        // axum's accept retries its errors (after a second for EMFILE and
+        // the like) rather than stopping the demo.
+        let (stream, peer) = tokio::select! {
+            signal = &mut signal => break signal,
+            accepted = axum::serve::Listener::accept(&mut listener) => accepted,
+        };
+        // Finished connections leave their results in the set until taken.
+        while connections.try_join_next().is_some() {}
+        // What `into_make_service_with_connect_info::<SocketAddr>()` gives
+        // each connection: `ConnectInfo` in every request, for `PeerIp`.
+        let service =
+            TowerToHyperService::new(axum::Extension(ConnectInfo(peer)).layer(app.clone()));
+        let conn = http
+            .serve_connection(TokioIo::new(stream), service)
+            .with_upgrades();
+        let mut stop = stop.clone();
+        connections.spawn(async move {
+            // Its place under the cap, given back when the connection ends.
+            let _slot = slot;
+            let mut conn = std::pin::pin!(conn);
+            let served = tokio::select! {
+                served = conn.as_mut() => served,
+                // (`Ref` is not `Send`: dropped before the next await.)
+                () = async { drop(stop.wait_for(|stop| *stop).await) } => {
+                    // Answers the request in flight, if any, then closes.
+                    conn.as_mut().graceful_shutdown();
+                    conn.await
+                }
+            };
+            if let Err(err) = served {
+                tracing::debug!(%peer, error = %err, "connection closed");
+            }
+        });
+    };
+    // Closed: new connections are refused from now on.
+    drop(listener);
+    println!(
+        "{signal}: draining in-flight requests (at most {} s)",
+        serving.drain.as_secs()
+    );
+    let _ = stopping.send(true);
+    let drained = async { while connections.join_next().await.is_some() {} };
+    if tokio::time::timeout(serving.drain, drained).await.is_err() {
+        println!(
+            "requests still in flight after {} s; stopping anyway",
+            serving.drain.as_secs()
+        );
+        let open = connections.len();
+        // Each aborted task drops its request futures, whose lease guards
+        // spawn their releases; the caller waits for those.
+        connections.abort_all();
+        while connections.join_next().await.is_some() {}
+        println!(
+            "cut off {open} connection{} still open; releasing the leases of {} requests",
+            if open == 1 { "" } else { "s" },
+            if open == 1 { "its" } else { "their" }
+        );
+    }
     Ok(())
 }
 

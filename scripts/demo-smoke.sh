@@ -20,6 +20,10 @@
 # changes nothing, an override and a plan apply to their identity only, a
 # reset unblocks, a restarted instance keeps the change, and both
 # instances are listed.
+# Connections: a request head left unfinished is closed after the header
+# timeout, and past FLEETGATE_MAX_CONNECTIONS a new connection waits until
+# one closes. On SIGTERM, calls that outlast the drain are cut off and no
+# lease of theirs is left in Redis.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -75,7 +79,8 @@ codes() { # url, count, [api key]
 
 # Bad settings: the demo refuses to start, naming the variable.
 for bad in FLEETGATE_SHED_WORKERS=0 FLEETGATE_FAILURE_POLICY=local:1e-300 \
-  FLEETGATE_MEMORY_MAX_KEYS=0 FLEETGATE_ADDR=nowhere; do
+  FLEETGATE_MEMORY_MAX_KEYS=0 FLEETGATE_ADDR=nowhere FLEETGATE_HEADER_TIMEOUT_SECS=0 \
+  FLEETGATE_MAX_CONNECTIONS=0 FLEETGATE_DRAIN_SECS=3601; do
   if out=$(env FLEETGATE_SMOKE_RUN=$$ "$bad" timeout 10 "$demo" 2>&1); then
     echo "FAIL: the demo started with $bad" >&2; exit 1
   fi
@@ -85,7 +90,44 @@ for bad in FLEETGATE_SHED_WORKERS=0 FLEETGATE_FAILURE_POLICY=local:1e-300 \
   esac
 done
 
+# Opens $2 connections to the demo at $1 that each send part of a request
+# head and never finish it, then reads each until the demo closes it,
+# giving up $3 s after the first was opened. Prints "<closed> <first ms>
+# <last ms>": how many were closed, and when the first and the last were,
+# counted from the first connect.
+partial_heads() { # url, count, give up after (s)
+  local hostport=${1#http://} fds=() fd rc start now left closed=0 first="" last=0 line
+  start=$(date +%s%3N)
+  for _ in $(seq "$2"); do
+    exec {fd}<>"/dev/tcp/${hostport%:*}/${hostport##*:}"
+    printf 'GET /api/ping HTTP/1.1\r\nHost: x\r\n' >&"$fd"
+    fds+=("$fd")
+  done
+  for fd in "${fds[@]}"; do
+    # Whatever the demo sends, until it closes (1) or the time is up (>128).
+    rc=0
+    while true; do
+      now=$(date +%s%3N)
+      left=$(($3 * 1000 - (now - start)))
+      if [ "$left" -le 0 ]; then rc=142; break; fi
+      read -r -t "$((left / 1000)).$(printf '%03d' $((left % 1000)))" -u "$fd" line || { rc=$?; break; }
+    done
+    now=$(($(date +%s%3N) - start))
+    if [ "$rc" -le 128 ]; then
+      closed=$((closed + 1)) last=$now
+      [ -n "$first" ] || first=$now
+    fi
+    exec {fd}<&-
+  done
+  echo "$closed ${first:-none} $last"
+}
+
 start_demo url env
+url_log=$demo_log
+# The default header timeout (10 s), checked while the checks below run.
+partial_heads "$url" 20 20 >"$tmp/partial" &
+partial_pid=$!
+pids+=("$partial_pid")
 got=$(codes "$url" 8)
 echo "memory store: $got"
 case "$got" in
@@ -324,6 +366,34 @@ after_check "memory store" "$url"
 listed=$(curl -s "$url/" | grep -c -e '^POST /api/complete' -e '^POST /api/login' -e '^GET /api/flaky' || true)
 [ "$listed" = 3 ] || { echo "FAIL: GET / must list /api/complete, /api/login and /api/flaky" >&2; exit 1; }
 
+# The 20 unfinished request heads sent at the start: each closed by the
+# demo after its 10 s header timeout, not before; at most 10 s later
+# allows for a loaded machine.
+wait "$partial_pid" || true
+read -r closed first last <"$tmp/partial" || true
+closed=${closed:-0} first=${first:-0} last=${last:-0}
+echo "20 unfinished request heads: $closed closed, after $first to $last ms"
+if [ "$closed" != 20 ] || [ "$first" -lt 9500 ] || [ "$last" -gt 20000 ]; then
+  echo "FAIL: expected all 20 closed by the 10 s header timeout (from 10 s to 20 s)" >&2
+  exit 1
+fi
+grep -q "^connections: at most 10000 at once (more wait to be accepted), a request head within 10 s, 10 s to drain on SIGTERM$" "$url_log" ||
+  { echo "FAIL: the startup line must name the connection bounds" >&2; exit 1; }
+
+# FLEETGATE_MAX_CONNECTIONS=2: with two connections open (idle, within
+# the header timeout), a third waits in the accept queue unanswered; it
+# is served once one of the two closes.
+start_demo capped env FLEETGATE_MAX_CONNECTIONS=2 FLEETGATE_HEADER_TIMEOUT_SECS=30
+exec {fd_a}<>"/dev/tcp/127.0.0.1/${capped##*:}"
+exec {fd_b}<>"/dev/tcp/127.0.0.1/${capped##*:}"
+waiting=$(curl -s -o /dev/null --max-time 1 -w '%{http_code}' "$capped/healthz" || true)
+exec {fd_a}<&-
+served=$(curl -s -o /dev/null --max-time 5 -w '%{http_code}' "$capped/healthz" || true)
+exec {fd_b}<&-
+echo "FLEETGATE_MAX_CONNECTIONS=2, two open: a third gets $waiting within 1 s; $served once one closes"
+[ "$waiting $served" = "000 200" ] ||
+  { echo "FAIL: expected the third connection to wait (000), then 200" >&2; exit 1; }
+
 # The admin API. Without FLEETGATE_ADMIN_TOKEN, /admin does not exist.
 admin_token="smoke-$RANDOM$RANDOM"
 admin() { # url, method, path, [body]: prints the status; the body is in $tmp/admin-body
@@ -502,6 +572,47 @@ if [ "$got" != "exit=0 calls=200 200" ]; then
   exit 1
 fi
 check_slow "after SIGTERM, the same key on another instance" "$b" "$b" "$b" "$key $key $key other-$key"
+
+# SIGTERM while two calls outlast the drain (FLEETGATE_DRAIN_SECS=1): the
+# demo cuts them off, gives their leases back to Redis and exits 0 within
+# the drain and a few seconds; no lease is left in Redis, and instance b
+# has both slots of that key at once.
+leases_held() { # redis port: members of every lease set
+  local n=0 k c
+  for k in $("${REDIS_CLI:-redis-cli}" -p "$1" --scan --pattern '*lease*'); do
+    c=$("${REDIS_CLI:-redis-cli}" -p "$1" zcard "$k")
+    n=$((n + c))
+  done
+  echo "$n"
+}
+# The releases of the calls above land on spawned tasks: let them.
+for _ in $(seq 50); do [ "$(leases_held "$port")" = 0 ] && break; sleep 0.05; done
+start_demo cut env REDIS_URL="redis://127.0.0.1:$port" FLEETGATE_DRAIN_SECS=1
+cut_pid=$demo_pid cut_log=$demo_log
+key="cut-$RANDOM"
+before=$(slow_admitted "$cut")
+slow "$cut" "$key" 20000 >"$tmp/cut1" &
+t1=$!
+slow "$cut" "$key" 20000 >"$tmp/cut2" &
+t2=$!
+wait_admitted "$cut" $((before + 2))
+held=$(leases_held "$port")
+start_ms=$(date +%s%3N)
+kill -TERM "$cut_pid"
+for _ in $(seq 150); do kill -0 "$cut_pid" 2>/dev/null || break; sleep 0.1; done
+took=$(($(date +%s%3N) - start_ms))
+status=0
+wait "$cut_pid" || status=$?
+wait "$t1" "$t2" || true
+left=$(leases_held "$port")
+echo "SIGTERM with two 20 s calls, drain 1 s: exit=$status after $took ms; leases held before $held, after $left; $(grep -o 'cut off .*' "$cut_log")"
+if [ "$status $held $left" != "0 2 0" ] || [ "$took" -gt 9000 ]; then
+  echo "FAIL: expected exit 0 within 9 s, and the 2 leases held given back" >&2
+  exit 1
+fi
+grep -q "requests still in flight after 1 s; stopping anyway" "$cut_log" ||
+  { echo "FAIL: the demo must say it stopped with requests in flight" >&2; exit 1; }
+check_slow "after SIGTERM cut off two calls, the same key on another instance" "$b" "$b" "$b" "$key $key $key other-$key"
 
 # A Redis Cluster of 3 masters and 3 replicas (FLEETGATE_REDIS_CLUSTER):
 # two demos given different seed nodes share one limit, and say which
