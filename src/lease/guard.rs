@@ -11,7 +11,9 @@ use super::{Lease, log_lost, log_release_failure, log_renew_failure};
 /// Releases a [`Lease`] when dropped, and can keep it alive meanwhile.
 ///
 /// Dropping never waits: a release that the store has not finished at once
-/// (any Redis release) is handed to a spawned tokio task. Without a tokio
+/// (any Redis release) is sent at once and its answer awaited on a spawned
+/// tokio task, so it reaches Redis ahead of the holder's next acquire on
+/// the same connection. Without a tokio
 /// runtime, or when the store gives that release up (see the
 /// [module docs](crate::lease) for when a Redis store retries), the lease
 /// stays until its TTL runs out. Dropping during a panic's unwinding
@@ -115,7 +117,11 @@ impl<L: Lease> Drop for LeaseGuard<L> {
             return;
         };
         let mut release = lease.release();
-        match release.take_ready() {
+        // Started now, before the task it may be handed to runs: the
+        // release goes out ahead of the holder's next acquire on the same
+        // connection, so a caller that calls again as soon as its
+        // response ends does not find its own slot still taken.
+        match release.start() {
             Some(Ok(_)) => {}
             Some(Err(err)) => log_release_failure(&err),
             None => match Handle::try_current() {

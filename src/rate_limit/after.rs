@@ -2,10 +2,7 @@
 //! (or gives back) once the inner service has answered.
 
 use std::fmt;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll, Waker};
 
 use http::header::HeaderName;
 use http::response::Parts;
@@ -359,16 +356,9 @@ fn drive<T: Unpin + Send + 'static>(
     op: Op,
     mut fut: StoreFuture<T>,
 ) {
-    if let Some(result) = fut.take_ready() {
-        landed(&settings, key, op, result.err());
-        return;
-    }
-    // Polled once here, so that the store sends the command now, ahead
-    // of this instance's later calls on the same connection: a caller
-    // does not run ahead of its own charges. The task takes it from there
-    // (and polls it again with its own waker).
-    let mut cx = Context::from_waker(Waker::noop());
-    if let Poll::Ready(result) = Pin::new(&mut fut).poll(&mut cx) {
+    // Started here, so that a caller does not run ahead of its own
+    // charges; the task takes it from there.
+    if let Some(result) = fut.start() {
         landed(&settings, key, op, result.err());
         return;
     }

@@ -184,6 +184,25 @@ impl<T> StoreFuture<T> {
         }
     }
 
+    /// The result if it is known, else polls the future once (with a waker
+    /// that does nothing), so that a store doing I/O sends its command now:
+    /// a future then handed to a task of its own still goes out ahead of
+    /// the caller's later calls on the same connection. `None` while the
+    /// answer is yet to come (poll it again, from a task, to get it).
+    pub(crate) fn start(&mut self) -> Option<Result<T, StoreError>>
+    where
+        T: Unpin,
+    {
+        if let Some(result) = self.take_ready() {
+            return Some(result);
+        }
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        match Pin::new(self).poll(&mut cx) {
+            std::task::Poll::Ready(result) => Some(result),
+            std::task::Poll::Pending => None,
+        }
+    }
+
     /// How long the store took to answer, from the creation of this future
     /// until it resolved; `None` for an answer that was ready at once (the
     /// memory store) and before the answer has come.

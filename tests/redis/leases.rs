@@ -676,3 +676,52 @@ async fn releases_queued_during_an_outage_all_land_after_it() {
         .expect("the releases settle");
     assert_eq!(server.leases_held().await, 0, "a release was lost");
 }
+
+/// Two clients calling back to back against a limit of 2 in flight on
+/// Redis are never refused: a release is on its way to Redis before the
+/// response's body has ended for the caller, ahead of the caller's next
+/// acquire on the same connection. (It was handed to a spawned task,
+/// which on this one-thread runtime ran only after the next acquire had
+/// gone out.)
+#[tokio::test(flavor = "current_thread")]
+async fn back_to_back_callers_never_find_their_own_released_slot_taken() {
+    use axum::{Router, body::Body, routing::get};
+    use fleetgate::ConcurrencyLimitLayer;
+    use fleetgate::key::GlobalKey;
+    use http::{Request, StatusCode};
+    use http_body_util::BodyExt;
+    use tower::ServiceExt;
+
+    let _shared = crate::machine::shared().await;
+    let server = RedisServer::start();
+    let limiter = ConcurrencyLimiter::new(
+        ConcurrencyPolicy::builder("slow", 2).build().unwrap(),
+        common::redis_store(&server).await,
+    );
+    // The scripts loaded first: a script's first call takes a second
+    // round trip to load it, which the next acquire may overtake.
+    let warm = limiter.acquire(&Key::new("warm")).await.unwrap();
+    drop(warm);
+    limiter.releases_settled().await;
+    let app = Router::new()
+        .route("/slow", get(|| async { "done" }))
+        .route_layer(ConcurrencyLimitLayer::new(limiter).key(GlobalKey::new()));
+    let client = async |app: Router| {
+        let mut refused = 0;
+        for _ in 0..200 {
+            let res = app
+                .clone()
+                .oneshot(Request::get("/slow").body(Body::empty()).unwrap())
+                .await
+                .unwrap();
+            if res.status() == StatusCode::TOO_MANY_REQUESTS {
+                refused += 1;
+            }
+            res.into_body().collect().await.unwrap();
+        }
+        refused
+    };
+    let (a, b) = tokio::join!(client(app.clone()), client(app));
+    assert_eq!((a, b), (0, 0), "calls refused");
+    assert_eq!(server.leases_held().await, 0);
+}
