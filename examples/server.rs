@@ -612,9 +612,9 @@ fn open_file_limit() -> Option<u64> {
 /// Serves `app` on `listener` until SIGTERM or SIGINT, then stops
 /// accepting and lets the requests in flight finish for at most
 /// `serving.drain`. Requests still running then are cut off here, while
-/// the runtime runs, so that their lease guards can spawn their releases
-/// (a task dropped only with the runtime cannot): returns once every
-/// connection is closed.
+/// the runtime runs, so that the releases their lease guards send are
+/// answered on its tasks (a request dropped with the runtime has none
+/// left to finish them): returns once every connection is closed.
 ///
 /// Served by hand, not by `axum::serve`, for the header timeout and the
 /// connection cap it does not have, and for that last step: the
@@ -686,7 +686,8 @@ async fn serve(mut listener: TcpListener, app: Router, serving: Serving) -> Resu
         );
         let open = connections.len();
         // Each aborted task drops its request futures, whose lease guards
-        // spawn their releases; the caller waits for those.
+        // send their releases (answered on spawned tasks); the caller
+        // waits for those.
         connections.abort_all();
         while connections.join_next().await.is_some() {}
         println!(
