@@ -23,10 +23,7 @@ use http::{Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use tower::{ServiceBuilder, service_fn};
 
-/// A body of `chunks` frames of 100 bytes each.
-#[path = "../common/response_cost.rs"]
-mod response_cost;
-use response_cost::*;
+use crate::response_cost::*;
 
 /// Waits (polling, within 5 s) until `key`'s budget under `limiter` has
 /// `left` calls of cost 1 left: a charge made off the response's path

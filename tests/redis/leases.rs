@@ -685,14 +685,13 @@ async fn releases_queued_during_an_outage_all_land_after_it() {
 /// gone out.)
 #[tokio::test(flavor = "current_thread")]
 async fn back_to_back_callers_never_find_their_own_released_slot_taken() {
+    let _shared = crate::machine::shared().await;
     use axum::{Router, body::Body, routing::get};
     use fleetgate::ConcurrencyLimitLayer;
     use fleetgate::key::GlobalKey;
     use http::{Request, StatusCode};
     use http_body_util::BodyExt;
     use tower::ServiceExt;
-
-    let _shared = crate::machine::shared().await;
     let server = RedisServer::start();
     let limiter = ConcurrencyLimiter::new(
         ConcurrencyPolicy::builder("slow", 2).build().unwrap(),

@@ -12,6 +12,9 @@
 //! check below makes sure).
 #[path = "../common/mod.rs"]
 mod common;
+/// The app behind the response-cost tests (after, refused_writes).
+#[path = "../common/response_cost.rs"]
+mod response_cost;
 
 mod adjust;
 mod after;

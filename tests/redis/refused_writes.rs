@@ -19,9 +19,7 @@ use fleetgate::{Algorithm, FailurePolicy, Key, Limit, Limiter, Policy, Rate, Rat
 use http::StatusCode;
 use tower::ServiceBuilder;
 
-#[path = "../common/response_cost.rs"]
-mod response_cost;
-use response_cost::*;
+use crate::response_cost::*;
 
 /// How the server refuses writes.
 #[derive(Clone, Copy, Debug)]
