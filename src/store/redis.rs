@@ -249,7 +249,7 @@ struct Inner {
     releases: release::Retries,
     /// Charges that did not land, sent again before their keys' next
     /// peek or charge.
-    owed: owed::Owed,
+    owed: Arc<owed::Owed>,
     /// Whether the server refused the connection lately; `None` on a
     /// cluster, and on Sentinel, whose connection never reconnects by
     /// itself (a dropped one fails calls at once until a lookup replaces
@@ -1026,7 +1026,7 @@ impl RedisStoreBuilder {
                 windows: window::Scripts::new(),
                 leases: lease::Scripts::new(),
                 releases: release::Retries::default(),
-                owed: owed::Owed::default(),
+                owed: Arc::default(),
                 refusals,
             }),
         })

@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use ::redis::Value;
 
-use super::owed::{Charge, Claim};
+use super::owed::{Claim, Sending};
 use super::window::decode_window;
 use super::{LuaScript, RedisStore, TimeSource, decode_decision, one_reply};
 use crate::algorithm::Algorithm;
@@ -246,14 +246,14 @@ impl RedisStore {
         let (policy, key) = (call.policy.clone(), call.key.clone());
         let cost = call.cost;
         StoreFuture::pending(async move {
-            let total = cost.saturating_add(owed.as_ref().map_or(0, |c| c.amount));
+            let total = cost.saturating_add(owed.as_ref().map_or(0, |s| s.charge.amount));
             let result = store.charge_now(&policy, &key, total).await;
             match (&result, owed) {
-                (Ok(_), Some(charge)) => store.inner.owed.landed(charge),
+                (Ok(_), Some(sending)) => sending.landed(),
                 (Ok(_), None) => store.inner.owed.wrote(),
                 (Err(err), owed) => {
-                    if let Some(charge) = owed {
-                        store.inner.owed.failed(charge, err.clone());
+                    if let Some(sending) = owed {
+                        sending.failed(err.clone());
                     }
                     let base = store.key_base(policy.name(), &key);
                     store.inner.owed.owe(base, &policy, &key, cost, err.clone());
@@ -264,17 +264,21 @@ impl RedisStore {
     }
 
     /// Sends what a key owes: paid when it lands, owed still when not.
-    async fn send_owed(&self, charge: Charge) -> Result<(), StoreError> {
+    async fn send_owed(&self, sending: Sending) -> Result<(), StoreError> {
         let result = self
-            .charge_now(&charge.policy, &charge.key, charge.amount)
+            .charge_now(
+                &sending.charge.policy,
+                &sending.charge.key,
+                sending.charge.amount,
+            )
             .await;
         match result {
             Ok(_) => {
-                self.inner.owed.landed(charge);
+                sending.landed();
                 Ok(())
             }
             Err(err) => {
-                self.inner.owed.failed(charge, err.clone());
+                sending.failed(err.clone());
                 Err(err)
             }
         }

@@ -32,7 +32,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::error::StoreError;
 use crate::key::Key;
@@ -77,9 +77,8 @@ pub(super) enum Claim {
     /// Fail with this error: the key's owed charge is on its way, or the
     /// store is overflowed with every owed charge on its way.
     Refuse(StoreError),
-    /// Send this charge first (it is the caller's until it is
-    /// [`landed`](Owed::landed) or [`failed`](Owed::failed)).
-    Send(Charge),
+    /// Send this charge first.
+    Send(Sending),
 }
 
 /// A charge to send again: `amount` of `key` under `policy`.
@@ -142,10 +141,10 @@ impl Owed {
 
     /// What a peek of the key named `base` must do first: send its owed
     /// charge, or with an overflowed store another key's, as a probe.
-    pub(super) fn claim_for_peek(&self, base: &str) -> Claim {
+    pub(super) fn claim_for_peek(self: &Arc<Self>, base: &str) -> Claim {
         let mut state = self.lock();
         if let Some(entry) = state.keys.get_mut(base) {
-            return take(base, entry);
+            return take(self, base, entry);
         }
         if !state.overflowed {
             return Claim::Settled;
@@ -158,7 +157,7 @@ impl Owed {
         let mut last = None;
         for (name, entry) in state.keys.iter_mut() {
             if !entry.sending {
-                return take(name, entry);
+                return take(self, name, entry);
             }
             last = Some(entry.error.clone());
         }
@@ -167,18 +166,18 @@ impl Owed {
 
     /// What a charge of the key named `base` carries besides its own
     /// amount: what the key owes, unless that is on its way already.
-    pub(super) fn claim_for_charge(&self, base: &str) -> Option<Charge> {
+    pub(super) fn claim_for_charge(self: &Arc<Self>, base: &str) -> Option<Sending> {
         let mut state = self.lock();
         let entry = state.keys.get_mut(base)?;
-        match take(base, entry) {
-            Claim::Send(charge) => Some(charge),
+        match take(self, base, entry) {
+            Claim::Send(sending) => Some(sending),
             _ => None,
         }
     }
 
     /// `charge` has landed: what it carried is paid, and Redis takes
     /// writes again, which ends an overflow.
-    pub(super) fn landed(&self, charge: Charge) {
+    fn landed(&self, charge: &Charge) {
         let mut state = self.lock();
         if let Some(entry) = state.keys.get_mut(&charge.base) {
             entry.amount = entry.amount.saturating_sub(charge.amount);
@@ -212,17 +211,54 @@ impl Owed {
         }
     }
 
-    /// `charge` failed again with `error`: still owed.
-    pub(super) fn failed(&self, charge: Charge, error: StoreError) {
+    /// `charge` failed again with `error` (or, with `None`, was never
+    /// sent to the end): still owed, and free for the next peek to send.
+    fn failed(&self, charge: &Charge, error: Option<StoreError>) {
         let mut state = self.lock();
         if let Some(entry) = state.keys.get_mut(&charge.base) {
             entry.sending = false;
-            entry.error = error;
+            if let Some(error) = error {
+                entry.error = error;
+            }
         }
     }
 }
 
-fn take(base: &str, entry: &mut Entry) -> Claim {
+/// A claimed charge on its way, which ends [`landed`](Self::landed) or
+/// [`failed`](Self::failed). Dropped before either (the future of the
+/// call that was to send it was dropped: a client gone), it is owed as
+/// before and the key's next peek sends it, rather than every later peek
+/// being refused as if it were still on its way.
+#[derive(Debug)]
+pub(super) struct Sending {
+    owed: Arc<Owed>,
+    pub(super) charge: Charge,
+    done: bool,
+}
+
+impl Sending {
+    /// It landed: paid.
+    pub(super) fn landed(mut self) {
+        self.done = true;
+        self.owed.landed(&self.charge);
+    }
+
+    /// It failed with `error`: still owed.
+    pub(super) fn failed(mut self, error: StoreError) {
+        self.done = true;
+        self.owed.failed(&self.charge, Some(error));
+    }
+}
+
+impl Drop for Sending {
+    fn drop(&mut self) {
+        if !self.done {
+            self.owed.failed(&self.charge, None);
+        }
+    }
+}
+
+fn take(owed: &Arc<Owed>, base: &str, entry: &mut Entry) -> Claim {
     if entry.sending {
         return Claim::Refuse(StoreError::Redis(format!(
             "an earlier charge of this key is being sent again (it failed: {})",
@@ -230,11 +266,15 @@ fn take(base: &str, entry: &mut Entry) -> Claim {
         )));
     }
     entry.sending = true;
-    Claim::Send(Charge {
-        base: base.to_owned(),
-        policy: entry.policy.clone(),
-        key: entry.key.clone(),
-        amount: entry.amount,
+    Claim::Send(Sending {
+        owed: Arc::clone(owed),
+        charge: Charge {
+            base: base.to_owned(),
+            policy: entry.policy.clone(),
+            key: entry.key.clone(),
+            amount: entry.amount,
+        },
+        done: false,
     })
 }
 
@@ -261,7 +301,7 @@ mod tests {
 
     #[test]
     fn an_owed_charge_is_sent_once_at_a_time_and_paid_when_it_lands() {
-        let owed = Owed::default();
+        let owed = Arc::new(Owed::default());
         assert!(owed.is_empty());
         let (p, k) = (policy(), Key::new("k"));
         owed.owe("a".into(), &p, &k, 3, error());
@@ -271,26 +311,40 @@ mod tests {
         let Claim::Send(charge) = owed.claim_for_peek("a") else {
             panic!("nothing to send");
         };
-        assert_eq!(charge.amount, 7);
+        assert_eq!(charge.charge.amount, 7);
         // On its way: another peek of the key fails, a charge carries nothing.
         assert!(matches!(owed.claim_for_peek("a"), Claim::Refuse(_)));
         assert!(owed.claim_for_charge("a").is_none());
-        owed.failed(charge, error());
+        charge.failed(error());
         let Claim::Send(charge) = owed.claim_for_peek("a") else {
             panic!("nothing to send");
         };
         // Owed meanwhile: kept once the 7 are paid.
         owed.owe("a".into(), &p, &k, 1, error());
-        owed.landed(charge);
+        charge.landed();
         let charge = owed.claim_for_charge("a").expect("1 still owed");
-        assert_eq!(charge.amount, 1);
-        owed.landed(charge);
+        assert_eq!(charge.charge.amount, 1);
+        charge.landed();
         assert!(owed.is_empty());
     }
 
     #[test]
+    fn a_charge_dropped_on_its_way_is_owed_still_and_sent_next() {
+        let owed = Arc::new(Owed::default());
+        owed.owe("a".into(), &policy(), &Key::new("k"), 2, error());
+        let Claim::Send(sending) = owed.claim_for_peek("a") else {
+            panic!("nothing to send");
+        };
+        drop(sending);
+        let Claim::Send(sending) = owed.claim_for_peek("a") else {
+            panic!("refused after its sender went away");
+        };
+        assert_eq!(sending.charge.amount, 2);
+    }
+
+    #[test]
     fn past_capacity_every_peek_fails_until_a_probe_lands() {
-        let owed = Owed::default();
+        let owed = Arc::new(Owed::default());
         let (p, k) = (policy(), Key::new("k"));
         for i in 0..=CAPACITY {
             owed.owe(format!("k{i}"), &p, &k, 1, error());
@@ -300,11 +354,11 @@ mod tests {
         let Claim::Send(probe) = owed.claim_for_peek("fresh") else {
             panic!("no probe");
         };
-        owed.failed(probe, error());
+        probe.failed(error());
         let Claim::Send(probe) = owed.claim_for_peek("fresh") else {
             panic!("no probe");
         };
-        owed.landed(probe);
+        probe.landed();
         assert!(matches!(owed.claim_for_peek("fresh"), Claim::Settled));
         assert_eq!(owed.lock().keys.len(), CAPACITY - 1);
         // A charge of a key that owes nothing landing ends an overflow too.
