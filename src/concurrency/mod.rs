@@ -58,7 +58,7 @@
 //! | client disconnects, timeout layer outside, handler panics | the request future or body is dropped and the lease released |
 //! | long response (stream, SSE) | the lease is renewed every TTL/3 ([`ConcurrencyPolicyBuilder::renew_every`], [`ConcurrencyPolicyBuilder::no_renewal`]) until the body ends |
 //! | instance crashes | its leases expire after the TTL (default 30 s) |
-//! | Redis slow or down at release, connection reset | the release runs on a spawned task and never delays the response; a failed release is retried until it lands or the lease's TTL passes (see [`lease`](crate::lease)); [`ConcurrencyLimiter::releases_settled`] waits for pending releases (on shutdown) |
+//! | Redis slow or down at release, connection reset | the release is sent when the body ends and awaited on a spawned task, never delaying the response; a failed release is retried until it lands or the lease's TTL passes (see [`lease`](crate::lease)); [`ConcurrencyLimiter::releases_settled`] waits for pending releases (on shutdown) |
 //!
 //! In Redis, leases live in a sorted set per identity,
 //! `fleetgate:<policy>:{<identity>}:lease` (member = lease id, score =

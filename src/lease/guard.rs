@@ -117,27 +117,32 @@ impl<L: Lease> Drop for LeaseGuard<L> {
             return;
         };
         let mut release = lease.release();
-        // Started now, before the task it may be handed to runs: the
-        // release goes out ahead of the holder's next acquire on the same
-        // connection, so a caller that calls again as soon as its
-        // response ends does not find its own slot still taken.
-        match release.start() {
-            Some(Ok(_)) => {}
-            Some(Err(err)) => log_release_failure(&err),
+        let ready = match release.take_ready() {
+            Some(result) => Some(result),
             None => match Handle::try_current() {
-                Ok(runtime) => {
+                // Started now, before the task it is handed to runs: the
+                // release goes out ahead of the holder's next acquire on
+                // the same connection, so a caller that calls again as
+                // soon as its response ends does not find its own slot
+                // still taken.
+                Ok(runtime) => release.start().or_else(|| {
                     runtime.spawn(async move {
                         if let Err(err) = release.await {
                             log_release_failure(&err);
                         }
                     });
-                }
+                    None
+                }),
                 Err(_) => {
                     tracing::debug!(
                         "no tokio runtime to release a lease; it expires after its TTL"
                     );
+                    None
                 }
             },
+        };
+        if let Some(Err(err)) = ready {
+            log_release_failure(&err);
         }
     }
 }

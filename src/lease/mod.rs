@@ -13,9 +13,10 @@
 //!   been sent to its end, has failed, or is dropped.
 //!
 //! Releasing never blocks the response path: a release that is not already
-//! done when the guard drops (every Redis release) runs on a spawned tokio
-//! task. Without a tokio runtime at that point the lease is not given back
-//! and simply expires after its TTL.
+//! done when the guard drops (every Redis release) is sent then, ahead of
+//! the holder's next acquire on the same connection, and its answer is
+//! awaited on a spawned tokio task. Without a tokio runtime at that point
+//! the lease is not given back and simply expires after its TTL.
 //!
 //! A [`RedisStore`](crate::RedisStore) release that fails on its way (the
 //! connection reset while Redis stays up, a timeout, Redis down or busy
@@ -78,7 +79,8 @@ static LEASE_WARNINGS: LogGate = LogGate::new();
 pub trait Lease: Send + Sync + 'static {
     /// Gives the lease back; `true` if it was still held. The guard calls
     /// this once, from its `Drop`: a future that is not already resolved is
-    /// driven on a spawned task.
+    /// polled once there (within a tokio runtime), then driven on a
+    /// spawned task.
     fn release(&self) -> StoreFuture<bool>;
 
     /// Extends the lease by its time to live; `false` if it is no longer

@@ -60,11 +60,13 @@ type PartsFn<T> = Arc<dyn Fn(&Parts) -> T + Send + Sync>;
 /// overshoot: every call was charged before it ran.
 ///
 /// A debt is bounded by the policy: under GCRA by what each limit refills
-/// in 16 periods of its rate past its burst, so that a response claiming
-/// an absurd cost (`x-tokens-used: 18446744073709551615`) holds its
-/// identity back 16 minutes at most under `1000/min`, and its Redis key
-/// expires then; the window algorithms forget a debt when its window (the
-/// sliding counter's: the next one) has passed.
+/// in 16 periods of its rate, or in an hour if that is longer, past its
+/// burst, so that a response claiming an absurd cost
+/// (`x-tokens-used: 18446744073709551615`) holds its identity back an
+/// hour at most under `1000/min` (16 hours under `10/h`), and its Redis
+/// key expires then: a single cost above what the limit refills in that
+/// time is charged only that much. The window algorithms forget a debt
+/// when its window (the sliding counter's: the next one) has passed.
 ///
 /// With [`wait_up_to`](super::RateLimitLayer::wait_up_to), a layer that
 /// peeks never waits (a peek reserves no slot); a refunding one waits as
@@ -356,14 +358,18 @@ fn drive<T: Unpin + Send + 'static>(
     op: Op,
     mut fut: StoreFuture<T>,
 ) {
-    // Started here, so that a caller does not run ahead of its own
-    // charges; the task takes it from there.
-    if let Some(result) = fut.start() {
+    if let Some(result) = fut.take_ready() {
         landed(&settings, key, op, result.err());
         return;
     }
     match Handle::try_current() {
         Ok(runtime) => {
+            // Started here, so that a caller does not run ahead of its own
+            // charges; the task takes it from there.
+            if let Some(result) = fut.start() {
+                landed(&settings, key, op, result.err());
+                return;
+            }
             runtime.spawn(async move {
                 let result = fut.await;
                 landed(&settings, key, op, result.err());
