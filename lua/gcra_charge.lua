@@ -9,11 +9,12 @@
 -- ARGV[1+2i]     emission interval T of limit i, in microseconds
 -- ARGV[2+2i]     tolerance (burst * T) of limit i, in microseconds
 -- ARGV[2+2n+i]   horizon of limit i (n limits): its tolerance and 16
---                periods of its rate, in microseconds, at most 2^50
+--                periods of its rate or an hour, whichever is longer, in
+--                microseconds, at most 2^50 (Limit::debt_horizon_us)
 --
 -- tat = min(max(stored, now) + cost * T, now + horizon), never below the
 -- stored one: a debt is repaid at the limit's rate like any TAT, and cut
--- to what the limit refills in 16 periods, so that a huge charge holds
+-- to what the limit refills in that time, so that a huge charge holds
 -- the identity back that long at most (a product past 2^53 is inexact,
 -- but then far past the cut). Keys expire once their TAT has passed.
 --

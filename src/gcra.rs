@@ -23,15 +23,15 @@
 //! [`decide`] with nothing stored):
 //!
 //! ```text
-//! charge   tat = min(max(stored, now) + n·T, now + τ + 16·P)   no test, no
-//!          cap at τ; never below stored
+//! charge   tat = min(max(stored, now) + n·T, now + τ + D)   no test, no
+//!          cap at τ; never below stored; D = max(16·P, 1 h)
 //! refund   tat = max(now, tat − n·T)   where tat > now     never below now
 //! ```
 //!
 //! A charge may leave `tat > now + τ`: a debt of `(tat − now − τ)/T` units,
-//! at most what the limit refills in 16 periods `P` of its rate, so that
-//! even a huge charge holds an identity back for 16 periods at most and
-//! its key lives no longer than `τ + 16·P`.
+//! at most what the limit refills in `D`, 16 periods `P` of its rate or an
+//! hour if longer, so that even a huge charge holds an identity back for
+//! `D` at most and its key lives no longer than `τ + D`.
 //! A call of cost 1 passes again from `tat + T − τ` on, so the debt is
 //! repaid at exactly the limit's rate, one unit per `T`, and the identity
 //! then gets one call per `T` until it is idle long enough to rebuild its
@@ -436,7 +436,7 @@ mod defer_tests {
 
 /// The furthest any charge moves a TAT past now: 2^50 µs (about 35
 /// years), so that every stored time stays exact in the Lua scripts'
-/// doubles. A limit's own horizon, `τ + 16·P`, is at most this.
+/// doubles. A limit's own horizon, `τ + D`, is at most this.
 pub(crate) const MAX_DEBT: u64 = 1 << 50;
 
 /// How many periods of its rate a limit's debt may reach past its burst:
@@ -446,18 +446,24 @@ pub(crate) const MAX_DEBT: u64 = 1 << 50;
 /// minutes or hours, not decades, and its key expires with it.
 pub(crate) const DEBT_PERIODS: u64 = 16;
 
+/// The least debt a limit may reach past its burst, whatever its period:
+/// an hour, so that a budget written per second holds costs as large as
+/// one written per minute.
+pub(crate) const MIN_DEBT_US: u64 = 3_600_000_000;
+
 /// Cost after the fact: takes `cost` from every limit unconditionally,
 /// with no admission test and no cap at the burst, and returns the figures
 /// of now for a call of cost 1 with the time at which the state becomes
 /// idle again. `lua/gcra_charge.lua` transcribes this.
 ///
 /// ```text
-/// tat = max(stored, min(max(stored, now) + n·T, now + τ + 16·P))   P: the rate's period
+/// tat = max(stored, min(max(stored, now) + n·T, now + τ + D))   D = max(16·P, 1 h)
 /// ```
 ///
 /// The cut bounds a debt to what the limit refills in [`DEBT_PERIODS`]
-/// periods: a charge, however large, holds the identity back that long at
-/// most, and its state lives `τ + 16·P` at most.
+/// periods `P` of its rate, or in [an hour](MIN_DEBT_US) if that is
+/// longer: a charge, however large, holds the identity back that long at
+/// most, and its state lives `τ + D` at most.
 ///
 /// A charge may take a limit into debt: its TAT then lies more than the
 /// tolerance `τ` past now, and a call of cost 1 passes again from
@@ -605,21 +611,29 @@ mod adjust_tests {
     }
 
     #[test]
-    fn a_limits_debt_is_cut_at_16_periods_and_never_moves_back() {
+    fn a_limits_debt_is_cut_at_16_periods_or_an_hour_and_never_moves_back() {
         use crate::rate::Rate;
-        // 1000 a minute, burst 1000: τ = P = 60 s.
+        // 1000 a minute, burst 1000: τ = 60 s; 16 periods are less than
+        // the hour.
         let limit = [Limit::new(Rate::per_minute(1000)).unwrap()];
         let mut tat = [0];
         let (d, idle) = charge(&limit, &mut tat, 100 * S, u64::MAX);
-        assert_eq!(tat, [(100 + 60 + 16 * 60) * S]);
+        assert_eq!(tat, [(100 + 60 + 3600) * S]);
         assert_eq!(idle, tat[0]);
-        // A call of cost 1 passes again 16 periods (and one token) later.
-        let retry = Duration::from_micros(16 * 60 * S + 60_000);
-        assert_eq!(d.retry_after(), Some(retry));
+        // A call of cost 1 passes again an hour (and one token) later.
+        assert_eq!(
+            d.retry_after(),
+            Some(Duration::from_micros(3600 * S + 60_000))
+        );
         // A TAT already past the horizon is left where it is.
         let mut tat = [5000 * S];
         charge(&limit, &mut tat, 100 * S, 1);
         assert_eq!(tat, [5000 * S]);
+        // 10 an hour, burst 10: 16 hours, past the hour.
+        let limit = [Limit::new(Rate::per_hour(10)).unwrap()];
+        let mut tat = [0];
+        charge(&limit, &mut tat, 100 * S, u64::MAX);
+        assert_eq!(tat, [(100 + 3600 + 16 * 3600) * S]);
     }
 
     #[test]

@@ -584,9 +584,9 @@ impl Limiter {
     /// - GCRA: exactly at the rate. A debt of `d` units past the burst
     ///   holds calls back for `d` emission intervals, plus one for the next
     ///   call (no cap at the burst). The debt is cut at what the limit
-    ///   refills in 16 periods of its rate (16 minutes for `1000/min`), so
-    ///   that however large a charge, the key lives `burst·T + 16·period`
-    ///   at most;
+    ///   refills in 16 periods of its rate or in an hour, whichever is
+    ///   longer (an hour for `1000/min`), so that however large a charge,
+    ///   the key lives `burst·T` and that long at most;
     /// - fixed window: the count goes past the window's count, and calls
     ///   pass again when the window ends (an overdraft is forgotten with
     ///   the rest of the count);

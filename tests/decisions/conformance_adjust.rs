@@ -86,10 +86,10 @@ async fn gcra_debt_repaid_at_the_rate(s: Sut) {
     // A second debt adds to what is left of the first.
     let d = s.charge(&l, "k", 2).await;
     s.expect(&d, denied(0, 0, 3 * S, 3 * S));
-    // The largest cost: the debt is cut at 16 periods past the burst, 17 s
-    // (1 s + 16 × 1 s), exactly on both stores (Lua's doubles included),
-    // and a refund of as much clears it.
-    let most = Duration::from_secs(17);
+    // The largest cost: the debt is cut at an hour past the burst (16
+    // periods are less), 3601 s in all, exactly on both stores (Lua's
+    // doubles included), and a refund of as much clears it.
+    let most = Duration::from_secs(3601);
     let d = s.charge(&l, "huge", u64::MAX).await;
     s.expect(&d, denied(0, 0, most, most));
     let d = s.charge(&l, "huge", u64::MAX).await;
