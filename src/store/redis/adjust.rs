@@ -23,6 +23,7 @@ use std::sync::LazyLock;
 use std::time::Duration;
 
 use ::redis::Value;
+use tokio::runtime::Handle;
 
 use super::owed::{Claim, Sending};
 use super::window::decode_window;
@@ -207,8 +208,18 @@ impl RedisStore {
         let store = self.clone();
         let (policy, key, cost) = (call.policy.clone(), call.key.clone(), call.cost);
         StoreFuture::pending(async move {
-            if let Some(charge) = owed {
-                store.send_owed(charge).await?;
+            if let Some(sending) = owed {
+                // On a task of its own: a caller going away must not cut
+                // the charge off after it was sent (it would then be sent
+                // again, and might count twice).
+                let resend = store.clone();
+                let send = async move { resend.send_owed(sending).await };
+                match Handle::try_current() {
+                    Ok(runtime) => runtime.spawn(send).await.unwrap_or_else(|err| {
+                        Err(StoreError::Redis(format!("owed charge not sent: {err}")))
+                    })?,
+                    Err(_) => send.await?,
+                }
             }
             let call = AdjustCall {
                 policy: &policy,
@@ -251,6 +262,12 @@ impl RedisStore {
             match (&result, owed) {
                 (Ok(_), Some(sending)) => sending.landed(),
                 (Ok(_), None) => store.inner.owed.wrote(),
+                // An odd reply: the script ran, the charge is in.
+                (Err(StoreError::UnexpectedReply(_)), owed) => {
+                    if let Some(sending) = owed {
+                        sending.landed();
+                    }
+                }
                 (Err(err), owed) => {
                     if let Some(sending) = owed {
                         sending.failed(err.clone());
@@ -276,6 +293,12 @@ impl RedisStore {
             Ok(_) => {
                 sending.landed();
                 Ok(())
+            }
+            // An odd reply: the script ran, the charge is in; the peek
+            // still fails, as on any odd reply.
+            Err(err @ StoreError::UnexpectedReply(_)) => {
+                sending.landed();
+                Err(err)
             }
             Err(err) => {
                 sending.failed(err.clone());

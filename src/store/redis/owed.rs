@@ -16,14 +16,20 @@
 //!
 //! At least once: a charge that timed out may have run all the same. It
 //! is sent again, so such a key can be charged twice for one call, never
-//! not at all: the limit errs on the side of holding.
+//! not at all: the limit errs on the side of holding. (A charge whose
+//! reply was odd did run, and is not owed.) A peek sends what its key
+//! owes on a task of its own, so that a caller going away cannot cut the
+//! charge off halfway and have it sent twice.
 //!
-//! Bounded: at most [`CAPACITY`] keys owe at once. A failed charge beyond
-//! that is not kept; the store is then *overflowed*, and a peek of a key
-//! that owes nothing fails too, unless a charge another key owes lands
-//! first: that shows Redis takes writes again and ends the overflow. A
-//! key whose charge was not kept can thus have had one call more than its
-//! limit, no more.
+//! Bounded: at most [`CAPACITY`] keys owe at once, and a charge is owed
+//! only as long as it would have held its key back (its policy's horizon:
+//! GCRA's `τ + 16·P`, or an hour, see `Limit::debt_horizon_us`; two of a
+//! window algorithm's longest windows), then forgotten. A failed charge
+//! beyond the capacity is not kept; the store is then *overflowed*, and a
+//! peek of a key that owes nothing fails too, unless a charge another key
+//! owes lands first: that shows Redis takes writes again and ends the
+//! overflow. A key whose charge was not kept can thus have had one call
+//! more than its limit, no more.
 //!
 //! While a key's owed charge is on its way, its other peeks fail at once
 //! rather than wait or pass: whether the charge lands is not known yet.
@@ -33,14 +39,19 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use crate::error::StoreError;
 use crate::key::Key;
 use crate::limit::Policy;
+use crate::window::Window;
 
 /// The most keys that owe a charge at once. An entry costs a policy
 /// handle, the key and its Redis name: a few hundred bytes.
 pub(super) const CAPACITY: usize = 10_000;
+
+/// How often, at most, the table is swept of charges past their time.
+const SWEEP_EVERY: Duration = Duration::from_secs(1);
 
 /// The store's owed charges.
 #[derive(Debug, Default)]
@@ -48,6 +59,8 @@ pub(super) struct Owed {
     /// Whether anything is owed or the store is overflowed: read on every
     /// peek and charge, so that a store that owes nothing takes no lock.
     any: AtomicBool,
+    /// Whether the store is overflowed, read by every charge that lands.
+    overflowed: AtomicBool,
     state: Mutex<State>,
 }
 
@@ -56,6 +69,10 @@ struct State {
     /// By the key's Redis name under its policy (`RedisStore::key_base`).
     keys: HashMap<String, Entry>,
     overflowed: bool,
+    /// Numbers entries, so that the outcome of a charge sent for an entry
+    /// since forgotten (a reset) leaves a newer one of the key alone.
+    generation: u64,
+    swept: Option<Instant>,
 }
 
 #[derive(Debug)]
@@ -63,6 +80,9 @@ struct Entry {
     policy: Policy,
     key: Key,
     amount: u64,
+    generation: u64,
+    /// When the charge stops mattering: forgotten then.
+    until: Instant,
     /// Whether a peek or charge is sending it now.
     sending: bool,
     /// Why it did not land, for the peeks refused meanwhile.
@@ -85,9 +105,23 @@ pub(super) enum Claim {
 #[derive(Debug)]
 pub(super) struct Charge {
     base: String,
+    generation: u64,
     pub(super) policy: Policy,
     pub(super) key: Key,
     pub(super) amount: u64,
+}
+
+/// How long a charge under `policy` holds its key back at most: how long
+/// it is worth sending again.
+fn lasts(policy: &Policy) -> Duration {
+    let micros = policy.limits().iter().map(|limit| {
+        if policy.algorithm().is_window() {
+            Window::of(limit).length.saturating_mul(2)
+        } else {
+            limit.debt_horizon_us()
+        }
+    });
+    Duration::from_micros(micros.max().unwrap_or(0))
 }
 
 impl Owed {
@@ -105,9 +139,20 @@ impl Owed {
         !self.any.load(Ordering::Acquire)
     }
 
-    fn update_any(&self, state: &State) {
+    fn update(&self, state: &State) {
         let any = !state.keys.is_empty() || state.overflowed;
+        self.overflowed.store(state.overflowed, Ordering::Release);
         self.any.store(any, Ordering::Release);
+    }
+
+    /// Forgets the charges past their time, at most once a
+    /// [`SWEEP_EVERY`]; those on their way are left to end.
+    fn sweep(state: &mut State, now: Instant) {
+        if state.swept.is_some_and(|at| now < at + SWEEP_EVERY) {
+            return;
+        }
+        state.swept = Some(now);
+        state.keys.retain(|_, e| e.sending || e.until > now);
     }
 
     /// A charge of `amount` for `key` under `policy` (named `base` in
@@ -120,15 +165,22 @@ impl Owed {
         amount: u64,
         error: StoreError,
     ) {
+        let now = Instant::now();
+        let until = now + lasts(policy);
         let mut state = self.lock();
+        Self::sweep(&mut state, now);
         if let Some(entry) = state.keys.get_mut(&base) {
             entry.amount = entry.amount.saturating_add(amount);
+            entry.until = entry.until.max(until);
             entry.error = error;
         } else if state.keys.len() < CAPACITY {
+            state.generation += 1;
             let entry = Entry {
                 policy: policy.clone(),
                 key: key.clone(),
                 amount,
+                generation: state.generation,
+                until,
                 sending: false,
                 error,
             };
@@ -136,22 +188,32 @@ impl Owed {
         } else {
             state.overflowed = true;
         }
-        self.update_any(&state);
+        self.update(&state);
     }
 
     /// What a peek of the key named `base` must do first: send its owed
     /// charge, or with an overflowed store another key's, as a probe.
     pub(super) fn claim_for_peek(self: &Arc<Self>, base: &str) -> Claim {
+        let now = Instant::now();
         let mut state = self.lock();
+        Self::sweep(&mut state, now);
+        let claim = self.claim(&mut state, base, now);
+        self.update(&state);
+        claim
+    }
+
+    fn claim(self: &Arc<Self>, state: &mut State, base: &str, now: Instant) -> Claim {
         if let Some(entry) = state.keys.get_mut(base) {
-            return take(self, base, entry);
+            if entry.sending || entry.until > now {
+                return take(self, base, entry);
+            }
+            state.keys.remove(base);
         }
         if !state.overflowed {
             return Claim::Settled;
         }
         if state.keys.is_empty() {
             state.overflowed = false;
-            self.update_any(&state);
             return Claim::Settled;
         }
         let mut last = None;
@@ -175,11 +237,19 @@ impl Owed {
         }
     }
 
+    /// The entry `charge` was sent for, if it is still the key's.
+    fn entry<'s>(state: &'s mut State, charge: &Charge) -> Option<&'s mut Entry> {
+        state
+            .keys
+            .get_mut(&charge.base)
+            .filter(|e| e.generation == charge.generation)
+    }
+
     /// `charge` has landed: what it carried is paid, and Redis takes
     /// writes again, which ends an overflow.
     fn landed(&self, charge: &Charge) {
         let mut state = self.lock();
-        if let Some(entry) = state.keys.get_mut(&charge.base) {
+        if let Some(entry) = Self::entry(&mut state, charge) {
             entry.amount = entry.amount.saturating_sub(charge.amount);
             entry.sending = false;
             if entry.amount == 0 {
@@ -187,27 +257,25 @@ impl Owed {
             }
         }
         state.overflowed = false;
-        self.update_any(&state);
+        self.update(&state);
     }
 
     /// Some charge that owed nothing has landed: an overflow ends.
     pub(super) fn wrote(&self) {
-        if self.is_empty() {
+        if !self.overflowed.load(Ordering::Acquire) {
             return;
         }
         let mut state = self.lock();
-        if state.overflowed {
-            state.overflowed = false;
-            self.update_any(&state);
-        }
+        state.overflowed = false;
+        self.update(&state);
     }
 
-    /// The key named `base` was reset: what it owed is forgotten. (A
-    /// charge of it on its way now is paid or owed again as it ends.)
+    /// The key named `base` was reset: what it owed is forgotten (a charge
+    /// of it on its way ends without touching what the key owes next).
     pub(super) fn forget(&self, base: &str) {
         let mut state = self.lock();
         if state.keys.remove(base).is_some() {
-            self.update_any(&state);
+            self.update(&state);
         }
     }
 
@@ -215,7 +283,7 @@ impl Owed {
     /// sent to the end): still owed, and free for the next peek to send.
     fn failed(&self, charge: &Charge, error: Option<StoreError>) {
         let mut state = self.lock();
-        if let Some(entry) = state.keys.get_mut(&charge.base) {
+        if let Some(entry) = Self::entry(&mut state, charge) {
             entry.sending = false;
             if let Some(error) = error {
                 entry.error = error;
@@ -226,9 +294,9 @@ impl Owed {
 
 /// A claimed charge on its way, which ends [`landed`](Self::landed) or
 /// [`failed`](Self::failed). Dropped before either (the future of the
-/// call that was to send it was dropped: a client gone), it is owed as
-/// before and the key's next peek sends it, rather than every later peek
-/// being refused as if it were still on its way.
+/// call that was to send it was dropped), it is owed as before and the
+/// key's next peek sends it, rather than every later peek being refused
+/// as if it were still on its way.
 #[derive(Debug)]
 pub(super) struct Sending {
     owed: Arc<Owed>,
@@ -270,6 +338,7 @@ fn take(owed: &Arc<Owed>, base: &str, entry: &mut Entry) -> Claim {
         owed: Arc::clone(owed),
         charge: Charge {
             base: base.to_owned(),
+            generation: entry.generation,
             policy: entry.policy.clone(),
             key: entry.key.clone(),
             amount: entry.amount,
@@ -340,6 +409,32 @@ mod tests {
             panic!("refused after its sender went away");
         };
         assert_eq!(sending.charge.amount, 2);
+    }
+
+    #[test]
+    fn a_reset_key_is_untouched_by_the_end_of_a_charge_sent_before() {
+        let owed = Arc::new(Owed::default());
+        let (p, k) = (policy(), Key::new("k"));
+        owed.owe("a".into(), &p, &k, 5, error());
+        let Claim::Send(old) = owed.claim_for_peek("a") else {
+            panic!("nothing to send");
+        };
+        owed.forget("a");
+        owed.owe("a".into(), &p, &k, 2, error());
+        old.landed();
+        let Claim::Send(new) = owed.claim_for_peek("a") else {
+            panic!("the new charge is gone");
+        };
+        assert_eq!(new.charge.amount, 2);
+    }
+
+    #[test]
+    fn a_charge_past_its_time_is_forgotten() {
+        let owed = Arc::new(Owed::default());
+        owed.owe("a".into(), &policy(), &Key::new("k"), 1, error());
+        owed.lock().keys.get_mut("a").expect("owed").until = Instant::now();
+        assert!(matches!(owed.claim_for_peek("a"), Claim::Settled));
+        assert!(owed.is_empty());
     }
 
     #[test]
