@@ -57,8 +57,8 @@
 //!   a poll (250 ms) and outlive restarts (they are kept in Redis).
 //! - `FLEETGATE_MEMORY_MAX_KEYS`: without Redis (none of the three above), the
 //!   most identities the in-process store keeps per kind of state (default
-//!   100000); past it, expired state and then the state closest to expiry
-//!   is evicted.
+//!   100000, at most 100000000); past it, expired state and then the state
+//!   closest to expiry is evicted.
 //! - `FLEETGATE_SHED_WORKERS`: the worker capacity of the worker-utilization
 //!   shedder in front of `/api/charge` and `/api/report` (default 64).
 //! - `FLEETGATE_OBSERVE_SECRET`: the secret the dashboard's identity hashes

@@ -7,7 +7,7 @@
 use axum::body::Body;
 use bytes::Bytes;
 use fleetgate::key::{HeaderKey, KeyExtractor};
-use fleetgate::{Key, Limit, Policy};
+use fleetgate::{Key, Limit, Limiter, Policy};
 use http::{Request, Response};
 use http_body::Frame;
 use std::convert::Infallible;
@@ -128,4 +128,23 @@ pub fn retry_after(res: &Response<Body>) -> u64 {
         .unwrap()
         .parse()
         .unwrap()
+}
+
+/// Waits (in real time, within 5 s) until `key` has `left` calls of cost
+/// 1 left under `limiter`: a charge or refund made off the response's
+/// path has landed. A peek that fails (Redis refusing writes, a charge
+/// still owed) counts as not yet.
+pub async fn wait_for_remaining(limiter: &Limiter, key: &Key, left: u64) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let seen = limiter.peek(key, 1).await.map(|d| d.remaining());
+        if seen.as_ref().is_ok_and(|&r| r == left) {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "remaining never became {left}: {seen:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
 }
