@@ -170,8 +170,9 @@
 //! [tower]: https://docs.rs/tower
 //! [axum]: https://docs.rs/axum
 
+#![forbid(unsafe_code)]
 #![deny(missing_docs)]
-#![warn(unreachable_pub)]
+#![deny(unreachable_pub)]
 // Without `redis`, the docs' links to `RedisStore` and its kin lead
 // nowhere; every other link is checked by the `--all-features` docs.
 #![cfg_attr(not(feature = "redis"), allow(rustdoc::broken_intra_doc_links))]
