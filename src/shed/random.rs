@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 /// A source of uniform numbers in `[0, 1)` for the shedders' coin flips;
 /// injectable so tests are deterministic: any `Fn() -> f64` is one. The
-/// default is a fast xorshift generator seeded per thread.
+/// default is a fast generator of its own per thread.
 pub trait Random: Send + Sync + 'static {
     /// The next number, in `[0, 1)`.
     fn next_f64(&self) -> f64;
@@ -18,27 +18,14 @@ impl<F: Fn() -> f64 + Send + Sync + 'static> Random for F {
     }
 }
 
-/// A small, fast generator (xorshift) seeded per thread: plenty for coin
-/// flips, not for secrets.
+/// fastrand's generator, one per thread, seeded from the OS: plenty for
+/// coin flips, not for secrets.
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct ThreadRandom;
 
 impl Random for ThreadRandom {
     fn next_f64(&self) -> f64 {
-        use std::cell::Cell;
-        use std::hash::{BuildHasher, RandomState};
-        thread_local! {
-            static STATE: Cell<u64> = Cell::new(RandomState::new().hash_one(0u64) | 1);
-        }
-        STATE.with(|s| {
-            let mut x = s.get();
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            s.set(x);
-            // 53 random bits into [0, 1).
-            (x >> 11) as f64 / (1u64 << 53) as f64
-        })
+        fastrand::f64()
     }
 }
 
