@@ -1,9 +1,8 @@
 //! An HTTP admin API over [`LivePolicies`], as an axum [`Router`] the
 //! application nests under a path and its own authentication.
 
-use std::fmt::Write as _;
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::SystemTime;
 
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, Path, Request, State};
@@ -172,18 +171,12 @@ async fn authorize(State(api): Api, req: Request, next: Next) -> Response {
 }
 
 async fn policies(State(api): Api) -> Response {
-    let mut out = String::from("{");
-    for (i, (name, limits)) in api.live.policies().iter().enumerate() {
-        if i > 0 {
-            out.push(',');
-        }
-        out.push_str("\n  ");
-        json_string(&mut out, name);
-        out.push_str(": ");
-        json_string(&mut out, limits);
-    }
-    out.push_str("\n}\n");
-    json(out)
+    let policies = api.live.policies().into_iter();
+    json(&serde_json::Value::Object(
+        policies
+            .map(|(name, limits)| (name, serde_json::Value::String(limits)))
+            .collect(),
+    ))
 }
 
 async fn set_policy(State(api): Api, Path(policy): Path<String>, body: String) -> Response {
@@ -295,24 +288,20 @@ async fn reset(api: &AdminApi, identity: &str, policy: Option<&str>) -> Response
 }
 
 async fn instances(State(api): Api) -> Response {
-    let mut out = String::from("[");
-    for (i, instance) in api.live.instances().iter().enumerate() {
-        if i > 0 {
-            out.push(',');
-        }
-        out.push_str("\n  {\"id\": ");
-        json_string(&mut out, &instance.id);
-        out.push_str(", \"address\": ");
-        json_string(&mut out, &instance.address);
-        let _ = write!(
-            out,
-            ", \"started\": \"{}\", \"last_seen\": \"{}\"}}",
-            rfc3339(instance.started),
-            rfc3339(instance.last_seen)
-        );
-    }
-    out.push_str("\n]\n");
-    json(out)
+    let instances = api
+        .live
+        .instances()
+        .iter()
+        .map(|instance| {
+            serde_json::json!({
+                "id": instance.id,
+                "address": instance.address,
+                "started": rfc3339(instance.started),
+                "last_seen": rfc3339(instance.last_seen),
+            })
+        })
+        .collect();
+    json(&serde_json::Value::Array(instances))
 }
 
 /// The status a refused change answers with: what the path names is
@@ -342,50 +331,20 @@ fn text(status: StatusCode, body: &str) -> Response {
         .into_response()
 }
 
-fn json(body: String) -> Response {
-    ([(header::CONTENT_TYPE, "application/json")], body).into_response()
-}
-
-/// `s` as a JSON string. Two fixed shapes of output do not need serde_json.
-fn json_string(out: &mut String, s: &str) {
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            c if u32::from(c) < 0x20 => {
-                let _ = write!(out, "\\u{:04x}", u32::from(c));
-            }
-            c => out.push(c),
+/// `value` as pretty JSON.
+fn json(value: &serde_json::Value) -> Response {
+    match serde_json::to_string_pretty(value) {
+        Ok(mut body) => {
+            body.push('\n');
+            ([(header::CONTENT_TYPE, "application/json")], body).into_response()
         }
+        Err(err) => text(StatusCode::INTERNAL_SERVER_ERROR, &err.to_string()),
     }
-    out.push('"');
 }
 
 /// `t` as RFC 3339 in UTC, to the millisecond (`2026-11-26T23:01:02.345Z`).
 fn rfc3339(t: SystemTime) -> String {
-    let ms = t
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
-    let (secs, ms) = (ms / 1000, ms % 1000);
-    let (days, day) = (secs / 86_400, secs % 86_400);
-    // Days since 1970 to a civil date (H. Hinnant's `civil_from_days`).
-    let z = days + 719_468;
-    let era = z / 146_097;
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{ms:03}Z",
-        day / 3600,
-        day % 3600 / 60,
-        day % 60
-    )
+    humantime::format_rfc3339_millis(t).to_string()
 }
 
 #[cfg(test)]
@@ -393,7 +352,7 @@ mod tests {
     use super::*;
     use crate::MemoryStore;
     use axum::body::Body;
-    use std::time::Duration;
+    use std::time::{Duration, UNIX_EPOCH};
     use tower::ServiceExt;
 
     async fn call(app: &Router, method: &str, path: &str, body: &str) -> (u16, String) {
@@ -501,12 +460,5 @@ mod tests {
         assert_eq!(at(951_782_400_007), "2000-02-29T00:00:00.007Z");
         assert_eq!(at(1_700_000_000_123), "2023-11-14T22:13:20.123Z");
         assert_eq!(at(4_102_444_799_999), "2099-12-31T23:59:59.999Z");
-    }
-
-    #[test]
-    fn json_strings_are_escaped() {
-        let mut out = String::new();
-        json_string(&mut out, "a\"b\\c\nd\u{1}é");
-        assert_eq!(out, r#""a\"b\\c\nd\u0001é""#);
     }
 }
