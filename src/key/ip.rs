@@ -174,51 +174,35 @@ impl<Req, E: ClientIp<Req>> KeyExtractor<Req> for IpPrefix<E> {
 }
 
 /// An IP network such as `10.0.0.0/8` or `2001:db8::/32`; a bare address is
-/// a network of one.
+/// a network of one. An IPv4-mapped IPv6 network (`::ffff:10.0.0.0/104`)
+/// is the IPv4 network it maps, and an IPv4-mapped address is matched as
+/// the IPv4 address it is (the [`ipnet`] crate's network underneath).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct IpNet {
-    addr: IpAddr,
-    prefix: u8,
-}
+pub struct IpNet(ipnet::IpNet);
 
 impl IpNet {
     /// The network of `addr` with `prefix` leading bits.
     pub fn new(addr: IpAddr, prefix: u8) -> Result<Self, ConfigError> {
-        let max = if addr.is_ipv4() { 32 } else { 128 };
         let canonical = addr.to_canonical();
-        // An IPv4-mapped network (`::ffff:10.0.0.0/104`) is the IPv4 network
-        // it maps; a shorter prefix would reach beyond it.
+        // An IPv4-mapped network is the IPv4 network it maps; a shorter
+        // prefix would reach beyond it.
         let mapped = addr.is_ipv6() && canonical.is_ipv4();
-        if prefix > max || (mapped && prefix < 96) {
-            return Err(ConfigError::InvalidNetwork {
+        let bits = if mapped {
+            prefix.checked_sub(96)
+        } else {
+            Some(prefix)
+        };
+        bits.and_then(|bits| ipnet::IpNet::new(canonical, bits).ok())
+            .map(IpNet)
+            .ok_or_else(|| ConfigError::InvalidNetwork {
                 text: format!("{addr}/{prefix}"),
-            });
-        }
-        Ok(IpNet {
-            addr: canonical,
-            prefix: if mapped { prefix - 96 } else { prefix },
-        })
+            })
     }
 
     /// Whether `ip` lies in this network.
     pub fn contains(&self, ip: IpAddr) -> bool {
-        match (self.addr, ip.to_canonical()) {
-            (IpAddr::V4(net), IpAddr::V4(ip)) => prefix_eq(
-                u128::from(u32::from(net)) << 96,
-                u128::from(u32::from(ip)) << 96,
-                self.prefix,
-            ),
-            (IpAddr::V6(net), IpAddr::V6(ip)) => {
-                prefix_eq(u128::from(net), u128::from(ip), self.prefix)
-            }
-            _ => false,
-        }
+        self.0.contains(&ip.to_canonical())
     }
-}
-
-fn prefix_eq(a: u128, b: u128, prefix: u8) -> bool {
-    let mask = u128::MAX.checked_shl(128 - u32::from(prefix)).unwrap_or(0);
-    a & mask == b & mask
 }
 
 impl FromStr for IpNet {
@@ -245,7 +229,7 @@ impl FromStr for IpNet {
 
 impl fmt::Display for IpNet {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.addr, self.prefix)
+        self.0.fmt(f)
     }
 }
 
