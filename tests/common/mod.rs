@@ -1,5 +1,8 @@
 //! Helpers shared by the integration tests.
 
+/// A throwaway Redis Cluster (`tests/redis/cluster.rs`, `tests/alone`).
+#[cfg(feature = "cluster")]
+pub mod redis_cluster;
 pub mod redis_server;
 pub mod sentinel;
 

@@ -32,7 +32,6 @@ fn policy(name: &str, algorithm: Algorithm, rate: Rate) -> Policy {
 /// stands still, so that nothing refills: every unit is counted.
 #[tokio::test]
 async fn concurrent_charges_from_several_instances_never_lose_an_update() {
-    let _shared = crate::machine::shared().await;
     let server = RedisServer::start();
     let clock = ManualClock::new(Duration::from_secs(1_699_999_980));
     let mut stores = Vec::new();
@@ -79,7 +78,6 @@ async fn concurrent_charges_from_several_instances_never_lose_an_update() {
 /// GCRA debt's key lives as long as the debt.
 #[tokio::test]
 async fn a_charge_uses_the_decision_keys_and_they_outlive_the_debt() {
-    let _shared = crate::machine::shared().await;
     let server = RedisServer::start();
     let store = common::redis_store(&server).await;
     let mut conn = server.admin().await;
@@ -120,7 +118,6 @@ async fn a_charge_uses_the_decision_keys_and_they_outlive_the_debt() {
 /// next peeks cost Redis nothing) and forgets it on a refund.
 #[tokio::test]
 async fn the_deny_cache_remembers_a_debt_and_forgets_it_on_a_refund() {
-    let _shared = crate::machine::shared().await;
     let server = RedisServer::start();
     for algorithm in ALL {
         let store = RedisStore::builder()
@@ -155,7 +152,6 @@ async fn the_deny_cache_remembers_a_debt_and_forgets_it_on_a_refund() {
 /// gone, each fails; back, each works again.
 #[tokio::test]
 async fn each_operation_fails_within_the_timeout_when_redis_is_down() {
-    let _shared = crate::machine::shared().await;
     let server = RedisServer::start();
     let timeout = Duration::from_millis(100);
     let store = RedisStore::builder()

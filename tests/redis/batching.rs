@@ -126,7 +126,6 @@ fn figures(d: &Decision) -> Figures {
 /// (with the caller's clock, the batch carries one "now").
 #[tokio::test]
 async fn a_hot_identity_is_decided_exactly_in_few_scripts() {
-    let _shared = crate::machine::shared().await;
     let server = RedisServer::start();
     let mut admin = server.admin().await;
     for (name, time) in [
@@ -184,7 +183,6 @@ async fn a_hot_identity_is_decided_exactly_in_few_scripts() {
 /// one after the other at the same instant: every figure of every decision.
 #[tokio::test]
 async fn a_mixed_batch_decides_as_calls_one_by_one() {
-    let _shared = crate::machine::shared().await;
     let server = RedisServer::start();
     let clock = ManualClock::new(Duration::from_secs(1_000_000));
     let store = one_slot_store(&server, TimeSource::Client(Arc::new(clock.clone()))).await;
@@ -260,7 +258,6 @@ async fn a_mixed_batch_decides_as_calls_one_by_one() {
 /// after the one before.
 #[tokio::test]
 async fn queued_reservations_keep_their_order() {
-    let _shared = crate::machine::shared().await;
     let server = RedisServer::start();
     let store = one_slot_store(&server, TimeSource::Server).await;
     let limiter = Limiter::new(
@@ -291,7 +288,6 @@ async fn queued_reservations_keep_their_order() {
 /// with are decided.
 #[tokio::test]
 async fn an_unreadable_key_fails_only_its_own_call() {
-    let _shared = crate::machine::shared().await;
     let server = RedisServer::start();
     let store = one_slot_store(&server, TimeSource::Server).await;
     let limiter = Limiter::new(
@@ -361,7 +357,6 @@ async fn an_unreadable_key_fails_only_its_own_call() {
 /// was lost.
 #[tokio::test]
 async fn no_slot_is_lost_to_timeouts_or_cancellations() {
-    let _shared = crate::machine::shared().await;
     let server = RedisServer::start();
     let store = uncached_store(&server, 1, Duration::from_millis(300)).await;
     let limiter = Limiter::new(
@@ -403,7 +398,6 @@ async fn no_slot_is_lost_to_timeouts_or_cancellations() {
 /// the first call's answer.
 #[tokio::test]
 async fn queued_calls_do_not_wait_for_the_script_in_flight() {
-    let _shared = crate::machine::shared().await;
     let server = RedisServer::start();
     let store = uncached_store(&server, 1, Duration::from_secs(5)).await;
     let limiter = Limiter::new(
@@ -441,7 +435,6 @@ async fn queued_calls_do_not_wait_for_the_script_in_flight() {
 /// script, however many are in flight.
 #[tokio::test]
 async fn unbounded_in_flight_sends_one_script_per_call() {
-    let _shared = crate::machine::shared().await;
     let server = RedisServer::start();
     let store = uncached_store(&server, usize::MAX, Duration::from_secs(2)).await;
     let limiter = Limiter::new(
@@ -464,7 +457,6 @@ async fn unbounded_in_flight_sends_one_script_per_call() {
 /// window, a lease), one load, then every call by SHA.
 #[tokio::test]
 async fn calls_that_find_their_script_missing_load_it_once() {
-    let _shared = crate::machine::shared().await;
     let server = RedisServer::start();
     // One script per call, so that every call is in flight at once.
     let store = uncached_store(&server, usize::MAX, Duration::from_secs(5)).await;
@@ -524,7 +516,6 @@ async fn calls_that_find_their_script_missing_load_it_once() {
 /// without the stack growing with the queue.
 #[tokio::test]
 async fn a_long_queue_drains_while_redis_refuses() {
-    let _shared = crate::machine::shared().await;
     let store = RedisStore::builder()
         .timeout(Duration::from_secs(20))
         .max_in_flight(1)
@@ -559,7 +550,6 @@ async fn a_long_queue_drains_while_redis_refuses() {
 /// calls.
 #[tokio::test]
 async fn window_checks_travel_together_and_decide_as_one_by_one() {
-    let _shared = crate::machine::shared().await;
     let server = RedisServer::start();
     let mut admin = server.admin().await;
     let clock = ManualClock::new(Duration::from_secs(1_000_000));
@@ -642,7 +632,6 @@ async fn window_checks_travel_together_and_decide_as_one_by_one() {
 /// GCRA's does: every call it carries is decided at that one instant.
 #[tokio::test]
 async fn a_window_batch_reads_the_server_clock_once() {
-    let _shared = crate::machine::shared().await;
     let server = RedisServer::start();
     let mut admin = server.admin().await;
     let store = one_slot_store(&server, TimeSource::Server).await;
@@ -701,7 +690,6 @@ async fn a_window_batch_reads_the_server_clock_once() {
 /// script, and are decided right.
 #[tokio::test]
 async fn a_window_check_with_an_unreadable_key_fails_alone() {
-    let _shared = crate::machine::shared().await;
     let server = RedisServer::start();
     let store = one_slot_store(&server, TimeSource::Server).await;
     let mut admin = server.admin().await;

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use crate::redis_cluster::RedisCluster;
+use crate::common::redis_cluster::RedisCluster;
 use fleetgate::clock::ManualClock;
 use fleetgate::{
     Decision, Key, Limit, Limiter, MemoryStore, Policy, Rate, RedisStore, Store, TimeSource,
@@ -88,7 +88,6 @@ impl Lcg {
 /// masters.
 #[tokio::test]
 async fn cluster_decides_like_the_memory_store() {
-    let _shared = crate::machine::shared().await;
     let cluster = RedisCluster::start();
     let start = Duration::from_secs(1_700_000_000);
     let policies = [
@@ -150,7 +149,6 @@ async fn cluster_decides_like_the_memory_store() {
 /// gets exactly the smaller burst, never more.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_fleet_is_exact_per_identity() {
-    let _shared = crate::machine::shared().await;
     let cluster = RedisCluster::start();
     let policy = Policy::builder("exact")
         .limit(limit(Rate::per_hour(30), 30, "a"))
@@ -202,7 +200,6 @@ async fn cluster_fleet_is_exact_per_identity() {
 /// keys are exact.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_survives_resharding_and_script_flush() {
-    let _shared = crate::machine::shared().await;
     let cluster = Arc::new(RedisCluster::start());
     let store = cluster_store(&cluster, TimeSource::Server).await;
     let policy = Policy::single("moving", limit(Rate::per_hour(50), 50, "a")).unwrap();
@@ -295,7 +292,6 @@ async fn cluster_survives_resharding_and_script_flush() {
 /// decided again once it resumes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_node_hang_is_bounded_and_local_to_its_slots() {
-    let _shared = crate::machine::shared().await;
     let cluster = RedisCluster::start();
     let timeout = Duration::from_millis(200);
     let store = RedisStore::builder()
@@ -356,7 +352,6 @@ async fn cluster_node_hang_is_bounded_and_local_to_its_slots() {
 /// on the hung one and fail the calls that found it missing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hung_node_does_not_keep_scripts_from_the_others() {
-    let _shared = crate::machine::shared().await;
     let cluster = RedisCluster::start();
     // Long enough for any answer on a loaded machine; each call on the
     // hung master waits it out.

@@ -77,7 +77,6 @@ async fn hammer(server: &RedisServer, policy: &Policy, hot: HotKeys, run: Durati
 /// `1,000 + 1,000·t` plus 50 per instance.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_instances_on_gcra_stay_within_the_limit_plus_one_lease_each() {
-    let _shared = crate::machine::shared().await;
     let server = RedisServer::start();
     let policy = Policy::single("hot-gcra", Limit::new(Rate::per_second(1_000)).unwrap()).unwrap();
     let hot = HotKeys::new().max_share(LocalShare::new(0.05).unwrap());
@@ -109,7 +108,6 @@ async fn two_instances_on_gcra_stay_within_the_limit_plus_one_lease_each() {
 /// server; if every try left it, the bound for two windows is checked.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_instances_on_the_sliding_window_stay_within_the_limit_plus_one_lease_each() {
-    let _shared = crate::machine::shared().await;
     let window = Duration::from_secs(12);
     let policy = Policy::builder("hot-sliding")
         .algorithm(Algorithm::SlidingWindow)
@@ -159,7 +157,6 @@ async fn two_instances_on_the_sliding_window_stay_within_the_limit_plus_one_leas
 /// more than about one store timeout (3x here, for a loaded machine).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hung_redis_fails_the_waiters_of_a_lease_together() {
-    let _shared = crate::machine::shared().await;
     let server = RedisServer::start();
     let timeout = Duration::from_millis(200);
     let store = RedisStore::builder()
@@ -209,7 +206,6 @@ async fn a_hung_redis_fails_the_waiters_of_a_lease_together() {
 /// all back in Redis once the sweep has run.
 #[tokio::test]
 async fn a_call_dropped_during_its_lease_loses_no_tokens() {
-    let _shared = crate::machine::shared().await;
     let server = RedisServer::start();
     let store = common::redis_store(&server).await;
     // A burst of 10,000 that barely refills while the test runs; leases
@@ -258,7 +254,6 @@ async fn a_call_dropped_during_its_lease_loses_no_tokens() {
 /// held are spent meanwhile.
 #[tokio::test]
 async fn a_lease_redis_fails_on_fails_the_call() {
-    let _shared = crate::machine::shared().await;
     let server = RedisServer::start();
     let policy = Policy::single("hot-down", Limit::new(Rate::per_second(10_000)).unwrap()).unwrap();
     let store = common::redis_store(&server).await;
@@ -287,7 +282,6 @@ async fn a_lease_redis_fails_on_fails_the_call() {
 /// the lease spent, the layer's failure policy answers (here: closed).
 #[tokio::test]
 async fn a_layer_on_a_hot_limiter_leases_and_fails_as_configured() {
-    let _shared = crate::machine::shared().await;
     let server = RedisServer::start();
     let mut admin = server.admin().await;
     let policy =

@@ -171,7 +171,6 @@ async fn lifecycle(s: Sut) {
 
 #[tokio::test]
 async fn both_stores_agree_on_the_lease_lifecycle() {
-    let _shared = crate::machine::shared().await;
     let memory = Sut::memory();
     lifecycle(memory.clone()).await;
     let server = RedisServer::start();
@@ -191,7 +190,6 @@ async fn both_stores_agree_on_the_lease_lifecycle() {
 /// passed in real time.
 #[tokio::test]
 async fn a_lease_outlives_a_client_clock_that_falls_behind() {
-    let _shared = crate::machine::shared().await;
     let server = RedisServer::start();
     let s = Sut::redis(&server).await;
     let l = s.limiter("behind", 1, Duration::from_millis(20));
@@ -208,7 +206,6 @@ async fn a_lease_outlives_a_client_clock_that_falls_behind() {
 /// stores, exactly at the TTL.
 #[tokio::test]
 async fn a_vanished_holder_frees_its_slot_after_the_ttl() {
-    let _shared = crate::machine::shared().await;
     let server = RedisServer::start();
     for s in [Sut::memory(), Sut::redis(&server).await] {
         let l = s.limiter("crash", 2, 5 * S);
@@ -230,7 +227,6 @@ async fn a_vanished_holder_frees_its_slot_after_the_ttl() {
 /// TTL and not before, and the sorted set itself expires.
 #[tokio::test]
 async fn a_vanished_holder_frees_its_slot_on_redis_time() {
-    let _shared = crate::machine::shared().await;
     let server = RedisServer::start();
     let store = store_timing_out_after(&server, Duration::from_secs(2)).await;
     let ttl = Duration::from_millis(300);
@@ -300,7 +296,6 @@ async fn a_vanished_holder_frees_its_slot_on_redis_time() {
 /// identity's hash tag.
 #[tokio::test]
 async fn one_round_trip_per_acquire_and_per_release() {
-    let _shared = crate::machine::shared().await;
     let server = RedisServer::start();
     let store = store_timing_out_after(&server, Duration::from_secs(2)).await;
     let policy = ConcurrencyPolicy::builder("trips", 5)
@@ -359,7 +354,6 @@ async fn one_round_trip_per_acquire_and_per_release() {
 /// after it had landed is no failure.
 #[tokio::test]
 async fn release_does_not_wait_for_a_hung_redis() {
-    let _shared = crate::machine::shared().await;
     let server = RedisServer::start();
     let timeout = Duration::from_millis(100);
     let store = store_timing_out_after(&server, timeout).await;
@@ -403,7 +397,6 @@ async fn release_does_not_wait_for_a_hung_redis() {
 /// longer than the TTL, the release is given up, and reported as failed.
 #[tokio::test]
 async fn a_release_is_given_up_once_its_lease_has_expired() {
-    let _shared = crate::machine::shared().await;
     let server = RedisServer::start();
     let store = store_timing_out_after(&server, Duration::from_millis(100)).await;
     let limiter = unrenewed("expired", 1, Duration::from_millis(300), store.clone());
@@ -422,7 +415,6 @@ async fn a_release_is_given_up_once_its_lease_has_expired() {
 /// lease stays, and expires after its TTL.
 #[tokio::test]
 async fn without_a_runtime_the_lease_expires_after_its_ttl() {
-    let _shared = crate::machine::shared().await;
     let server = RedisServer::start();
     let store = store_timing_out_after(&server, Duration::from_secs(2)).await;
     let ttl = Duration::from_millis(300);
@@ -467,7 +459,6 @@ async fn without_a_runtime_the_lease_expires_after_its_ttl() {
 /// expired ones are swept.
 #[test]
 fn the_memory_store_sweeps_expired_leases() {
-    let _shared = crate::machine::shared_blocking();
     let clock = ManualClock::new(UNIX_NOW);
     let store = MemoryStore::builder()
         .clock(clock.clone())
@@ -503,7 +494,6 @@ fn the_memory_store_sweeps_expired_leases() {
 /// again long before the lease's TTL.
 #[tokio::test]
 async fn a_release_on_a_killed_connection_still_frees_the_slot() {
-    let _shared = crate::machine::shared().await;
     let server = RedisServer::start();
     let store = store_timing_out_after(&server, Duration::from_secs(5)).await;
     let limiter = unrenewed("killed", 1, Duration::from_secs(60), store.clone());
@@ -567,7 +557,6 @@ async fn a_release_on_a_killed_connection_still_frees_the_slot() {
 /// again: it is given up at once, not retried until the lease's TTL.
 #[tokio::test]
 async fn a_release_redis_refuses_is_given_up_at_once() {
-    let _shared = crate::machine::shared().await;
     let server = RedisServer::start();
     let store = common::redis_store(&server).await;
     let ttl = Duration::from_secs(120);
@@ -598,7 +587,6 @@ async fn a_release_redis_refuses_is_given_up_at_once() {
 /// not one per call.
 #[tokio::test]
 async fn calls_are_answered_when_the_script_cannot_be_loaded() {
-    let _shared = crate::machine::shared().await;
     let server = RedisServer::start();
     let mut admin = server.admin().await;
     let () = redis::cmd("ACL")
@@ -651,7 +639,6 @@ async fn calls_are_answered_when_the_script_cannot_be_loaded() {
 /// all land once it answers again, long before their leases' TTL.
 #[tokio::test]
 async fn releases_queued_during_an_outage_all_land_after_it() {
-    let _shared = crate::machine::shared().await;
     let server = RedisServer::start();
     let timeout = Duration::from_millis(100);
     let store = store_timing_out_after(&server, timeout).await;
@@ -685,7 +672,6 @@ async fn releases_queued_during_an_outage_all_land_after_it() {
 /// gone out.)
 #[tokio::test(flavor = "current_thread")]
 async fn back_to_back_callers_never_find_their_own_released_slot_taken() {
-    let _shared = crate::machine::shared().await;
     use axum::{Router, body::Body, routing::get};
     use fleetgate::ConcurrencyLimitLayer;
     use fleetgate::key::GlobalKey;

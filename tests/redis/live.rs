@@ -13,19 +13,12 @@ use crate::common;
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant, SystemTime};
 
-use std::convert::Infallible;
-
-use axum::body::Body;
 use common::RedisServer;
 use fleetgate::concurrency::{Admission, ConcurrencyLimiter, ConcurrencyPolicy};
-use fleetgate::key::GlobalKey;
 use fleetgate::live::{LiveError, LivePolicies};
 use fleetgate::spec::PolicySpec;
-use fleetgate::{FailurePolicy, Key, Limiter, LocalShare, Policy, RateLimitLayer, RedisStore};
-use http::{Request, StatusCode};
+use fleetgate::{Key, Limiter, Policy, RedisStore};
 use redis::AsyncCommands;
-use tower::util::BoxCloneService;
-use tower::{Layer, ServiceExt};
 
 /// The stores' prefix: the fleet's changes live under it.
 const PREFIX: &str = "svc";
@@ -110,7 +103,6 @@ async fn stored(server: &RedisServer) -> (Option<u64>, Vec<(String, String)>) {
 
 #[tokio::test]
 async fn a_change_through_one_instance_is_enforced_by_the_other_within_a_second() {
-    let _shared = crate::machine::shared().await;
     let server = RedisServer::start();
     let (a, b) = (instance(&server).await, instance(&server).await);
     let api_a = a.limiter(policy("api", "1/h"));
@@ -151,7 +143,6 @@ async fn a_change_through_one_instance_is_enforced_by_the_other_within_a_second(
 
 #[tokio::test]
 async fn overrides_and_plans_are_the_fleets_and_decide_their_identities_only() {
-    let _shared = crate::machine::shared().await;
     let server = RedisServer::start();
     let (a, b) = (instance(&server).await, instance(&server).await);
     let mut limiters = Vec::new();
@@ -201,7 +192,6 @@ async fn overrides_and_plans_are_the_fleets_and_decide_their_identities_only() {
 
 #[tokio::test]
 async fn a_reset_unblocks_on_every_instance_past_their_deny_caches() {
-    let _shared = crate::machine::shared().await;
     let server = RedisServer::start();
     let store_b = store(&server, Duration::from_secs(2)).await;
     let a = instance(&server).await;
@@ -301,7 +291,6 @@ async fn a_reset_unblocks_on_every_instance_past_their_deny_caches() {
 
 #[tokio::test]
 async fn a_restarted_instance_starts_with_the_fleets_changes() {
-    let _shared = crate::machine::shared().await;
     let server = RedisServer::start();
     let (a, b) = (instance(&server).await, instance(&server).await);
     for live in [&a, &b] {
@@ -334,7 +323,6 @@ async fn a_restarted_instance_starts_with_the_fleets_changes() {
 
 #[tokio::test]
 async fn a_broken_text_changes_nothing_in_the_fleet() {
-    let _shared = crate::machine::shared().await;
     let server = RedisServer::start();
     let (a, b) = (instance(&server).await, instance(&server).await);
     let api_a = a.limiter(policy("api", "1/h"));
@@ -390,7 +378,6 @@ async fn a_broken_text_changes_nothing_in_the_fleet() {
 /// next valid change applies as usual.
 #[tokio::test]
 async fn a_stored_text_that_no_longer_parses_keeps_the_previous_limits() {
-    let _shared = crate::machine::shared().await;
     let server = RedisServer::start();
     let (a, b) = (instance(&server).await, instance(&server).await);
     let mut limiters = Vec::new();
@@ -470,7 +457,6 @@ async fn a_stored_text_that_no_longer_parses_keeps_the_previous_limits() {
 
 #[tokio::test]
 async fn instances_are_listed_from_their_heartbeats() {
-    let _shared = crate::machine::shared().await;
     let server = RedisServer::start();
     let a = instance(&server).await.address("10.0.0.1:8080");
     let b = instance(&server).await.address("10.0.0.2:8080");
@@ -516,74 +502,11 @@ async fn instances_are_listed_from_their_heartbeats() {
     assert_eq!(a.instance_count(), 1);
 }
 
-/// `FailurePolicy::local_auto()` with two live instances: while Redis is
-/// gone, each enforces half of every limit. Alone at the machine: the
-/// fleet's size is the process's, and other tests' instances count too.
-#[tokio::test]
-async fn local_auto_enforces_the_instances_share_while_redis_is_gone() {
-    let _alone = crate::machine::alone().await;
-    let server = RedisServer::start();
-    let timeout = Duration::from_millis(500);
-    let a = LivePolicies::new(store(&server, timeout).await);
-    let b = LivePolicies::new(store(&server, timeout).await);
-    let api = a.limiter(policy("local-auto", "8/h"));
-    b.limiter(policy("local-auto", "8/h"));
-    // The service is built, and decides once, while a counts itself alone:
-    // its local fallback then holds the whole limit, and must follow the
-    // fleet's size when b comes.
-    a.start().await.unwrap();
-    assert_eq!(a.instance_count(), 1);
-    assert_eq!(LocalShare::auto().scale(8), 8);
-    let ok = tower::service_fn(|_: Request<Body>| async {
-        Ok::<_, Infallible>(http::Response::new(Body::from("ok")))
-    });
-    let app = BoxCloneService::new(
-        RateLimitLayer::new(api)
-            .key(GlobalKey::new())
-            .on_store_error(FailurePolicy::local_auto())
-            .layer(ok),
-    );
-    let quota = |response: &http::Response<Body>| {
-        let header = response.headers().get("ratelimit-policy").unwrap();
-        let header = header.to_str().unwrap().to_owned();
-        header
-            .split(";q=")
-            .nth(1)
-            .and_then(|v| v.split(';').next())
-            .and_then(|q| q.parse::<u64>().ok())
-            .unwrap()
-    };
-    let get = || Request::get("/").body(Body::empty()).unwrap();
-    let response = app.clone().oneshot(get()).await.unwrap();
-    assert_eq!((response.status(), quota(&response)), (StatusCode::OK, 8));
-
-    b.start().await.unwrap();
-    until(Duration::from_secs(5), "two instances", || {
-        a.instance_count() == 2 && b.instance_count() == 2
-    })
-    .await;
-    assert_eq!(LocalShare::auto().scale(8), 4);
-
-    server.stop();
-    let mut got = Vec::new();
-    for _ in 0..6 {
-        let response = app.clone().oneshot(get()).await.unwrap();
-        got.push((response.status().as_u16(), quota(&response)));
-    }
-    assert_eq!(
-        got,
-        [(200, 4), (200, 4), (200, 4), (200, 4), (429, 4), (429, 4)]
-    );
-    // The heartbeats fail meanwhile: the count they last saw holds.
-    assert_eq!(a.instance_count(), 2);
-}
-
 /// Redis gone (hung, then not there at all): every change fails with a
 /// store error within the store's timeout, and nothing changes locally.
 /// (Timing-bound, but with a generous bound: shared.)
 #[tokio::test]
 async fn a_change_while_redis_is_gone_fails_within_the_timeout_and_changes_nothing() {
-    let _shared = crate::machine::shared().await;
     let server = RedisServer::start();
     let timeout = Duration::from_millis(500);
     let a = LivePolicies::new(store(&server, timeout).await);
@@ -654,7 +577,6 @@ async fn a_change_while_redis_is_gone_fails_within_the_timeout_and_changes_nothi
 /// fleet's changes once Redis is there.
 #[tokio::test]
 async fn an_instance_started_while_redis_is_down_follows_once_it_is_back() {
-    let _shared = crate::machine::shared().await;
     let port = common::redis_server::free_port();
     let early = LivePolicies::new(
         RedisStore::builder()
@@ -690,7 +612,6 @@ async fn an_instance_started_while_redis_is_down_follows_once_it_is_back() {
 /// changes flow.
 #[tokio::test]
 async fn a_hand_written_version_that_is_not_a_number_stops_nothing_else() {
-    let _shared = crate::machine::shared().await;
     let server = RedisServer::start();
     let (a, b) = (instance(&server).await, instance(&server).await);
     let api_a = a.limiter(policy("api", "1/h"));
@@ -728,7 +649,6 @@ async fn a_hand_written_version_that_is_not_a_number_stops_nothing_else() {
 /// turns.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn racing_writers_leave_the_instance_with_the_last_change() {
-    let _shared = crate::machine::shared().await;
     let server = RedisServer::start();
     let a = LivePolicies::new(store(&server, Duration::from_secs(2)).await)
         .poll_every(Duration::from_secs(3600));

@@ -93,7 +93,6 @@ async fn get_quota(app: &Router) -> (StatusCode, Option<u64>) {
 
 #[tokio::test]
 async fn rate_limit_falls_back_to_its_share_while_redis_is_down_then_redis_decides_again() {
-    let _shared = crate::machine::shared().await;
     let server = RedisServer::start();
     let port = server.port();
     let store = RedisStore::builder()
@@ -136,7 +135,6 @@ async fn rate_limit_falls_back_to_its_share_while_redis_is_down_then_redis_decid
 /// `Retry-After`, and Redis decides again once it resumes.
 #[tokio::test]
 async fn window_policies_fail_closed_while_redis_is_hung() {
-    let _shared = crate::machine::shared().await;
     let server = RedisServer::start();
     let store = RedisStore::builder()
         .timeout(Duration::from_millis(200))
@@ -192,7 +190,6 @@ async fn window_policies_fail_closed_while_redis_is_hung() {
 /// of 8 per hour: 2), answered with that quota's headers and 429s.
 #[tokio::test]
 async fn window_policies_fall_back_to_their_share_while_redis_is_down() {
-    let _shared = crate::machine::shared().await;
     let server = RedisServer::start();
     let store = RedisStore::builder()
         .timeout(TIMEOUT)
@@ -220,7 +217,6 @@ async fn window_policies_fall_back_to_their_share_while_redis_is_down() {
 
 #[tokio::test]
 async fn waiting_clients_reserve_local_slots_and_typed_errors_name_the_limit() {
-    let _shared = crate::machine::shared().await;
     // 2 per second, burst 2, fleet-wide: 1 per second, burst 1, locally.
     let limit = Limit::builder(Rate::per_second(2))
         .burst(2)
@@ -320,7 +316,6 @@ fn refused_at(max: u64) -> ConcurrencyLimitError {
 
 #[tokio::test]
 async fn concurrency_falls_back_to_its_share_releases_locally_then_redis_decides_again() {
-    let _shared = crate::machine::shared().await;
     let port = free_port();
     // 4 in flight fleet-wide; 2 per instance while Redis is down.
     let policy = ConcurrencyPolicy::new("local-slots", 4).unwrap();
@@ -368,7 +363,6 @@ async fn concurrency_falls_back_to_its_share_releases_locally_then_redis_decides
 
 #[tokio::test]
 async fn a_store_that_cannot_fail_never_falls_back() {
-    let _shared = crate::machine::shared().await;
     let app = rate_app(Limiter::new(eight_per_hour(), MemoryStore::new()));
     for _ in 0..8 {
         assert_eq!(get_quota(&app).await, (StatusCode::OK, Some(8)));

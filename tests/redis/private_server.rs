@@ -5,7 +5,6 @@ use common::RedisServer;
 
 #[tokio::test]
 async fn private_redis_server_starts_and_stops() {
-    let _shared = crate::machine::shared().await;
     let server = RedisServer::start();
     assert_ne!(server.port(), 6379, "must never use the shared server");
     let mut conn = server

@@ -9,7 +9,6 @@ use fleetgate::{Key, Limit, Limiter, Policy, Rate, RedisStore, StoreError};
 
 #[tokio::test]
 async fn hung_redis_times_out_then_recovers() {
-    let _shared = crate::machine::shared().await;
     let server = RedisServer::start();
     let timeout = Duration::from_millis(100);
     let store = RedisStore::builder()
@@ -59,7 +58,6 @@ async fn hung_redis_times_out_then_recovers() {
 
 #[tokio::test]
 async fn lazy_store_starts_without_redis_and_enforces_once_it_appears() {
-    let _shared = crate::machine::shared().await;
     // A free port with nothing listening yet.
     let port = common::redis_server::free_port();
     let store = RedisStore::builder()
@@ -85,7 +83,6 @@ async fn lazy_store_starts_without_redis_and_enforces_once_it_appears() {
 
 #[test]
 fn lazy_store_outside_a_runtime_is_an_error_not_a_panic() {
-    let _shared = crate::machine::shared_blocking();
     let err = RedisStore::builder()
         .connect_lazy("redis://127.0.0.1:1")
         .unwrap_err();
@@ -105,7 +102,6 @@ fn lazy_store_outside_a_runtime_is_an_error_not_a_panic() {
 /// (see the lazy store's test above for the reconnection).
 #[tokio::test]
 async fn a_refused_connection_fails_at_once() {
-    let _shared = crate::machine::shared().await;
     let timeout = Duration::from_secs(5);
     let store = common::unreachable_store(timeout);
     let limit = Limit::builder(Rate::per_hour(1)).burst(1).build().unwrap();
@@ -130,7 +126,6 @@ async fn a_refused_connection_fails_at_once() {
 /// with the store's "refused" error.
 #[tokio::test]
 async fn a_refusing_server_is_tried_about_once_per_window() {
-    let _shared = crate::machine::shared().await;
     let store = common::unreachable_store(Duration::from_secs(5));
     let limit = Limit::builder(Rate::per_hour(1)).burst(1).build().unwrap();
     let limiter = Limiter::new(Policy::single("knock", limit).unwrap(), store);

@@ -146,13 +146,11 @@ async fn closed_refuses_until_a_charge_lands(how: Refusal) {
 
 #[tokio::test]
 async fn a_read_only_replica_fails_closed_until_a_charge_lands() {
-    let _shared = crate::machine::shared().await;
     closed_refuses_until_a_charge_lands(Refusal::ReadOnly).await;
 }
 
 #[tokio::test]
 async fn an_out_of_memory_master_fails_closed_until_a_charge_lands() {
-    let _shared = crate::machine::shared().await;
     closed_refuses_until_a_charge_lands(Refusal::OutOfMemory).await;
 }
 
@@ -161,7 +159,6 @@ async fn an_out_of_memory_master_fails_closed_until_a_charge_lands() {
 /// the second passes there (100 left) and the third is refused by it.
 #[tokio::test]
 async fn local_decides_on_the_local_limiter_that_holds_the_charges() {
-    let _shared = crate::machine::shared().await;
     let server = RedisServer::start();
     let limiter = Limiter::new(tokens(), common::redis_store(&server).await);
     let handler = Handler::default();
@@ -190,7 +187,6 @@ async fn local_decides_on_the_local_limiter_that_holds_the_charges() {
 /// refused (503) rather than let a brute force run unlimited.
 #[tokio::test]
 async fn a_login_limit_holds_on_a_read_only_replica() {
-    let _shared = crate::machine::shared().await;
     let server = RedisServer::start();
     let limiter = Limiter::new(
         policy(
@@ -229,7 +225,6 @@ async fn a_login_limit_holds_on_a_read_only_replica() {
 /// nothing and is answered as usual.
 #[tokio::test]
 async fn every_writing_operation_fails_alike_and_leaves_no_key() {
-    let _shared = crate::machine::shared().await;
     for how in [Refusal::ReadOnly, Refusal::OutOfMemory] {
         let server = RedisServer::start();
         let store = common::redis_store(&server).await;
@@ -301,7 +296,6 @@ async fn every_writing_operation_fails_alike_and_leaves_no_key() {
 /// owes its next charge in turn).
 #[tokio::test]
 async fn a_reset_forgets_an_owed_charge() {
-    let _shared = crate::machine::shared().await;
     let server = RedisServer::start();
     let limiter = Limiter::new(tokens(), common::redis_store(&server).await);
     let svc = ServiceBuilder::new()

@@ -55,7 +55,6 @@ async fn keys_of(server: &RedisServer, name: &str, key: &str) -> Vec<String> {
 
 #[tokio::test]
 async fn reset_admits_a_key_as_new_and_leaves_no_key_behind() {
-    let _shared = crate::machine::shared().await;
     let server = RedisServer::start();
     let store = common::redis_store(&server).await;
     for algorithm in ALL {
@@ -103,7 +102,6 @@ async fn reset_admits_a_key_as_new_and_leaves_no_key_behind() {
 /// none of it.
 #[tokio::test]
 async fn reset_clears_state_of_more_limits_and_every_algorithm() {
-    let _shared = crate::machine::shared().await;
     let server = RedisServer::start();
     let store = common::redis_store(&server).await;
     let who = Key::new("user:1");
@@ -148,7 +146,6 @@ async fn reset_clears_state_of_more_limits_and_every_algorithm() {
 /// asks Redis again, and is admitted.
 #[tokio::test]
 async fn reset_makes_the_deny_cache_forget_the_key() {
-    let _shared = crate::machine::shared().await;
     let server = RedisServer::start();
     let store = common::redis_store(&server).await;
     for algorithm in ALL {
@@ -197,7 +194,6 @@ async fn acquired(limiter: &ConcurrencyLimiter, key: &Key) -> Option<Admission> 
 /// (not the lease taken since) and fail nothing.
 #[tokio::test]
 async fn reset_drops_leases_and_old_guards_release_nothing() {
-    let _shared = crate::machine::shared().await;
     let server = RedisServer::start();
     let store = common::redis_store(&server).await;
     // Another instance sharing the server.
@@ -236,7 +232,6 @@ async fn reset_drops_leases_and_old_guards_release_nothing() {
 /// A reset is one round trip: one script, nothing else.
 #[tokio::test]
 async fn reset_is_one_script() {
-    let _shared = crate::machine::shared().await;
     let server = RedisServer::start();
     let store = common::redis_store(&server).await;
     let limiter = Limiter::new(policy("api", Algorithm::Gcra, 3, 0), store.clone());
@@ -260,7 +255,6 @@ async fn reset_is_one_script() {
 
 #[tokio::test]
 async fn reset_against_a_stopped_redis_fails_within_the_timeout() {
-    let _shared = crate::machine::shared().await;
     let server = RedisServer::start();
     let timeout = Duration::from_millis(200);
     let store = RedisStore::builder()
@@ -289,7 +283,6 @@ async fn reset_against_a_stopped_redis_fails_within_the_timeout() {
 
 #[tokio::test]
 async fn reset_against_a_hung_redis_times_out() {
-    let _shared = crate::machine::shared().await;
     let server = RedisServer::start();
     let timeout = Duration::from_millis(100);
     let store = RedisStore::builder()
@@ -317,8 +310,7 @@ async fn reset_against_a_hung_redis_times_out() {
 #[cfg(feature = "cluster")]
 #[tokio::test]
 async fn reset_on_a_cluster_clears_every_identity_on_its_own_master() {
-    let _shared = crate::machine::shared().await;
-    let cluster = crate::redis_cluster::RedisCluster::start();
+    let cluster = crate::common::redis_cluster::RedisCluster::start();
     let store = RedisStore::builder()
         .timeout(Duration::from_secs(2))
         .connect_cluster(cluster.urls())

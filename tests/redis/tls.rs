@@ -69,7 +69,6 @@ async fn tls_keys(client: &redis::Client) -> Vec<String> {
 /// state is in that server; plain TCP to the same port gets nowhere.
 #[tokio::test]
 async fn a_tls_only_server_decides_over_rediss() {
-    let _shared = crate::machine::shared().await;
     let certs = Certs::new();
     let server = start_tls_server(&certs, &certs.server);
     let client = certs.client(server.port(), certs.ca_pem());
@@ -91,7 +90,6 @@ async fn a_tls_only_server_decides_over_rediss() {
 /// refuses a certificate it signed for another name.
 #[tokio::test]
 async fn a_certificate_the_client_does_not_trust_is_refused() {
-    let _shared = crate::machine::shared().await;
     let certs = Certs::new();
     let server = start_tls_server(&certs, &certs.server);
     let port = server.port();
@@ -136,7 +134,6 @@ async fn a_certificate_the_client_does_not_trust_is_refused() {
 #[cfg(feature = "tls-rustls-insecure")]
 #[tokio::test]
 async fn insecure_trusts_any_certificate_when_asked() {
-    let _shared = crate::machine::shared().await;
     let certs = Certs::new();
     let server = start_tls_server(&certs, &certs.wrong_name);
     let checked = builder().connect(&tls_url(server.port())).await;
@@ -157,7 +154,6 @@ async fn insecure_trusts_any_certificate_when_asked() {
 #[cfg(all(feature = "sentinel", feature = "tls-rustls-insecure"))]
 #[tokio::test]
 async fn sentinels_and_master_over_tls_through_a_failover() {
-    let _shared = crate::machine::shared().await;
     use common::sentinel::{MASTER_NAME, SentinelSet};
     use redis::sentinel::SentinelNodeConnectionInfo;
 
@@ -205,7 +201,6 @@ async fn sentinels_and_master_over_tls_through_a_failover() {
 #[cfg(feature = "sentinel")]
 #[tokio::test]
 async fn a_sentinel_master_behind_a_private_ca_is_checked_against_it() {
-    let _shared = crate::machine::shared().await;
     use common::sentinel::{MASTER_NAME, SentinelSet};
     use redis::sentinel::SentinelNodeConnectionInfo;
     use redis::{RedisConnectionInfo, TlsCertificates};

@@ -29,7 +29,6 @@ const MS: Duration = Duration::from_millis(1);
 /// a fresh key, on two limits; and a window policy is left alone.
 #[tokio::test]
 async fn align_gives_the_same_decisions_on_both_stores() {
-    let _shared = crate::machine::shared().await;
     let server = RedisServer::start();
     let policy = Policy::builder("align")
         .limit(
@@ -148,7 +147,6 @@ async fn align_gives_the_same_decisions_on_both_stores() {
 /// the millisecond, every window used from soon after its start.
 #[tokio::test]
 async fn a_fleet_of_two_instances_follows_the_upstreams_headers() {
-    let _shared = crate::machine::shared().await;
     let server = RedisServer::start();
     let schedule = [(Duration::ZERO, 10), (5 * S, 5)];
     let run = |name: &'static str, style: Style| {

@@ -10,8 +10,8 @@
 //!
 //! The measured figures (kill to promotion, promotion to the first
 //! decision, requests admitted over the limit, leases lost) are printed
-//! with `--nocapture`. The test holds `machine::alone()`: its bounds are
-//! latencies.
+//! with `--nocapture`. Its bounds are latencies: it runs one at a time
+//! with the other tests of this binary.
 #![cfg(feature = "cluster")]
 use crate::common;
 
@@ -29,7 +29,7 @@ use http::{Request, StatusCode};
 use tokio::sync::mpsc;
 use tower::ServiceExt;
 
-use crate::redis_cluster::{RedisCluster, Role, role_async};
+use crate::common::redis_cluster::{RedisCluster, Role, role_async};
 
 /// The store's timeout: long enough that a healthy node on a loaded
 /// 2-core machine always answers within it.
@@ -196,7 +196,7 @@ async fn held_on(cluster: &RedisCluster, index: usize, keys: &[String]) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_master_killed_under_load_its_replica_takes_over() {
-    let _alone = crate::machine::alone().await;
+    let _alone = crate::one_at_a_time().await;
     let cluster = RedisCluster::start_failing_over_fast();
     let (victim, heir) = cluster.master_and_replica();
     let victim_slots = cluster.slots_of(victim, heir);

@@ -13,10 +13,10 @@
 //! 429 was decided by the store; a 200 without it was let through because
 //! the store failed (fail open); a 503 is the fail-closed refusal.
 //!
-//! The tests share two cores with nothing else: each holds
-//! `machine::alone()`, so that its latencies are its own (no other test of
-//! the binary runs meanwhile, nor starts a server on a port a killed one
-//! left free).
+//! The tests share two cores with nothing else: they run one at a time in
+//! a binary of their own, so that their latencies are their own (no other
+//! test runs meanwhile, nor starts a server on a port a killed one left
+//! free).
 use crate::common;
 
 use std::sync::Arc;
@@ -329,7 +329,7 @@ fn decided_by_redis(r: &Record) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigstop_hang_then_resume() {
-    let _alone = crate::machine::alone().await;
+    let _alone = crate::one_at_a_time().await;
     let server = RedisServer::start();
     let mut load = Load::start(app(store(&server).await));
     load.run_for(Duration::from_millis(400)).await;
@@ -358,7 +358,7 @@ async fn sigstop_hang_then_resume() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_then_restart_on_the_same_port() {
-    let _alone = crate::machine::alone().await;
+    let _alone = crate::one_at_a_time().await;
     let server = RedisServer::start();
     let mut load = Load::start(app(store(&server).await));
     load.run_for(Duration::from_millis(400)).await;
@@ -403,7 +403,7 @@ async fn sigkill_then_restart_on_the_same_port() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_pause_then_unpause() {
-    let _alone = crate::machine::alone().await;
+    let _alone = crate::one_at_a_time().await;
     let server = RedisServer::start();
     let mut admin = server
         .client()
@@ -453,7 +453,7 @@ async fn client_pause_then_unpause() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn script_flush_mid_run_costs_no_decision() {
-    let _alone = crate::machine::alone().await;
+    let _alone = crate::one_at_a_time().await;
     let server = RedisServer::start();
     let mut admin = server
         .client()

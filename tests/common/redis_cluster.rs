@@ -1,6 +1,7 @@
 //! A throwaway Redis Cluster on loopback ports: three masters (and, for
 //! failover tests, a replica of each), `redis-server --cluster-enabled
 //! yes` joined by `redis-cli --cluster create`, torn down when dropped.
+#![allow(dead_code)] // each binary uses part of it
 
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;

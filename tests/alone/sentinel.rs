@@ -6,8 +6,9 @@
 //! sentinel cut off with the old master, sentinels that see no master yet),
 //! stand-ins answer in their place (`FakeSentinel`), naming real servers.
 //!
-//! The failover test bounds every call's latency, so it holds
-//! `machine::alone()`; the others share the machine.
+//! The failover test bounds every call's latency, so these tests run in
+//! the binary of tests that run one at a time; the others share its
+//! helpers.
 use crate::common;
 
 use std::sync::Arc;
@@ -265,7 +266,7 @@ async fn leases_held(conn: &mut redis::aio::MultiplexedConnection, pattern: &str
 /// lost with the writes it had not replicated) and all gone once released.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_master_killed_under_load() {
-    let _alone = crate::machine::alone().await;
+    let _alone = crate::one_at_a_time().await;
     let mut set = SentinelSet::start().await;
     let replica_port = set.replica.port();
     let store = store(&set, Duration::from_millis(500)).await;
@@ -419,7 +420,7 @@ async fn the_master_killed_under_load() {
 /// periodic check is off, so that only `READONLY` can move the store.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readonly_makes_the_store_look_the_master_up() {
-    let _shared = crate::machine::shared().await;
+    let _alone = crate::one_at_a_time().await;
     readonly_moves_the_store(hot_policy()).await;
 }
 
@@ -428,7 +429,7 @@ async fn readonly_makes_the_store_look_the_master_up() {
 /// script, not just the call.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readonly_on_a_window_check_makes_the_store_look_the_master_up() {
-    let _shared = crate::machine::shared().await;
+    let _alone = crate::one_at_a_time().await;
     let policy = Policy::builder("hot")
         .algorithm(Algorithm::SlidingWindow)
         .limit(Limit::builder(Rate::per_second(RATE)).build().unwrap())
@@ -513,7 +514,7 @@ async fn readonly_moves_the_store(policy: Policy) {
 /// with the two left.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_sentinel_down_changes_nothing() {
-    let _shared = crate::machine::shared().await;
+    let _alone = crate::one_at_a_time().await;
     let mut set = SentinelSet::start().await;
     // The first one the store would ask.
     set.sentinels[0].kill();
@@ -567,7 +568,7 @@ async fn one_sentinel_down_changes_nothing() {
 /// Passwords on the sentinels and (another) on the servers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn passwords_on_sentinels_and_master() {
-    let _shared = crate::machine::shared().await;
+    let _alone = crate::one_at_a_time().await;
     let set = SentinelSet::start_with(Some(Passwords {
         redis: "master-secret".into(),
         sentinel: "sentinel-secret".into(),
@@ -608,7 +609,7 @@ async fn passwords_on_sentinels_and_master() {
 /// interval is clamped.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lazy_store_finds_the_master_in_the_background() {
-    let _shared = crate::machine::shared().await;
+    let _alone = crate::one_at_a_time().await;
     let set = SentinelSet::start().await;
     let urls = set.sentinel_urls();
     let outside = std::thread::spawn({
@@ -667,7 +668,7 @@ async fn a_lazy_store_finds_the_master_in_the_background() {
 /// within the connect timeout, not one after the other.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_silent_first_sentinel_delays_nothing() {
-    let _shared = crate::machine::shared().await;
+    let _alone = crate::one_at_a_time().await;
     let mut set = SentinelSet::start().await;
     let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let silent_port = silent.local_addr().unwrap().port();
@@ -734,7 +735,7 @@ async fn reaches(mut count: tokio::sync::watch::Receiver<usize>, at_least: usize
 /// connection, then asks the next sentinel. The old master gets nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sentinel_cut_off_with_the_old_master_does_not_move_the_store() {
-    let _shared = crate::machine::shared().await;
+    let _alone = crate::one_at_a_time().await;
     let old = RedisServer::start();
     let new = RedisServer::start();
     let cut_off = FakeSentinel::start(FakeConfig {
@@ -816,7 +817,7 @@ async fn a_sentinel_cut_off_with_the_old_master_does_not_move_the_store() {
 /// again every 50 ms), not after the connect timeout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sentinels_that_saw_no_master_yet_are_asked_again() {
-    let _shared = crate::machine::shared().await;
+    let _alone = crate::one_at_a_time().await;
     let master = RedisServer::start();
     let mut fakes = Vec::new();
     for _ in 0..2 {
@@ -870,7 +871,7 @@ async fn sentinels_that_saw_no_master_yet_are_asked_again() {
 /// without anyone restarting anything.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_half_open_connection_is_replaced() {
-    let _shared = crate::machine::shared().await;
+    let _alone = crate::one_at_a_time().await;
     let master = RedisServer::start();
     let proxy = FreezingProxy::start(master.port()).await;
     let mut fakes = Vec::new();

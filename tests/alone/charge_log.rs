@@ -1,0 +1,117 @@
+//! A charge after the response that fails while Redis hangs: logged at
+//! `warn`, never delaying the response (the rest of the response-cost
+//! tests on Redis: tests/redis/after.rs).
+use crate::common;
+
+use std::convert::Infallible;
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use common::RedisServer;
+use fleetgate::key::HeaderKey;
+use fleetgate::rate_limit::ResponseCost;
+use fleetgate::{Limit, Limiter, Rate, RateLimitLayer, RedisStore};
+use http::{Request, Response, StatusCode};
+use tower::{ServiceBuilder, service_fn};
+
+use crate::response_cost::*;
+
+fn layer(limiter: &Limiter, cost: ResponseCost) -> RateLimitLayer<HeaderKey> {
+    RateLimitLayer::new(limiter.clone())
+        .key(HeaderKey::new("x-api-key"))
+        .response_cost(cost)
+}
+
+/// The log lines of the current thread, as text.
+#[derive(Clone, Default)]
+struct Logs(Arc<Mutex<Vec<u8>>>);
+
+impl Logs {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+impl Write for Logs {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Redis hangs while the handler runs: the peek passed, the charge cannot
+/// land. The response is not delayed by the store's 1 s timeout, and the
+/// failed charge is logged at `warn` once it times out. The warning gate
+/// (one store warning a second) is the process's: the test runs in this
+/// binary, one at a time, so that the store failures of tests beside it
+/// cannot take every second's warning (on a busy machine they did, for
+/// 20 s), and a call is retried until one warning gets through.
+#[tokio::test(flavor = "current_thread")]
+async fn a_failing_charge_is_logged_and_never_delays_the_response() {
+    let _alone = crate::one_at_a_time().await;
+    let logs = Logs::default();
+    let writer = logs.clone();
+    let _logging = tracing::subscriber::set_default(
+        tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .finish(),
+    );
+    let server = Arc::new(RedisServer::start());
+    let store = RedisStore::builder()
+        .timeout(Duration::from_secs(1))
+        .connect(&server.url())
+        .await
+        .unwrap();
+    let limiter = Limiter::new(
+        policy("tokens", Limit::new(Rate::per_minute(1000)).unwrap()),
+        store,
+    );
+    let hang = server.clone();
+    let svc = ServiceBuilder::new()
+        .layer(layer(&limiter, ResponseCost::header("x-tokens-used")))
+        .service(service_fn(move |_req: Request<Body>| {
+            // Redis stops answering while the call runs.
+            hang.pause();
+            std::future::ready(Ok::<_, Infallible>(
+                Response::builder()
+                    .header("x-tokens-used", "400")
+                    .body(Body::empty())
+                    .unwrap(),
+            ))
+        }));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        server.resume();
+        let started = Instant::now();
+        let res = call(&svc, "/complete", "k").await;
+        let took = started.elapsed();
+        assert_eq!(res.status(), StatusCode::OK);
+        // The peek was answered before the pause; the charge, which
+        // waits up to 1 s, is not on the response's path.
+        assert!(
+            took < Duration::from_millis(500),
+            "the response took {took:?}"
+        );
+        let logged = Instant::now() + Duration::from_secs(3);
+        while Instant::now() < logged && !logs.text().contains("charge after the response") {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        if logs.text().contains("charge after the response") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never logged: {}", logs.text());
+    }
+    let text = logs.text();
+    assert!(text.contains("WARN"), "{text}");
+    assert!(
+        text.contains("policy=\"tokens\"") || text.contains("policy=tokens"),
+        "{text}"
+    );
+    server.resume();
+}
