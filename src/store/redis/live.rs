@@ -54,54 +54,12 @@ impl Snapshot {
     }
 }
 
-// KEYS: version, then the four tables. Returns the version and each
-// table's HGETALL, read atomically.
-const LOAD_LUA: &str = r"
-local out = { tonumber(redis.call('GET', KEYS[1]) or '0') }
-for i = 2, 5 do out[i] = redis.call('HGETALL', KEYS[i]) end
-return out
-";
-
-// KEYS: version. A script rather than a GET, so that it shares the
-// store's timeout, reconnection and metrics with every other call.
-const VERSION_LUA: &str = "return tonumber(redis.call('GET', KEYS[1]) or '0')";
-
-// KEYS: version.
-const BUMP_LUA: &str = "return redis.call('INCR', KEYS[1])";
-
-// KEYS: version, table. ARGV: field, then the value (absent: delete).
-// Returns the new version.
-const WRITE_LUA: &str = r"
-if ARGV[2] then
-  redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
-else
-  redis.call('HDEL', KEYS[2], ARGV[1])
-end
-return redis.call('INCR', KEYS[1])
-";
-
-// KEYS: instances. ARGV: id, started (ms), address, forget after (ms).
-// Records this instance as seen now (the server's clock), forgets those
-// not seen for `forget after`, and returns the rest as
-// `id, "started last_seen address"` pairs.
-const HEARTBEAT_LUA: &str = r"
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('HSET', KEYS[1], ARGV[1], ARGV[2] .. ' ' .. now .. ' ' .. ARGV[3])
-local all = redis.call('HGETALL', KEYS[1])
-local out = {}
-for i = 1, #all, 2 do
-  local seen = tonumber(string.match(all[i + 1], '^%d+ (%d+)')) or 0
-  if now - seen > tonumber(ARGV[4]) then
-    redis.call('HDEL', KEYS[1], all[i])
-  else
-    out[#out + 1] = all[i]
-    out[#out + 1] = all[i + 1]
-  end
-end
-redis.call('PEXPIRE', KEYS[1], ARGV[4])
-return { now, out }
-";
+// The scripts, each documented in its file (KEYS, ARGV, reply).
+const LOAD_LUA: &str = include_str!("../../../lua/live_load.lua");
+const VERSION_LUA: &str = include_str!("../../../lua/live_version.lua");
+const BUMP_LUA: &str = include_str!("../../../lua/live_bump.lua");
+const WRITE_LUA: &str = include_str!("../../../lua/live_write.lua");
+const HEARTBEAT_LUA: &str = include_str!("../../../lua/live_heartbeat.lua");
 
 /// The live-policy scripts, hashed once per [`LivePolicies`](crate::live::LivePolicies).
 #[derive(Debug)]
