@@ -8,7 +8,7 @@ use http::Response;
 use tower_layer::Layer;
 
 use super::routes::RoutePolicies;
-use super::{FailurePolicy, NoFeedback, OnMissingKey, RateLimit, RateLimitParts, RejectFn, mode};
+use super::{FailurePolicy, NoFeedback, OnMissingKey, RateLimit, RateLimitParts, mode};
 use super::{LiveSettings, Recipe, ResponseCost, Routes};
 use crate::error::ConfigError;
 use crate::key::PeerIp;
@@ -37,19 +37,11 @@ pub struct RateLimitLayer<K = PeerIp, C = u64, M = mode::Http, F = NoFeedback> {
     limiter: Limiter,
     key: K,
     cost: C,
-    on_missing: OnMissingKey,
-    headers: HeaderStyle,
-    shadow: bool,
-    failure: FailurePolicy,
-    /// Under [`FailurePolicy::Local`]: the local limiters' state, shared
-    /// by every clone and route of the layer.
-    local: Option<MemoryStore>,
-    rejection: Option<RejectFn>,
-    max_wait: Option<Duration>,
+    /// Every other setting, in the one value each limiter's settings are
+    /// made from (and rebuilt from on a live change).
+    recipe: Recipe,
     feedback: F,
     routes: Option<Arc<RoutePolicies>>,
-    after: Option<ResponseCost>,
-    grpc: bool,
     _mode: PhantomData<fn() -> M>,
 }
 
@@ -60,17 +52,9 @@ impl RateLimitLayer {
             limiter,
             key: PeerIp,
             cost: 1,
-            on_missing: OnMissingKey::default(),
-            headers: HeaderStyle::default(),
-            shadow: false,
-            failure: FailurePolicy::default(),
-            local: None,
-            rejection: None,
-            max_wait: None,
+            recipe: Recipe::default(),
             feedback: NoFeedback,
             routes: None,
-            after: None,
-            grpc: false,
             _mode: PhantomData,
         }
     }
@@ -127,13 +111,13 @@ impl<K, C, M, Fb> RateLimitLayer<K, C, M, Fb> {
 
     /// What to do with requests that carry no key (default: refuse with 400).
     pub fn on_missing_key(mut self, action: OnMissingKey) -> Self {
-        self.on_missing = action;
+        self.recipe.on_missing = action;
         self
     }
 
     /// Which rate-limit headers to send (default: the IETF draft pair).
     pub fn headers(mut self, style: HeaderStyle) -> Self {
-        self.headers = style;
+        self.recipe.headers = style;
         self
     }
 
@@ -142,7 +126,7 @@ impl<K, C, M, Fb> RateLimitLayer<K, C, M, Fb> {
     /// missing key, not when the store fails), and send no rate-limit
     /// headers. For trying a new limit on live traffic before enforcing it.
     pub fn shadow(mut self, shadow: bool) -> Self {
-        self.shadow = shadow;
+        self.recipe.shadow = shadow;
         self
     }
 
@@ -158,8 +142,8 @@ impl<K, C, M, Fb> RateLimitLayer<K, C, M, Fb> {
     /// store and failed are decided locally. Upstream feedback on such a
     /// call pauses the key in the local limiter.
     pub fn on_store_error(mut self, policy: FailurePolicy) -> Self {
-        self.failure = policy;
-        self.local = match policy {
+        self.recipe.failure = policy;
+        self.recipe.local = match policy {
             FailurePolicy::Local(_) => Some(MemoryStore::new()),
             _ => None,
         };
@@ -175,7 +159,7 @@ impl<K, C, M, Fb> RateLimitLayer<K, C, M, Fb> {
         F: Fn(&Rejection<'_>) -> Response<B> + Send + Sync + 'static,
         B: Into<Bytes>,
     {
-        self.rejection = Some(Arc::new(move |rejection: &Rejection<'_>| {
+        self.recipe.rejection = Some(Arc::new(move |rejection: &Rejection<'_>| {
             f(rejection).map(Into::into)
         }));
         self
@@ -199,7 +183,7 @@ impl<K, C, M, Fb> RateLimitLayer<K, C, M, Fb> {
     /// routes of a mixed router). It does not look at `content-type`, so
     /// a refusal's shape never depends on what a client claims to be.
     pub fn grpc(mut self) -> Self {
-        self.grpc = true;
+        self.recipe.grpc = true;
         self
     }
 
@@ -261,7 +245,7 @@ impl<K, C, M, Fb> RateLimitLayer<K, C, M, Fb> {
     /// A [`response_cost`](RateLimitLayer::response_cost) set before is
     /// dropped: the layer cannot read the responses of any service.
     pub fn typed_errors(mut self) -> RateLimitLayer<K, C, mode::TypedErrors, Fb> {
-        self.after = None;
+        self.recipe.after = None;
         self.rebuild(|key, cost, feedback| (key, cost, feedback))
     }
 
@@ -285,7 +269,7 @@ impl<K, C, M, Fb> RateLimitLayer<K, C, M, Fb> {
     /// timer: call and poll the service within a tokio runtime (with time
     /// enabled), as `tower`'s own timeout layer requires too.
     pub fn wait_up_to(mut self, max_wait: Duration) -> Self {
-        self.max_wait = Some(max_wait);
+        self.recipe.max_wait = Some(max_wait);
         self
     }
 
@@ -323,17 +307,9 @@ impl<K, C, M, Fb> RateLimitLayer<K, C, M, Fb> {
             limiter: self.limiter,
             key,
             cost,
-            on_missing: self.on_missing,
-            headers: self.headers,
-            shadow: self.shadow,
-            failure: self.failure,
-            local: self.local,
-            rejection: self.rejection,
-            max_wait: self.max_wait,
+            recipe: self.recipe,
             feedback,
             routes: self.routes,
-            after: self.after,
-            grpc: self.grpc,
             _mode: PhantomData,
         }
     }
@@ -378,7 +354,7 @@ impl<K, C, Fb> RateLimitLayer<K, C, mode::Http, Fb> {
     /// # Ok(()) }
     /// ```
     pub fn response_cost(mut self, cost: ResponseCost) -> Self {
-        self.after = Some(cost);
+        self.recipe.after = Some(cost);
         self
     }
 }
@@ -387,7 +363,7 @@ impl<K, C, Fb> RateLimitLayer<K, C, mode::AnyBody, Fb> {
     /// Cost known after the response: see [`ResponseCost`] and the
     /// default mode's [`response_cost`](RateLimitLayer::response_cost).
     pub fn response_cost(mut self, cost: ResponseCost) -> Self {
-        self.after = Some(cost);
+        self.recipe.after = Some(cost);
         self
     }
 }
@@ -398,50 +374,26 @@ impl<K: Clone, C: Clone, M, F: Clone> Clone for RateLimitLayer<K, C, M, F> {
             limiter: self.limiter.clone(),
             key: self.key.clone(),
             cost: self.cost.clone(),
-            on_missing: self.on_missing.clone(),
-            headers: self.headers,
-            shadow: self.shadow,
-            failure: self.failure,
-            local: self.local.clone(),
-            rejection: self.rejection.clone(),
-            max_wait: self.max_wait,
+            recipe: self.recipe.clone(),
             feedback: self.feedback.clone(),
             routes: self.routes.clone(),
-            after: self.after.clone(),
-            grpc: self.grpc,
             _mode: PhantomData,
-        }
-    }
-}
-
-impl<K, C, M, F> RateLimitLayer<K, C, M, F> {
-    /// What every limiter's settings are made of.
-    fn recipe(&self) -> Recipe {
-        Recipe {
-            on_missing: self.on_missing.clone(),
-            headers: self.headers,
-            shadow: self.shadow,
-            failure: self.failure,
-            local: self.local.clone(),
-            rejection: self.rejection.clone(),
-            max_wait: self.max_wait,
-            after: self.after.clone(),
-            grpc: self.grpc,
         }
     }
 }
 
 impl<K, C, M, F> fmt::Debug for RateLimitLayer<K, C, M, F> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let r = &self.recipe;
         f.debug_struct("RateLimitLayer")
             .field("limiter", &self.limiter)
-            .field("on_missing", &self.on_missing)
-            .field("headers", &self.headers)
-            .field("shadow", &self.shadow)
-            .field("failure", &self.failure)
-            .field("max_wait", &self.max_wait)
-            .field("response_cost", &self.after)
-            .field("grpc", &self.grpc)
+            .field("on_missing", &r.on_missing)
+            .field("headers", &r.headers)
+            .field("shadow", &r.shadow)
+            .field("failure", &r.failure)
+            .field("max_wait", &r.max_wait)
+            .field("response_cost", &r.after)
+            .field("grpc", &r.grpc)
             .finish_non_exhaustive()
     }
 }
@@ -450,7 +402,7 @@ impl<S, K: Clone, C: Clone, M, F: Clone> Layer<S> for RateLimitLayer<K, C, M, F>
     type Service = RateLimit<S, K, C, M, F>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        let recipe = self.recipe();
+        let recipe = &self.recipe;
         let live = |limiter: &Limiter| LiveSettings::new(limiter, recipe.clone());
         let routes = self.routes.as_ref().map(|table| Routes {
             rules: table

@@ -19,8 +19,11 @@ use crate::response::{HeaderStyle, PolicyHeaders};
 use crate::share::fleet_epoch;
 use crate::store::MemoryStore;
 
-/// What a layer's settings are made of, besides the policy.
-#[derive(Clone)]
+/// What a layer's settings are made of, besides the policy: each setting
+/// of [`RateLimitLayer`](crate::RateLimitLayer) but its limiter, key,
+/// cost, feedback and routes, written once here (the defaults are the
+/// layer's).
+#[derive(Clone, Default)]
 pub(crate) struct Recipe {
     pub(crate) on_missing: OnMissingKey,
     pub(crate) headers: HeaderStyle,
