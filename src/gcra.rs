@@ -81,8 +81,19 @@ impl AsParams for Limit {
     }
 
     fn debt_horizon(&self) -> u64 {
-        self.debt_horizon_us()
+        debt_horizon(self)
     }
+}
+
+/// How far past now a charge may move `limit`'s TAT: its tolerance and
+/// [`DEBT_PERIODS`] periods of its rate, or [an hour](MIN_DEBT_US) if that
+/// is longer, so that a debt is at most what the limit refills in that
+/// time (the same for `per_second(1000)` as for `per_minute(60_000)`
+/// below an hour). Both stores' charges cut at it.
+pub(crate) fn debt_horizon(limit: &Limit) -> u64 {
+    let period = u64::try_from(limit.rate().period().as_micros()).unwrap_or(u64::MAX);
+    let debt = period.saturating_mul(DEBT_PERIODS).max(MIN_DEBT_US);
+    limit.tolerance_us().saturating_add(debt).min(MAX_DEBT)
 }
 
 /// Decides one call against every limit. `tats[i]` is the stored TAT of

@@ -194,6 +194,7 @@ pub mod live;
 mod log;
 pub mod metrics;
 pub mod observe;
+mod outcome;
 mod rate;
 pub mod rate_limit;
 pub mod response;

@@ -135,21 +135,6 @@ impl Limit {
     pub(crate) fn tolerance_us(&self) -> u64 {
         self.tolerance_us
     }
-
-    /// How far past now a GCRA charge may move this limit's TAT: its
-    /// tolerance and [`DEBT_PERIODS`](crate::gcra::DEBT_PERIODS) periods
-    /// of its rate, or an hour if that is longer, so that a debt is at
-    /// most what the limit refills in that time (the same for
-    /// `per_second(1000)` as for `per_minute(60_000)` below an hour).
-    pub(crate) fn debt_horizon_us(&self) -> u64 {
-        let period = u64::try_from(self.rate.period().as_micros()).unwrap_or(u64::MAX);
-        let debt = period
-            .saturating_mul(crate::gcra::DEBT_PERIODS)
-            .max(crate::gcra::MIN_DEBT_US);
-        self.tolerance_us
-            .saturating_add(debt)
-            .min(crate::gcra::MAX_DEBT)
-    }
 }
 
 impl fmt::Display for Limit {

@@ -46,7 +46,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use sha2::{Digest, Sha256};
 
 use crate::key::Key;
-use crate::metrics::Outcome;
+use crate::outcome::Outcome;
 use crate::shed::ShedState;
 
 /// How many identities [`PolicySnapshot::top_denied`] lists.

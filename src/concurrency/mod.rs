@@ -102,7 +102,8 @@ use crate::key::Key;
 use crate::layer::{FailurePolicy, OnMissingKey, fall_back_locally, log_store_failure};
 use crate::lease::{GuardedBody, LeaseGuard, StoreLease};
 use crate::log::{decision_span, warn_missing_key};
-use crate::metrics::{LayerMetrics, Outcome};
+use crate::metrics::LayerMetrics;
+use crate::outcome::Outcome;
 use crate::response::ResponseBody;
 
 /// The response body of a [`ConcurrencyLimit`] service: the inner body

@@ -14,9 +14,8 @@ use tower_service::Service;
 
 use super::TrailerWatch;
 use super::feedback::hold_of;
-use super::{
-    FEEDBACK_WARNINGS, NoFeedback, QUOTA_LOGS, RateSettings, UpstreamFeedback, UpstreamQuota, mode,
-};
+use super::quota::log_hold;
+use super::{NoFeedback, RateSettings, UpstreamFeedback, UpstreamQuota, mode};
 use crate::decision::Decision;
 use crate::error::BoxError;
 use crate::error::{RateLimitError, StoreError};
@@ -323,7 +322,7 @@ where
                             };
                             match at_once {
                                 Some(recorded) => {
-                                    log_hold(this.settings, hold, &recorded);
+                                    log_hold(this.settings.limiter.name(), hold, &recorded);
                                     Outcome::Passed(Ok(response), decision)
                                 }
                                 None => {
@@ -350,7 +349,7 @@ where
                         decision,
                     } = &mut **report;
                     let recorded = ready!(Pin::new(report).poll(cx));
-                    log_hold(this.settings, *hold, &recorded);
+                    log_hold(this.settings.limiter.name(), *hold, &recorded);
                     match response.take() {
                         Some(response) => Outcome::Passed(Ok(response), decision.take()),
                         None => Outcome::polled_after_completion(),
@@ -364,50 +363,6 @@ where
             };
             this.state.set(State::Done);
             return Poll::Ready(outcome);
-        }
-    }
-}
-
-/// Logs a recorded pause (at `warn`) or quota (at `debug`; a failure to
-/// record it at `warn`), each kind at most once a second per process.
-pub(super) fn log_hold(
-    settings: &RateSettings,
-    hold: UpstreamQuota,
-    recorded: &Result<(), StoreError>,
-) {
-    let policy = settings.limiter.name();
-    let (remaining, reset) = (hold.remaining, hold.reset);
-    if remaining == 0 {
-        if FEEDBACK_WARNINGS.allow() {
-            match recorded {
-                Ok(()) => tracing::warn!(
-                    policy,
-                    pause = ?reset,
-                    "upstream asked to slow down; identity paused fleet-wide"
-                ),
-                Err(err) => tracing::warn!(
-                    policy,
-                    pause = ?reset,
-                    error = %err,
-                    "upstream asked to slow down; recording the pause failed"
-                ),
-            }
-        }
-    } else if QUOTA_LOGS.allow() {
-        match recorded {
-            Ok(()) => tracing::debug!(
-                policy,
-                remaining,
-                ?reset,
-                "upstream's remaining budget recorded fleet-wide"
-            ),
-            Err(err) => tracing::warn!(
-                policy,
-                remaining,
-                ?reset,
-                error = %err,
-                "recording the upstream's remaining budget failed"
-            ),
         }
     }
 }

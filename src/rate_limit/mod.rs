@@ -214,20 +214,12 @@ use crate::key::Key;
 use crate::layer::{FailurePolicy, OnMissingKey, fall_back_locally, log_store_failure, mode};
 use crate::limit::{MAX_TOLERANCE_MICROS, Policy};
 use crate::limiter::Limiter;
-use crate::log::{LogGate, decision_span, warn_missing_key};
-use crate::metrics::{LayerMetrics, Outcome, near_limit};
+use crate::log::{decision_span, warn_missing_key};
+use crate::metrics::{LayerMetrics, near_limit};
+use crate::outcome::Outcome;
 use crate::response::{PolicyHeaders, Rejection, RejectionKind};
 use crate::route::{self, RouteRule};
 use crate::store::StoreFuture;
-
-/// Upstream pauses (429/503 with Retry-After) are logged at most once a
-/// second per process.
-pub(crate) static FEEDBACK_WARNINGS: LogGate = LogGate::new();
-
-/// What upstreams say is left (their rate-limit headers), recorded on
-/// every response that states it, is logged at most once a second per
-/// process too, apart from the pauses.
-pub(crate) static QUOTA_LOGS: LogGate = LogGate::new();
 
 pub(crate) type RejectFn = Arc<dyn Fn(&Rejection<'_>) -> Response<Bytes> + Send + Sync>;
 

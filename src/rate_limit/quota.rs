@@ -6,6 +6,9 @@ use std::time::{Duration, SystemTime};
 
 use http::HeaderMap;
 
+use crate::error::StoreError;
+use crate::log::LogGate;
+
 /// What an upstream says is left of its limit for the caller: `remaining`
 /// calls until its limit resets, `reset` from now.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -208,6 +211,54 @@ fn decimal(text: &str, unit_nanos: u64) -> Option<Duration> {
     } else {
         Duration::new(secs, sub)
     })
+}
+
+/// Upstream pauses (429/503 with Retry-After) are logged at most once a
+/// second per process.
+static FEEDBACK_WARNINGS: LogGate = LogGate::new();
+
+/// What upstreams say is left (their rate-limit headers), recorded on
+/// every response that states it, is logged at most once a second per
+/// process too, apart from the pauses.
+static QUOTA_LOGS: LogGate = LogGate::new();
+
+/// Logs a recorded pause (at `warn`) or quota (at `debug`; a failure to
+/// record it at `warn`), each kind at most once a second per process.
+pub(super) fn log_hold(policy: &str, hold: UpstreamQuota, recorded: &Result<(), StoreError>) {
+    let (remaining, reset) = (hold.remaining, hold.reset);
+    if remaining == 0 {
+        if FEEDBACK_WARNINGS.allow() {
+            match recorded {
+                Ok(()) => tracing::warn!(
+                    policy,
+                    pause = ?reset,
+                    "upstream asked to slow down; identity paused fleet-wide"
+                ),
+                Err(err) => tracing::warn!(
+                    policy,
+                    pause = ?reset,
+                    error = %err,
+                    "upstream asked to slow down; recording the pause failed"
+                ),
+            }
+        }
+    } else if QUOTA_LOGS.allow() {
+        match recorded {
+            Ok(()) => tracing::debug!(
+                policy,
+                remaining,
+                ?reset,
+                "upstream's remaining budget recorded fleet-wide"
+            ),
+            Err(err) => tracing::warn!(
+                policy,
+                remaining,
+                ?reset,
+                error = %err,
+                "recording the upstream's remaining budget failed"
+            ),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -67,14 +67,14 @@ impl TrailerWatch {
         };
         let mut report = self.settings.limiter.defer(&self.key, pause);
         if let Some(recorded) = report.take_ready() {
-            super::future::log_hold(&self.settings, hold, &recorded);
+            super::quota::log_hold(self.settings.limiter.name(), hold, &recorded);
             return;
         }
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             let settings = self.settings;
             runtime.spawn(async move {
                 let recorded = report.await;
-                super::future::log_hold(&settings, hold, &recorded);
+                super::quota::log_hold(settings.limiter.name(), hold, &recorded);
             });
         }
     }

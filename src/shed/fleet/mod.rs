@@ -31,7 +31,8 @@ use crate::key::Key;
 use crate::layer::{FailurePolicy, fall_back_locally, log_store_failure};
 use crate::lease::{GuardedBody, LeaseGuard, StoreLease};
 use crate::log::decision_span;
-use crate::metrics::{LayerMetrics, Outcome};
+use crate::metrics::LayerMetrics;
+use crate::outcome::Outcome;
 use crate::response::Answer;
 
 /// The response body of a [`FleetShed`] service: the inner body holding

@@ -21,7 +21,8 @@ use super::tier::Tier;
 use crate::error::BoxError;
 use crate::lease::{GuardedBody, LeaseGuard};
 use crate::log::decision_span;
-use crate::metrics::{LayerMetrics, Outcome};
+use crate::metrics::LayerMetrics;
+use crate::outcome::Outcome;
 use crate::response::Answer;
 use crate::response::ResponseBody;
 

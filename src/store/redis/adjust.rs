@@ -170,7 +170,11 @@ impl RedisStore {
                 args.push(call.cost.to_string());
                 args.extend(each_limit);
                 if op == Op::Charge {
-                    args.extend(limits.iter().map(|l| l.debt_horizon_us().to_string()));
+                    args.extend(
+                        limits
+                            .iter()
+                            .map(|l| crate::gcra::debt_horizon(l).to_string()),
+                    );
                 }
             }
             return (self.gcra_keys(policy, call.key).collect(), args, sent_at);

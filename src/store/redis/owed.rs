@@ -23,7 +23,7 @@
 //!
 //! Bounded: at most [`CAPACITY`] keys owe at once, and a charge is owed
 //! only as long as it would have held its key back (its policy's horizon:
-//! GCRA's `τ + 16·P`, or an hour, see `Limit::debt_horizon_us`; two of a
+//! GCRA's `τ + 16·P`, or an hour, see `gcra::debt_horizon`; two of a
 //! window algorithm's longest windows), then forgotten. A failed charge
 //! beyond the capacity is not kept; the store is then *overflowed*, and a
 //! peek of a key that owes nothing fails too, unless a charge another key
@@ -118,7 +118,7 @@ fn lasts(policy: &Policy) -> Duration {
         if policy.algorithm().is_window() {
             Window::of(limit).length.saturating_mul(2)
         } else {
-            limit.debt_horizon_us()
+            crate::gcra::debt_horizon(limit)
         }
     });
     Duration::from_micros(micros.max().unwrap_or(0))
