@@ -10,7 +10,7 @@
 -- ARGV[2+2i]     tolerance (burst * T) of limit i, in microseconds
 -- ARGV[2+2n+i]   horizon of limit i (n limits): its tolerance and 16
 --                periods of its rate or an hour, whichever is longer, in
---                microseconds, at most 2^50 (Limit::debt_horizon_us)
+--                microseconds, at most 2^50 (gcra::debt_horizon)
 --
 -- tat = min(max(stored, now) + cost * T, now + horizon), never below the
 -- stored one: a debt is repaid at the limit's rate like any TAT, and cut
