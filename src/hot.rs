@@ -15,14 +15,13 @@ use crate::decision::Decision;
 use crate::error::{ConfigError, StoreError};
 use crate::key::Key;
 use crate::limit::Policy;
-use crate::limiter::Limiter;
 use crate::share::LocalShare;
-use crate::store::{AdjustCall, Store, StoreFuture};
+use crate::store::{AdjustCall, Store, StoreFuture, decide};
 
-/// Hot-key mode for a [`Limiter`]: an identity seen more than
+/// Hot-key mode for a [`Limiter`](crate::Limiter): an identity seen more than
 /// [`threshold`](Self::threshold) times a second on this instance is
 /// decided here, from a lease of its tokens, instead of one store call per
-/// request. Opt in with [`Limiter::hot_keys`]; every other identity keeps
+/// request. Opt in with [`Limiter::hot_keys`](crate::Limiter::hot_keys); every other identity keeps
 /// the ordinary path.
 ///
 /// **A lease** of `k` tokens is an ordinary decision of cost `k` in the
@@ -38,7 +37,7 @@ use crate::store::{AdjustCall, Store, StoreFuture};
 /// lease time; it then asks again. Near the limit, calls are therefore
 /// refused a little early rather than leased a few tokens at a time.
 /// Tokens left when the lease time has passed are given back with a
-/// refund ([`Limiter::refund`]), as are those still held when the limiter
+/// refund ([`Limiter::refund`](crate::Limiter::refund)), as are those still held when the limiter
 /// is dropped inside a runtime. While a lease is on its way, other calls
 /// for the identity wait for it rather than asking the store themselves.
 ///
@@ -142,7 +141,7 @@ impl HotKeys {
     /// How long a lease's tokens are spent before what is left goes back
     /// to the store, and the span of calls a lease is sized for; above
     /// zero and at most [`MAX_LEASE_TIME`](Self::MAX_LEASE_TIME), or
-    /// [`Limiter::hot_keys`] refuses it.
+    /// [`Limiter::hot_keys`](crate::Limiter::hot_keys) refuses it.
     #[must_use]
     pub fn lease_time(mut self, lease_time: Duration) -> Self {
         self.lease_time = lease_time;
@@ -384,7 +383,6 @@ impl HotTable {
     /// call was counted already (it waited for a lease and looks again).
     pub(crate) fn decide(
         self: &Arc<Self>,
-        limiter: &Limiter,
         policy: &Policy,
         key: &Key,
         cost: u64,
@@ -427,12 +425,7 @@ impl HotTable {
         if let Some((_, flight)) = &entry.flight {
             let mut flight = flight.clone();
             drop(state);
-            let (table, limiter, policy, key) = (
-                Arc::clone(self),
-                limiter.clone(),
-                policy.clone(),
-                key.clone(),
-            );
+            let (table, policy, key) = (Arc::clone(self), policy.clone(), key.clone());
             return Some(StoreFuture::pending(async move {
                 // A sender gone without a word (its task ended with the
                 // runtime) counts as done: look again.
@@ -443,13 +436,9 @@ impl HotTable {
                 if let Some(Err(err)) = outcome {
                     return Err(err);
                 }
-                match table.decide(&limiter, &policy, &key, cost, true) {
+                match table.decide(&policy, &key, cost, true) {
                     Some(decided) => decided.await,
-                    None => {
-                        limiter
-                            .decide_in_store(&policy, &key, cost, Duration::ZERO)
-                            .await
-                    }
+                    None => decide(&*table.store, &policy, &key, cost, Duration::ZERO).await,
                 }
             }));
         }
@@ -500,7 +489,7 @@ impl HotTable {
             tx,
             unsent: back.map(|p| (p, left)),
         };
-        let (limiter, policy) = (limiter.clone(), policy.clone());
+        let policy = policy.clone();
         let lease = async move {
             let mut busy = busy;
             if let Some((back, left)) = &busy.unsent {
@@ -513,9 +502,8 @@ impl HotTable {
                 // A refund lost leaves the tokens charged: an undercount.
                 let _ = refund.await;
             }
-            let reply = limiter
-                .decide_in_store(&policy, &busy.key, asked, Duration::ZERO)
-                .await;
+            let store = &*busy.table.store;
+            let reply = decide(store, &policy, &busy.key, asked, Duration::ZERO).await;
             busy.finish(reply, &policy, asked, cost)
         };
         // The lease runs on its own task, so that a caller that goes away
@@ -803,6 +791,7 @@ impl Drop for Busy {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Limiter;
     use crate::clock::MonotonicClock;
     use crate::limit::{Limit, Rate};
     use crate::store::MemoryStore;

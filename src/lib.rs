@@ -199,6 +199,7 @@ mod rate;
 pub mod rate_limit;
 pub mod response;
 mod route;
+mod rules;
 mod share;
 pub mod shed;
 pub mod spec;

@@ -9,8 +9,8 @@ use crate::error::ConfigError;
 use crate::hot::{HotKeys, HotTable};
 use crate::key::Key;
 use crate::limit::{MAX_TOLERANCE_MICROS, Policy};
-use crate::live::Cell;
-use crate::store::{DeferCall, GcraCall, MemoryStore, Store, StoreFuture, WindowCall};
+use crate::rules::{Cell, Rules};
+use crate::store::{DeferCall, MemoryStore, Store, StoreFuture};
 
 /// A [`Policy`] bound to a [`Store`]: the part of every layer that decides.
 ///
@@ -105,7 +105,7 @@ impl Limiter {
             });
         }
         let rules = self.cell.rules();
-        self.cell.set(crate::live::Rules {
+        self.cell.set(Rules {
             base: policy,
             by_key: rules.by_key.clone(),
             by_plan: rules.by_plan.clone(),
@@ -150,11 +150,7 @@ impl Limiter {
     pub fn check_now(&self, key: &Key, cost: u64) -> Option<Decision> {
         let rules = self.cell.rules();
         let policy = rules.resolve(key, None);
-        match call(policy, key, cost, Duration::ZERO) {
-            Call::Never => Some(never(policy)),
-            Call::Gcra(call) => self.store.gcra_now(call),
-            Call::Window(call) => self.store.window_now(call),
-        }
+        crate::store::decide_now(&*self.store, policy, key, cost)
     }
 
     /// Reserve mode: admits the call if its slot comes within `max_wait`
@@ -240,7 +236,7 @@ impl Limiter {
         }
         if max_wait.is_none()
             && let Some(hot) = &self.hot
-            && let Some(decided) = hot.decide(self, policy, key, cost, false)
+            && let Some(decided) = hot.decide(policy, key, cost, false)
         {
             return decided;
         }
@@ -257,11 +253,7 @@ impl Limiter {
         cost: u64,
         max_wait: Duration,
     ) -> StoreFuture<Decision> {
-        match call(policy, key, cost, max_wait) {
-            Call::Never => StoreFuture::ready(Ok(never(policy))),
-            Call::Gcra(call) => self.store.gcra(call),
-            Call::Window(call) => self.store.window(call),
-        }
+        crate::store::decide(&*self.store, policy, key, cost, max_wait)
     }
 }
 
@@ -277,45 +269,6 @@ fn holds_back(policy: &Policy, remaining: u64, reset: Duration) -> bool {
         };
         crate::gcra::hold_floor(p, reset_us, remaining) > 0
     })
-}
-
-/// The refusal of a cost above what any limit could admit (no amount of
-/// waiting admits it), answered without asking the store.
-fn never(policy: &Policy) -> Decision {
-    let i = policy
-        .limits()
-        .iter()
-        .enumerate()
-        .min_by_key(|(_, l)| l.burst())
-        .map_or(0, |(i, _)| i);
-    Decision::never(i)
-}
-
-/// What deciding `cost` for `key` under `policy` asks of the store,
-/// whether it is to answer at once or with a future.
-#[inline]
-fn call<'a>(policy: &'a Policy, key: &'a Key, cost: u64, max_wait: Duration) -> Call<'a> {
-    if cost > policy.max_cost() {
-        // No amount of waiting admits this: answered without the store.
-        return Call::Never;
-    }
-    if policy.algorithm().is_window() {
-        return Call::Window(WindowCall { policy, key, cost });
-    }
-    Call::Gcra(GcraCall {
-        policy,
-        key,
-        cost,
-        max_wait,
-    })
-}
-
-/// The store call a decision takes, if any: see [`call`].
-enum Call<'a> {
-    /// A cost above what any limit could admit: refused without the store.
-    Never,
-    Gcra(GcraCall<'a>),
-    Window(WindowCall<'a>),
 }
 
 impl fmt::Debug for Limiter {
@@ -371,7 +324,7 @@ impl Limiter {
         let rules = self.cell.rules();
         let policy = rules.resolve(key, None);
         if cost > policy.max_cost() {
-            return StoreFuture::ready(Ok(never(policy)));
+            return StoreFuture::ready(Ok(crate::store::never(policy)));
         }
         self.store
             .peek(crate::store::AdjustCall { policy, key, cost })

@@ -61,7 +61,6 @@
 
 #[cfg(feature = "admin")]
 mod admin;
-mod rules;
 mod watch;
 
 use std::collections::{BTreeMap, HashMap};
@@ -73,7 +72,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 #[cfg(feature = "admin")]
 pub use self::admin::AdminApi;
-pub(crate) use self::rules::{Cell, Rules};
+use crate::rules::{Cell, Rules};
 
 use crate::concurrency::ConcurrencyLimiter;
 use crate::error::{ConfigError, StoreError};
@@ -929,6 +928,57 @@ fn parse_heartbeat(id: &str, value: &str) -> Option<Instance> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::MemoryStore;
+
+    fn too_many(result: Result<(), LiveError>) {
+        match result {
+            Err(LiveError::Config(ConfigError::TooManyIdentities { max })) => {
+                assert_eq!(max, MAX_IDENTITIES);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// The bound on identities with limits of their own, which no test can
+    /// reach through the public calls in reasonable time (each change rebuilds
+    /// every rule): filled here from inside.
+    #[tokio::test]
+    async fn identities_past_the_bound_are_refused() {
+        let live = LivePolicies::new(MemoryStore::new());
+        let policy = |text: &str| text.parse::<PolicySpec>().unwrap().build("api").unwrap();
+        let api = live.limiter(policy("1/h"));
+        live.define_plan("pro", policy("3/h")).unwrap();
+        {
+            let mut state = live.fleet.lock();
+            for i in 0..MAX_IDENTITIES - 1 {
+                let field = ("api".to_owned(), format!("user:{i}"));
+                state.changes.overrides.insert(field, "2/h".to_owned());
+            }
+            let assigned = &mut state.changes.assigned;
+            assigned.insert("user:planned".to_owned(), "pro".to_owned());
+        }
+        let new = Key::new("user:new");
+        too_many(live.set_override("api", &new, Some("5/h")).await);
+        too_many(live.assign_plan(&new, Some("pro")).await);
+        assert!(api.check_now(&new, 1).unwrap().is_allowed());
+        assert!(!api.check_now(&new, 1).unwrap().is_allowed());
+
+        // Identities already counted may change; removing one makes room.
+        live.set_override("api", &Key::new("user:7"), Some("4/h"))
+            .await
+            .unwrap();
+        live.assign_plan(&Key::new("user:planned"), None)
+            .await
+            .unwrap();
+        live.set_override("api", &new, Some("1/h burst 3"))
+            .await
+            .unwrap();
+        too_many(live.assign_plan(&Key::new("user:late"), Some("pro")).await);
+        // Its own limits: 2 more of 3 (the base would refuse).
+        assert!(api.check_now(&new, 1).unwrap().is_allowed());
+        assert!(api.check_now(&new, 1).unwrap().is_allowed());
+        assert!(!api.check_now(&new, 1).unwrap().is_allowed());
+    }
 
     #[test]
     fn poll_every_applies_to_every_clone() {

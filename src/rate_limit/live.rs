@@ -13,9 +13,9 @@ use crate::key::Key;
 use crate::layer::{FailurePolicy, OnMissingKey};
 use crate::limit::Policy;
 use crate::limiter::Limiter;
-use crate::live::Rules;
 use crate::metrics::LayerMetrics;
 use crate::response::{HeaderStyle, PolicyHeaders};
+use crate::rules::Rules;
 use crate::share::fleet_epoch;
 use crate::store::MemoryStore;
 

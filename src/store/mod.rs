@@ -32,7 +32,7 @@ use std::task::{Context, Poll, ready};
 use std::time::{Duration, Instant};
 
 pub(crate) use self::adjust::AdjustCall;
-pub(crate) use self::call::{GcraCall, WindowCall};
+pub(crate) use self::call::{GcraCall, WindowCall, decide, decide_now, never};
 pub(crate) use self::defer::DeferCall;
 #[cfg(feature = "redis")]
 pub use self::deny_cache::DenyCacheStats;
