@@ -240,19 +240,7 @@ impl Limiter {
         {
             return decided;
         }
-        self.decide_in_store(policy, key, cost, max_wait.unwrap_or(Duration::ZERO))
-    }
-
-    /// A check of `cost` under `policy` in the store, whether the identity
-    /// is hot or not: also how hot-key mode takes a lease.
-    #[inline]
-    pub(crate) fn decide_in_store(
-        &self,
-        policy: &Policy,
-        key: &Key,
-        cost: u64,
-        max_wait: Duration,
-    ) -> StoreFuture<Decision> {
+        let max_wait = max_wait.unwrap_or(Duration::ZERO);
         crate::store::decide(&*self.store, policy, key, cost, max_wait)
     }
 }

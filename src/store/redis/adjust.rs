@@ -25,7 +25,7 @@ use std::time::Duration;
 use ::redis::Value;
 use tokio::runtime::Handle;
 
-use super::owed::{Claim, Sending};
+use super::owed::{Claim, Sending, ran};
 use super::window::decode_window;
 use super::{LuaScript, RedisStore, TimeSource, decode_decision, one_reply};
 use crate::algorithm::Algorithm;
@@ -263,22 +263,16 @@ impl RedisStore {
         StoreFuture::pending(async move {
             let total = cost.saturating_add(owed.as_ref().map_or(0, |s| s.charge.amount));
             let result = store.charge_now(&policy, &key, total).await;
-            match (&result, owed) {
-                (Ok(_), Some(sending)) => sending.landed(),
-                (Ok(_), None) => store.inner.owed.wrote(),
-                // An odd reply: the script ran, the charge is in.
-                (Err(StoreError::UnexpectedReply(_)), owed) => {
-                    if let Some(sending) = owed {
-                        sending.landed();
-                    }
-                }
-                (Err(err), owed) => {
-                    if let Some(sending) = owed {
-                        sending.failed(err.clone());
-                    }
-                    let base = store.key_base(policy.name(), &key);
-                    store.inner.owed.owe(base, &policy, &key, cost, err.clone());
-                }
+            match owed {
+                Some(sending) => sending.settle(&result),
+                None if result.is_ok() => store.inner.owed.wrote(),
+                None => {}
+            }
+            if let Err(err) = &result
+                && !ran(err)
+            {
+                let base = store.key_base(policy.name(), &key);
+                store.inner.owed.owe(base, &policy, &key, cost, err.clone());
             }
             result
         })
@@ -286,29 +280,15 @@ impl RedisStore {
 
     /// Sends what a key owes: paid when it lands, owed still when not.
     async fn send_owed(&self, sending: Sending) -> Result<(), StoreError> {
+        let charge = &sending.charge;
         let result = self
-            .charge_now(
-                &sending.charge.policy,
-                &sending.charge.key,
-                sending.charge.amount,
-            )
-            .await;
-        match result {
-            Ok(_) => {
-                sending.landed();
-                Ok(())
-            }
-            // An odd reply: the script ran, the charge is in; the peek
-            // still fails, as on any odd reply.
-            Err(err @ StoreError::UnexpectedReply(_)) => {
-                sending.landed();
-                Err(err)
-            }
-            Err(err) => {
-                sending.failed(err.clone());
-                Err(err)
-            }
-        }
+            .charge_now(&charge.policy, &charge.key, charge.amount)
+            .await
+            .map(drop);
+        // An odd reply settles the charge; the peek still fails, as on
+        // any odd reply.
+        sending.settle(&result);
+        result
     }
 
     /// One charge script of `cost` for `key` under `policy`.

@@ -229,8 +229,14 @@ impl Owed {
     /// What a charge of the key named `base` carries besides its own
     /// amount: what the key owes, unless that is on its way already.
     pub(super) fn claim_for_charge(self: &Arc<Self>, base: &str) -> Option<Sending> {
+        let now = Instant::now();
         let mut state = self.lock();
         let entry = state.keys.get_mut(base)?;
+        if !entry.sending && entry.until <= now {
+            state.keys.remove(base);
+            self.update(&state);
+            return None;
+        }
         match take(self, base, entry) {
             Claim::Send(sending) => Some(sending),
             _ => None,
@@ -316,6 +322,21 @@ impl Sending {
         self.done = true;
         self.owed.failed(&self.charge, Some(error));
     }
+
+    /// The script that carried it answered `result`: paid if it ran (an
+    /// odd reply comes from a script that ran), owed still if not.
+    pub(super) fn settle<T>(self, result: &Result<T, StoreError>) {
+        match result {
+            Err(err) if !ran(err) => self.failed(err.clone()),
+            _ => self.landed(),
+        }
+    }
+}
+
+/// Whether a call that failed with `err` ran all the same: an odd reply
+/// comes from a script that did; any other failure may mean it did not.
+pub(super) fn ran(err: &StoreError) -> bool {
+    matches!(err, StoreError::UnexpectedReply(_))
 }
 
 impl Drop for Sending {
