@@ -117,31 +117,34 @@ impl<L: Lease> Drop for LeaseGuard<L> {
             return;
         };
         let mut release = lease.release();
-        let ready = match release.take_ready() {
-            Some(result) => Some(result),
-            None => match Handle::try_current() {
+        let result = match release.take_ready() {
+            Some(result) => result,
+            None => {
+                let Ok(runtime) = Handle::try_current() else {
+                    tracing::debug!(
+                        "no tokio runtime to release a lease; it expires after its TTL"
+                    );
+                    return;
+                };
                 // Started now, before the task it is handed to runs: the
                 // release goes out ahead of the holder's next acquire on
                 // the same connection, so a caller that calls again as
                 // soon as its response ends does not find its own slot
                 // still taken.
-                Ok(runtime) => release.start().or_else(|| {
-                    runtime.spawn(async move {
-                        if let Err(err) = release.await {
-                            log_release_failure(&err);
-                        }
-                    });
-                    None
-                }),
-                Err(_) => {
-                    tracing::debug!(
-                        "no tokio runtime to release a lease; it expires after its TTL"
-                    );
-                    None
+                match release.start() {
+                    Some(result) => result,
+                    None => {
+                        runtime.spawn(async move {
+                            if let Err(err) = release.await {
+                                log_release_failure(&err);
+                            }
+                        });
+                        return;
+                    }
                 }
-            },
+            }
         };
-        if let Some(Err(err)) = ready {
+        if let Err(err) = result {
             log_release_failure(&err);
         }
     }
