@@ -4,12 +4,12 @@
 use crate::common;
 
 use std::convert::Infallible;
-use std::io::Write;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use common::RedisServer;
+use common::logs::Logs;
 use fleetgate::key::HeaderKey;
 use fleetgate::rate_limit::ResponseCost;
 use fleetgate::{Limit, Limiter, Rate, RateLimitLayer, RedisStore};
@@ -24,26 +24,6 @@ fn layer(limiter: &Limiter, cost: ResponseCost) -> RateLimitLayer<HeaderKey> {
         .response_cost(cost)
 }
 
-/// The log lines of the current thread, as text.
-#[derive(Clone, Default)]
-struct Logs(Arc<Mutex<Vec<u8>>>);
-
-impl Logs {
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
-    }
-}
-
-impl Write for Logs {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 /// Redis hangs while the handler runs: the peek passed, the charge cannot
 /// land. The response is not delayed by the store's 1 s timeout, and the
 /// failed charge is logged at `warn` once it times out. The warning gate
@@ -54,14 +34,7 @@ impl Write for Logs {
 #[tokio::test(flavor = "current_thread")]
 async fn a_failing_charge_is_logged_and_never_delays_the_response() {
     let _alone = crate::one_at_a_time().await;
-    let logs = Logs::default();
-    let writer = logs.clone();
-    let _logging = tracing::subscriber::set_default(
-        tracing_subscriber::fmt()
-            .with_writer(move || writer.clone())
-            .with_ansi(false)
-            .finish(),
-    );
+    let (logs, _logging) = Logs::capture();
     let server = Arc::new(RedisServer::start());
     let store = RedisStore::builder()
         .timeout(Duration::from_secs(1))

@@ -1,5 +1,7 @@
 //! Helpers shared by the integration tests.
 
+/// Log lines of the current thread, captured.
+pub mod logs;
 /// A throwaway Redis Cluster (`tests/redis/cluster.rs`, `tests/alone`).
 #[cfg(feature = "cluster")]
 pub mod redis_cluster;

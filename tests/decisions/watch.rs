@@ -1,9 +1,9 @@
 //! A watched policy file: re-read when it changes and on SIGHUP; a file
 //! that does not parse keeps the previous policies, and says why.
 
-use std::io::Write;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+use crate::common::logs::Logs;
 
 use fleetgate::MemoryStore;
 use fleetgate::live::LivePolicies;
@@ -18,39 +18,6 @@ policy = "api"
 [plans.pro]
 api = "50/min"
 "#;
-
-/// The log lines of the current thread, as text.
-#[derive(Clone, Default)]
-struct Logs(Arc<Mutex<Vec<u8>>>);
-
-impl Logs {
-    /// The log lines of this thread from now until the guard is dropped.
-    fn capture() -> (Logs, tracing::subscriber::DefaultGuard) {
-        let logs = Logs::default();
-        let writer = logs.clone();
-        let guard = tracing::subscriber::set_default(
-            tracing_subscriber::fmt()
-                .with_writer(move || writer.clone())
-                .with_ansi(false)
-                .finish(),
-        );
-        (logs, guard)
-    }
-
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
-    }
-}
-
-impl Write for Logs {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
 
 /// Waits (on tokio's clock, which the watcher's ticks follow) until
 /// `done` holds, for at most 10 s of real time.
