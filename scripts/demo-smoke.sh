@@ -566,24 +566,46 @@ case "$got" in
   *) echo "FAIL: every route must answer again once Redis resumes" >&2; exit 1 ;;
 esac
 
+leases_held() { # redis port: members of every lease set
+  local n=0 k c
+  for k in $("${REDIS_CLI:-redis-cli}" -p "$1" --scan --pattern '*lease*'); do
+    c=$("${REDIS_CLI:-redis-cli}" -p "$1" zcard "$k")
+    n=$((n + c))
+  done
+  echo "$n"
+}
+# Starts two /api/slow?ms=$4 calls keyed $3 on the demo at $1 (pid $2),
+# sends it SIGTERM once both are admitted and waits (at most 15 s) for it
+# to exit. Sets held (leases in Redis just before the signal), took (ms
+# from the signal to the exit), status (its exit status) and calls (the
+# two calls' codes).
+term_with_two_calls() { # url, pid, key, ms
+  local before t1 t2 start_ms
+  before=$(slow_admitted "$1")
+  slow "$1" "$3" "$4" >"$tmp/$3.1" &
+  t1=$!
+  slow "$1" "$3" "$4" >"$tmp/$3.2" &
+  t2=$!
+  wait_admitted "$1" $((before + 2))
+  held=$(leases_held "$port")
+  start_ms=$(date +%s%3N)
+  kill -TERM "$2"
+  for _ in $(seq 150); do kill -0 "$2" 2>/dev/null || break; sleep 0.1; done
+  took=$(($(date +%s%3N) - start_ms))
+  status=0
+  wait "$2" || status=$?
+  wait "$t1" "$t2" || true
+  calls="$(cat "$tmp/$3.1") $(cat "$tmp/$3.2")"
+}
+
 # SIGTERM, as orchestrators send on every deploy: the demo stops
 # accepting, lets its two /api/slow calls in flight finish, gives their
 # leases back to Redis and exits 0. Instance b then has both slots of
 # that key at once.
 enforcing_again "$b" b-back || { echo "FAIL: instance b did not return to Redis" >&2; exit 1; }
 key="term-$RANDOM"
-before=$(slow_admitted "$a")
-slow "$a" "$key" 1500 >"$tmp/term1" &
-t1=$!
-slow "$a" "$key" 1500 >"$tmp/term2" &
-t2=$!
-wait_admitted "$a" $((before + 2))
-kill -TERM "$a_pid"
-for _ in $(seq 150); do kill -0 "$a_pid" 2>/dev/null || break; sleep 0.1; done
-status=0
-wait "$a_pid" || status=$?
-wait "$t1" "$t2" || true
-got="exit=$status calls=$(cat "$tmp/term1") $(cat "$tmp/term2")"
+term_with_two_calls "$a" "$a_pid" "$key" 1500
+got="exit=$status calls=$calls"
 echo "SIGTERM with two calls in flight: $got"
 if [ "$got" != "exit=0 calls=200 200" ]; then
   echo "FAIL: expected the in-flight calls to finish and the demo to exit 0" >&2
@@ -595,33 +617,12 @@ check_slow "after SIGTERM, the same key on another instance" "$b" "$b" "$b" "$ke
 # demo cuts them off, gives their leases back to Redis and exits 0 within
 # the drain and a few seconds; no lease is left in Redis, and instance b
 # has both slots of that key at once.
-leases_held() { # redis port: members of every lease set
-  local n=0 k c
-  for k in $("${REDIS_CLI:-redis-cli}" -p "$1" --scan --pattern '*lease*'); do
-    c=$("${REDIS_CLI:-redis-cli}" -p "$1" zcard "$k")
-    n=$((n + c))
-  done
-  echo "$n"
-}
-# The releases of the calls above land on spawned tasks: let them.
+# The releases of the calls above are answered after the exit: let them land.
 for _ in $(seq 50); do [ "$(leases_held "$port")" = 0 ] && break; sleep 0.05; done
 start_demo cut env REDIS_URL="redis://127.0.0.1:$port" FLEETGATE_DRAIN_SECS=1
 cut_pid=$demo_pid cut_log=$demo_log
 key="cut-$RANDOM"
-before=$(slow_admitted "$cut")
-slow "$cut" "$key" 20000 >"$tmp/cut1" &
-t1=$!
-slow "$cut" "$key" 20000 >"$tmp/cut2" &
-t2=$!
-wait_admitted "$cut" $((before + 2))
-held=$(leases_held "$port")
-start_ms=$(date +%s%3N)
-kill -TERM "$cut_pid"
-for _ in $(seq 150); do kill -0 "$cut_pid" 2>/dev/null || break; sleep 0.1; done
-took=$(($(date +%s%3N) - start_ms))
-status=0
-wait "$cut_pid" || status=$?
-wait "$t1" "$t2" || true
+term_with_two_calls "$cut" "$cut_pid" "$key" 20000
 left=$(leases_held "$port")
 echo "SIGTERM with two 20 s calls, drain 1 s: exit=$status after $took ms; leases held before $held, after $left; $(grep -o 'cut off .*' "$cut_log")"
 if [ "$status $held $left" != "0 2 0" ] || [ "$took" -gt 9000 ]; then
