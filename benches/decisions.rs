@@ -65,7 +65,7 @@ const ALGORITHMS: [Algorithm; 4] = [
     Algorithm::SlidingWindow,
     Algorithm::FixedWindow,
 ];
-// Built from the same parts as the store's (src/store/redis.rs).
+// Built from the same parts as the store's (src/store/redis/mod.rs).
 const GCRA_LUA: &str = concat!(
     include_str!("../lua/common/clock.lua"),
     include_str!("../lua/common/idiv.lua"),

@@ -76,7 +76,7 @@ use redis::aio::{ConnectionManager, MultiplexedConnection};
 use crate::common::{BoxError, micros, percentile, pin, target_row};
 use crate::redis_server::RedisServer;
 
-// Built from the same parts as the store's (src/store/redis.rs).
+// Built from the same parts as the store's (src/store/redis/mod.rs).
 const GCRA_LUA: &str = concat!(
     include_str!("../lua/common/clock.lua"),
     include_str!("../lua/common/idiv.lua"),

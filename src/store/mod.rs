@@ -18,13 +18,6 @@ mod memory;
 #[cfg(feature = "redis")]
 mod redis;
 
-#[cfg(feature = "redis")]
-mod connection;
-#[cfg(feature = "redis")]
-mod deny_cache;
-#[cfg(feature = "sentinel")]
-mod sentinel;
-
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
@@ -34,11 +27,11 @@ use std::time::{Duration, Instant};
 pub(crate) use self::adjust::AdjustCall;
 pub(crate) use self::call::{GcraCall, WindowCall, decide, decide_now, never};
 pub(crate) use self::defer::DeferCall;
-#[cfg(feature = "redis")]
-pub use self::deny_cache::DenyCacheStats;
 pub use self::lease::LeaseGrant;
 pub(crate) use self::lease::{LeaseCall, LeaseId};
 pub use self::memory::{MemoryStore, MemoryStoreBuilder, MemoryStoreStats};
+#[cfg(feature = "redis")]
+pub use self::redis::DenyCacheStats;
 #[cfg(feature = "redis")]
 pub(crate) use self::redis::live as redis_live;
 #[cfg(feature = "redis")]
@@ -46,7 +39,7 @@ pub use self::redis::{RedisStore, RedisStoreBuilder, TimeSource};
 
 #[cfg(feature = "redis")]
 #[cfg(all(test, feature = "redis"))]
-pub(crate) use self::deny_cache::DenyCache;
+pub(crate) use self::redis::DenyCache;
 #[cfg(all(test, feature = "redis"))]
 pub(crate) use self::redis::{decode_gcra, hash_tag};
 
