@@ -182,7 +182,6 @@ pub mod clock;
 pub mod concurrency;
 mod decision;
 mod error;
-pub(crate) mod gcra;
 pub mod grpc;
 mod hot;
 pub mod key;
@@ -205,7 +204,6 @@ pub mod shed;
 pub mod spec;
 pub mod store;
 mod text;
-mod window;
 
 #[cfg(test)]
 mod proptests;

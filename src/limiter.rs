@@ -247,15 +247,15 @@ impl Limiter {
 
 /// Whether "at most `remaining` calls before `reset`" holds any limit of
 /// `policy` back: whether, for some limit, the floor of
-/// [`gcra::defer`](crate::gcra::defer) lies after now, whatever now is.
+/// [`gcra::defer`](crate::algorithm::gcra::defer) lies after now, whatever now is.
 fn holds_back(policy: &Policy, remaining: u64, reset: Duration) -> bool {
     let reset_us = u64::try_from(reset.as_micros()).unwrap_or(u64::MAX);
     policy.limits().iter().any(|limit| {
-        let p = crate::gcra::Params {
+        let p = crate::algorithm::gcra::Params {
             emission: limit.emission_us(),
             tolerance: limit.tolerance_us(),
         };
-        crate::gcra::hold_floor(p, reset_us, remaining) > 0
+        crate::algorithm::gcra::hold_floor(p, reset_us, remaining) > 0
     })
 }
 

@@ -53,7 +53,7 @@ pub fn within_window(count: u64, window: Duration, margin: Duration) -> Result<L
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gcra::{Params, decide};
+    use crate::algorithm::gcra::{Params, check as decide};
 
     /// Reserves slots back to back (the worst case: everyone waiting) and
     /// checks every window of the upstream's length, with the calls

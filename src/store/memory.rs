@@ -14,10 +14,10 @@ use super::{
     AdjustCall, DeferCall, GcraCall, LeaseCall, LeaseGrant, Store, StoreFuture, StoreOps,
     WindowCall,
 };
+use crate::algorithm::gcra;
 use crate::clock::{Clock, FastClock};
 use crate::decision::Decision;
 use crate::error::ConfigError;
-use crate::gcra;
 use crate::key::Key;
 use crate::limit::{Limit, MAX_LIMITS_PER_POLICY, Policy};
 use slot::{Slot, SlotMap, Step, Tats};
@@ -334,7 +334,7 @@ impl Step for Check {
 
     #[inline(always)]
     fn run(&self, limits: &[Limit], tats: &mut [u64], now: u64) -> (Decision, bool) {
-        let (decision, idle_at) = gcra::decide(limits, tats, now, self.cost, self.max_wait);
+        let (decision, idle_at) = gcra::check(limits, tats, now, self.cost, self.max_wait);
         (decision, idle_at.is_some())
     }
 }

@@ -9,9 +9,9 @@
 
 use super::MemoryStore;
 use super::slot::Step;
+use crate::algorithm::gcra;
 use crate::decision::Decision;
-use crate::gcra;
-use crate::limit::{Limit, MAX_LIMITS_PER_POLICY};
+use crate::limit::Limit;
 use crate::store::AdjustCall;
 
 /// What the window table does with a key's state: the ordinary check, or
@@ -58,11 +58,7 @@ impl Step for Peek {
     type Output = Decision;
 
     fn run(&self, limits: &[Limit], tats: &mut [u64], now: u64) -> (Decision, bool) {
-        let mut copy = [0u64; MAX_LIMITS_PER_POLICY];
-        let copy = &mut copy[..tats.len()];
-        copy.copy_from_slice(tats);
-        let (decision, _) = gcra::decide(limits, copy, now, self.cost, 0);
-        (decision, false)
+        (gcra::peek(limits, tats, now, self.cost), false)
     }
 }
 

@@ -3,7 +3,7 @@
 
 use super::MemoryStore;
 use super::slot::Step;
-use crate::gcra;
+use crate::algorithm::gcra;
 use crate::limit::Limit;
 use crate::store::DeferCall;
 

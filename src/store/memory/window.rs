@@ -12,7 +12,7 @@ use crate::limit::MAX_LIMITS_PER_POLICY;
 use crate::store::{AdjustCall, WindowCall};
 
 use super::adjust::Op;
-use crate::window::{self, Counter, Window};
+use crate::algorithm::window::{Counter, Window};
 
 /// Window state, sharded like the GCRA state.
 pub(super) struct Table {
@@ -222,35 +222,52 @@ fn apply(
     now: u64,
     cost: u64,
 ) -> (Decision, Option<u64>) {
-    let mut state = match state {
-        State::Log(log) => window::State::Log(log),
-        State::Counters(counters) => {
-            if counters.len() < windows.len() {
-                // A policy of the same name with more windows: keep each
-                // window's state by position, as the Redis keys do.
-                let mut grown = vec![Counter::default(); windows.len()];
-                grown[..counters.len()].copy_from_slice(counters);
-                *counters = grown.into_boxed_slice();
-            }
-            let counters = &mut counters[..windows.len()];
-            if algorithm == Algorithm::FixedWindow {
-                window::State::Fixed(counters)
-            } else {
-                window::State::Sliding(counters)
-            }
+    use crate::algorithm::{fixed_window, sliding_log, sliding_window};
+    let counters = match state {
+        State::Log(log) => {
+            return match op {
+                Op::Check => sliding_log::check(windows, log, now, cost),
+                Op::Peek => (sliding_log::peek(windows, log, now, cost), None),
+                Op::Charge => {
+                    let (decision, idle_at) = sliding_log::charge(windows, log, now, cost);
+                    (decision, Some(idle_at))
+                }
+                Op::Refund => {
+                    sliding_log::refund(windows, log, now, cost);
+                    (Decision::never(0), None)
+                }
+            };
         }
+        State::Counters(counters) => counters,
     };
-    match (op, &mut state) {
-        (Op::Check, window::State::Log(log)) => window::sliding_log(windows, log, now, cost),
-        (Op::Check, window::State::Fixed(c)) => window::fixed_window(windows, c, now, cost),
-        (Op::Check, window::State::Sliding(c)) => window::sliding_counter(windows, c, now, cost),
-        (Op::Peek, _) => (window::peek(windows, &state, now, cost), None),
-        (Op::Charge, _) => {
-            let (decision, idle_at) = window::charge(windows, &mut state, now, cost);
+    if counters.len() < windows.len() {
+        // A policy of the same name with more windows: keep each
+        // window's state by position, as the Redis keys do.
+        let mut grown = vec![Counter::default(); windows.len()];
+        grown[..counters.len()].copy_from_slice(counters);
+        *counters = grown.into_boxed_slice();
+    }
+    let c = &mut counters[..windows.len()];
+    let fixed = algorithm == Algorithm::FixedWindow;
+    match op {
+        Op::Check if fixed => fixed_window::check(windows, c, now, cost),
+        Op::Check => sliding_window::check(windows, c, now, cost),
+        Op::Peek if fixed => (fixed_window::peek(windows, c, now, cost), None),
+        Op::Peek => (sliding_window::peek(windows, c, now, cost), None),
+        Op::Charge => {
+            let (decision, idle_at) = if fixed {
+                fixed_window::charge(windows, c, now, cost)
+            } else {
+                sliding_window::charge(windows, c, now, cost)
+            };
             (decision, Some(idle_at))
         }
-        (Op::Refund, _) => {
-            window::refund(windows, &mut state, now, cost);
+        Op::Refund => {
+            if fixed {
+                fixed_window::refund(windows, c, now, cost);
+            } else {
+                sliding_window::refund(windows, c, now, cost);
+            }
             (Decision::never(0), None)
         }
     }

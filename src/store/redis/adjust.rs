@@ -29,12 +29,12 @@ use super::owed::{Claim, Sending, ran};
 use super::window::decode_window;
 use super::{LuaScript, RedisStore, TimeSource, decode_decision, one_reply};
 use crate::algorithm::Algorithm;
+use crate::algorithm::window::Window;
 use crate::decision::Decision;
 use crate::error::StoreError;
 use crate::key::Key;
 use crate::limit::Policy;
 use crate::store::{AdjustCall, StoreFuture};
-use crate::window::Window;
 
 /// Held here rather than in the store's `Inner`, as `gcra_defer` is (see
 /// `defer.rs`): hashed once per process, and these operations stay in
@@ -173,7 +173,7 @@ impl RedisStore {
                     args.extend(
                         limits
                             .iter()
-                            .map(|l| crate::gcra::debt_horizon(l).to_string()),
+                            .map(|l| crate::algorithm::gcra::debt_horizon(l).to_string()),
                     );
                 }
             }

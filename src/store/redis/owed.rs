@@ -41,10 +41,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use crate::algorithm::window::Window;
 use crate::error::StoreError;
 use crate::key::Key;
 use crate::limit::Policy;
-use crate::window::Window;
 
 /// The most keys that owe a charge at once. An entry costs a policy
 /// handle, the key and its Redis name: a few hundred bytes.
@@ -118,7 +118,7 @@ fn lasts(policy: &Policy) -> Duration {
         if policy.algorithm().is_window() {
             Window::of(limit).length.saturating_mul(2)
         } else {
-            crate::gcra::debt_horizon(limit)
+            crate::algorithm::gcra::debt_horizon(limit)
         }
     });
     Duration::from_micros(micros.max().unwrap_or(0))

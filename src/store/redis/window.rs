@@ -9,12 +9,12 @@ use redis::{Cmd, Value};
 
 use super::{LuaScript, RedisStore, TimeSource, decode_decision};
 use crate::algorithm::Algorithm;
+use crate::algorithm::window::Window;
 use crate::decision::Decision;
 use crate::error::StoreError;
 use crate::key::Key;
 use crate::limit::Policy;
 use crate::store::{StoreFuture, WindowCall};
-use crate::window::Window;
 
 // Each script is its own part after the shared ones it builds on (each
 // part says what it defines and what it needs): one copy of the clock, of

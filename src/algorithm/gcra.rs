@@ -1,8 +1,10 @@
 //! GCRA (the generic cell rate algorithm) over one or more limits at once.
 //!
-//! This is the one definition of the algorithm: [`MemoryStore`] calls it
-//! directly and `lua/gcra.lua` is a line-by-line transcription for Redis.
-//! Both are run through the same conformance suite.
+//! This is the one definition of the algorithm, for every operation:
+//! [`check`], [`peek`], [`charge`], [`refund`] and [`defer`], each a pure
+//! function of (state, now, parameters). [`MemoryStore`] runs them on its
+//! state; `lua/gcra.lua` transcribes them function by function for Redis.
+//! Both stores run through the same conformance suite.
 //!
 //! State per limit is one number, the theoretical arrival time (TAT), in
 //! microseconds. With emission interval `T`, tolerance `τ = burst·T` and cost
@@ -19,8 +21,8 @@
 //! are refused before any store is asked (see [`Limiter`]), so `n·T ≤ τ` and
 //! no sum here can overflow.
 //!
-//! Cost known after the response ([`charge`], [`refund`]; a peek is
-//! [`decide`] with nothing stored):
+//! Cost known after the response ([`charge`], [`refund`]; a [`peek`] is
+//! [`check`] with nothing stored):
 //!
 //! ```text
 //! charge   tat = min(max(stored, now) + n·T, now + τ + D)   no test, no
@@ -45,7 +47,7 @@
 //! [`Limiter`]: crate::Limiter
 
 use crate::decision::Decision;
-use crate::limit::Limit;
+use crate::limit::{Limit, MAX_LIMITS_PER_POLICY};
 
 /// The parameters of one limit, in microseconds.
 #[derive(Clone, Copy, Debug)]
@@ -101,7 +103,7 @@ pub(crate) fn debt_horizon(limit: &Limit) -> u64 {
 /// call is admitted. Returns the decision and, when admitted, the time at
 /// which the state becomes idle again (the largest new TAT).
 #[inline(always)]
-pub(crate) fn decide<P: AsParams>(
+pub(crate) fn check<P: AsParams>(
     params: &[P],
     tats: &mut [u64],
     now: u64,
@@ -176,273 +178,14 @@ pub(crate) fn decide<P: AsParams>(
     (decision, Some(idle_at))
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::time::Duration;
-
-    pub(super) const S: u64 = 1_000_000;
-
-    pub(super) fn one(emission: u64, burst: u64) -> [Params; 1] {
-        [Params {
-            emission,
-            tolerance: emission * burst,
-        }]
-    }
-
-    #[test]
-    fn burst_then_rate() {
-        let p = one(S, 3);
-        let mut tat = [0];
-        let now = 100 * S;
-        for expected_remaining in [2, 1, 0] {
-            let (d, _) = decide(&p, &mut tat, now, 1, 0);
-            assert!(d.allowed);
-            assert_eq!(d.remaining, expected_remaining);
-        }
-        let (d, _) = decide(&p, &mut tat, now, 1, 0);
-        assert!(!d.allowed);
-        assert_eq!(d.retry_after(), Some(Duration::from_secs(1)));
-        // Exactly on time passes.
-        let (d, _) = decide(&p, &mut tat, now + S, 1, 0);
-        assert!(d.allowed);
-    }
-
-    #[test]
-    fn young_clock_counts_remaining_exactly() {
-        // now < τ: allow_at would be negative.
-        let p = one(S, 3);
-        let mut tat = [0];
-        let (d, _) = decide(&p, &mut tat, S / 2, 1, 0);
-        assert!(d.allowed);
-        assert_eq!(d.remaining, 2);
-    }
-
-    #[test]
-    fn reserve_mode_waits() {
-        let p = one(S, 1);
-        let mut tat = [0];
-        let (d, _) = decide(&p, &mut tat, 10 * S, 1, 0);
-        assert!(d.allowed);
-        let (d, _) = decide(&p, &mut tat, 10 * S, 1, 5 * S);
-        assert!(d.allowed);
-        assert_eq!(d.wait(), Duration::from_secs(1));
-        let (d, _) = decide(&p, &mut tat, 10 * S, 1, 5 * S);
-        assert_eq!(d.wait(), Duration::from_secs(2));
-    }
-}
-
-/// Upstream feedback: holds every limit back so that at most `remaining`
-/// calls of cost 1 are admitted before `now + pause` (none when
-/// `remaining` is 0: the next call comes no earlier than `now + pause`),
-/// and returns the time at which the state becomes idle again.
-///
-/// From a TAT `tat₀`, the `k`-th call of cost 1 passes from
-/// `tat₀ + k·T − τ` on, so the calls admitted before `now + pause` number
-/// `#{k ≥ 1 : tat₀ + k·T − τ < now + pause}`, which is at most `remaining`
-/// exactly when `tat₀ ≥ now + pause + τ − (remaining + 1)·T`.
-///
-/// The upstream counts the calls it has seen, not those the fleet has
-/// admitted and not yet made: slots reserved since the last hold that lie
-/// after the report was written. The report is `age` old: it left the
-/// upstream no earlier than the call it answers was sent, and slots that
-/// came due since then (calls sent while the response travelled, or while
-/// a loaded machine got round to recording it) may be missing from it, so
-/// they count as not yet made. `holds[i]` is the TAT the last hold that
-/// moved limit `i` left (0 when none); the TAT's advance past both it and
-/// `now − age + τ`, `pending = tat − max(now − age + τ, hold)`, is those
-/// slots, and with
-/// `remaining > 0` the floor is raised by it, so that they count against
-/// what is left, and the hold set to the new TAT. With `remaining` 0 they
-/// cannot be helped (the floor holds back only the calls after them) and
-/// stay pending: the hold is set that far before the new TAT, so that the
-/// next report counts them. Each TAT is raised to the floor, never
-/// lowered.
-///
-/// With `remaining` 0 this is a pause: after it the limit resumes at its
-/// rate, one call at a time, not with a full burst, so that an upstream
-/// that has just asked for a pause is not then hit by the whole fleet at
-/// once. `lua/gcra_defer.lua` transcribes this, in doubles: the arithmetic
-/// here is signed and unclamped to match it.
-pub(crate) fn defer<P: AsParams>(
-    params: &[P],
-    tats: &mut [u64],
-    holds: &mut [u64],
-    now: u64,
-    pause: u64,
-    remaining: u64,
-    age: u64,
-) -> u64 {
-    debug_assert_eq!(params.len(), tats.len());
-    debug_assert_eq!(params.len(), holds.len());
-    let until = now.saturating_add(pause);
-    let mut idle_at = now;
-    for ((p, tat), hold) in params.iter().zip(tats.iter_mut()).zip(holds.iter_mut()) {
-        let p = p.params();
-        let mut floor = hold_floor(p, until, remaining);
-        let base = now
-            .saturating_sub(age)
-            .saturating_add(p.tolerance)
-            .max(*hold);
-        let pending = i128::from(tat.saturating_sub(base));
-        // With some left, the pending slots count against it and are
-        // settled: the new hold is the new TAT. With none left they are
-        // not in the floor, and stay pending for the next report.
-        let settled = if remaining > 0 {
-            floor += pending;
-            0
-        } else {
-            pending
-        };
-        if floor > i128::from(now) && floor > i128::from(*tat) {
-            *tat = u64::try_from(floor).unwrap_or(u64::MAX);
-            *hold = u64::try_from(floor - settled).unwrap_or(0);
-        }
-        idle_at = idle_at.max(*tat);
-    }
-    idle_at
-}
-
-/// `until + τ − (remaining + 1)·T`, signed: the lowest TAT that admits at
-/// most `remaining` calls of cost 1 before `until`.
-pub(crate) fn hold_floor(p: Params, until: u64, remaining: u64) -> i128 {
-    let credit = (i128::from(remaining) + 1) * i128::from(p.emission);
-    i128::from(until) + i128::from(p.tolerance) - credit
-}
-
-#[cfg(test)]
-mod defer_tests {
-    use super::*;
-    use std::time::Duration;
-
-    const S: u64 = 1_000_000;
-
-    #[test]
-    fn defer_holds_the_next_slot_back_then_resumes_at_the_rate() {
-        // Burst 3 at 1/s, untouched: a pause of 5 s, then one call at a time.
-        let p = [Params {
-            emission: S,
-            tolerance: 3 * S,
-        }];
-        let mut tat = [0];
-        let now = 100 * S;
-        let idle = defer(&p, &mut tat, &mut [0], now, 5 * S, 0, 0);
-        assert_eq!(idle, now + 7 * S);
-        let (d, _) = decide(&p, &mut tat, now + 5 * S - 1, 1, 0);
-        assert!(!d.allowed);
-        assert_eq!(d.retry_after(), Some(Duration::from_micros(1)));
-        let (d, _) = decide(&p, &mut tat, now + 5 * S, 1, 0);
-        assert!(d.allowed);
-        let (d, _) = decide(&p, &mut tat, now + 5 * S, 1, 0);
-        assert!(!d.allowed, "no burst right after a pause");
-        // A state already further out is left alone.
-        let before = tat;
-        defer(&p, &mut tat, &mut [0], now, S, 0, 0);
-        assert_eq!(tat, before);
-    }
-
-    #[test]
-    fn defer_saturates() {
-        let p = [Params {
-            emission: S,
-            tolerance: S,
-        }];
-        let mut tat = [0];
-        // The pause saturates at the end of time; the TAT is clamped there.
-        let idle = defer(&p, &mut tat, &mut [0], u64::MAX - 1, u64::MAX, 0, 0);
-        assert_eq!(tat, [u64::MAX]);
-        assert_eq!(idle, u64::MAX);
-        // Any remaining, however large, never wraps.
-        let mut tat = [0];
-        let mut hold = [u64::MAX];
-        let idle = defer(&p, &mut tat, &mut hold, u64::MAX - 1, u64::MAX, u64::MAX, 0);
-        assert_eq!((tat, idle), ([0], u64::MAX - 1));
-    }
-
-    /// "R calls left until S": from any state, whatever calls come, at
-    /// most R are admitted before S; the (R+1)-th exactly at S, when the
-    /// floor binds.
-    #[test]
-    fn at_most_remaining_before_the_reset() {
-        for (burst, remaining, reset) in [(1, 0, 5), (3, 2, 5), (5, 2, 10), (2, 9, 4), (10, 3, 2)] {
-            let p = [Params {
-                emission: S,
-                tolerance: burst * S,
-            }];
-            let now = 100 * S;
-            let mut tat = [0];
-            defer(&p, &mut tat, &mut [0], now, reset * S, remaining, 0);
-            let mut admitted = 0;
-            let mut t = now;
-            while t < now + reset * S {
-                if decide(&p, &mut tat, t, 1, 0).0.allowed {
-                    admitted += 1;
-                } else {
-                    t += S / 10;
-                }
-            }
-            let bound = remaining.min(burst + reset - 1);
-            assert!(admitted <= remaining, "{admitted} > {remaining}");
-            // The local limit alone would have admitted more: the floor
-            // binds, and admits exactly the remaining calls.
-            if burst + reset - 1 > remaining {
-                assert_eq!(admitted, bound, "burst {burst} remaining {remaining}");
-                assert!(decide(&p, &mut tat, now + reset * S, 1, 0).0.allowed);
-            }
-        }
-        // Plenty left: nothing is stored.
-        let p = [Params {
-            emission: S,
-            tolerance: S,
-        }];
-        let mut tat = [0];
-        assert_eq!(defer(&p, &mut tat, &mut [0], 100 * S, 2 * S, 5, 0), 100 * S);
-        assert_eq!(tat, [0]);
-    }
-
-    /// A report recorded late: the upstream answered call A, then call B
-    /// went out (its slot came due) before the report reached the store.
-    /// The report has not seen B, and B is no longer in the future: only
-    /// the report's age tells that B may be missing from it.
-    #[test]
-    fn slots_due_since_the_report_was_written_count_against_it() {
-        let ms = S / 1_000;
-        // 100 calls a second, one at a time; the upstream allows 5 until
-        // 1 s from the start, and has seen none.
-        let p = [Params {
-            emission: 10 * ms,
-            tolerance: 10 * ms,
-        }];
-        let start = 100 * S;
-        let reset = start + S;
-        let admitted_before_reset = |age_known: bool| {
-            let mut tat = [0];
-            let mut hold = [0];
-            let mut slots = Vec::new();
-            for _ in 0..3 {
-                let (d, _) = decide(&p, &mut tat, start, 1, u64::MAX);
-                slots.push(start + d.wait_us);
-            }
-            let (a, b) = (slots[0], slots[1]);
-            assert!(a < b, "{slots:?}");
-            // A's answer: 4 left. Recorded 1 ms after B was sent.
-            let now = b + ms;
-            let age = if age_known { now - a } else { 0 };
-            defer(&p, &mut tat, &mut hold, now, reset - now, 4, age);
-            loop {
-                let (d, _) = decide(&p, &mut tat, now, 1, u64::MAX);
-                let slot = now + d.wait_us;
-                if slot >= reset {
-                    return slots.len();
-                }
-                slots.push(slot);
-            }
-        };
-        assert_eq!(admitted_before_reset(true), 5);
-        // Taken as written when recorded, the report lets B (and C, due
-        // less than a slot after the recording) through on top of the 4.
-        assert!(admitted_before_reset(false) > 5);
-    }
+/// What [`check`] would answer for a call of `cost` now, storing nothing:
+/// its decision on a copy of the TATs. A denied check stores nothing
+/// either, so a peek's denial is exactly the check's.
+pub(crate) fn peek<P: AsParams>(params: &[P], tats: &[u64], now: u64, cost: u64) -> Decision {
+    let mut copy = [0u64; MAX_LIMITS_PER_POLICY];
+    let copy = &mut copy[..tats.len()];
+    copy.copy_from_slice(tats);
+    check(params, copy, now, cost, 0).0
 }
 
 /// The furthest any charge moves a TAT past now: 2^50 µs (about 35
@@ -567,11 +310,265 @@ pub(crate) fn refund<P: AsParams>(params: &[P], tats: &mut [u64], now: u64, cost
     moved
 }
 
+/// Upstream feedback: holds every limit back so that at most `remaining`
+/// calls of cost 1 are admitted before `now + pause` (none when
+/// `remaining` is 0: the next call comes no earlier than `now + pause`),
+/// and returns the time at which the state becomes idle again.
+///
+/// From a TAT `tat₀`, the `k`-th call of cost 1 passes from
+/// `tat₀ + k·T − τ` on, so the calls admitted before `now + pause` number
+/// `#{k ≥ 1 : tat₀ + k·T − τ < now + pause}`, which is at most `remaining`
+/// exactly when `tat₀ ≥ now + pause + τ − (remaining + 1)·T`.
+///
+/// The upstream counts the calls it has seen, not those the fleet has
+/// admitted and not yet made: slots reserved since the last hold that lie
+/// after the report was written. The report is `age` old: it left the
+/// upstream no earlier than the call it answers was sent, and slots that
+/// came due since then (calls sent while the response travelled, or while
+/// a loaded machine got round to recording it) may be missing from it, so
+/// they count as not yet made. `holds[i]` is the TAT the last hold that
+/// moved limit `i` left (0 when none); the TAT's advance past both it and
+/// `now − age + τ`, `pending = tat − max(now − age + τ, hold)`, is those
+/// slots, and with
+/// `remaining > 0` the floor is raised by it, so that they count against
+/// what is left, and the hold set to the new TAT. With `remaining` 0 they
+/// cannot be helped (the floor holds back only the calls after them) and
+/// stay pending: the hold is set that far before the new TAT, so that the
+/// next report counts them. Each TAT is raised to the floor, never
+/// lowered.
+///
+/// With `remaining` 0 this is a pause: after it the limit resumes at its
+/// rate, one call at a time, not with a full burst, so that an upstream
+/// that has just asked for a pause is not then hit by the whole fleet at
+/// once. `lua/gcra_defer.lua` transcribes this, in doubles: the arithmetic
+/// here is signed and unclamped to match it.
+pub(crate) fn defer<P: AsParams>(
+    params: &[P],
+    tats: &mut [u64],
+    holds: &mut [u64],
+    now: u64,
+    pause: u64,
+    remaining: u64,
+    age: u64,
+) -> u64 {
+    debug_assert_eq!(params.len(), tats.len());
+    debug_assert_eq!(params.len(), holds.len());
+    let until = now.saturating_add(pause);
+    let mut idle_at = now;
+    for ((p, tat), hold) in params.iter().zip(tats.iter_mut()).zip(holds.iter_mut()) {
+        let p = p.params();
+        let mut floor = hold_floor(p, until, remaining);
+        let base = now
+            .saturating_sub(age)
+            .saturating_add(p.tolerance)
+            .max(*hold);
+        let pending = i128::from(tat.saturating_sub(base));
+        // With some left, the pending slots count against it and are
+        // settled: the new hold is the new TAT. With none left they are
+        // not in the floor, and stay pending for the next report.
+        let settled = if remaining > 0 {
+            floor += pending;
+            0
+        } else {
+            pending
+        };
+        if floor > i128::from(now) && floor > i128::from(*tat) {
+            *tat = u64::try_from(floor).unwrap_or(u64::MAX);
+            *hold = u64::try_from(floor - settled).unwrap_or(0);
+        }
+        idle_at = idle_at.max(*tat);
+    }
+    idle_at
+}
+
+/// `until + τ − (remaining + 1)·T`, signed: the lowest TAT that admits at
+/// most `remaining` calls of cost 1 before `until`.
+pub(crate) fn hold_floor(p: Params, until: u64, remaining: u64) -> i128 {
+    let credit = (i128::from(remaining) + 1) * i128::from(p.emission);
+    i128::from(until) + i128::from(p.tolerance) - credit
+}
+
 #[cfg(test)]
-mod adjust_tests {
-    use super::tests::{S, one};
+mod tests {
     use super::*;
     use std::time::Duration;
+
+    const S: u64 = 1_000_000;
+
+    fn one(emission: u64, burst: u64) -> [Params; 1] {
+        [Params {
+            emission,
+            tolerance: emission * burst,
+        }]
+    }
+
+    #[test]
+    fn burst_then_rate() {
+        let p = one(S, 3);
+        let mut tat = [0];
+        let now = 100 * S;
+        for expected_remaining in [2, 1, 0] {
+            let (d, _) = check(&p, &mut tat, now, 1, 0);
+            assert!(d.allowed);
+            assert_eq!(d.remaining, expected_remaining);
+        }
+        let (d, _) = check(&p, &mut tat, now, 1, 0);
+        assert!(!d.allowed);
+        assert_eq!(d.retry_after(), Some(Duration::from_secs(1)));
+        // Exactly on time passes.
+        let (d, _) = check(&p, &mut tat, now + S, 1, 0);
+        assert!(d.allowed);
+    }
+
+    #[test]
+    fn young_clock_counts_remaining_exactly() {
+        // now < τ: allow_at would be negative.
+        let p = one(S, 3);
+        let mut tat = [0];
+        let (d, _) = check(&p, &mut tat, S / 2, 1, 0);
+        assert!(d.allowed);
+        assert_eq!(d.remaining, 2);
+    }
+
+    #[test]
+    fn reserve_mode_waits() {
+        let p = one(S, 1);
+        let mut tat = [0];
+        let (d, _) = check(&p, &mut tat, 10 * S, 1, 0);
+        assert!(d.allowed);
+        let (d, _) = check(&p, &mut tat, 10 * S, 1, 5 * S);
+        assert!(d.allowed);
+        assert_eq!(d.wait(), Duration::from_secs(1));
+        let (d, _) = check(&p, &mut tat, 10 * S, 1, 5 * S);
+        assert_eq!(d.wait(), Duration::from_secs(2));
+    }
+
+    #[test]
+    fn defer_holds_the_next_slot_back_then_resumes_at_the_rate() {
+        // Burst 3 at 1/s, untouched: a pause of 5 s, then one call at a time.
+        let p = [Params {
+            emission: S,
+            tolerance: 3 * S,
+        }];
+        let mut tat = [0];
+        let now = 100 * S;
+        let idle = defer(&p, &mut tat, &mut [0], now, 5 * S, 0, 0);
+        assert_eq!(idle, now + 7 * S);
+        let (d, _) = check(&p, &mut tat, now + 5 * S - 1, 1, 0);
+        assert!(!d.allowed);
+        assert_eq!(d.retry_after(), Some(Duration::from_micros(1)));
+        let (d, _) = check(&p, &mut tat, now + 5 * S, 1, 0);
+        assert!(d.allowed);
+        let (d, _) = check(&p, &mut tat, now + 5 * S, 1, 0);
+        assert!(!d.allowed, "no burst right after a pause");
+        // A state already further out is left alone.
+        let before = tat;
+        defer(&p, &mut tat, &mut [0], now, S, 0, 0);
+        assert_eq!(tat, before);
+    }
+
+    #[test]
+    fn defer_saturates() {
+        let p = [Params {
+            emission: S,
+            tolerance: S,
+        }];
+        let mut tat = [0];
+        // The pause saturates at the end of time; the TAT is clamped there.
+        let idle = defer(&p, &mut tat, &mut [0], u64::MAX - 1, u64::MAX, 0, 0);
+        assert_eq!(tat, [u64::MAX]);
+        assert_eq!(idle, u64::MAX);
+        // Any remaining, however large, never wraps.
+        let mut tat = [0];
+        let mut hold = [u64::MAX];
+        let idle = defer(&p, &mut tat, &mut hold, u64::MAX - 1, u64::MAX, u64::MAX, 0);
+        assert_eq!((tat, idle), ([0], u64::MAX - 1));
+    }
+
+    /// "R calls left until S": from any state, whatever calls come, at
+    /// most R are admitted before S; the (R+1)-th exactly at S, when the
+    /// floor binds.
+    #[test]
+    fn at_most_remaining_before_the_reset() {
+        for (burst, remaining, reset) in [(1, 0, 5), (3, 2, 5), (5, 2, 10), (2, 9, 4), (10, 3, 2)] {
+            let p = [Params {
+                emission: S,
+                tolerance: burst * S,
+            }];
+            let now = 100 * S;
+            let mut tat = [0];
+            defer(&p, &mut tat, &mut [0], now, reset * S, remaining, 0);
+            let mut admitted = 0;
+            let mut t = now;
+            while t < now + reset * S {
+                if check(&p, &mut tat, t, 1, 0).0.allowed {
+                    admitted += 1;
+                } else {
+                    t += S / 10;
+                }
+            }
+            let bound = remaining.min(burst + reset - 1);
+            assert!(admitted <= remaining, "{admitted} > {remaining}");
+            // The local limit alone would have admitted more: the floor
+            // binds, and admits exactly the remaining calls.
+            if burst + reset - 1 > remaining {
+                assert_eq!(admitted, bound, "burst {burst} remaining {remaining}");
+                assert!(check(&p, &mut tat, now + reset * S, 1, 0).0.allowed);
+            }
+        }
+        // Plenty left: nothing is stored.
+        let p = [Params {
+            emission: S,
+            tolerance: S,
+        }];
+        let mut tat = [0];
+        assert_eq!(defer(&p, &mut tat, &mut [0], 100 * S, 2 * S, 5, 0), 100 * S);
+        assert_eq!(tat, [0]);
+    }
+
+    /// A report recorded late: the upstream answered call A, then call B
+    /// went out (its slot came due) before the report reached the store.
+    /// The report has not seen B, and B is no longer in the future: only
+    /// the report's age tells that B may be missing from it.
+    #[test]
+    fn slots_due_since_the_report_was_written_count_against_it() {
+        let ms = S / 1_000;
+        // 100 calls a second, one at a time; the upstream allows 5 until
+        // 1 s from the start, and has seen none.
+        let p = [Params {
+            emission: 10 * ms,
+            tolerance: 10 * ms,
+        }];
+        let start = 100 * S;
+        let reset = start + S;
+        let admitted_before_reset = |age_known: bool| {
+            let mut tat = [0];
+            let mut hold = [0];
+            let mut slots = Vec::new();
+            for _ in 0..3 {
+                let (d, _) = check(&p, &mut tat, start, 1, u64::MAX);
+                slots.push(start + d.wait_us);
+            }
+            let (a, b) = (slots[0], slots[1]);
+            assert!(a < b, "{slots:?}");
+            // A's answer: 4 left. Recorded 1 ms after B was sent.
+            let now = b + ms;
+            let age = if age_known { now - a } else { 0 };
+            defer(&p, &mut tat, &mut hold, now, reset - now, 4, age);
+            loop {
+                let (d, _) = check(&p, &mut tat, now, 1, u64::MAX);
+                let slot = now + d.wait_us;
+                if slot >= reset {
+                    return slots.len();
+                }
+                slots.push(slot);
+            }
+        };
+        assert_eq!(admitted_before_reset(true), 5);
+        // Taken as written when recorded, the report lets B (and C, due
+        // less than a slot after the recording) through on top of the 4.
+        assert!(admitted_before_reset(false) > 5);
+    }
 
     #[test]
     fn a_charge_goes_into_debt_and_is_repaid_at_the_rate() {
@@ -587,10 +584,10 @@ mod adjust_tests {
         assert_eq!(d.reset(), Duration::from_secs(5));
         // The next call of cost 1 passes once 2 + 1 units have refilled.
         assert_eq!(d.retry_after(), Some(Duration::from_secs(3)));
-        let (d, _) = decide(&p, &mut tat, now + 3 * S - 1, 1, 0);
+        let (d, _) = check(&p, &mut tat, now + 3 * S - 1, 1, 0);
         assert!(!d.allowed);
         assert_eq!(d.retry_after(), Some(Duration::from_micros(1)));
-        let (d, _) = decide(&p, &mut tat, now + 3 * S, 1, 0);
+        let (d, _) = check(&p, &mut tat, now + 3 * S, 1, 0);
         assert!(d.allowed);
     }
 
@@ -654,15 +651,15 @@ mod adjust_tests {
         let now = 100 * S;
         assert!(!refund(&p, &mut tat, now, 5), "nothing to give back");
         assert_eq!(tat, [0]);
-        decide(&p, &mut tat, now, 2, 0);
+        check(&p, &mut tat, now, 2, 0);
         assert!(refund(&p, &mut tat, now, 1));
         assert_eq!(tat, [now + S]);
         assert!(refund(&p, &mut tat, now, 1_000));
         assert_eq!(tat, [now]);
         // A full burst, and no more.
         for _ in 0..3 {
-            assert!(decide(&p, &mut tat, now, 1, 0).0.allowed);
+            assert!(check(&p, &mut tat, now, 1, 0).0.allowed);
         }
-        assert!(!decide(&p, &mut tat, now, 1, 0).0.allowed);
+        assert!(!check(&p, &mut tat, now, 1, 0).0.allowed);
     }
 }

@@ -1,7 +1,17 @@
 //! How a [`Policy`](crate::Policy) decides: GCRA (the default) or one of
-//! the window algorithms.
+//! the window algorithms, one file each. Each file is the one definition
+//! of what its algorithm does for every operation (check, peek, charge,
+//! refund, and defer where it applies), as pure functions of (state, now,
+//! parameters), with its unit tests at its end; `lua/<algorithm>.lua`
+//! transcribes it for Redis, function by function.
 
 use std::fmt;
+
+pub(crate) mod fixed_window;
+pub(crate) mod gcra;
+pub(crate) mod sliding_log;
+pub(crate) mod sliding_window;
+pub(crate) mod window;
 
 /// The algorithm a policy's limits are decided with, chosen with one line:
 /// [`PolicyBuilder::algorithm`](crate::PolicyBuilder::algorithm).
