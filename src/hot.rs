@@ -16,7 +16,7 @@ use crate::error::{ConfigError, StoreError};
 use crate::key::Key;
 use crate::limit::Policy;
 use crate::share::LocalShare;
-use crate::store::{AdjustCall, Store, StoreFuture, decide};
+use crate::store::{self, Op, Store, StoreFuture, decide};
 
 /// Hot-key mode for a [`Limiter`](crate::Limiter): an identity seen more than
 /// [`threshold`](Self::threshold) times a second on this instance is
@@ -493,11 +493,7 @@ impl HotTable {
         let lease = async move {
             let mut busy = busy;
             if let Some((back, left)) = &busy.unsent {
-                let refund = busy.table.store.refund(AdjustCall {
-                    policy: back,
-                    key: &busy.key,
-                    cost: *left,
-                });
+                let refund = store::adjust(&*busy.table.store, back, &busy.key, *left, Op::Refund);
                 busy.unsent = None;
                 // A refund lost leaves the tokens charged: an undercount.
                 let _ = refund.await;
@@ -597,11 +593,7 @@ impl HotTable {
         state.next_id = next_id;
         drop(state);
         for (key, policy, left, id, generation, tx) in back {
-            let refund = self.store.refund(AdjustCall {
-                policy: &policy,
-                key: &key,
-                cost: left,
-            });
+            let refund = store::adjust(&*self.store, &policy, &key, left, Op::Refund);
             let busy = Busy {
                 table: Arc::clone(self),
                 key,
@@ -670,11 +662,7 @@ impl Drop for HotTable {
             let (Some(policy), held @ 1..) = (entry.policy, entry.held) else {
                 continue;
             };
-            let refund = self.store.refund(AdjustCall {
-                policy: &policy,
-                key: &key,
-                cost: held,
-            });
+            let refund = store::adjust(&*self.store, &policy, &key, held, Op::Refund);
             runtime.spawn(async move {
                 let _ = refund.await;
             });

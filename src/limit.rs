@@ -9,7 +9,9 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::algorithm::Algorithm;
+pub(crate) use crate::algorithm::MAX_LIMITS_PER_POLICY;
+use crate::algorithm::window::Window;
+use crate::algorithm::{Algorithm, gcra};
 use crate::error::ConfigError;
 pub use crate::rate::Rate;
 use crate::share::LocalShare;
@@ -134,6 +136,39 @@ impl Limit {
 
     pub(crate) fn tolerance_us(&self) -> u64 {
         self.tolerance_us
+    }
+
+    /// This limit under a window algorithm: its rate's period (rounded up
+    /// to whole microseconds) and count. The builders keep the period at
+    /// most 2^50 µs.
+    pub(crate) fn as_window(&self) -> Window {
+        let length = self.rate.period().as_nanos().div_ceil(1000);
+        Window {
+            length: u64::try_from(length).unwrap_or(u64::MAX),
+            count: self.rate.count(),
+        }
+    }
+
+    /// How far past now a GCRA charge may move this limit's TAT
+    /// ([`gcra::debt_horizon`]), in microseconds.
+    pub(crate) fn debt_horizon_us(&self) -> u64 {
+        let period = u64::try_from(self.rate.period().as_micros()).unwrap_or(u64::MAX);
+        gcra::debt_horizon(self.tolerance_us, period)
+    }
+}
+
+/// A policy's limits are read in place by GCRA, so that deciding copies
+/// nothing.
+impl gcra::AsParams for Limit {
+    fn params(&self) -> gcra::Params {
+        gcra::Params {
+            emission: self.emission_us,
+            tolerance: self.tolerance_us,
+        }
+    }
+
+    fn debt_horizon(&self) -> u64 {
+        self.debt_horizon_us()
     }
 }
 
@@ -278,9 +313,6 @@ struct PolicyInner {
     max_cost: u64,
     algorithm: Algorithm,
 }
-
-/// The most limits one policy may hold.
-pub(crate) const MAX_LIMITS_PER_POLICY: usize = 16;
 
 impl Policy {
     /// This policy with every limit twice, under the same name: the memory

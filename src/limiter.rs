@@ -10,7 +10,7 @@ use crate::hot::{HotKeys, HotTable};
 use crate::key::Key;
 use crate::limit::{MAX_TOLERANCE_MICROS, Policy};
 use crate::rules::{Cell, Rules};
-use crate::store::{DeferCall, MemoryStore, Store, StoreFuture};
+use crate::store::{self, MemoryStore, Op, Store, StoreFuture};
 
 /// A [`Policy`] bound to a [`Store`]: the part of every layer that decides.
 ///
@@ -150,7 +150,7 @@ impl Limiter {
     pub fn check_now(&self, key: &Key, cost: u64) -> Option<Decision> {
         let rules = self.cell.rules();
         let policy = rules.resolve(key, None);
-        crate::store::decide_now(&*self.store, policy, key, cost)
+        store::decide_now(&*self.store, policy, key, cost)
     }
 
     /// Reserve mode: admits the call if its slot comes within `max_wait`
@@ -171,13 +171,12 @@ impl Limiter {
     pub fn defer(&self, key: &Key, pause: Duration) -> StoreFuture<()> {
         let cap = Duration::from_micros(MAX_TOLERANCE_MICROS);
         let rules = self.cell.rules();
-        self.store().gcra_defer(DeferCall {
-            policy: rules.resolve(key, None),
-            key,
+        let op = Op::Defer {
             pause: pause.min(cap),
             remaining: 0,
             age: Duration::ZERO,
-        })
+        };
+        store::adjust(&*self.store, rules.resolve(key, None), key, 0, op)
     }
 
     #[doc = include_str!("docs/limiter/align.md")]
@@ -202,13 +201,12 @@ impl Limiter {
         if policy.algorithm().is_window() || !holds_back(policy, remaining, reset) {
             return StoreFuture::ready(Ok(()));
         }
-        self.store().gcra_defer(DeferCall {
-            policy,
-            key,
+        let op = Op::Defer {
             pause: reset,
             remaining,
             age,
-        })
+        };
+        store::adjust(&*self.store, policy, key, 0, op)
     }
 
     /// Decides with the policy of `key` (its own, or the base); with a
@@ -241,7 +239,7 @@ impl Limiter {
             return decided;
         }
         let max_wait = max_wait.unwrap_or(Duration::ZERO);
-        crate::store::decide(&*self.store, policy, key, cost, max_wait)
+        store::decide(&*self.store, policy, key, cost, max_wait)
     }
 }
 
@@ -312,10 +310,9 @@ impl Limiter {
         let rules = self.cell.rules();
         let policy = rules.resolve(key, None);
         if cost > policy.max_cost() {
-            return StoreFuture::ready(Ok(crate::store::never(policy)));
+            return StoreFuture::ready(Ok(store::never(policy)));
         }
-        self.store
-            .peek(crate::store::AdjustCall { policy, key, cost })
+        store::decision(&*self.store, policy, key, cost, Op::Peek)
     }
 
     #[doc = include_str!("docs/limiter/charge.md")]
@@ -333,8 +330,7 @@ impl Limiter {
                 each: None,
             }));
         }
-        self.store
-            .charge(crate::store::AdjustCall { policy, key, cost })
+        store::decision(&*self.store, policy, key, cost, Op::Charge)
     }
 
     #[doc = include_str!("docs/limiter/refund.md")]
@@ -344,7 +340,6 @@ impl Limiter {
         }
         let rules = self.cell.rules();
         let policy = rules.resolve(key, None);
-        self.store
-            .refund(crate::store::AdjustCall { policy, key, cost })
+        store::adjust(&*self.store, policy, key, cost, Op::Refund)
     }
 }

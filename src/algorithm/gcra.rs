@@ -46,8 +46,8 @@
 //! [`MemoryStore`]: crate::MemoryStore
 //! [`Limiter`]: crate::Limiter
 
+use super::MAX_LIMITS_PER_POLICY;
 use crate::decision::Decision;
-use crate::limit::{Limit, MAX_LIMITS_PER_POLICY};
 
 /// The parameters of one limit, in microseconds.
 #[derive(Clone, Copy, Debug)]
@@ -57,7 +57,7 @@ pub(crate) struct Params {
 }
 
 /// Anything holding a limit's parameters: [`Params`], or a policy's
-/// [`Limit`]s read in place, so that deciding copies nothing.
+/// [`Limit`](crate::Limit)s read in place, so that deciding copies nothing.
 pub(crate) trait AsParams {
     fn params(&self) -> Params;
 
@@ -74,28 +74,15 @@ impl AsParams for Params {
     }
 }
 
-impl AsParams for Limit {
-    fn params(&self) -> Params {
-        Params {
-            emission: self.emission_us(),
-            tolerance: self.tolerance_us(),
-        }
-    }
-
-    fn debt_horizon(&self) -> u64 {
-        debt_horizon(self)
-    }
-}
-
-/// How far past now a charge may move `limit`'s TAT: its tolerance and
-/// [`DEBT_PERIODS`] periods of its rate, or [an hour](MIN_DEBT_US) if that
-/// is longer, so that a debt is at most what the limit refills in that
-/// time (the same for `per_second(1000)` as for `per_minute(60_000)`
+/// How far past now a charge may move the TAT of a limit of tolerance
+/// `tolerance` whose rate's period is `period` (both in microseconds): the
+/// tolerance and [`DEBT_PERIODS`] periods, or [an hour](MIN_DEBT_US) if
+/// that is longer, so that a debt is at most what the limit refills in
+/// that time (the same for `per_second(1000)` as for `per_minute(60_000)`
 /// below an hour). Both stores' charges cut at it.
-pub(crate) fn debt_horizon(limit: &Limit) -> u64 {
-    let period = u64::try_from(limit.rate().period().as_micros()).unwrap_or(u64::MAX);
+pub(crate) fn debt_horizon(tolerance: u64, period: u64) -> u64 {
     let debt = period.saturating_mul(DEBT_PERIODS).max(MIN_DEBT_US);
-    limit.tolerance_us().saturating_add(debt).min(MAX_DEBT)
+    tolerance.saturating_add(debt).min(MAX_DEBT)
 }
 
 /// Decides one call against every limit. `tats[i]` is the stored TAT of
@@ -620,12 +607,33 @@ mod tests {
 
     #[test]
     fn a_limits_debt_is_cut_at_16_periods_or_an_hour_and_never_moves_back() {
-        use crate::rate::Rate;
+        /// A limit's parameters with its own horizon, as a policy's limit
+        /// gives them.
+        struct Horizoned(Params, u64);
+        impl AsParams for Horizoned {
+            fn params(&self) -> Params {
+                self.0
+            }
+            fn debt_horizon(&self) -> u64 {
+                self.1
+            }
+        }
+        let limit = |count: u64, period: u64| {
+            let emission = period / count;
+            let tolerance = emission * count;
+            [Horizoned(
+                Params {
+                    emission,
+                    tolerance,
+                },
+                debt_horizon(tolerance, period),
+            )]
+        };
         // 1000 a minute, burst 1000: τ = 60 s; 16 periods are less than
         // the hour.
-        let limit = [Limit::new(Rate::per_minute(1000)).unwrap()];
+        let per_minute = limit(1000, 60 * S);
         let mut tat = [0];
-        let (d, idle) = charge(&limit, &mut tat, 100 * S, u64::MAX);
+        let (d, idle) = charge(&per_minute, &mut tat, 100 * S, u64::MAX);
         assert_eq!(tat, [(100 + 60 + 3600) * S]);
         assert_eq!(idle, tat[0]);
         // A call of cost 1 passes again an hour (and one token) later.
@@ -635,12 +643,12 @@ mod tests {
         );
         // A TAT already past the horizon is left where it is.
         let mut tat = [5000 * S];
-        charge(&limit, &mut tat, 100 * S, 1);
+        charge(&per_minute, &mut tat, 100 * S, 1);
         assert_eq!(tat, [5000 * S]);
         // 10 an hour, burst 10: 16 hours, past the hour.
-        let limit = [Limit::new(Rate::per_hour(10)).unwrap()];
+        let per_hour = limit(10, 3600 * S);
         let mut tat = [0];
-        charge(&limit, &mut tat, 100 * S, u64::MAX);
+        charge(&per_hour, &mut tat, 100 * S, u64::MAX);
         assert_eq!(tat, [(100 + 3600 + 16 * 3600) * S]);
     }
 

@@ -13,6 +13,10 @@ pub(crate) mod sliding_log;
 pub(crate) mod sliding_window;
 pub(crate) mod window;
 
+/// The most limits one policy may hold: the algorithms keep a call's
+/// figures per limit in arrays of this size.
+pub(crate) const MAX_LIMITS_PER_POLICY: usize = 16;
+
 /// The algorithm a policy's limits are decided with, chosen with one line:
 /// [`PolicyBuilder::algorithm`](crate::PolicyBuilder::algorithm).
 ///

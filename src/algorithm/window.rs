@@ -35,27 +35,14 @@
 
 use std::time::Duration;
 
+use super::MAX_LIMITS_PER_POLICY;
 use crate::decision::Decision;
-use crate::limit::{Limit, MAX_LIMITS_PER_POLICY};
 
 /// One window: its length in microseconds and the cost it admits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Window {
     pub(crate) length: u64,
     pub(crate) count: u64,
-}
-
-impl Window {
-    /// The window a limit stands for: its rate's period (rounded up to whole
-    /// microseconds) and count. The builders keep the period at most 2^50 µs.
-    pub(crate) fn of(limit: &Limit) -> Window {
-        let rate = limit.rate();
-        let length = rate.period().as_nanos().div_ceil(1000);
-        Window {
-            length: u64::try_from(length).unwrap_or(u64::MAX),
-            count: rate.count(),
-        }
-    }
 }
 
 /// What one window says about a call. When it admits, `remaining` and

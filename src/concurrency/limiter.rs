@@ -10,7 +10,7 @@ use crate::error::StoreError;
 use crate::key::Key;
 use crate::lease::{LeaseGuard, Pending, Renewer, StoreLease};
 use crate::limiter::IntoStore;
-use crate::store::{LeaseGrant, Store, StoreFuture};
+use crate::store::{self, LeaseGrant, Store, StoreFuture};
 
 /// A [`ConcurrencyPolicy`] bound to a [`Store`]: takes leases, one store
 /// round trip each, and hands them out in [`LeaseGuard`]s that give them
@@ -81,7 +81,7 @@ impl ConcurrencyLimiter {
             self.policy.lease_ttl(),
             self.pending.clone(),
         );
-        let mut grant = self.store.lease_acquire(lease.call(capacity));
+        let mut grant = store::lease_acquire(&*self.store, lease.call(capacity));
         // A store that decided at once has recorded the lease already.
         let sent = match grant.take_ready() {
             Some(result) => {

@@ -8,7 +8,7 @@ use tokio::sync::Notify;
 use super::Lease;
 use crate::key::Key;
 use crate::observe::{Held, PolicyStats};
-use crate::store::{LeaseCall, LeaseId, Store, StoreFuture};
+use crate::store::{self, LeaseCall, LeaseId, LeaseOp, Store, StoreFuture};
 
 /// A concurrency lease held in a [`Store`]: the set of `key` under the
 /// limit `name`, member `id`.
@@ -78,7 +78,7 @@ impl StoreLease {
 
 impl Lease for StoreLease {
     fn release(&self) -> StoreFuture<bool> {
-        let mut release = self.store.lease_release(self.call(0));
+        let mut release = store::lease_held(&*self.store, self.call(0), LeaseOp::Release);
         if let Some(done) = release.take_ready() {
             return StoreFuture::ready(done);
         }
@@ -92,7 +92,7 @@ impl Lease for StoreLease {
     }
 
     fn renew(&self) -> StoreFuture<bool> {
-        self.store.lease_renew(self.call(0))
+        store::lease_held(&*self.store, self.call(0), LeaseOp::Renew)
     }
 }
 

@@ -110,32 +110,7 @@ const LIVE_WINDOW: Duration = Duration::from_secs(3);
 #[cfg(feature = "redis")]
 const FORGET_AFTER: Duration = Duration::from_secs(60);
 
-/// The plan a request was sold, put in its extensions by the
-/// application's authentication layer (from a token's claim, say). A
-/// [`RateLimitLayer`](crate::RateLimitLayer) on a limiter of
-/// [`LivePolicies`] then decides the request with that plan's limits,
-/// unless its identity has limits of its own.
-///
-/// ```
-/// use fleetgate::live::Plan;
-///
-/// let mut req = http::Request::new(());
-/// req.extensions_mut().insert(Plan::new("pro"));
-/// ```
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct Plan(Arc<str>);
-
-impl Plan {
-    /// The plan named `name`.
-    pub fn new(name: &str) -> Self {
-        Plan(Arc::from(name))
-    }
-
-    /// The plan's name.
-    pub fn name(&self) -> &str {
-        &self.0
-    }
-}
+pub use crate::rules::Plan;
 
 /// An instance sharing the store, from its heartbeat.
 #[derive(Clone, Debug, PartialEq, Eq)]

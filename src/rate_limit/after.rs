@@ -276,7 +276,10 @@ pub(crate) fn on_response<B>(
 ) -> Option<BodyMeter> {
     let op = match &after.kind {
         Kind::Charge(Amount::BodyBytes) => {
-            return Some(BodyMeter::new(Arc::clone(settings), key));
+            let settings = Arc::clone(settings);
+            return Some(BodyMeter::new(move |sent| {
+                settle(settings, key, Op::Charge(sent));
+            }));
         }
         Kind::Charge(Amount::Header(name)) => {
             Op::Charge(header_cost(response.headers(), name).unwrap_or(cost))
@@ -403,17 +406,5 @@ fn landed(settings: &Arc<RateSettings>, key: Key, op: Op, err: Option<StoreError
     );
     if let Some(local) = &settings.fallback {
         settle(Arc::clone(local), key, op);
-    }
-}
-
-/// What [`BodyMeter`] charges with: the settings and key of the call.
-pub(crate) struct MeterTarget {
-    pub(crate) settings: Arc<RateSettings>,
-    pub(crate) key: Key,
-}
-
-impl MeterTarget {
-    pub(crate) fn charge(self, sent: u64) {
-        settle(self.settings, self.key, Op::Charge(sent));
     }
 }

@@ -12,7 +12,6 @@ use pin_project_lite::pin_project;
 use tokio::time::{Instant, Sleep};
 use tower_service::Service;
 
-use super::TrailerWatch;
 use super::feedback::hold_of;
 use super::quota::log_hold;
 use super::{NoFeedback, RateSettings, UpstreamFeedback, UpstreamQuota, mode};
@@ -403,9 +402,11 @@ where
                 // ---- Upstream feedback from the body's trailers ----
                 let reader = B::WATCHES_TRAILERS.0.then(|| this.feedback.trailers());
                 let watch = match (reader.flatten(), &result, this.key.as_ref()) {
-                    (Some(reader), Ok(_), Some(key)) => {
-                        Some(TrailerWatch::new(reader, Arc::clone(settings), key.clone()))
-                    }
+                    (Some(reader), Ok(_), Some(key)) => Some(super::trailers::watch(
+                        reader,
+                        Arc::clone(settings),
+                        key.clone(),
+                    )),
                     _ => None,
                 };
                 let body = |inner| match watch {

@@ -199,14 +199,10 @@ pub use self::routes::RoutePolicies;
 pub use self::service::RateLimit;
 pub use self::upstream::within_window;
 
-pub(crate) use self::after::MeterTarget;
 pub(crate) use self::cost::Cost;
 pub(crate) use self::feedback::NoFeedback;
 use self::future::ResponseFuture;
 pub(crate) use self::live::{LiveSettings, Recipe};
-#[cfg(feature = "grpc")]
-pub(crate) use self::trailers::Watched;
-pub(crate) use self::trailers::{TrailerWatch, WatchesTrailers};
 
 use crate::decision::Decision;
 use crate::error::StoreError;

@@ -16,8 +16,8 @@ use super::{
 };
 use crate::error::BoxError;
 use crate::key::KeyExtractor;
-use crate::live::Plan;
 use crate::response::{RefusalBody, ResponseBody};
+use crate::rules::Plan;
 
 /// The service [`RateLimitLayer`](super::RateLimitLayer) produces.
 ///

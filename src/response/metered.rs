@@ -4,45 +4,34 @@
 use bytes::Buf;
 use http_body::Frame;
 
-use crate::rate_limit::MeterTarget;
-
 /// Counts the bytes of one response body and charges them, once, when the
 /// body ends, fails or is dropped. Made by the rate-limit layer only; see
 /// [`RefusalBody::metered`](super::RefusalBody::metered).
 pub struct BodyMeter {
-    state: Option<Box<MeterState>>,
+    sent: u64,
+    charge: Option<Charge>,
 }
 
-struct MeterState {
-    sent: u64,
-    target: MeterTarget,
-}
+/// What a [`BodyMeter`] does with the bytes sent, once: the layer's charge.
+type Charge = Box<dyn FnOnce(u64) + Send + Sync>;
 
 impl BodyMeter {
-    pub(crate) fn new(
-        settings: std::sync::Arc<crate::rate_limit::RateSettings>,
-        key: crate::Key,
-    ) -> Self {
+    pub(crate) fn new(charge: impl FnOnce(u64) + Send + Sync + 'static) -> Self {
         BodyMeter {
-            state: Some(Box::new(MeterState {
-                sent: 0,
-                target: MeterTarget { settings, key },
-            })),
+            sent: 0,
+            charge: Some(Box::new(charge)),
         }
     }
 
     /// Counts `bytes` more as sent.
     pub(crate) fn add(&mut self, bytes: u64) {
-        if let Some(state) = &mut self.state {
-            state.sent = state.sent.saturating_add(bytes);
-        }
+        self.sent = self.sent.saturating_add(bytes);
     }
 
     /// Charges what was counted; later calls (and the drop) charge nothing.
     pub(crate) fn finish(&mut self) {
-        if let Some(state) = self.state.take() {
-            let MeterState { sent, target } = *state;
-            target.charge(sent);
+        if let Some(charge) = self.charge.take() {
+            charge(self.sent);
         }
     }
 
@@ -72,7 +61,7 @@ impl Drop for BodyMeter {
 impl std::fmt::Debug for BodyMeter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("BodyMeter")
-            .field("sent", &self.state.as_ref().map(|s| s.sent))
+            .field("sent", &self.charge.as_ref().map(|_| self.sent))
             .finish_non_exhaustive()
     }
 }

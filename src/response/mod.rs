@@ -8,6 +8,7 @@ mod headers;
 mod metered;
 mod refusal;
 mod rejection;
+mod trailers;
 
 pub use self::body::ResponseBody;
 pub use self::headers::HeaderStyle;
@@ -21,3 +22,6 @@ pub use self::rejection::{Rejection, RejectionKind};
 pub(crate) use self::answer::{Answer, Outcome};
 pub(crate) use self::headers::PolicyHeaders;
 pub(crate) use self::headers::retry_after_secs;
+#[cfg(feature = "grpc")]
+pub(crate) use self::trailers::Watched;
+pub(crate) use self::trailers::{TrailerWatch, WatchesTrailers};

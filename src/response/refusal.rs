@@ -7,8 +7,8 @@ use http_body_util::{BodyExt, Full};
 #[cfg(feature = "axum")]
 use super::Metered;
 use super::{BodyMeter, ResponseBody};
+use super::{TrailerWatch, WatchesTrailers};
 use crate::lease::{GuardedBody, Lease};
-use crate::rate_limit::{TrailerWatch, WatchesTrailers};
 
 /// A response body type the rate-limit layer can answer a refusal in: the
 /// body of the 429 (or 503, or 400) is built from the refusal's text.
@@ -104,7 +104,7 @@ impl RefusalBody for tonic::body::Body {
     const WATCHES_TRAILERS: WatchesTrailers = WatchesTrailers(true);
 
     fn watch_trailers(self, watch: TrailerWatch) -> Self {
-        tonic::body::Body::new(crate::rate_limit::Watched::new(self, watch))
+        tonic::body::Body::new(super::Watched::new(self, watch))
     }
 }
 

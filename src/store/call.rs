@@ -1,13 +1,133 @@
-//! The calls a limiter makes of its store: borrowed, so that deciding in
-//! memory copies nothing. Not nameable outside the crate: the store's
-//! operations are sealed.
+//! The operations a limiter asks of its store, one [`Call`] each, and the
+//! typed helpers the rest of the crate calls them through. Borrowed, so
+//! that deciding in memory copies nothing; not nameable outside the crate
+//! (the store's operations are sealed).
 
 use std::time::Duration;
 
-use super::{Store, StoreFuture};
+use super::{LeaseCall, LeaseGrant, Store, StoreFuture};
 use crate::decision::Decision;
+use crate::error::StoreError;
 use crate::key::Key;
 use crate::limit::Policy;
+
+/// One operation of `policy`'s algorithm for `key`: what a store runs.
+#[derive(Clone, Copy, Debug)]
+pub struct Call<'a> {
+    pub(crate) policy: &'a Policy,
+    pub(crate) key: &'a Key,
+    /// The cost checked, peeked, charged or refunded (unused by a defer).
+    pub(crate) cost: u64,
+    pub(crate) op: Op,
+}
+
+/// What a [`Call`] does. Each is one atomic step on the key's state (one
+/// round trip in Redis), defined once per algorithm in `src/algorithm/`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Op {
+    /// Admits the cost and stores it, or denies it and stores nothing; in
+    /// reserve mode (GCRA only) admits a call that waits at most
+    /// `max_wait` for its slot.
+    Check {
+        /// Zero outside reserve mode.
+        max_wait: Duration,
+    },
+    /// What a check would answer now, storing nothing.
+    Peek,
+    /// Takes the cost unconditionally, into debt if need be, and answers
+    /// the figures of now for a call of cost 1.
+    Charge,
+    /// Gives the cost back, never beyond a fresh state.
+    Refund,
+    /// Upstream feedback: holds every GCRA limit of the policy back so
+    /// that at most `remaining` calls of the key are admitted before
+    /// `pause` from the store's "now" (see `gcra::defer`).
+    Defer {
+        pause: Duration,
+        remaining: u64,
+        /// How long before now the report was written, at the earliest.
+        age: Duration,
+    },
+}
+
+/// What a store answers a [`Call`]: a decision for a check, a peek and a
+/// charge; nothing for a refund and a defer.
+#[derive(Clone, Debug)]
+pub enum Answer {
+    Decision(Decision),
+    Done,
+}
+
+impl Answer {
+    /// The decision of a check, a peek or a charge.
+    pub(crate) fn decision(self) -> Result<Decision, StoreError> {
+        match self {
+            Answer::Decision(decision) => Ok(decision),
+            Answer::Done => Err(StoreError::UnexpectedReply(
+                "a store answered a decision with nothing".into(),
+            )),
+        }
+    }
+
+    fn done(self) -> Result<(), StoreError> {
+        Ok(())
+    }
+}
+
+/// An operation on a key's leases (see [`LeaseCall`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LeaseOp {
+    Acquire,
+    Release,
+    Renew,
+}
+
+/// What a store answers a [`LeaseOp`]: the grant of an acquire; whether
+/// the lease was held, for a release or a renewal.
+#[derive(Clone, Debug)]
+pub enum LeaseAnswer {
+    Grant(LeaseGrant),
+    Held(bool),
+}
+
+impl LeaseAnswer {
+    fn grant(self) -> Result<LeaseGrant, StoreError> {
+        match self {
+            LeaseAnswer::Grant(grant) => Ok(grant),
+            LeaseAnswer::Held(_) => Err(StoreError::UnexpectedReply(
+                "a store answered a lease acquire with no grant".into(),
+            )),
+        }
+    }
+
+    fn held(self) -> Result<bool, StoreError> {
+        match self {
+            LeaseAnswer::Held(held) => Ok(held),
+            LeaseAnswer::Grant(_) => Err(StoreError::UnexpectedReply(
+                "a store answered a lease release or renewal with a grant".into(),
+            )),
+        }
+    }
+}
+
+impl Call<'_> {
+    /// How long a checked call may wait for its slot (reserve mode).
+    pub(crate) fn max_wait(&self) -> Duration {
+        match self.op {
+            Op::Check { max_wait } => max_wait,
+            _ => Duration::ZERO,
+        }
+    }
+
+    pub(crate) fn max_wait_us(&self) -> u64 {
+        micros(self.max_wait())
+    }
+}
+
+/// A duration in whole microseconds, saturating.
+pub(crate) fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
 
 /// Decides `cost` for `key` under `policy` in `store`: what a limiter's
 /// check asks, and how hot-key mode takes a lease. A cost above what any
@@ -20,48 +140,12 @@ pub(crate) fn decide(
     cost: u64,
     max_wait: Duration,
 ) -> StoreFuture<Decision> {
-    match call(policy, key, cost, max_wait) {
-        Call::Never => StoreFuture::ready(Ok(never(policy))),
-        Call::Gcra(call) => store.gcra(call),
-        Call::Window(call) => store.window(call),
+    if cost > policy.max_cost() {
+        // No amount of waiting admits this: answered without the store.
+        return StoreFuture::ready(Ok(never(policy)));
     }
-}
-
-/// One call to decide: which policy, for whom, at what cost. Borrowed, so
-/// that deciding in memory copies nothing.
-#[derive(Clone, Copy, Debug)]
-pub struct GcraCall<'a> {
-    pub(crate) policy: &'a Policy,
-    pub(crate) key: &'a Key,
-    pub(crate) cost: u64,
-    pub(crate) max_wait: Duration,
-}
-
-impl GcraCall<'_> {
-    pub(crate) fn max_wait_us(&self) -> u64 {
-        u64::try_from(self.max_wait.as_micros()).unwrap_or(u64::MAX)
-    }
-}
-
-/// One call to decide with a window algorithm: which policy, for whom, at
-/// what cost. Borrowed, like [`GcraCall`].
-#[derive(Clone, Copy, Debug)]
-pub struct WindowCall<'a> {
-    pub(crate) policy: &'a Policy,
-    pub(crate) key: &'a Key,
-    pub(crate) cost: u64,
-}
-
-impl WindowCall<'_> {
-    /// The same call as an ordinary GCRA check.
-    pub(crate) fn as_gcra(&self) -> GcraCall<'_> {
-        GcraCall {
-            policy: self.policy,
-            key: self.key,
-            cost: self.cost,
-            max_wait: Duration::ZERO,
-        }
-    }
+    let op = Op::Check { max_wait };
+    run(store, policy, key, cost, op).map(Answer::decision)
 }
 
 /// [`decide`] at once, without I/O: `None` from a store that cannot (any
@@ -73,11 +157,63 @@ pub(crate) fn decide_now(
     key: &Key,
     cost: u64,
 ) -> Option<Decision> {
-    match call(policy, key, cost, Duration::ZERO) {
-        Call::Never => Some(never(policy)),
-        Call::Gcra(call) => store.gcra_now(call),
-        Call::Window(call) => store.window_now(call),
+    if cost > policy.max_cost() {
+        return Some(never(policy));
     }
+    let op = Op::Check {
+        max_wait: Duration::ZERO,
+    };
+    match store.run_now(Call {
+        policy,
+        key,
+        cost,
+        op,
+    })? {
+        Answer::Decision(decision) => Some(decision),
+        Answer::Done => None,
+    }
+}
+
+/// A peek or a charge: the store's decision.
+pub(crate) fn decision(
+    store: &dyn Store,
+    policy: &Policy,
+    key: &Key,
+    cost: u64,
+    op: Op,
+) -> StoreFuture<Decision> {
+    run(store, policy, key, cost, op).map(Answer::decision)
+}
+
+/// A refund or a defer: done once the store has answered.
+pub(crate) fn adjust(
+    store: &dyn Store,
+    policy: &Policy,
+    key: &Key,
+    cost: u64,
+    op: Op,
+) -> StoreFuture<()> {
+    run(store, policy, key, cost, op).map(Answer::done)
+}
+
+#[inline]
+fn run(store: &dyn Store, policy: &Policy, key: &Key, cost: u64, op: Op) -> StoreFuture<Answer> {
+    store.run(Call {
+        policy,
+        key,
+        cost,
+        op,
+    })
+}
+
+/// Takes a lease (see [`LeaseCall`]).
+pub(crate) fn lease_acquire(store: &dyn Store, call: LeaseCall<'_>) -> StoreFuture<LeaseGrant> {
+    store.lease(call, LeaseOp::Acquire).map(LeaseAnswer::grant)
+}
+
+/// Gives a lease back, or renews it: whether it was held.
+pub(crate) fn lease_held(store: &dyn Store, call: LeaseCall<'_>, op: LeaseOp) -> StoreFuture<bool> {
+    store.lease(call, op).map(LeaseAnswer::held)
 }
 
 /// The refusal of a cost above what any limit could admit (no amount of
@@ -90,31 +226,4 @@ pub(crate) fn never(policy: &Policy) -> Decision {
         .min_by_key(|(_, l)| l.burst())
         .map_or(0, |(i, _)| i);
     Decision::never(i)
-}
-
-/// What deciding `cost` for `key` under `policy` asks of the store,
-/// whether it is to answer at once or with a future.
-#[inline]
-fn call<'a>(policy: &'a Policy, key: &'a Key, cost: u64, max_wait: Duration) -> Call<'a> {
-    if cost > policy.max_cost() {
-        // No amount of waiting admits this: answered without the store.
-        return Call::Never;
-    }
-    if policy.algorithm().is_window() {
-        return Call::Window(WindowCall { policy, key, cost });
-    }
-    Call::Gcra(GcraCall {
-        policy,
-        key,
-        cost,
-        max_wait,
-    })
-}
-
-/// The store call a decision takes, if any: see [`call`].
-enum Call<'a> {
-    /// A cost above what any limit could admit: refused without the store.
-    Never,
-    Gcra(GcraCall<'a>),
-    Window(WindowCall<'a>),
 }

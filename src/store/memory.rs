@@ -4,22 +4,16 @@ use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard, TryLockError};
 
-mod adjust;
-mod defer;
 mod lease;
+mod run;
 mod slot;
 mod window;
 
-use super::{
-    AdjustCall, DeferCall, GcraCall, LeaseCall, LeaseGrant, Store, StoreFuture, StoreOps,
-    WindowCall,
-};
-use crate::algorithm::gcra;
+use super::{Answer, Call, LeaseAnswer, LeaseCall, LeaseOp, Store, StoreFuture, StoreOps};
 use crate::clock::{Clock, FastClock};
-use crate::decision::Decision;
 use crate::error::ConfigError;
 use crate::key::Key;
-use crate::limit::{Limit, MAX_LIMITS_PER_POLICY, Policy};
+use crate::limit::{MAX_LIMITS_PER_POLICY, Policy};
 use slot::{Slot, SlotMap, Step, Tats};
 
 /// The default bound of [`MemoryStoreBuilder::max_keys`]: entries of each
@@ -250,14 +244,6 @@ impl MemoryStore {
         self.inner.leases.remove(name, key);
     }
 
-    fn decide(&self, call: &GcraCall<'_>) -> Decision {
-        let check = Check {
-            cost: call.cost,
-            max_wait: call.max_wait_us(),
-        };
-        self.with_tats(call.policy, call.key, &check)
-    }
-
     /// Runs `step` on the GCRA state of `policy` for `key` (zeros when
     /// there is none) at the current time, and stores the state when the
     /// step says so.
@@ -320,22 +306,6 @@ impl MemoryStore {
             self.inner.evicted(evicted, "gcra");
         }
         result
-    }
-}
-
-/// A GCRA check (or reservation): stores the TATs when admitted.
-struct Check {
-    cost: u64,
-    max_wait: u64,
-}
-
-impl Step for Check {
-    type Output = Decision;
-
-    #[inline(always)]
-    fn run(&self, limits: &[Limit], tats: &mut [u64], now: u64) -> (Decision, bool) {
-        let (decision, idle_at) = gcra::check(limits, tats, now, self.cost, self.max_wait);
-        (decision, idle_at.is_some())
     }
 }
 
@@ -559,65 +529,40 @@ impl Store for MemoryStore {
 }
 
 impl StoreOps for MemoryStore {
-    fn gcra(&self, call: GcraCall<'_>) -> StoreFuture<Decision> {
-        StoreFuture::ready(Ok(self.decide(&call)))
+    fn run(&self, call: Call<'_>) -> StoreFuture<Answer> {
+        StoreFuture::ready(Ok(self.run_call(&call)))
     }
 
-    fn window(&self, call: WindowCall<'_>) -> StoreFuture<Decision> {
-        StoreFuture::ready(Ok(self.decide_window(&call)))
+    fn run_now(&self, call: Call<'_>) -> Option<Answer> {
+        Some(self.run_call(&call))
     }
 
-    fn gcra_now(&self, call: GcraCall<'_>) -> Option<Decision> {
-        Some(self.decide(&call))
-    }
-
-    fn window_now(&self, call: WindowCall<'_>) -> Option<Decision> {
-        Some(self.decide_window(&call))
-    }
-
-    fn gcra_defer(&self, call: DeferCall<'_>) -> StoreFuture<()> {
-        self.defer(&call);
-        StoreFuture::ready(Ok(()))
-    }
-
-    fn lease_acquire(&self, call: LeaseCall<'_>) -> StoreFuture<LeaseGrant> {
-        let now = self.inner.clock.now_micros();
-        self.inner.tick(now);
-        let grant = match self.inner.leases.acquire(&call, now) {
-            lease::Acquired::Grant(grant) => grant,
-            lease::Acquired::Full(grant) => {
-                self.inner.lease_refused();
-                grant
+    fn lease(&self, call: LeaseCall<'_>, op: LeaseOp) -> StoreFuture<LeaseAnswer> {
+        let leases = &self.inner.leases;
+        let answer = match op {
+            LeaseOp::Acquire => {
+                let now = self.inner.clock.now_micros();
+                self.inner.tick(now);
+                LeaseAnswer::Grant(match leases.acquire(&call, now) {
+                    lease::Acquired::Grant(grant) => grant,
+                    lease::Acquired::Full(grant) => {
+                        self.inner.lease_refused();
+                        grant
+                    }
+                })
+            }
+            LeaseOp::Release => LeaseAnswer::Held(leases.release(&call)),
+            LeaseOp::Renew => {
+                let now = self.inner.clock.now_micros();
+                self.inner.tick(now);
+                LeaseAnswer::Held(leases.renew(&call, now))
             }
         };
-        StoreFuture::ready(Ok(grant))
-    }
-
-    fn lease_release(&self, call: LeaseCall<'_>) -> StoreFuture<bool> {
-        StoreFuture::ready(Ok(self.inner.leases.release(&call)))
-    }
-
-    fn lease_renew(&self, call: LeaseCall<'_>) -> StoreFuture<bool> {
-        let now = self.inner.clock.now_micros();
-        self.inner.tick(now);
-        StoreFuture::ready(Ok(self.inner.leases.renew(&call, now)))
+        StoreFuture::ready(Ok(answer))
     }
 
     fn reset(&self, name: &str, key: &Key) -> StoreFuture<()> {
         self.remove(name, key);
-        StoreFuture::ready(Ok(()))
-    }
-
-    fn peek(&self, call: AdjustCall<'_>) -> StoreFuture<Decision> {
-        StoreFuture::ready(Ok(MemoryStore::peek(self, &call)))
-    }
-
-    fn charge(&self, call: AdjustCall<'_>) -> StoreFuture<Decision> {
-        StoreFuture::ready(Ok(MemoryStore::charge(self, &call)))
-    }
-
-    fn refund(&self, call: AdjustCall<'_>) -> StoreFuture<()> {
-        MemoryStore::refund(self, &call);
         StoreFuture::ready(Ok(()))
     }
 }
@@ -742,8 +687,9 @@ impl MemoryStoreBuilder {
 mod tests {
     use super::*;
     use crate::clock::ManualClock;
-    use crate::limit::Rate;
-    use crate::store::LeaseId;
+    use crate::decision::Decision;
+    use crate::limit::{Limit, Rate};
+    use crate::store::{LeaseId, decide_now};
     use std::time::Duration;
 
     fn store(max_keys: usize, shards: usize, clock: &ManualClock) -> MemoryStore {
@@ -765,12 +711,7 @@ mod tests {
     }
 
     fn check(store: &MemoryStore, policy: &Policy, key: &Key) -> Decision {
-        store.decide(&GcraCall {
-            policy,
-            key,
-            cost: 1,
-            max_wait: Duration::ZERO,
-        })
+        decide_now(store, policy, key, 1).unwrap()
     }
 
     fn caps(store: &MemoryStore) -> Vec<usize> {
@@ -889,11 +830,7 @@ mod tests {
         for i in 0..100_000 {
             let key = Key::new(format!("k{i}"));
             check(&store, &policy, &key);
-            store.decide_window(&WindowCall {
-                policy: &window,
-                key: &key,
-                cost: 1,
-            });
+            decide_now(&store, &window, &key, 1);
         }
         let capacity = |store: &MemoryStore| {
             let gcra: usize = store
@@ -973,7 +910,7 @@ mod tests {
                     capacity: 1,
                     ttl: Duration::from_secs(30),
                 };
-                let _ = store.lease_acquire(call).take_ready();
+                let _ = store.lease(call, LeaseOp::Acquire).take_ready();
             }
         });
         let stats = store.stats();

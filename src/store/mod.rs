@@ -2,31 +2,30 @@
 //! [`RedisStore`] shared by the whole fleet (with the `redis` feature, on by
 //! default).
 //!
-//! A store is the only part that knows where state lives. Both run the same
-//! algorithm (`src/gcra.rs`, transcribed in `lua/gcra.lua`) and give the same decisions for the same
-//! sequence of calls and times.
-//!
-//! The window algorithms likewise: `src/window.rs` for the memory store,
-//! `lua/sliding_log.lua`, `lua/sliding_counter.lua` and
-//! `lua/fixed_window.lua` for Redis.
+//! A store is the only part that knows where state lives. Stores run
+//! algorithms: each algorithm is defined once, in `src/algorithm/`, and a
+//! store runs its operations on the state it holds (the memory store calls
+//! the Rust functions; the Redis store runs `lua/<algorithm>.lua`, which
+//! transcribes them). Both give the same decisions for the same sequence
+//! of calls and times.
 
-mod adjust;
 mod call;
-mod defer;
 mod lease;
 mod memory;
 #[cfg(feature = "redis")]
 mod redis;
 
+use std::any::Any;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 use std::time::{Duration, Instant};
 
-pub(crate) use self::adjust::AdjustCall;
-pub(crate) use self::call::{GcraCall, WindowCall, decide, decide_now, never};
-pub(crate) use self::defer::DeferCall;
+pub(crate) use self::call::{
+    Answer, Call, LeaseAnswer, LeaseOp, Op, adjust, decide, decide_now, decision, lease_acquire,
+    lease_held, micros, never,
+};
 pub use self::lease::LeaseGrant;
 pub(crate) use self::lease::{LeaseCall, LeaseId};
 pub use self::memory::{MemoryStore, MemoryStoreBuilder, MemoryStoreStats};
@@ -37,25 +36,32 @@ pub(crate) use self::redis::live as redis_live;
 #[cfg(feature = "redis")]
 pub use self::redis::{RedisStore, RedisStoreBuilder, TimeSource};
 
-#[cfg(feature = "redis")]
 #[cfg(all(test, feature = "redis"))]
 pub(crate) use self::redis::DenyCache;
 #[cfg(all(test, feature = "redis"))]
 pub(crate) use self::redis::{decode_gcra, hash_tag};
 
-use crate::decision::Decision;
 use crate::error::StoreError;
 use crate::key::Key;
 
 /// Holds limiter state and decides calls atomically.
 ///
 /// Implemented by [`MemoryStore`] and [`RedisStore`]; the trait is sealed
-/// (its operations are the crate's own) so that new operations (leases,
-/// windows) can be added without breaking anyone. Use it as
-/// `Arc<dyn Store>` to choose a store at run time.
-pub trait Store: Send + Sync + fmt::Debug + sealed::StoreOps + 'static {
+/// (its operations are the crate's own) so that new operations can be
+/// added without breaking anyone. Use it as `Arc<dyn Store>` to choose a
+/// store at run time.
+pub trait Store: Send + Sync + fmt::Debug + Any + sealed::StoreOps + 'static {
     /// A short name for logs and metrics: `"memory"` or `"redis"`.
     fn kind(&self) -> &'static str;
+}
+
+impl dyn Store {
+    /// This store as a [`RedisStore`], whose live policies are shared by
+    /// the fleet; `None` for a store of one process.
+    #[cfg(feature = "redis")]
+    pub(crate) fn as_redis(&self) -> Option<&RedisStore> {
+        (self as &dyn Any).downcast_ref()
+    }
 }
 
 mod sealed {
@@ -64,75 +70,28 @@ mod sealed {
     /// What a store does, on the calls a [`Limiter`](crate::Limiter) or a
     /// concurrency limiter makes.
     pub trait StoreOps {
-        /// Decides one GCRA call, all limits of the policy together.
-        fn gcra(&self, call: GcraCall<'_>) -> StoreFuture<Decision>;
+        /// Runs one operation of the policy's algorithm for one key (see
+        /// [`Op`]), all limits of the policy together. One round trip in
+        /// Redis, where checks may travel together in one script.
+        fn run(&self, call: Call<'_>) -> StoreFuture<Answer>;
 
-        /// Decides one call with the policy's window algorithm (sliding log,
-        /// sliding-window counter or fixed window), all windows together.
-        fn window(&self, call: WindowCall<'_>) -> StoreFuture<Decision>;
-
-        /// Decides one GCRA call at once, in the calling thread, if this store
-        /// can without I/O: the [`MemoryStore`] always can (it answers what
-        /// [`gcra`](Store::gcra) would); a store doing I/O returns `None`.
-        fn gcra_now(&self, call: GcraCall<'_>) -> Option<Decision> {
+        /// [`run`](StoreOps::run) at once, in the calling thread, if this
+        /// store can without I/O: the [`MemoryStore`] always can; a store
+        /// doing I/O returns `None`.
+        fn run_now(&self, call: Call<'_>) -> Option<Answer> {
             let _ = call;
             None
         }
 
-        /// [`gcra_now`](Store::gcra_now) for the window algorithms: what
-        /// [`window`](Store::window) would answer, if this store can answer
-        /// at once.
-        fn window_now(&self, call: WindowCall<'_>) -> Option<Decision> {
-            let _ = call;
-            None
-        }
-
-        /// Upstream feedback: holds every GCRA limit of the policy back so that
-        /// the key's next call is admitted no earlier than the pause from now
-        /// (see [`Limiter::defer`](crate::Limiter::defer)). One round trip.
-        fn gcra_defer(&self, call: DeferCall<'_>) -> StoreFuture<()>;
-
-        /// This store as a [`RedisStore`], whose live policies are shared
-        /// by the fleet; `None` for a store of one process.
-        #[cfg(feature = "redis")]
-        fn as_redis(&self) -> Option<&RedisStore> {
-            None
-        }
-
-        /// Takes a lease if the key holds fewer unexpired leases than the
-        /// call's capacity (expired ones are dropped first); see
+        /// Takes, gives back or renews a lease of a concurrency limit; see
         /// [`LeaseCall`] for the rules. One round trip in Redis.
-        fn lease_acquire(&self, call: LeaseCall<'_>) -> StoreFuture<LeaseGrant>;
+        fn lease(&self, call: LeaseCall<'_>, op: LeaseOp) -> StoreFuture<LeaseAnswer>;
 
-        /// Gives a lease back; `true` if it was held. One round trip in Redis.
-        fn lease_release(&self, call: LeaseCall<'_>) -> StoreFuture<bool>;
-
-        /// Extends an unexpired lease to `now + ttl`; `false` if it is no longer
-        /// held (released, or expired and dropped). One round trip in Redis.
-        fn lease_renew(&self, call: LeaseCall<'_>) -> StoreFuture<bool>;
-
-        /// Clears every state `key` has under the name `name`: the GCRA
-        /// state of every limit, every window algorithm's state, and the
-        /// concurrency leases held under that name (a concurrency policy's
-        /// name). The next call is decided as if the identity were new.
-        /// One round trip in Redis.
+        /// Clears every state `key` has under the name `name`: the state of
+        /// every algorithm and limit, and the concurrency leases held under
+        /// that name (a concurrency policy's name). The next call is
+        /// decided as if the identity were new. One round trip in Redis.
         fn reset(&self, name: &str, key: &Key) -> StoreFuture<()>;
-
-        /// What a check of the call's cost would answer now, storing
-        /// nothing (see [`Limiter::peek`](crate::Limiter::peek)). One round
-        /// trip in Redis.
-        fn peek(&self, call: AdjustCall<'_>) -> StoreFuture<Decision>;
-
-        /// Takes the call's cost from every limit unconditionally, into debt
-        /// if need be, and says what is left: the figures of now for a call
-        /// of cost 1 (see [`Limiter::charge`](crate::Limiter::charge)). One
-        /// round trip in Redis.
-        fn charge(&self, call: AdjustCall<'_>) -> StoreFuture<Decision>;
-
-        /// Gives the call's cost back, never beyond a fresh state (see
-        /// [`Limiter::refund`](crate::Limiter::refund)). One round trip in
-        /// Redis.
-        fn refund(&self, call: AdjustCall<'_>) -> StoreFuture<()>;
 
         /// Forgets the denials this instance remembers (the Redis store's
         /// deny cache), so that the next calls go to the store; stores that
@@ -201,6 +160,25 @@ impl<T> StoreFuture<T> {
     /// memory store) and before the answer has come.
     pub fn latency(&self) -> Option<Duration> {
         self.latency
+    }
+
+    /// The same answer, turned by `f` once it is known: at once for an
+    /// answer already known, after the I/O otherwise.
+    pub(crate) fn map<U>(self, f: fn(T) -> Result<U, StoreError>) -> StoreFuture<U>
+    where
+        T: Send + 'static,
+        U: 'static,
+    {
+        match self.inner {
+            Inner::Ready(result) => StoreFuture {
+                inner: Inner::Ready(result.map(|r| r.and_then(f))),
+                latency: None,
+            },
+            Inner::Pending(fut, started) => StoreFuture {
+                inner: Inner::Pending(Box::pin(async move { fut.await.and_then(f) }), started),
+                latency: None,
+            },
+        }
     }
 
     /// Wraps a future that does I/O.

@@ -6,13 +6,11 @@ use std::hash::BuildHasher;
 
 use super::{MIN_CAPACITY, MemoryStore, eviction_cut, keep_after_eviction};
 use crate::algorithm::Algorithm;
+use crate::algorithm::window::{Counter, Window};
 use crate::decision::Decision;
 use crate::key::Key;
 use crate::limit::MAX_LIMITS_PER_POLICY;
-use crate::store::{AdjustCall, WindowCall};
-
-use super::adjust::Op;
-use crate::algorithm::window::{Counter, Window};
+use crate::store::{Answer, Call, Op};
 
 /// Window state, sharded like the GCRA state.
 pub(super) struct Table {
@@ -107,30 +105,16 @@ impl Table {
 }
 
 impl MemoryStore {
-    pub(super) fn decide_window(&self, call: &WindowCall<'_>) -> Decision {
-        if !call.policy.algorithm().is_window() {
-            // Only reached through a GCRA policy handed to `window`: decide
-            // it as what it is.
-            return self.decide(&call.as_gcra());
-        }
-        let call = AdjustCall {
-            policy: call.policy,
-            key: call.key,
-            cost: call.cost,
-        };
-        self.window_op(&call, Op::Check)
-    }
-
     /// Runs `op` on the window state of `call`'s policy (a window
-    /// algorithm's) for its key. A refund's decision means nothing.
-    pub(super) fn window_op(&self, call: &AdjustCall<'_>, op: Op) -> Decision {
+    /// algorithm's) for its key.
+    pub(super) fn window_op(&self, call: &Call<'_>, op: Op) -> Answer {
         let limits = call.policy.limits();
         let mut windows = [Window {
             length: 1,
             count: 0,
         }; MAX_LIMITS_PER_POLICY];
         for (w, limit) in windows.iter_mut().zip(limits) {
-            *w = Window::of(limit);
+            *w = limit.as_window();
         }
         let windows = &windows[..limits.len()];
         let algorithm = call.policy.algorithm();
@@ -152,7 +136,7 @@ impl MemoryStore {
         drop(shard);
         self.inner.evicted(evicted, "window");
         self.inner.tick(now);
-        decision
+        decision.map_or(Answer::Done, Answer::Decision)
     }
 }
 
@@ -162,13 +146,13 @@ impl Shard {
     /// making it evicted.
     fn decide(
         &mut self,
-        call: &AdjustCall<'_>,
+        call: &Call<'_>,
         op: Op,
         algorithm: Algorithm,
         windows: &[Window],
         horizon: u64,
         now: u64,
-    ) -> (Decision, u64) {
+    ) -> (Option<Decision>, u64) {
         let policy = call.policy.name();
         let existing = self.map.get_mut(call.key).and_then(|slot| {
             slot.iter_mut()
@@ -188,9 +172,9 @@ impl Shard {
             }
             return (decision, 0);
         }
-        if op == Op::Refund {
+        if !matches!(op, Op::Check { .. } | Op::Peek | Op::Charge) {
             // Nothing to give back.
-            return (Decision::never(0), 0);
+            return (None, 0);
         }
         let mut state = match algorithm {
             Algorithm::SlidingLog => State::Log(VecDeque::new()),
@@ -211,9 +195,10 @@ impl Shard {
     }
 }
 
-/// Runs `op` on one entry's state: the decision (nothing meant by it for a
-/// refund) and, when the op stored something that matters until then, the
-/// time from which the state means nothing.
+/// Runs `op` on one entry's state: the decision (none for a refund) and,
+/// when the op stored something that matters until then, the time from
+/// which the state means nothing. A defer holds GCRA limits back only: it
+/// leaves a window state alone.
 fn apply(
     op: Op,
     algorithm: Algorithm,
@@ -221,21 +206,25 @@ fn apply(
     state: &mut State,
     now: u64,
     cost: u64,
-) -> (Decision, Option<u64>) {
+) -> (Option<Decision>, Option<u64>) {
     use crate::algorithm::{fixed_window, sliding_log, sliding_window};
     let counters = match state {
         State::Log(log) => {
             return match op {
-                Op::Check => sliding_log::check(windows, log, now, cost),
-                Op::Peek => (sliding_log::peek(windows, log, now, cost), None),
+                Op::Check { .. } => {
+                    let (decision, idle_at) = sliding_log::check(windows, log, now, cost);
+                    (Some(decision), idle_at)
+                }
+                Op::Peek => (Some(sliding_log::peek(windows, log, now, cost)), None),
                 Op::Charge => {
                     let (decision, idle_at) = sliding_log::charge(windows, log, now, cost);
-                    (decision, Some(idle_at))
+                    (Some(decision), Some(idle_at))
                 }
                 Op::Refund => {
                     sliding_log::refund(windows, log, now, cost);
-                    (Decision::never(0), None)
+                    (None, None)
                 }
+                Op::Defer { .. } => (None, None),
             };
         }
         State::Counters(counters) => counters,
@@ -250,17 +239,23 @@ fn apply(
     let c = &mut counters[..windows.len()];
     let fixed = algorithm == Algorithm::FixedWindow;
     match op {
-        Op::Check if fixed => fixed_window::check(windows, c, now, cost),
-        Op::Check => sliding_window::check(windows, c, now, cost),
-        Op::Peek if fixed => (fixed_window::peek(windows, c, now, cost), None),
-        Op::Peek => (sliding_window::peek(windows, c, now, cost), None),
+        Op::Check { .. } => {
+            let (decision, idle_at) = if fixed {
+                fixed_window::check(windows, c, now, cost)
+            } else {
+                sliding_window::check(windows, c, now, cost)
+            };
+            (Some(decision), idle_at)
+        }
+        Op::Peek if fixed => (Some(fixed_window::peek(windows, c, now, cost)), None),
+        Op::Peek => (Some(sliding_window::peek(windows, c, now, cost)), None),
         Op::Charge => {
             let (decision, idle_at) = if fixed {
                 fixed_window::charge(windows, c, now, cost)
             } else {
                 sliding_window::charge(windows, c, now, cost)
             };
-            (decision, Some(idle_at))
+            (Some(decision), Some(idle_at))
         }
         Op::Refund => {
             if fixed {
@@ -268,8 +263,9 @@ fn apply(
             } else {
                 sliding_window::refund(windows, c, now, cost);
             }
-            (Decision::never(0), None)
+            (None, None)
         }
+        Op::Defer { .. } => (None, None),
     }
 }
 

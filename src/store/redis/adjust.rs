@@ -29,12 +29,19 @@ use super::owed::{Claim, Sending, ran};
 use super::window::decode_window;
 use super::{LuaScript, RedisStore, TimeSource, decode_decision, one_reply};
 use crate::algorithm::Algorithm;
-use crate::algorithm::window::Window;
 use crate::decision::Decision;
 use crate::error::StoreError;
 use crate::key::Key;
 use crate::limit::Policy;
-use crate::store::{AdjustCall, StoreFuture};
+use crate::store::StoreFuture;
+
+/// A peek, a charge or a refund of `cost` for `key` under `policy`.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct AdjustCall<'a> {
+    pub(super) policy: &'a Policy,
+    pub(super) key: &'a Key,
+    pub(super) cost: u64,
+}
 
 /// Held here rather than in the store's `Inner`, as `gcra_defer` is (see
 /// `defer.rs`): hashed once per process, and these operations stay in
@@ -170,18 +177,14 @@ impl RedisStore {
                 args.push(call.cost.to_string());
                 args.extend(each_limit);
                 if op == Op::Charge {
-                    args.extend(
-                        limits
-                            .iter()
-                            .map(|l| crate::algorithm::gcra::debt_horizon(l).to_string()),
-                    );
+                    args.extend(limits.iter().map(|l| l.debt_horizon_us().to_string()));
                 }
             }
             return (self.gcra_keys(policy, call.key).collect(), args, sent_at);
         }
         args.push(call.cost.to_string());
         for limit in limits {
-            let w = Window::of(limit);
+            let w = limit.as_window();
             args.push(w.length.to_string());
             args.push(w.count.to_string());
         }

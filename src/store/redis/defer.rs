@@ -6,7 +6,7 @@ use ::redis::Value;
 
 use super::{LuaScript, RedisStore, TimeSource};
 use crate::error::StoreError;
-use crate::store::{DeferCall, StoreFuture};
+use crate::store::{Call, Op, StoreFuture, micros};
 
 /// Held here rather than in the store's `Inner`, so that the script is
 /// hashed once per process and this operation stays in its own file. Its
@@ -23,7 +23,15 @@ const GCRA_DEFER_LUA: &str = concat!(
 );
 
 impl RedisStore {
-    pub(super) fn run_gcra_defer(&self, call: DeferCall<'_>) -> StoreFuture<()> {
+    pub(super) fn run_gcra_defer(&self, call: Call<'_>) -> StoreFuture<()> {
+        let Op::Defer {
+            pause,
+            remaining,
+            age,
+        } = call.op
+        else {
+            return StoreFuture::ready(Ok(()));
+        };
         let limits = call.policy.limits();
         let now = match &self.inner.time {
             TimeSource::Server => String::new(),
@@ -31,9 +39,9 @@ impl RedisStore {
         };
         let mut args: Vec<String> = Vec::with_capacity(4 + 2 * limits.len());
         args.push(now);
-        args.push(call.pause_us().to_string());
-        args.push(call.remaining.to_string());
-        args.push(call.age_us().to_string());
+        args.push(micros(pause).to_string());
+        args.push(remaining.to_string());
+        args.push(micros(age).to_string());
         for limit in limits {
             args.push(limit.emission_us().to_string());
             args.push(limit.tolerance_us().to_string());

@@ -26,10 +26,8 @@ pub(crate) use self::deny_cache::DenyCache;
 pub use self::deny_cache::DenyCacheStats;
 use self::deny_cache::RealClock;
 
-use super::{
-    AdjustCall, DeferCall, GcraCall, LeaseCall, LeaseGrant, Store, StoreFuture, StoreOps,
-    WindowCall,
-};
+use self::adjust::AdjustCall;
+use super::{Answer, Call, LeaseAnswer, LeaseCall, LeaseOp, Op, Store, StoreFuture, StoreOps};
 use crate::algorithm::Algorithm;
 use crate::clock::{Clock, SystemClock};
 use crate::decision::Decision;
@@ -312,9 +310,9 @@ impl RedisStore {
     /// Answers from the deny cache, or, when the returned future is first
     /// polled, sends the call alone if the connection has a free script
     /// slot, or queues it for the next batch (see [`batch`]).
-    fn run_gcra(&self, call: GcraCall<'_>) -> StoreFuture<Decision> {
+    fn run_gcra(&self, call: Call<'_>) -> StoreFuture<Decision> {
         if let Some(cache) = &self.inner.deny
-            && let Some(denied) = cache.lookup(call.policy, call.key, call.cost, call.max_wait)
+            && let Some(denied) = cache.lookup(call.policy, call.key, call.cost, call.max_wait())
         {
             return StoreFuture::ready(Ok(denied));
         }
@@ -770,48 +768,40 @@ impl Store for RedisStore {
 }
 
 impl StoreOps for RedisStore {
-    fn as_redis(&self) -> Option<&RedisStore> {
-        Some(self)
+    fn run(&self, call: Call<'_>) -> StoreFuture<Answer> {
+        let adjust = AdjustCall {
+            policy: call.policy,
+            key: call.key,
+            cost: call.cost,
+        };
+        match call.op {
+            Op::Check { .. } if call.policy.algorithm().is_window() => {
+                self.run_window(call).map(decided)
+            }
+            Op::Check { .. } => self.run_gcra(call).map(decided),
+            Op::Peek => self.run_peek(adjust).map(decided),
+            Op::Charge => self.run_charge(adjust).map(decided),
+            Op::Refund => self.run_refund(adjust).map(done),
+            Op::Defer { .. } => self.run_gcra_defer(call).map(done),
+        }
     }
 
-    fn gcra(&self, call: GcraCall<'_>) -> StoreFuture<Decision> {
-        self.run_gcra(call)
-    }
-
-    fn window(&self, call: WindowCall<'_>) -> StoreFuture<Decision> {
-        self.run_window(call)
-    }
-
-    fn gcra_defer(&self, call: DeferCall<'_>) -> StoreFuture<()> {
-        self.run_gcra_defer(call)
-    }
-
-    fn lease_acquire(&self, call: LeaseCall<'_>) -> StoreFuture<LeaseGrant> {
-        self.run_lease_acquire(call)
-    }
-
-    fn lease_release(&self, call: LeaseCall<'_>) -> StoreFuture<bool> {
-        self.run_lease_release(call)
-    }
-
-    fn lease_renew(&self, call: LeaseCall<'_>) -> StoreFuture<bool> {
-        self.run_lease_renew(call)
+    fn lease(&self, call: LeaseCall<'_>, op: LeaseOp) -> StoreFuture<LeaseAnswer> {
+        match op {
+            LeaseOp::Acquire => self
+                .run_lease_acquire(call)
+                .map(|grant| Ok(LeaseAnswer::Grant(grant))),
+            LeaseOp::Release => self
+                .run_lease_release(call)
+                .map(|held| Ok(LeaseAnswer::Held(held))),
+            LeaseOp::Renew => self
+                .run_lease_renew(call)
+                .map(|held| Ok(LeaseAnswer::Held(held))),
+        }
     }
 
     fn reset(&self, name: &str, key: &Key) -> StoreFuture<()> {
         self.run_reset(name, key)
-    }
-
-    fn peek(&self, call: AdjustCall<'_>) -> StoreFuture<Decision> {
-        self.run_peek(call)
-    }
-
-    fn charge(&self, call: AdjustCall<'_>) -> StoreFuture<Decision> {
-        self.run_charge(call)
-    }
-
-    fn refund(&self, call: AdjustCall<'_>) -> StoreFuture<()> {
-        self.run_refund(call)
     }
 
     fn forget_denials(&self) {
@@ -819,6 +809,14 @@ impl StoreOps for RedisStore {
             cache.clear();
         }
     }
+}
+
+fn decided(decision: Decision) -> Result<Answer, StoreError> {
+    Ok(Answer::Decision(decision))
+}
+
+fn done((): ()) -> Result<Answer, StoreError> {
+    Ok(Answer::Done)
 }
 
 impl RedisStore {

@@ -41,7 +41,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use crate::algorithm::window::Window;
 use crate::error::StoreError;
 use crate::key::Key;
 use crate::limit::Policy;
@@ -116,9 +115,9 @@ pub(super) struct Charge {
 fn lasts(policy: &Policy) -> Duration {
     let micros = policy.limits().iter().map(|limit| {
         if policy.algorithm().is_window() {
-            Window::of(limit).length.saturating_mul(2)
+            limit.as_window().length.saturating_mul(2)
         } else {
-            crate::algorithm::gcra::debt_horizon(limit)
+            limit.debt_horizon_us()
         }
     });
     Duration::from_micros(micros.max().unwrap_or(0))

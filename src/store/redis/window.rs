@@ -9,12 +9,11 @@ use redis::{Cmd, Value};
 
 use super::{LuaScript, RedisStore, TimeSource, decode_decision};
 use crate::algorithm::Algorithm;
-use crate::algorithm::window::Window;
 use crate::decision::Decision;
 use crate::error::StoreError;
 use crate::key::Key;
 use crate::limit::Policy;
-use crate::store::{StoreFuture, WindowCall};
+use crate::store::{Call, StoreFuture};
 
 // Each script is its own part after the shared ones it builds on (each
 // part says what it defines and what it needs): one copy of the clock, of
@@ -104,13 +103,8 @@ impl RedisStore {
     /// slot, or queues it for the next batch (see [`batch`]). A denial is
     /// remembered for as long as the script says its figures hold (see
     /// [`DenyCache`](crate::store::DenyCache)).
-    pub(super) fn run_window(&self, call: WindowCall<'_>) -> StoreFuture<Decision> {
+    pub(super) fn run_window(&self, call: Call<'_>) -> StoreFuture<Decision> {
         let algorithm = call.policy.algorithm();
-        if !algorithm.is_window() {
-            // Only reached through a GCRA policy handed to `window`: decide
-            // it as what it is.
-            return self.run_gcra(call.as_gcra());
-        }
         if let Some(cache) = &self.inner.deny
             && let Some(denied) = cache.lookup(call.policy, call.key, call.cost, Duration::ZERO)
         {
@@ -162,7 +156,7 @@ impl RedisStore {
             cmd.arg(names.len()).arg(1 + 2 * limits.len());
             cmd.arg(cost);
             for limit in limits {
-                let w = Window::of(limit);
+                let w = limit.as_window();
                 cmd.arg(w.length).arg(w.count);
             }
         }
