@@ -26,6 +26,16 @@ use std::time::Duration;
 pub trait Clock: Send + Sync + fmt::Debug + 'static {
     /// The current time in microseconds.
     fn now_micros(&self) -> u64;
+
+    /// The Unix time, in microseconds, at which this clock read zero: what
+    /// calendar quotas ([`Algorithm::Calendar`](crate::Algorithm::Calendar))
+    /// add to a reading to find its calendar day. By default 0, a clock
+    /// that reads Unix time (as [`ManualClock`] does: `ManualClock::new(d)`
+    /// starts `d` after 1970); the clocks that count from their creation
+    /// say when that was.
+    fn unix_epoch_micros(&self) -> u64 {
+        0
+    }
 }
 
 /// The CPU's time-stamp counter (x86) or system counter (ARM), read
@@ -45,6 +55,8 @@ pub struct FastClock {
     clock: quanta::Clock,
     /// The counter's raw value when the clock was made.
     start: u64,
+    /// The Unix time at which this clock read zero.
+    epoch: u64,
 }
 
 impl FastClock {
@@ -53,7 +65,13 @@ impl FastClock {
     pub fn new() -> Self {
         let clock = quanta::Clock::new();
         let start = clock.raw();
-        FastClock { clock, start }
+        // Read zero one second before its creation (see `now_micros`).
+        let epoch = unix_now().saturating_sub(1_000_000);
+        FastClock {
+            clock,
+            start,
+            epoch,
+        }
     }
 }
 
@@ -72,6 +90,10 @@ impl Clock for FastClock {
         let nanos = self.clock.delta_as_nanos(self.start, self.clock.raw());
         1_000_000 + nanos / 1000
     }
+
+    fn unix_epoch_micros(&self) -> u64 {
+        self.epoch
+    }
 }
 
 /// tokio's monotonic clock, counted from when the clock was created.
@@ -84,6 +106,8 @@ impl Clock for FastClock {
 #[derive(Clone, Copy, Debug)]
 pub struct MonotonicClock {
     start: tokio::time::Instant,
+    /// The Unix time at which this clock read zero.
+    epoch: u64,
 }
 
 impl MonotonicClock {
@@ -91,8 +115,11 @@ impl MonotonicClock {
     /// clock allows, so that zero never means "now").
     pub fn new() -> Self {
         let now = tokio::time::Instant::now();
+        let start = now.checked_sub(Duration::from_secs(1)).unwrap_or(now);
+        let behind = u64::try_from((now - start).as_micros()).unwrap_or(0);
         MonotonicClock {
-            start: now.checked_sub(Duration::from_secs(1)).unwrap_or(now),
+            start,
+            epoch: unix_now().saturating_sub(behind),
         }
     }
 }
@@ -107,6 +134,18 @@ impl Clock for MonotonicClock {
     fn now_micros(&self) -> u64 {
         u64::try_from(self.start.elapsed().as_micros()).unwrap_or(u64::MAX)
     }
+
+    fn unix_epoch_micros(&self) -> u64 {
+        self.epoch
+    }
+}
+
+/// The system's wall clock, in Unix microseconds (0 before 1970).
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
 }
 
 /// Wall-clock Unix time, for Redis scripts given the caller's clock
@@ -119,10 +158,7 @@ pub(crate) struct SystemClock;
 #[cfg(feature = "redis")]
 impl Clock for SystemClock {
     fn now_micros(&self) -> u64 {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
-            .unwrap_or(0)
+        unix_now()
     }
 }
 

@@ -173,6 +173,22 @@ pub enum ConfigError {
         /// The rate's count, the window's quota.
         count: u64,
     },
+    /// A policy mixing calendar quotas ([`Limit::calendar`](crate::Limit::calendar))
+    /// with limits of another algorithm, or naming an algorithm other than
+    /// [`Algorithm::Calendar`](crate::Algorithm::Calendar) for calendar
+    /// quotas, or that algorithm without them: one policy has one algorithm.
+    #[error(
+        "limit {name} does not fit a policy decided by {algorithm}: a policy's limits are all calendar quotas (the calendar algorithm) or none is"
+    )]
+    CalendarMix {
+        /// The limit that does not fit.
+        name: String,
+        /// The algorithm it does not fit.
+        algorithm: crate::algorithm::Algorithm,
+    },
+    /// A calendar quota's time zone or period that is not known.
+    #[error(transparent)]
+    Calendar(#[from] crate::algorithm::calendar::CalendarError),
     /// Reserve mode (waiting for a slot) on a policy decided by a window
     /// algorithm: only GCRA can hand out future slots.
     #[error("reserve mode needs a GCRA policy; this policy uses {algorithm}")]

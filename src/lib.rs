@@ -209,6 +209,7 @@ mod text;
 mod proptests;
 
 pub use crate::algorithm::Algorithm;
+pub use crate::algorithm::calendar::{Calendar, CalendarError, CalendarPeriod};
 pub use crate::decision::Decision;
 pub use crate::error::{BoxError, ConfigError, RateLimitError, StoreError};
 pub use crate::hot::HotKeys;

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub(crate) use crate::algorithm::MAX_LIMITS_PER_POLICY;
+use crate::algorithm::calendar::Calendar;
 use crate::algorithm::window::Window;
 use crate::algorithm::{Algorithm, gcra};
 use crate::error::ConfigError;
@@ -49,6 +50,8 @@ pub struct Limit {
     name: Arc<str>,
     emission_us: u64,
     tolerance_us: u64,
+    /// A calendar quota's calendar; `None` for every other algorithm.
+    calendar: Option<Calendar>,
 }
 
 impl Limit {
@@ -63,7 +66,46 @@ impl Limit {
             rate,
             burst: None,
             name: None,
+            calendar: None,
         }
+    }
+
+    /// A calendar quota: `count` per calendar day or month in `calendar`'s
+    /// time zone, counted from zero again at each period's start (see
+    /// [`Algorithm::Calendar`]). Its rate is `count` per the period's
+    /// nominal length (a day, or 30 days for a month), which is what
+    /// `RateLimit-Policy` advertises; its name is `count/day` or
+    /// `count/month`. The policy text writes it `10000/month`,
+    /// `500/day tz=Europe/Paris` or `500/day tz=+02:00`.
+    ///
+    /// ```
+    /// use fleetgate::{Algorithm, Calendar, Limit, Policy};
+    ///
+    /// let plan = Policy::single("pro", Limit::calendar(10_000, Calendar::monthly())?)?;
+    /// assert_eq!(plan.algorithm(), Algorithm::Calendar);
+    /// let paris = Limit::calendar(500, Calendar::daily().zone("Europe/Paris")?)?;
+    /// assert_eq!(paris.name(), "500/day");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn calendar(count: u64, calendar: Calendar) -> Result<Self, ConfigError> {
+        Limit::calendar_builder(count, calendar).build()
+    }
+
+    /// Starts building a calendar quota ([`Limit::calendar`]), to give it
+    /// a name of its own.
+    pub fn calendar_builder(count: u64, calendar: Calendar) -> LimitBuilder {
+        LimitBuilder {
+            rate: Rate::new(count, calendar.nominal()),
+            burst: None,
+            name: None,
+            calendar: Some(calendar),
+        }
+    }
+
+    /// A calendar quota's calendar; `None` for a limit of another
+    /// algorithm.
+    pub fn calendar_of(&self) -> Option<&Calendar> {
+        self.calendar.as_ref()
     }
 
     /// The long-run rate.
@@ -127,6 +169,7 @@ impl Limit {
             name: self.name.clone(),
             emission_us,
             tolerance_us: emission_us * burst,
+            calendar: self.calendar.clone(),
         }
     }
 
@@ -174,6 +217,9 @@ impl gcra::AsParams for Limit {
 
 impl fmt::Display for Limit {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(calendar) = &self.calendar {
+            return write!(f, "{}/{calendar}", self.rate.count());
+        }
         write!(f, "{} burst {}", self.rate, self.burst)
     }
 }
@@ -185,6 +231,7 @@ pub struct LimitBuilder {
     rate: Rate,
     burst: Option<u64>,
     name: Option<String>,
+    calendar: Option<Calendar>,
 }
 
 impl LimitBuilder {
@@ -241,7 +288,10 @@ impl LimitBuilder {
                 check_name(&name)?;
                 Arc::from(name)
             }
-            None => Arc::from(self.rate.to_string()),
+            None => match &self.calendar {
+                Some(calendar) => Arc::from(format!("{}/{}", self.rate.count(), calendar.unit())),
+                None => Arc::from(self.rate.to_string()),
+            },
         };
         Ok(Limit {
             rate: self.rate,
@@ -249,6 +299,7 @@ impl LimitBuilder {
             name,
             emission_us,
             tolerance_us,
+            calendar: self.calendar,
         })
     }
 }
@@ -348,7 +399,7 @@ impl Policy {
         PolicyBuilder {
             name: name.into(),
             limits: Vec::new(),
-            algorithm: Algorithm::default(),
+            algorithm: None,
         }
     }
 
@@ -422,7 +473,8 @@ impl Policy {
 pub struct PolicyBuilder {
     name: String,
     limits: Vec<Limit>,
-    algorithm: Algorithm,
+    /// `None`: GCRA, or the calendar for calendar quotas.
+    algorithm: Option<Algorithm>,
 }
 
 impl PolicyBuilder {
@@ -432,18 +484,20 @@ impl PolicyBuilder {
         self
     }
 
-    /// Decides the limits with `algorithm` (default: [`Algorithm::Gcra`]).
-    /// Under a window algorithm each limit is a window of its rate's count
-    /// per its rate's period; see [`Algorithm`].
+    /// Decides the limits with `algorithm` (default: [`Algorithm::Gcra`],
+    /// or [`Algorithm::Calendar`] for calendar quotas). Under a window
+    /// algorithm each limit is a window of its rate's count per its rate's
+    /// period; see [`Algorithm`].
     pub fn algorithm(mut self, algorithm: Algorithm) -> Self {
-        self.algorithm = algorithm;
+        self.algorithm = Some(algorithm);
         self
     }
 
     /// Checks the policy and builds it.
     pub fn build(self) -> Result<Policy, ConfigError> {
         check_name(&self.name)?;
-        check_window_limits(self.algorithm, &self.limits)?;
+        let algorithm = policy_algorithm(self.algorithm, &self.limits)?;
+        check_window_limits(algorithm, &self.limits)?;
         if self.limits.is_empty() {
             return Err(ConfigError::EmptyPolicy);
         }
@@ -466,9 +520,29 @@ impl PolicyBuilder {
                 name: Arc::from(self.name),
                 limits: self.limits.into_boxed_slice(),
                 max_cost,
-                algorithm: self.algorithm,
+                algorithm,
             }),
         })
+    }
+}
+
+/// The algorithm a policy of `limits` decides with: the one asked for
+/// (GCRA when none was), or the calendar for calendar quotas; one
+/// algorithm for all, or a [`ConfigError::CalendarMix`].
+fn policy_algorithm(asked: Option<Algorithm>, limits: &[Limit]) -> Result<Algorithm, ConfigError> {
+    let calendars = limits.iter().any(|l| l.calendar.is_some());
+    let algorithm = asked.unwrap_or(if calendars {
+        Algorithm::Calendar
+    } else {
+        Algorithm::Gcra
+    });
+    let calendar = algorithm == Algorithm::Calendar;
+    match limits.iter().find(|l| l.calendar.is_some() != calendar) {
+        Some(l) => Err(ConfigError::CalendarMix {
+            name: l.name().to_owned(),
+            algorithm,
+        }),
+        None => Ok(algorithm),
     }
 }
 

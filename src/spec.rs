@@ -13,6 +13,8 @@
 //! | `25/5s as short + 300/min as long` | the same, with names for headers and errors |
 //! | `5000/h sliding` | an exact sliding-window log of 5000 per hour |
 //! | `100/min fixed` | a fixed window of 100 per minute |
+//! | `10000/month` | a calendar quota: 10,000 per calendar month (UTC), reset on the 1st |
+//! | `500/day tz=Europe/Paris` | 500 per calendar day, reset at midnight in Paris |
 //!
 //! Algorithms: `gcra` (the default), `sliding-log` (or `sliding`, `log`),
 //! `sliding-window` (or `sliding-counter`) and `fixed-window` (or `fixed`);
@@ -21,6 +23,14 @@
 //! Periods: a number (default 1) and a unit: `ms`, `s` (`sec`, `second`),
 //! `min` (`m`, `minute`), `h` (`hr`, `hour`), `d` (`day`); plurals are fine.
 //! Numbers may use `_` between digits (`5_000/h`).
+//!
+//! Calendar quotas ([`Algorithm::Calendar`]): `COUNT/day` or `COUNT/month`
+//! (no number before the unit), reset at the start of each calendar day or
+//! month, in UTC or in the zone `tz=` names: an IANA name (`Europe/Paris`,
+//! with its daylight-saving changes) or a fixed offset (`+02:00`). With a
+//! number the unit is a rolling duration again: `500/d` and `500/1day`
+//! refill over 24 hours, as GCRA. A policy's limits are all calendar
+//! quotas or none is, and calendar quotas take no `burst`.
 //!
 //! ```
 //! use fleetgate::spec::PolicySpec;
@@ -79,6 +89,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use crate::algorithm::Algorithm;
+use crate::algorithm::calendar::{self, Calendar};
 use crate::error::ConfigError;
 use crate::limit::{Limit, Policy, Rate};
 
@@ -157,6 +168,7 @@ const ALGORITHMS: &[(&str, Algorithm)] = &[
     ("sliding-counter", Algorithm::SlidingWindow),
     ("fixed-window", Algorithm::FixedWindow),
     ("fixed", Algorithm::FixedWindow),
+    ("calendar", Algorithm::Calendar),
 ];
 
 /// The algorithm named `word` (any case), if any.
@@ -180,8 +192,12 @@ fn algorithm_names() -> String {
 /// [`build`](Self::build) checks it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LimitSpec {
-    /// The long-run rate.
+    /// The long-run rate; for a calendar quota, its count per the period's
+    /// nominal length.
     pub rate: Rate,
+    /// A calendar quota's calendar (`500/day tz=Europe/Paris`); `None` for
+    /// a rate.
+    pub calendar: Option<Calendar>,
     /// How many may pass at once (default: the rate's count).
     pub burst: Option<u64>,
     /// The limit's name in headers and errors (default: the rate, as
@@ -192,7 +208,10 @@ pub struct LimitSpec {
 impl LimitSpec {
     /// Checks the limit and builds it.
     pub fn build(&self) -> Result<Limit, ConfigError> {
-        let mut builder = Limit::builder(self.rate);
+        let mut builder = match &self.calendar {
+            Some(calendar) => Limit::calendar_builder(self.rate.count(), calendar.clone()),
+            None => Limit::builder(self.rate),
+        };
         if let Some(burst) = self.burst {
             builder = builder.burst(burst);
         }
@@ -206,17 +225,26 @@ impl LimitSpec {
 impl From<&Limit> for LimitSpec {
     fn from(limit: &Limit) -> Self {
         let rate = limit.rate();
+        let calendar = limit.calendar_of().cloned();
+        let default_name = match &calendar {
+            Some(calendar) => format!("{}/{}", rate.count(), calendar.unit()),
+            None => rate.to_string(),
+        };
         LimitSpec {
             rate,
             burst: (limit.burst() != rate.count()).then_some(limit.burst()),
-            name: (limit.name() != rate.to_string()).then(|| limit.name().to_owned()),
+            name: (limit.name() != default_name).then(|| limit.name().to_owned()),
+            calendar,
         }
     }
 }
 
 impl fmt::Display for LimitSpec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.rate)?;
+        match &self.calendar {
+            Some(calendar) => write!(f, "{}/{calendar}", self.rate.count())?,
+            None => write!(f, "{}", self.rate)?,
+        }
         if let Some(burst) = self.burst {
             write!(f, " burst {burst}")?;
         }
@@ -247,7 +275,14 @@ impl FromStr for Rate {
     fn from_str(text: &str) -> Result<Self, ParseError> {
         let mut parser = Parser::new(text);
         parser.skip_space();
-        let rate = parser.rate()?;
+        let (rate, calendar) = parser.rate()?;
+        if calendar.is_some() {
+            return Err(ParseError::new(
+                text,
+                0..text.len(),
+                "a calendar quota, not a rate: write the period with a number (1day) for a rolling one",
+            ));
+        }
         parser.skip_space();
         parser.end()?;
         Ok(rate)
@@ -283,7 +318,10 @@ impl From<&Policy> for PolicySpec {
     fn from(policy: &Policy) -> Self {
         PolicySpec {
             limits: policy.limits().iter().map(LimitSpec::from).collect(),
-            algorithm: policy.algorithm().is_window().then(|| policy.algorithm()),
+            // Calendar quotas name their algorithm themselves.
+            algorithm: (policy.algorithm().is_window()
+                && policy.algorithm() != Algorithm::Calendar)
+                .then(|| policy.algorithm()),
         }
     }
 }
@@ -354,6 +392,16 @@ impl FromStr for PolicySpec {
         }
         Ok(spec)
     }
+}
+
+/// A rate, or a calendar quota with its zone, alone in `text`.
+fn rate_or_calendar(text: &str) -> Result<(Rate, Option<Calendar>), ParseError> {
+    let mut parser = Parser::new(text);
+    parser.skip_space();
+    let read = parser.rate()?;
+    parser.skip_space();
+    parser.end()?;
+    Ok(read)
 }
 
 /// A cursor over the text, with positions for errors.
@@ -453,7 +501,10 @@ impl<'a> Parser<'a> {
         (&rest[..len], start..self.pos)
     }
 
-    fn rate(&mut self) -> Result<Rate, ParseError> {
+    /// `COUNT/PERIOD`, or a calendar quota's `COUNT/day` or
+    /// `COUNT/month` with its ` tz=<zone>`: the rate (for a calendar
+    /// quota, its count per the period's nominal length) and the calendar.
+    fn rate(&mut self) -> Result<(Rate, Option<Calendar>), ParseError> {
         let count = self.number("a count such as the 100 of 100/s")?;
         self.skip_space();
         if !self.eat(b'/') {
@@ -475,6 +526,23 @@ impl<'a> Parser<'a> {
             1
         };
         let (unit, span) = self.word();
+        if multiple == 1
+            && period_start == span.start
+            && let Some(read) = calendar::unit(unit, self.rest())
+        {
+            let after = self.pos;
+            return match read {
+                Ok((calendar, taken)) => {
+                    self.pos += taken;
+                    Ok((Rate::new(count, calendar.nominal()), Some(calendar)))
+                }
+                Err((problem, at)) => Err(ParseError::new(
+                    self.text,
+                    after + at.start..after + at.end,
+                    problem,
+                )),
+            };
+        }
         let Some(unit) = unit_of(unit) else {
             let problem = "unknown time unit; use ms, s, min, h or d";
             return Err(if span.is_empty() {
@@ -487,14 +555,15 @@ impl<'a> Parser<'a> {
             .ok()
             .and_then(|n| unit.checked_mul(n))
             .ok_or_else(|| ParseError::new(self.text, period_start..self.pos, "period too long"))?;
-        Ok(Rate::new(count, period))
+        Ok((Rate::new(count, period), None))
     }
 
     fn limit(&mut self) -> Result<(LimitSpec, Range<usize>), ParseError> {
         let start = self.pos;
-        let rate = self.rate()?;
+        let (rate, calendar) = self.rate()?;
         let mut spec = LimitSpec {
             rate,
+            calendar,
             burst: None,
             name: None,
         };
@@ -554,6 +623,59 @@ fn unit_of(word: &str) -> Option<Duration> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn calendar_quotas_parse_and_write_back() {
+        let one = |text: &str| {
+            let spec: PolicySpec = text.parse().unwrap();
+            let limit = &spec.limits[0];
+            (limit.rate.count(), limit.calendar.clone())
+        };
+        assert_eq!(one("10000/month"), (10_000, Some(Calendar::monthly())));
+        assert_eq!(one("500/days"), (500, Some(Calendar::daily())));
+        assert_eq!(one("5_000/Month"), (5_000, Some(Calendar::monthly())));
+        let paris = Calendar::daily().zone("Europe/Paris").unwrap();
+        assert_eq!(one("500/day tz=Europe/Paris"), (500, Some(paris)));
+        let plus = Calendar::daily().zone("+02:00").unwrap();
+        assert_eq!(one("500/day tz=+02:00 as daily"), (500, Some(plus)));
+        // With a number, or as `d`, a day is a rolling 24 hours again.
+        for rolling in ["500/d", "500/1day", "500/2days", "500/24h"] {
+            assert_eq!(one(rolling).1, None, "{rolling}");
+        }
+        for text in [
+            "10000/month",
+            "500/day tz=Europe/Paris",
+            "3/day as ping-day + 50/month",
+        ] {
+            let spec: PolicySpec = text.parse().unwrap();
+            assert_eq!(spec.to_string(), text);
+            let policy = spec.build("plan").unwrap();
+            assert_eq!(policy.algorithm(), Algorithm::Calendar);
+            assert_eq!(PolicySpec::from(&policy).to_string(), text);
+        }
+        for (text, says) in [
+            (
+                "500/day tz=Nowhere/Land",
+                "unknown time zone \"Nowhere/Land\"",
+            ),
+            ("500/day tz=+25:00", "invalid UTC offset"),
+            ("500/day burst 5", "a window admits its rate's count"),
+            (
+                "500/day + 10/s",
+                "does not fit a policy decided by calendar",
+            ),
+            (
+                "500/day sliding",
+                "does not fit a policy decided by sliding-log",
+            ),
+            ("10/s calendar", "does not fit a policy decided by calendar"),
+            ("0/day", "at least one event per period"),
+        ] {
+            let err = err(text).to_string();
+            assert!(err.contains(says), "{text}: {err}");
+        }
+        assert_eq!(err("500/day tz=Nowhere/Land").fragment(), "Nowhere/Land");
+    }
 
     fn err(text: &str) -> ParseError {
         text.parse::<PolicySpec>().unwrap_err()
@@ -892,7 +1014,8 @@ mod serde_impls {
     #[derive(Deserialize)]
     #[serde(deny_unknown_fields)]
     struct LimitTable {
-        rate: Rate,
+        /// A rate, or a calendar quota (`500/day tz=Europe/Paris`).
+        rate: String,
         #[serde(default)]
         burst: Option<u64>,
         #[serde(default)]
@@ -935,8 +1058,10 @@ mod serde_impls {
         type Error = String;
 
         fn try_from(t: LimitTable) -> Result<Self, String> {
+            let (rate, calendar) = super::rate_or_calendar(&t.rate).map_err(|e| e.to_string())?;
             let spec = LimitSpec {
-                rate: t.rate,
+                rate,
+                calendar,
                 burst: t.burst,
                 name: t.name,
             };

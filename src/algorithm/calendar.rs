@@ -454,58 +454,6 @@ pub(crate) fn unit(word: &str, rest: &str) -> Option<UnitText> {
     })
 }
 
-/// A whole calendar quota's text: `COUNT/UNIT` with an optional
-/// ` tz=<zone>` (`10000/month`, `500/day tz=Europe/Paris`,
-/// `500/day tz=+02:00`; `_` between digits is fine). Returns the count
-/// and the calendar, or what is wrong.
-pub(crate) fn parse(text: &str) -> Result<(u64, Calendar), String> {
-    let text = text.trim();
-    let Some((count, after)) = text.split_once('/') else {
-        return Err(format!(
-            "expected COUNT/day or COUNT/month, as in 500/day, not {text:?}"
-        ));
-    };
-    let count = count.trim();
-    let digits: String = count.chars().filter(|c| *c != '_').collect();
-    if !count.starts_with(|c: char| c.is_ascii_digit())
-        || !digits.bytes().all(|b| b.is_ascii_digit())
-    {
-        return Err(format!("expected a count before `/`, not {count:?}"));
-    }
-    let count = digits
-        .parse::<u64>()
-        .ok()
-        .filter(|n| *n <= MAX_COUNTED)
-        .ok_or_else(|| format!("count {count} too large (at most 2^50)"))?;
-    if count == 0 {
-        return Err("a quota must admit at least one call per period".to_owned());
-    }
-    let after = after.trim_start();
-    if after.starts_with(|c: char| c.is_ascii_digit()) {
-        return Err(format!(
-            "a calendar quota counts per one day or month (COUNT/day, COUNT/month), not per {after:?}; 1000/2d is a rolling 48 hours"
-        ));
-    }
-    let len = after
-        .find(|c: char| !c.is_ascii_alphabetic())
-        .unwrap_or(after.len());
-    let (word, rest) = after.split_at(len);
-    let (calendar, used) = match unit(word, rest) {
-        None => {
-            return Err(format!(
-                "{word:?} is no calendar period: use day or month (d, h, min, s are rolling rates)"
-            ));
-        }
-        Some(Err((problem, _))) => return Err(problem),
-        Some(Ok(found)) => found,
-    };
-    let left = rest[used..].trim();
-    if !left.is_empty() {
-        return Err(format!("unexpected text {left:?} after {word}"));
-    }
-    Ok((count, calendar))
-}
-
 /// The period holding `now` among those `bounds` ([`Calendar::bounds`]
 /// of a caller's clock) describe: `[b0, b1)`, `[b1, b2)` or `[b2, b3)`.
 /// Before `b0`, `[b0, b1)`: a period later than `now`, as a stored start
@@ -899,36 +847,6 @@ mod tests {
                 ),
                 "{bad}"
             );
-        }
-    }
-
-    #[test]
-    fn policy_texts_parse() {
-        assert_eq!(parse("10000/month"), Ok((10_000, Calendar::monthly())));
-        assert_eq!(parse("500/day"), Ok((500, Calendar::daily())));
-        assert_eq!(parse("500/days"), Ok((500, Calendar::daily())));
-        assert_eq!(parse("5_000/Month"), Ok((5_000, Calendar::monthly())));
-        assert_eq!(parse("500/day tz=Europe/Paris"), Ok((500, paris())));
-        let plus = Calendar::daily().zone("+02:00").unwrap();
-        assert_eq!(parse("500/day tz=+02:00"), Ok((500, plus)));
-        for (text, says) in [
-            ("500/d", "no calendar period"),
-            ("500/h", "no calendar period"),
-            ("500/week", "no calendar period"),
-            ("500/2days", "per one day or month"),
-            ("0/day", "at least one call"),
-            ("x/day", "expected a count"),
-            ("500", "expected COUNT/day"),
-            (
-                "500/day tz=Nowhere/Land",
-                "unknown time zone \"Nowhere/Land\"",
-            ),
-            ("500/day tz=+25:00", "invalid UTC offset"),
-            ("500/day burst 5", "unexpected text \"burst 5\""),
-            ("2000000000000000/day", "too large"),
-        ] {
-            let err = parse(text).unwrap_err();
-            assert!(err.contains(says), "{text}: {err}");
         }
     }
 

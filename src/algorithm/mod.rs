@@ -7,10 +7,6 @@
 
 use std::fmt;
 
-// Not yet wired into `Algorithm`, the stores or the parser, nor
-// re-exported from lib.rs: until then its items are unused and its public
-// types unreachable.
-#[allow(dead_code, unreachable_pub)]
 pub(crate) mod calendar;
 pub(crate) mod fixed_window;
 pub(crate) mod gcra;
@@ -36,7 +32,8 @@ pub(crate) const MAX_LIMITS_PER_POLICY: usize = 16;
 /// | [`Gcra`](Algorithm::Gcra) (default) | one number per limit | exact rate with a burst | most APIs: cheapest, smooth; the only one with reserve mode (waiting clients) |
 /// | [`SlidingLog`](Algorithm::SlidingLog) | one timestamp per admitted unit of cost, in one sorted set for all windows | exact: at most `count` in any window of that length | mirroring an upstream's published "N per window" exactly, for small N |
 /// | [`SlidingWindow`](Algorithm::SlidingWindow) | two counters per limit | approximate: the previous window's count weighted by how much of it still overlaps the sliding window | very large counts or very many identities, in O(1) memory |
-/// | [`FixedWindow`](Algorithm::FixedWindow) | one counter per limit | exact per calendar window, but up to twice the count can pass around a window boundary | quotas that reset at fixed times |
+/// | [`FixedWindow`](Algorithm::FixedWindow) | one counter per limit | exact per window, but up to twice the count can pass around a window boundary | quotas that reset at fixed times |
+/// | [`Calendar`](Algorithm::Calendar) | one counter per limit | exact per calendar day or month, in a time zone | paid plans' quotas ("10,000 calls a month"), resetting when the customer expects |
 ///
 /// What each costs in Redis memory and decisions per second is in
 /// BENCHMARKS.md ("What it costs"). In Redis, sliding-log members are
@@ -53,6 +50,7 @@ pub(crate) const MAX_LIMITS_PER_POLICY: usize = 16;
 /// | sliding log | `count` minus the cost logged in the last window length | until the newest logged call leaves the window | until enough of the oldest logged calls have left the window for this call to fit |
 /// | sliding window | `count` minus the weighted estimate, rounded down | until the estimate is zero again (the current window's calls have fully decayed) | until the estimate leaves room for this call |
 /// | fixed window | `count` minus the cost in the current window | until the current window ends | until the current window ends |
+/// | calendar | `count` minus the cost in the current day or month | until the next calendar boundary in the zone | until the next calendar boundary |
 ///
 /// `RateLimit-Policy` advertises each window as `q=<count>;w=<seconds>`.
 /// A policy of several windows reports every window: `RateLimit` lists them
@@ -106,6 +104,11 @@ pub enum Algorithm {
     /// Fixed window: one counter per window, reset when the window ends.
     /// O(1) memory.
     FixedWindow,
+    /// Calendar quota: one counter per limit, reset at the start of each
+    /// calendar day or month in the limit's time zone (see
+    /// [`Limit::calendar`](crate::Limit::calendar)). O(1) memory. A policy
+    /// of calendar limits takes this algorithm by itself.
+    Calendar,
 }
 
 impl Algorithm {
@@ -114,13 +117,15 @@ impl Algorithm {
         !matches!(self, Algorithm::Gcra)
     }
 
-    /// A short name: `gcra`, `sliding-log`, `sliding-window`, `fixed-window`.
+    /// A short name: `gcra`, `sliding-log`, `sliding-window`,
+    /// `fixed-window`, `calendar`.
     pub fn name(self) -> &'static str {
         match self {
             Algorithm::Gcra => "gcra",
             Algorithm::SlidingLog => "sliding-log",
             Algorithm::SlidingWindow => "sliding-window",
             Algorithm::FixedWindow => "fixed-window",
+            Algorithm::Calendar => "calendar",
         }
     }
 }

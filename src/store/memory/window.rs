@@ -6,6 +6,7 @@ use std::hash::BuildHasher;
 
 use super::{MIN_CAPACITY, MemoryStore, eviction_cut, keep_after_eviction};
 use crate::algorithm::Algorithm;
+use crate::algorithm::calendar::{self, Quota, Tally};
 use crate::algorithm::window::{Counter, Window};
 use crate::decision::Decision;
 use crate::key::Key;
@@ -47,6 +48,19 @@ enum State {
     Log(VecDeque<u64>),
     /// Counter algorithms: one counter per window, by position.
     Counters(Box<[Counter]>),
+    /// Calendar quotas: one tally per quota, by position, in Unix time.
+    Tallies(Box<[Tally]>),
+}
+
+/// What a call runs with, beside its state: the policy's algorithm and
+/// its limits as windows (calendar quotas: as periods too, resolved for
+/// now), and the clock's reading and its Unix epoch.
+struct Limits<'a> {
+    algorithm: Algorithm,
+    windows: &'a [Window],
+    quotas: &'a [Quota],
+    now: u64,
+    epoch: u64,
 }
 
 impl Table {
@@ -118,6 +132,29 @@ impl MemoryStore {
         }
         let windows = &windows[..limits.len()];
         let algorithm = call.policy.algorithm();
+        let mut quotas = [Quota {
+            count: 0,
+            start: 0,
+            end: 0,
+        }; MAX_LIMITS_PER_POLICY];
+        let epoch = self.inner.clock.unix_epoch_micros();
+        if algorithm == Algorithm::Calendar {
+            // Resolved before the lock: the calendar's arithmetic is the
+            // slow part, and a period it ends a hair early or late at a
+            // boundary changes nothing but which side of it the call is.
+            let unix = self.inner.clock.now_micros().saturating_add(epoch);
+            for (q, limit) in quotas.iter_mut().zip(limits) {
+                if let Some(calendar) = limit.calendar_of() {
+                    let (start, end) = calendar.period(unix);
+                    *q = Quota {
+                        count: limit.rate().count(),
+                        start,
+                        end,
+                    };
+                }
+            }
+        }
+        let quotas = &quotas[..limits.len()];
         // How long one call's count can matter: a window, or two for the
         // sliding counter (the previous window's count weighs in).
         let longest = windows.iter().map(|w| w.length).max().unwrap_or(0);
@@ -132,7 +169,14 @@ impl MemoryStore {
         // Read under the lock: a key's calls then see time in order, as
         // the sliding log (kept ascending) needs.
         let now = self.inner.clock.now_micros();
-        let (decision, evicted) = shard.decide(call, op, algorithm, windows, horizon, now);
+        let run = Limits {
+            algorithm,
+            windows,
+            quotas,
+            now,
+            epoch,
+        };
+        let (decision, evicted) = shard.decide(call, op, &run, horizon);
         drop(shard);
         self.inner.evicted(evicted, "window");
         self.inner.tick(now);
@@ -148,19 +192,17 @@ impl Shard {
         &mut self,
         call: &Call<'_>,
         op: Op,
-        algorithm: Algorithm,
-        windows: &[Window],
+        run: &Limits<'_>,
         horizon: u64,
-        now: u64,
     ) -> (Option<Decision>, u64) {
+        let (algorithm, windows, now) = (run.algorithm, run.windows, run.now);
         let policy = call.policy.name();
         let existing = self.map.get_mut(call.key).and_then(|slot| {
             slot.iter_mut()
                 .find(|e| &*e.policy == policy && e.algorithm == algorithm)
         });
         if let Some(entry) = existing {
-            let (decision, idle_at) =
-                apply(op, algorithm, windows, &mut entry.state, now, call.cost);
+            let (decision, idle_at) = apply(op, run, &mut entry.state, call.cost);
             if let Some(idle_at) = idle_at {
                 entry.idle_at = entry.idle_at.max(idle_at);
             }
@@ -178,9 +220,12 @@ impl Shard {
         }
         let mut state = match algorithm {
             Algorithm::SlidingLog => State::Log(VecDeque::new()),
+            Algorithm::Calendar => {
+                State::Tallies(vec![Tally::default(); windows.len()].into_boxed_slice())
+            }
             _ => State::Counters(vec![Counter::default(); windows.len()].into_boxed_slice()),
         };
-        let (decision, idle_at) = apply(op, algorithm, windows, &mut state, now, call.cost);
+        let (decision, idle_at) = apply(op, run, &mut state, call.cost);
         let Some(idle_at) = idle_at else {
             return (decision, 0);
         };
@@ -201,14 +246,14 @@ impl Shard {
 /// leaves a window state alone.
 fn apply(
     op: Op,
-    algorithm: Algorithm,
-    windows: &[Window],
+    run: &Limits<'_>,
     state: &mut State,
-    now: u64,
     cost: u64,
 ) -> (Option<Decision>, Option<u64>) {
     use crate::algorithm::{fixed_window, sliding_log, sliding_window};
+    let (algorithm, windows, now) = (run.algorithm, run.windows, run.now);
     let counters = match state {
+        State::Tallies(tallies) => return apply_calendar(op, run, tallies, cost),
         State::Log(log) => {
             return match op {
                 Op::Check { .. } => {
@@ -263,6 +308,42 @@ fn apply(
             } else {
                 sliding_window::refund(windows, c, now, cost);
             }
+            (None, None)
+        }
+        Op::Defer { .. } => (None, None),
+    }
+}
+
+/// [`apply`] for calendar quotas, which count in Unix time.
+fn apply_calendar(
+    op: Op,
+    run: &Limits<'_>,
+    tallies: &mut Box<[Tally]>,
+    cost: u64,
+) -> (Option<Decision>, Option<u64>) {
+    if tallies.len() < run.quotas.len() {
+        // A policy of the same name with more quotas: keep each quota's
+        // state by position, as the Redis keys do.
+        let mut grown = vec![Tally::default(); run.quotas.len()];
+        grown[..tallies.len()].copy_from_slice(tallies);
+        *tallies = grown.into_boxed_slice();
+    }
+    let t = &mut tallies[..run.quotas.len()];
+    let (quotas, unix) = (run.quotas, run.now.saturating_add(run.epoch));
+    // Back from Unix time to the clock's, for the sweeps.
+    let idle = |at: u64| at.saturating_sub(run.epoch);
+    match op {
+        Op::Check { .. } => {
+            let (decision, idle_at) = calendar::check(quotas, t, unix, cost);
+            (Some(decision), idle_at.map(idle))
+        }
+        Op::Peek => (Some(calendar::peek(quotas, t, unix, cost)), None),
+        Op::Charge => {
+            let (decision, idle_at) = calendar::charge(quotas, t, unix, cost);
+            (Some(decision), Some(idle(idle_at)))
+        }
+        Op::Refund => {
+            calendar::refund(quotas, t, unix, cost);
             (None, None)
         }
         Op::Defer { .. } => (None, None),

@@ -769,6 +769,11 @@ impl Store for RedisStore {
 
 impl StoreOps for RedisStore {
     fn run(&self, call: Call<'_>) -> StoreFuture<Answer> {
+        if call.policy.algorithm() == Algorithm::Calendar {
+            return StoreFuture::ready(Err(StoreError::Redis(
+                "calendar quotas are not decided on Redis yet".into(),
+            )));
+        }
         let adjust = AdjustCall {
             policy: call.policy,
             key: call.key,

@@ -91,6 +91,7 @@ impl RedisStore {
             Algorithm::SlidingLog => return vec![format!("{base}:log")],
             Algorithm::SlidingWindow => "sw",
             Algorithm::FixedWindow => "fw",
+            Algorithm::Calendar => "cq",
             Algorithm::Gcra => return Vec::new(),
         };
         (0..policy.limits().len())
