@@ -9,7 +9,7 @@ use common::RedisServer;
 use fleetgate::key::{ForwardedIp, IpNet};
 use fleetgate::{
     ConfigError, FailurePolicy, Limit, Limiter, LocalShare, MemoryStore, Policy, Rate,
-    RateLimitLayer, RedisStore, StoreError,
+    RateLimitLayer, RedisStore, StoreError, Topology,
 };
 
 /// The longest tolerance a limit may have, as the docs state it: 2^50 µs.
@@ -402,62 +402,61 @@ async fn redis_store_builder_refuses_zero_timeout_and_bad_prefixes() {
     let server = RedisServer::start();
     let url = server.url();
     // Good settings connect.
-    let store = RedisStore::builder()
+    let store = RedisStore::builder(&url)
         .prefix("app-1:rl")
         .timeout(Duration::from_millis(20))
-        .connect(&url)
+        .connect()
         .await
         .unwrap();
     assert_eq!(store.prefix(), "app-1:rl");
     assert_eq!(store.timeout(), Duration::from_millis(20));
 
     config_refused(
-        RedisStore::builder()
+        RedisStore::builder(&url)
             .timeout(Duration::ZERO)
-            .connect(&url)
+            .connect()
             .await,
         &[&ConfigError::ZeroTimeout.to_string()],
     );
     config_refused(
-        RedisStore::builder()
+        RedisStore::builder(&url)
             .connect_timeout(Duration::ZERO)
-            .connect(&url)
+            .connect()
             .await,
         &[&ConfigError::ZeroTimeout.to_string()],
     );
     for (builder, setting) in [
-        (RedisStore::builder().max_in_flight(0), "max_in_flight"),
-        (RedisStore::builder().max_batch(0), "max_batch"),
+        (RedisStore::builder(&url).max_in_flight(0), "max_in_flight"),
+        (RedisStore::builder(&url).max_batch(0), "max_batch"),
     ] {
         config_refused(
-            builder.connect(&url).await,
+            builder.connect().await,
             &[&ConfigError::ZeroBatch { setting }.to_string(), setting],
         );
     }
     let long = "p".repeat(65);
     for &prefix in BAD_NAMES.iter().chain([long.as_str()].iter()) {
         config_refused(
-            RedisStore::builder().prefix(prefix).connect(&url).await,
+            RedisStore::builder(&url).prefix(prefix).connect().await,
             &[&ConfigError::InvalidName {
                 name: prefix.to_owned(),
             }
             .to_string()],
         );
     }
-    // On an existing connection too.
-    let conn = redis::aio::ConnectionManager::new(server.client())
-        .await
-        .unwrap();
+    // On a client built by hand too.
     config_refused(
-        RedisStore::builder()
+        RedisStore::builder(Topology::client(server.client()))
             .prefix("bad prefix")
-            .with_connection(conn.clone()),
+            .connect()
+            .await,
         &["invalid name"],
     );
     config_refused(
-        RedisStore::builder()
+        RedisStore::builder(Topology::client(server.client()))
             .timeout(Duration::ZERO)
-            .with_connection(conn),
+            .connect()
+            .await,
         &["timeout"],
     );
 }
@@ -475,20 +474,20 @@ async fn redis_store_builder_checks_settings_before_connecting() {
     let url = format!("redis://127.0.0.1:{port}");
     let started = Instant::now();
     config_refused(
-        RedisStore::builder().prefix("no{tags}").connect(&url).await,
+        RedisStore::builder(&url).prefix("no{tags}").connect().await,
         &["invalid name", "no{tags}"],
     );
     config_refused(
-        RedisStore::builder()
+        RedisStore::builder(&url)
             .timeout(Duration::ZERO)
-            .connect(&url)
+            .connect()
             .await,
         &["timeout must be longer than zero"],
     );
     config_refused(
-        RedisStore::builder()
+        RedisStore::builder(&url)
             .connect_timeout(Duration::ZERO)
-            .connect(&url)
+            .connect()
             .await,
         &["timeout must be longer than zero"],
     );

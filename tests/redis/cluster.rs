@@ -14,6 +14,7 @@ use crate::common::redis_cluster::RedisCluster;
 use fleetgate::clock::ManualClock;
 use fleetgate::{
     Decision, Key, Limit, Limiter, MemoryStore, Policy, Rate, RedisStore, Store, TimeSource,
+    Topology,
 };
 use tokio::sync::Barrier;
 
@@ -26,11 +27,11 @@ fn limit(rate: Rate, burst: u64, name: &str) -> Limit {
 }
 
 async fn cluster_store(cluster: &RedisCluster, time: TimeSource) -> RedisStore {
-    RedisStore::builder()
+    RedisStore::builder(Topology::cluster(cluster.urls()))
         .prefix("cl")
         .timeout(Duration::from_secs(2))
         .time_source(time)
-        .connect_cluster(cluster.urls())
+        .connect()
         .await
         .expect("connect to the cluster")
 }
@@ -294,10 +295,10 @@ async fn cluster_survives_resharding_and_script_flush() {
 async fn cluster_node_hang_is_bounded_and_local_to_its_slots() {
     let cluster = RedisCluster::start();
     let timeout = Duration::from_millis(200);
-    let store = RedisStore::builder()
+    let store = RedisStore::builder(Topology::cluster(cluster.urls()))
         .prefix("cl")
         .timeout(timeout)
-        .connect_cluster(cluster.urls())
+        .connect()
         .await
         .expect("connect to the cluster");
     let policy = Policy::single("hang", limit(Rate::per_second(1000), 1000, "a")).unwrap();
@@ -356,10 +357,10 @@ async fn a_hung_node_does_not_keep_scripts_from_the_others() {
     // Long enough for any answer on a loaded machine; each call on the
     // hung master waits it out.
     let timeout = Duration::from_secs(1);
-    let store = RedisStore::builder()
+    let store = RedisStore::builder(Topology::cluster(cluster.urls()))
         .prefix("cl")
         .timeout(timeout)
-        .connect_cluster(cluster.urls())
+        .connect()
         .await
         .expect("connect to the cluster");
     let policy = Policy::single("noscript", limit(Rate::per_second(1000), 1000, "a")).unwrap();
