@@ -1,4 +1,4 @@
-//! `RedisStore` on Redis Sentinel (`connect_sentinel`), against real
+//! `RedisStore` on Redis Sentinel (`Topology::sentinel`), against real
 //! processes: a master, a replica and three sentinels started for each test
 //! (`tests/common/sentinel.rs`). The master killed under load, the master
 //! demoted by hand (`READONLY`), one sentinel down, one never answering,
