@@ -115,10 +115,10 @@ async fn measure(server: &RedisServer, run: Duration) -> Result<(), BoxError> {
     );
     println!("|---|---|---:|---:|---:|---:|---:|");
     let redis: Arc<dyn Store> = Arc::new(
-        RedisStore::builder()
+        RedisStore::builder(server.url())
             .prefix("bench-adjust")
             .timeout(Duration::from_secs(1))
-            .connect(&server.url())
+            .connect()
             .await?,
     );
     let memory: Arc<dyn Store> = Arc::new(MemoryStore::new());

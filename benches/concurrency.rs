@@ -143,9 +143,9 @@ async fn run(server: &RedisServer, plan: &Plan) -> Result<(), BoxError> {
         plan.measure
     );
     let redis: Arc<dyn Store> = Arc::new(
-        RedisStore::builder()
+        RedisStore::builder(server.url())
             .timeout(Duration::from_secs(1))
-            .connect(&server.url())
+            .connect()
             .await?,
     );
     let memory: Arc<dyn Store> = Arc::new(MemoryStore::new());

@@ -337,16 +337,16 @@ async fn run(server: &RedisServer, plan: &Plan) -> Result<(), BoxError> {
     let client = server.client();
     let mut admin = client.get_multiplexed_async_connection().await?;
     let version = common::redis_version(&mut admin).await?;
-    let redis_store = RedisStore::builder()
+    let redis_store = RedisStore::builder(server.url())
         .timeout(Duration::from_secs(1))
-        .connect(&server.url())
+        .connect()
         .await?;
     // The same store with every call its own script, to show what calls
     // travelling together (the default) change.
-    let unbatched_store = RedisStore::builder()
+    let unbatched_store = RedisStore::builder(server.url())
         .timeout(Duration::from_secs(1))
         .max_in_flight(usize::MAX)
-        .connect(&server.url())
+        .connect()
         .await?;
     let memory_store = MemoryStore::new();
     let keys: Arc<Vec<Key>> = Arc::new(

@@ -55,11 +55,11 @@ fn main() -> Result<(), BoxError> {
 }
 
 async fn store(server: &RedisServer, cache: usize) -> Result<RedisStore, BoxError> {
-    let store = RedisStore::builder()
+    let store = RedisStore::builder(server.url())
         .prefix("bench-deny")
         .timeout(Duration::from_secs(1))
         .deny_cache(cache)
-        .connect(&server.url())
+        .connect()
         .await?;
     // Load the script, so that every measured decision is one EVALSHA.
     let warm = Policy::single("warm", Limit::new(Rate::per_second(1))?)?;

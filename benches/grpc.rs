@@ -329,10 +329,10 @@ async fn layer(
     )?;
     let store: Arc<dyn Store> = match variant {
         Variant::Redis => Arc::new(
-            RedisStore::builder()
+            RedisStore::builder(redis_url)
                 .prefix("grpc-bench")
                 .timeout(Duration::from_secs(1))
-                .connect(redis_url)
+                .connect()
                 .await?,
         ),
         _ => Arc::new(MemoryStore::new()),

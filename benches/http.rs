@@ -547,10 +547,10 @@ async fn app(
                 .headers(HeaderStyle::None),
         ),
         Variant::Redis | Variant::RedisNoHeaders | Variant::RedisHot => {
-            let store = RedisStore::builder()
+            let store = RedisStore::builder(redis_url)
                 .prefix("bench")
                 .timeout(Duration::from_secs(1))
-                .connect(redis_url)
+                .connect()
                 .await?;
             let limiter = Limiter::new(policy, store);
             let limiter = match variant {

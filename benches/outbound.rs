@@ -90,9 +90,9 @@ async fn round_trips(
     measure: Duration,
 ) -> Result<(), BoxError> {
     let mut admin = server.client().get_multiplexed_async_connection().await?;
-    let store = RedisStore::builder()
+    let store = RedisStore::builder(server.url())
         .timeout(TIMEOUT)
-        .connect(&server.url())
+        .connect()
         .await?;
     let limit = Limit::builder(Rate::per_second(1_000_000))
         .burst(1_000_000)
@@ -210,9 +210,9 @@ async fn fleets(server: &RedisServer, measure: Duration) -> Result<(), BoxError>
     let mut stores: Vec<Arc<dyn Store>> = Vec::new();
     for _ in 0..HANDLES {
         stores.push(Arc::new(
-            RedisStore::builder()
+            RedisStore::builder(server.url())
                 .timeout(TIMEOUT)
-                .connect(&server.url())
+                .connect()
                 .await?,
         ));
     }

@@ -67,9 +67,9 @@ async fn run(server: &RedisServer, identities: usize) -> Result<(), BoxError> {
          redis-server {version} (private, loopback); one limit of 100 per day; \
          after {identities} identities\n"
     );
-    let store = RedisStore::builder()
+    let store = RedisStore::builder(server.url())
         .timeout(Duration::from_secs(1))
-        .connect(&server.url())
+        .connect()
         .await?;
     println!(
         "| algorithm | calls per identity | used_memory growth / identity (bytes) | keys / identity | MEMORY USAGE of one identity's keys (bytes) |"

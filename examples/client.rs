@@ -111,10 +111,10 @@ async fn main() -> Result<(), BoxError> {
         // process would have. The memory store can only be shared in process.
         let store: Arc<dyn Store> = match &options.redis_url {
             Some(url) => Arc::new(
-                RedisStore::builder()
+                RedisStore::builder(url)
                     .prefix("fleetgate-example")
                     .timeout(Duration::from_secs(1))
-                    .connect(url)
+                    .connect()
                     .await
                     .map_err(|err| format!("cannot reach Redis at {url}: {err}"))?,
             ),

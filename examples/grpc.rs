@@ -134,10 +134,12 @@ async fn run() -> Result<(), BoxError> {
         Ok(url) if !url.is_empty() => {
             // Lazy: the demo serves while Redis is down, and connects (and
             // reconnects) in the background.
-            let store = RedisStore::builder()
+            let store = RedisStore::builder(&url)
                 .prefix("fleetgate-grpc-demo")
                 .timeout(Duration::from_millis(50))
-                .connect_lazy(&url)
+                .lazy()
+                .connect()
+                .await
                 .map_err(|err| format!("REDIS_URL: {err}"))?;
             (Arc::new(store), "redis".to_owned())
         }

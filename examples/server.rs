@@ -164,7 +164,7 @@ use fleetgate::shed::{
 use fleetgate::spec::{PolicyFile, PolicySpec};
 use fleetgate::{
     Algorithm, FailurePolicy, Limit, LocalShare, MemoryStore, Policy, Rate, RateLimitLayer,
-    RedisStore, Store,
+    RedisStore, Store, Topology,
 };
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -319,9 +319,11 @@ async fn run() -> Result<(), BoxError> {
             let seeds = node_urls("FLEETGATE_REDIS_SENTINELS", &sentinels)?;
             let count = seeds.len();
             // Lazy, as for REDIS_URL: the master is found in the background.
-            let store = RedisStore::builder()
+            let store = RedisStore::builder(Topology::sentinel(seeds, &master))
                 .prefix("fleetgate-demo")
-                .connect_sentinel_lazy(&master, seeds)
+                .lazy()
+                .connect()
+                .await
                 .map_err(|err| {
                     format!("FLEETGATE_REDIS_SENTINELS {}: {err}", redacted(&sentinels))
                 })?;
@@ -356,9 +358,11 @@ async fn run() -> Result<(), BoxError> {
         ("", url) => {
             // Lazy: the demo serves even while Redis is down, and connects
             // (and reconnects) in the background.
-            let store = RedisStore::builder()
+            let store = RedisStore::builder(url)
                 .prefix("fleetgate-demo")
-                .connect_lazy(url)
+                .lazy()
+                .connect()
+                .await
                 .map_err(|err| format!("REDIS_URL {}: {err}", redacted(url)))?;
             (
                 Arc::new(store),
@@ -748,9 +752,9 @@ fn node_urls(var: &str, nodes: &str) -> Result<Vec<String>, BoxError> {
 async fn connect_cluster(nodes: &str) -> Result<(Arc<dyn Store>, usize), BoxError> {
     let seeds = node_urls("FLEETGATE_REDIS_CLUSTER", nodes)?;
     let count = seeds.len();
-    let store = RedisStore::builder()
+    let store = RedisStore::builder(Topology::cluster(seeds))
         .prefix("fleetgate-demo")
-        .connect_cluster(seeds)
+        .connect()
         .await
         .map_err(|err| format!("FLEETGATE_REDIS_CLUSTER {}: {err}", redacted(nodes)))?;
     Ok((Arc::new(store), count))

@@ -282,6 +282,26 @@ pub enum ConfigError {
     /// threshold of zero calls per second.
     #[error("hot keys need a lease time above zero and at most 60 s, and a threshold above zero")]
     HotKeysOutOfRange,
+    /// A Redis address (of a `Topology`) that does not parse: not a
+    /// `redis://`, `rediss://` or `redis+unix://` URL, or `rediss://`
+    /// without the `tls-rustls` feature.
+    #[error(
+        "invalid Redis address: {reason} (expected redis://[user:password@]host:port[/db], rediss://... for TLS, or redis+unix:///path)"
+    )]
+    InvalidRedisAddress {
+        /// Which address, and what is wrong with it (never the address
+        /// itself, which may hold a password).
+        reason: String,
+    },
+    /// A Redis Cluster without nodes, or Redis Sentinel without sentinels.
+    #[error("{topology} needs at least one address")]
+    NoRedisAddresses {
+        /// `a Redis Cluster` or `Redis Sentinel`.
+        topology: &'static str,
+    },
+    /// Redis Sentinel asked for a master of an empty name.
+    #[error("the name of the Sentinel master is empty")]
+    EmptyMasterName,
 }
 
 /// A store could not decide: Redis unreachable, too slow, or answering

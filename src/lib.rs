@@ -222,7 +222,7 @@ pub use crate::response::{HeaderStyle, Rejection, RejectionKind};
 pub use crate::share::LocalShare;
 pub use crate::store::{MemoryStore, Store};
 #[cfg(feature = "redis")]
-pub use crate::store::{RedisStore, RedisStoreBuilder, TimeSource};
+pub use crate::store::{RedisStore, RedisStoreBuilder, TimeSource, Topology};
 
 pub use crate::concurrency::{
     ConcurrencyLimit, ConcurrencyLimitError, ConcurrencyLimitLayer, ConcurrencyLimiter,

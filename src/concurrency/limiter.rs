@@ -322,9 +322,11 @@ mod tests {
     #[cfg(feature = "redis")]
     #[tokio::test]
     async fn a_failed_reset_keeps_renewing() {
-        let store = crate::RedisStore::builder()
+        let store = crate::RedisStore::builder("redis://127.0.0.1:1")
             .timeout(Duration::from_millis(100))
-            .connect_lazy("redis://127.0.0.1:1")
+            .lazy()
+            .connect()
+            .await
             .unwrap();
         let limiter = renewing(store);
         let lease = StoreLease::new(

@@ -34,7 +34,7 @@ pub use self::redis::DenyCacheStats;
 #[cfg(feature = "redis")]
 pub(crate) use self::redis::live as redis_live;
 #[cfg(feature = "redis")]
-pub use self::redis::{RedisStore, RedisStoreBuilder, TimeSource};
+pub use self::redis::{RedisStore, RedisStoreBuilder, TimeSource, Topology};
 
 #[cfg(all(test, feature = "redis"))]
 pub(crate) use self::redis::DenyCache;

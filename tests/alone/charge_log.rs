@@ -36,9 +36,9 @@ async fn a_failing_charge_is_logged_and_never_delays_the_response() {
     let _alone = crate::one_at_a_time().await;
     let (logs, _logging) = Logs::capture();
     let server = Arc::new(RedisServer::start());
-    let store = RedisStore::builder()
+    let store = RedisStore::builder(server.url())
         .timeout(Duration::from_secs(1))
-        .connect(&server.url())
+        .connect()
         .await
         .unwrap();
     let limiter = Limiter::new(

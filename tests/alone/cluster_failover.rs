@@ -24,7 +24,9 @@ use axum::body::Body;
 use axum::routing::get;
 use fleetgate::concurrency::{Admission, ConcurrencyLimiter, ConcurrencyPolicy};
 use fleetgate::key::HeaderKey;
-use fleetgate::{FailurePolicy, Key, Limit, Limiter, Policy, Rate, RateLimitLayer, RedisStore};
+use fleetgate::{
+    FailurePolicy, Key, Limit, Limiter, Policy, Rate, RateLimitLayer, RedisStore, Topology,
+};
 use http::{Request, StatusCode};
 use tokio::sync::mpsc;
 use tower::ServiceExt;
@@ -200,13 +202,13 @@ async fn cluster_master_killed_under_load_its_replica_takes_over() {
     let cluster = RedisCluster::start_failing_over_fast();
     let (victim, heir) = cluster.master_and_replica();
     let victim_slots = cluster.slots_of(victim, heir);
-    let store = RedisStore::builder()
+    let store = RedisStore::builder(Topology::cluster(cluster.urls()))
         .prefix("fo")
         .timeout(TIMEOUT)
         // Every exhausted identity must reach the store: a cached denial
         // would hide the failover from the test.
         .deny_cache(0)
-        .connect_cluster(cluster.urls())
+        .connect()
         .await
         .expect("connect to the cluster");
     let policy = Policy::single(

@@ -116,10 +116,10 @@ fn app(store: RedisStore) -> Router {
 }
 
 async fn store(server: &RedisServer) -> RedisStore {
-    RedisStore::builder()
+    RedisStore::builder(server.url())
         .prefix("faults")
         .timeout(TIMEOUT)
-        .connect(&server.url())
+        .connect()
         .await
         .expect("connect")
 }

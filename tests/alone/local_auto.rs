@@ -22,10 +22,10 @@ fn policy(name: &str, text: &str) -> Policy {
 
 /// A store of an instance of its own on the test's server.
 async fn store(server: &RedisServer, timeout: Duration) -> RedisStore {
-    RedisStore::builder()
+    RedisStore::builder(server.url())
         .prefix("svc")
         .timeout(timeout)
-        .connect(&server.url())
+        .connect()
         .await
         .unwrap()
 }

@@ -1,4 +1,4 @@
-//! `RedisStore` on Redis Sentinel (`connect_sentinel`), against real
+//! `RedisStore` on Redis Sentinel (`Topology::sentinel`), against real
 //! processes: a master, a replica and three sentinels started for each test
 //! (`tests/common/sentinel.rs`). The master killed under load, the master
 //! demoted by hand (`READONLY`), one sentinel down, one never answering,
@@ -21,7 +21,8 @@ use common::sentinel::{
 };
 use fleetgate::concurrency::{Admission, ConcurrencyLimiter, ConcurrencyPolicy};
 use fleetgate::key::Key;
-use fleetgate::{Algorithm, Limit, Limiter, Policy, Rate, RedisStore};
+use fleetgate::{Algorithm, Limit, Limiter, Policy, Rate, RedisStore, Topology};
+use futures_util::FutureExt;
 use tokio::sync::mpsc;
 
 /// The store's timeout: short, yet long enough that a healthy Redis on a
@@ -51,14 +52,14 @@ fn hot_policy() -> Policy {
 }
 
 async fn store(set: &SentinelSet, poll: Duration) -> RedisStore {
-    RedisStore::builder()
+    RedisStore::builder(Topology::sentinel(set.sentinel_urls(), MASTER_NAME))
         .prefix("sentinel")
         .timeout(TIMEOUT)
         // Every answer from Redis: a denial remembered locally would count
         // as a decision while no master is there.
         .deny_cache(0)
         .sentinel_poll(poll)
-        .connect_sentinel(MASTER_NAME, set.sentinel_urls())
+        .connect()
         .await
         .expect("connect through the sentinels")
 }
@@ -574,15 +575,15 @@ async fn passwords_on_sentinels_and_master() {
         sentinel: "sentinel-secret".into(),
     }))
     .await;
-    let without = RedisStore::builder()
+    let without = RedisStore::builder(Topology::sentinel(set.sentinel_urls(), MASTER_NAME))
         .timeout(TIMEOUT)
-        .connect_sentinel(MASTER_NAME, set.sentinel_urls())
+        .connect()
         .await;
     assert!(
         without.is_err(),
         "connected to the master without its password"
     );
-    let store = RedisStore::builder()
+    let store = RedisStore::builder(Topology::sentinel(set.sentinel_urls(), MASTER_NAME))
         .prefix("sentinel")
         .timeout(Duration::from_secs(2))
         .sentinel_master(
@@ -590,7 +591,7 @@ async fn passwords_on_sentinels_and_master() {
                 redis::RedisConnectionInfo::default().set_password("master-secret"),
             ),
         )
-        .connect_sentinel(MASTER_NAME, set.sentinel_urls())
+        .connect()
         .await
         .expect("connect with passwords");
     let limiter = Limiter::new(hot_policy(), store);
@@ -603,7 +604,7 @@ async fn passwords_on_sentinels_and_master() {
     );
 }
 
-/// `connect_sentinel_lazy`: the store is built at once, decisions fail
+/// A lazy Sentinel store: it is built at once, decisions fail
 /// until the master is found in the background, then Redis decides.
 /// Outside a runtime it is refused, as the eager one is; an absurd poll
 /// interval is clamped.
@@ -615,8 +616,11 @@ async fn a_lazy_store_finds_the_master_in_the_background() {
     let outside = std::thread::spawn({
         let urls = urls.clone();
         move || {
-            RedisStore::builder()
-                .connect_sentinel_lazy(MASTER_NAME, urls)
+            RedisStore::builder(Topology::sentinel(urls, MASTER_NAME))
+                .lazy()
+                .connect()
+                .now_or_never()
+                .expect("refused at the first poll")
                 .map(|_| ())
         }
     })
@@ -629,8 +633,9 @@ async fn a_lazy_store_finds_the_master_in_the_background() {
         let urls = urls.clone();
         move || {
             let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-            let mut connecting =
-                std::pin::pin!(RedisStore::builder().connect_sentinel(MASTER_NAME, urls));
+            let mut connecting = std::pin::pin!(
+                RedisStore::builder(Topology::sentinel(urls, MASTER_NAME)).connect()
+            );
             matches!(
                 std::future::Future::poll(connecting.as_mut(), &mut cx),
                 std::task::Poll::Ready(Err(_))
@@ -641,12 +646,14 @@ async fn a_lazy_store_finds_the_master_in_the_background() {
     .expect("an eager store outside a runtime panicked");
     assert!(eager_outside, "an eager store outside a runtime");
 
-    let store = RedisStore::builder()
+    let store = RedisStore::builder(Topology::sentinel(urls, MASTER_NAME))
         .prefix("sentinel")
         .timeout(Duration::from_secs(2))
         // Absurdly long: taken as a day, no overflow.
         .sentinel_poll(Duration::MAX)
-        .connect_sentinel_lazy(MASTER_NAME, urls)
+        .lazy()
+        .connect()
+        .await
         .expect("a lazy store");
     let limiter = Limiter::new(hot_policy(), store.clone());
     let deadline = Instant::now() + Duration::from_secs(5);
@@ -680,12 +687,12 @@ async fn a_silent_first_sentinel_delays_nothing() {
     });
     let mut urls = vec![format!("redis://127.0.0.1:{silent_port}")];
     urls.extend(set.sentinel_urls());
-    let store = RedisStore::builder()
+    let store = RedisStore::builder(Topology::sentinel(urls, MASTER_NAME))
         .prefix("sentinel")
         .timeout(TIMEOUT)
         .deny_cache(0)
         .sentinel_poll(Duration::from_millis(200))
-        .connect_sentinel(MASTER_NAME, urls)
+        .connect()
         .await
         .expect("connect through the sentinels that answer");
     let limiter = Limiter::new(hot_policy(), store.clone());
@@ -757,11 +764,11 @@ async fn a_sentinel_cut_off_with_the_old_master_does_not_move_the_store() {
         );
     }
     let urls = vec![cut_off.url(), majority[0].url(), majority[1].url()];
-    let store = RedisStore::builder()
+    let store = RedisStore::builder(Topology::sentinel(urls, MASTER_NAME))
         .prefix("sentinel")
         .timeout(Duration::from_secs(2))
         .sentinel_poll(Duration::from_millis(50))
-        .connect_sentinel(MASTER_NAME, urls)
+        .connect()
         .await
         .expect("connect through the sentinels");
     let on_new = format!("master: Some(\"127.0.0.1:{}\")", new.port());
@@ -838,11 +845,11 @@ async fn sentinels_that_saw_no_master_yet_are_asked_again() {
     let urls = vec![fakes[0].url(), fakes[1].url(), silent.url()];
     let connect_timeout = Duration::from_secs(2);
     let started = Instant::now();
-    let store = RedisStore::builder()
+    let store = RedisStore::builder(Topology::sentinel(urls, MASTER_NAME))
         .prefix("sentinel")
         .timeout(Duration::from_secs(2))
         .connect_timeout(connect_timeout)
-        .connect_sentinel(MASTER_NAME, urls)
+        .connect()
         .await
         .expect("connect once the sentinels name the master");
     let took = started.elapsed();
@@ -885,16 +892,19 @@ async fn a_half_open_connection_is_replaced() {
         );
     }
     let connect_timeout = Duration::from_secs(1);
-    let store = RedisStore::builder()
-        .prefix("sentinel")
-        .timeout(TIMEOUT)
-        .connect_timeout(connect_timeout)
-        .deny_cache(0)
-        // Only the calls' failures start lookups.
-        .sentinel_poll(Duration::from_secs(3600))
-        .connect_sentinel(MASTER_NAME, fakes.iter().map(FakeSentinel::url))
-        .await
-        .expect("connect through the sentinels");
+    let store = RedisStore::builder(Topology::sentinel(
+        fakes.iter().map(FakeSentinel::url),
+        MASTER_NAME,
+    ))
+    .prefix("sentinel")
+    .timeout(TIMEOUT)
+    .connect_timeout(connect_timeout)
+    .deny_cache(0)
+    // Only the calls' failures start lookups.
+    .sentinel_poll(Duration::from_secs(3600))
+    .connect()
+    .await
+    .expect("connect through the sentinels");
     let limiter = Limiter::new(hot_policy(), store.clone());
     let key = Key::new("half-open");
     assert!(limiter.check(&key, 1).await.is_ok());

@@ -20,10 +20,12 @@ use std::time::Duration;
 /// listens. (A free port is no good: another test of the binary may start
 /// its server there.) Calls fail at once, or within `timeout`.
 #[allow(dead_code)] // not every test binary fails its store
-pub fn unreachable_store(timeout: Duration) -> fleetgate::RedisStore {
-    fleetgate::RedisStore::builder()
+pub async fn unreachable_store(timeout: Duration) -> fleetgate::RedisStore {
+    fleetgate::RedisStore::builder("redis://127.0.0.1:1")
         .timeout(timeout)
-        .connect_lazy("redis://127.0.0.1:1")
+        .lazy()
+        .connect()
+        .await
         .expect("a lazy store inside a runtime")
 }
 
@@ -31,9 +33,9 @@ pub fn unreachable_store(timeout: Duration) -> fleetgate::RedisStore {
 /// loaded machine.
 #[allow(dead_code)] // not every test binary needs a plain store
 pub async fn redis_store(server: &RedisServer) -> fleetgate::RedisStore {
-    fleetgate::RedisStore::builder()
+    fleetgate::RedisStore::builder(server.url())
         .timeout(Duration::from_secs(2))
-        .connect(&server.url())
+        .connect()
         .await
         .expect("connect to the test's redis-server")
 }

@@ -110,7 +110,7 @@ impl Certs {
 
     /// The connection settings of [`client`](Self::client) with this CA:
     /// a `rediss://` address that carries the CA along (for sentinel
-    /// addresses, which `connect_sentinel` takes as connection infos).
+    /// addresses, which `Topology::sentinel` takes as connection infos).
     pub fn info(&self, port: u16) -> redis::ConnectionInfo {
         self.client(port, self.ca_pem())
             .get_connection_info()

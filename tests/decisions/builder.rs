@@ -9,7 +9,7 @@ use common::RedisServer;
 use fleetgate::key::{ForwardedIp, IpNet};
 use fleetgate::{
     ConfigError, FailurePolicy, Limit, Limiter, LocalShare, MemoryStore, Policy, Rate,
-    RateLimitLayer, RedisStore, StoreError,
+    RateLimitLayer, RedisStore, StoreError, Topology,
 };
 
 /// The longest tolerance a limit may have, as the docs state it: 2^50 µs.
@@ -402,62 +402,61 @@ async fn redis_store_builder_refuses_zero_timeout_and_bad_prefixes() {
     let server = RedisServer::start();
     let url = server.url();
     // Good settings connect.
-    let store = RedisStore::builder()
+    let store = RedisStore::builder(&url)
         .prefix("app-1:rl")
         .timeout(Duration::from_millis(20))
-        .connect(&url)
+        .connect()
         .await
         .unwrap();
     assert_eq!(store.prefix(), "app-1:rl");
     assert_eq!(store.timeout(), Duration::from_millis(20));
 
     config_refused(
-        RedisStore::builder()
+        RedisStore::builder(&url)
             .timeout(Duration::ZERO)
-            .connect(&url)
+            .connect()
             .await,
         &[&ConfigError::ZeroTimeout.to_string()],
     );
     config_refused(
-        RedisStore::builder()
+        RedisStore::builder(&url)
             .connect_timeout(Duration::ZERO)
-            .connect(&url)
+            .connect()
             .await,
         &[&ConfigError::ZeroTimeout.to_string()],
     );
     for (builder, setting) in [
-        (RedisStore::builder().max_in_flight(0), "max_in_flight"),
-        (RedisStore::builder().max_batch(0), "max_batch"),
+        (RedisStore::builder(&url).max_in_flight(0), "max_in_flight"),
+        (RedisStore::builder(&url).max_batch(0), "max_batch"),
     ] {
         config_refused(
-            builder.connect(&url).await,
+            builder.connect().await,
             &[&ConfigError::ZeroBatch { setting }.to_string(), setting],
         );
     }
     let long = "p".repeat(65);
     for &prefix in BAD_NAMES.iter().chain([long.as_str()].iter()) {
         config_refused(
-            RedisStore::builder().prefix(prefix).connect(&url).await,
+            RedisStore::builder(&url).prefix(prefix).connect().await,
             &[&ConfigError::InvalidName {
                 name: prefix.to_owned(),
             }
             .to_string()],
         );
     }
-    // On an existing connection too.
-    let conn = redis::aio::ConnectionManager::new(server.client())
-        .await
-        .unwrap();
+    // On a client built by hand too.
     config_refused(
-        RedisStore::builder()
+        RedisStore::builder(Topology::client(server.client()))
             .prefix("bad prefix")
-            .with_connection(conn.clone()),
+            .connect()
+            .await,
         &["invalid name"],
     );
     config_refused(
-        RedisStore::builder()
+        RedisStore::builder(Topology::client(server.client()))
             .timeout(Duration::ZERO)
-            .with_connection(conn),
+            .connect()
+            .await,
         &["timeout"],
     );
 }
@@ -475,20 +474,20 @@ async fn redis_store_builder_checks_settings_before_connecting() {
     let url = format!("redis://127.0.0.1:{port}");
     let started = Instant::now();
     config_refused(
-        RedisStore::builder().prefix("no{tags}").connect(&url).await,
+        RedisStore::builder(&url).prefix("no{tags}").connect().await,
         &["invalid name", "no{tags}"],
     );
     config_refused(
-        RedisStore::builder()
+        RedisStore::builder(&url)
             .timeout(Duration::ZERO)
-            .connect(&url)
+            .connect()
             .await,
         &["timeout must be longer than zero"],
     );
     config_refused(
-        RedisStore::builder()
+        RedisStore::builder(&url)
             .connect_timeout(Duration::ZERO)
-            .connect(&url)
+            .connect()
             .await,
         &["timeout must be longer than zero"],
     );
@@ -496,4 +495,113 @@ async fn redis_store_builder_checks_settings_before_connecting() {
         started.elapsed() < Duration::from_millis(500),
         "settings were checked only after trying to connect"
     );
+}
+
+/// A topology that makes no sense (an address that does not parse, a
+/// cluster without nodes, Sentinel without sentinels or without a master's
+/// name) is refused as such by `connect`, lazy or not, before any I/O: the
+/// good addresses beside the bad ones lead to a port that takes
+/// connections and never answers, where a connection attempt would wait
+/// out the 30 s connect timeout.
+#[tokio::test]
+async fn redis_store_builder_refuses_a_topology_that_makes_no_sense() {
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let good = format!("redis://127.0.0.1:{}", silent.local_addr().unwrap().port());
+    let invalid = "invalid redis address";
+    let cases: Vec<(Topology, Vec<String>)> = vec![
+        (Topology::from("not a url"), vec![invalid.into()]),
+        (
+            Topology::from("http://127.0.0.1:6380"),
+            vec![invalid.into()],
+        ),
+        (
+            Topology::cluster(Vec::<String>::new()),
+            vec![
+                ConfigError::NoRedisAddresses {
+                    topology: "a Redis Cluster",
+                }
+                .to_string(),
+            ],
+        ),
+        (
+            Topology::cluster([good.as_str(), "not a url"]),
+            vec![invalid.into(), "node 2".into()],
+        ),
+        (
+            Topology::sentinel(Vec::<String>::new(), "mymaster"),
+            vec![
+                ConfigError::NoRedisAddresses {
+                    topology: "Redis Sentinel",
+                }
+                .to_string(),
+            ],
+        ),
+        (
+            Topology::sentinel([good.as_str(), "not a url"], "mymaster"),
+            vec![invalid.into(), "sentinel 2".into()],
+        ),
+        (
+            Topology::sentinel([good.as_str()], ""),
+            vec![ConfigError::EmptyMasterName.to_string()],
+        ),
+    ];
+    let started = Instant::now();
+    for (topology, words) in cases {
+        let words: Vec<&str> = words.iter().map(String::as_str).collect();
+        for lazy in [false, true] {
+            let builder =
+                RedisStore::builder(topology.clone()).connect_timeout(Duration::from_secs(30));
+            let builder = if lazy { builder.lazy() } else { builder };
+            config_refused(builder.connect().await, &words);
+        }
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "a topology was checked only after trying to connect"
+    );
+}
+
+/// The refusal of an address that does not parse never repeats the
+/// address, which may hold a password.
+#[tokio::test]
+async fn a_refused_address_is_not_repeated() {
+    for url in [
+        "redis://:hunter2@127.0.0.1:notaport",
+        "redis://user:hunter2@",
+        "hunter2",
+    ] {
+        let err = RedisStore::builder(url).connect().await.unwrap_err();
+        assert!(
+            matches!(
+                err,
+                StoreError::Config(ConfigError::InvalidRedisAddress { .. })
+            ),
+            "{err:?}"
+        );
+        assert!(!err.to_string().contains("hunter2"), "{err}");
+        assert!(!format!("{err:?}").contains("hunter2"), "{err:?}");
+    }
+}
+
+/// A client built by hand (`Topology::client`) decides as a URL does,
+/// connected at once or on first use (`lazy`).
+#[tokio::test]
+async fn a_client_built_by_hand_decides_at_once_or_on_first_use() {
+    let server = RedisServer::start();
+    for lazy in [false, true] {
+        let builder = RedisStore::builder(Topology::client(server.client()))
+            .prefix(if lazy { "lazy" } else { "eager" })
+            .timeout(Duration::from_secs(2));
+        let builder = if lazy { builder.lazy() } else { builder };
+        let store = builder.connect().await.expect("a store on the client");
+        let limit = Limit::builder(Rate::per_hour(2)).burst(2).build().unwrap();
+        let limiter = Limiter::new(Policy::single("by-hand", limit).unwrap(), store);
+        let key = fleetgate::Key::new("k");
+        let mut outcomes = Vec::new();
+        for _ in 0..3 {
+            let decision = limiter.check(&key, 1).await.expect("a decision");
+            outcomes.push(decision.is_allowed());
+        }
+        assert_eq!(outcomes, [true, true, false], "lazy: {lazy}");
+    }
 }

@@ -441,12 +441,12 @@ async fn memory_store_sweeps_expired_state() {
 // Redis only, with the server's clock and real time.
 
 async fn server_store(server: &RedisServer, prefix: &str) -> RedisStore {
-    RedisStore::builder()
+    RedisStore::builder(server.url())
         .prefix(prefix)
         .timeout(Duration::from_secs(2))
         // These tests count what reaches Redis: every decision must.
         .deny_cache(0)
-        .connect(&server.url())
+        .connect()
         .await
         .expect("connect")
 }

@@ -542,10 +542,10 @@ async fn query<T: redis::FromRedisValue>(conn: &mut MultiplexedConnection, args:
 }
 
 async fn server_clock_store(server: &RedisServer) -> RedisStore {
-    RedisStore::builder()
+    RedisStore::builder(server.url())
         .prefix("win")
         .timeout(Duration::from_secs(2))
-        .connect(&server.url())
+        .connect()
         .await
         .expect("connect")
 }

@@ -29,11 +29,11 @@ fn policy(name: &str, rate: Rate, burst: u64) -> Policy {
 /// A store whose script is already cached in Redis, so that every later
 /// decision is exactly one `EVALSHA`.
 async fn store(server: &RedisServer, deny_cache: usize) -> RedisStore {
-    let store = RedisStore::builder()
+    let store = RedisStore::builder(server.url())
         .prefix("deny")
         .timeout(Duration::from_secs(2))
         .deny_cache(deny_cache)
-        .connect(&server.url())
+        .connect()
         .await
         .expect("connect");
     Limiter::new(policy("warm-up", Rate::per_second(1), 1), store.clone())
@@ -138,12 +138,12 @@ async fn local_denials_equal_redis_denials() {
     let clock = ManualClock::new(Duration::from_secs(1_700_000_000));
     let url = server.url();
     let build = |cache: usize| {
-        RedisStore::builder()
+        RedisStore::builder(&url)
             .prefix("deny-eq")
             .time_source(TimeSource::Client(Arc::new(clock.clone())))
             .timeout(Duration::from_secs(2))
             .deny_cache(cache)
-            .connect(&url)
+            .connect()
     };
     let (cached, direct) = (build(100).await.unwrap(), build(0).await.unwrap());
     // Two limits: 1 per 10 s burst 3, 1 per minute burst 5.
@@ -415,12 +415,12 @@ async fn local_window_denials_equal_redis_denials() {
     let clock = ManualClock::new(Duration::from_secs(1_700_000_000));
     let url = server.url();
     let build = |prefix: &'static str, cache: usize| {
-        RedisStore::builder()
+        RedisStore::builder(&url)
             .prefix(prefix)
             .time_source(TimeSource::Client(Arc::new(clock.clone())))
             .timeout(Duration::from_secs(2))
             .deny_cache(cache)
-            .connect(&url)
+            .connect()
     };
     let (cached, direct) = (
         build("cached", 100).await.unwrap(),
@@ -477,11 +477,11 @@ async fn local_window_429s_carry_the_same_headers() {
     let server = RedisServer::start();
     let mut admin = server.admin().await;
     let clock = ManualClock::new(Duration::from_secs(1_700_000_000));
-    let store = RedisStore::builder()
+    let store = RedisStore::builder(server.url())
         .prefix("deny-http")
         .time_source(TimeSource::Client(Arc::new(clock.clone())))
         .timeout(Duration::from_secs(2))
-        .connect(&server.url())
+        .connect()
         .await
         .unwrap();
     for (hour, algorithm) in [

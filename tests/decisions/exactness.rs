@@ -97,10 +97,10 @@ async fn fleet(server: &RedisServer, policy: &Policy) -> Vec<Limiter> {
     let mut limiters = Vec::with_capacity(INSTANCES);
     for _ in 0..INSTANCES {
         // Each connect opens its own connection: one fleet instance each.
-        let store = RedisStore::builder()
+        let store = RedisStore::builder(server.url())
             .prefix("exact")
             .timeout(Duration::from_secs(2))
-            .connect(&server.url())
+            .connect()
             .await
             .expect("connect");
         limiters.push(Limiter::new(policy.clone(), store));

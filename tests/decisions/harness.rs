@@ -237,11 +237,11 @@ pub async fn client_clock_store(
     prefix: &str,
     clock: &ManualClock,
 ) -> RedisStore {
-    RedisStore::builder()
+    RedisStore::builder(server.url())
         .time_source(TimeSource::Client(Arc::new(clock.clone())))
         .prefix(prefix)
         .timeout(Duration::from_secs(2))
-        .connect(&server.url())
+        .connect()
         .await
         .expect("connect to the test's redis-server")
 }

@@ -120,7 +120,7 @@ on_both_stores!(refusal_is_http_200_and_trailers_only, store => {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn store_down_and_failing_closed_is_unavailable() {
-    let store = crate::common::unreachable_store(Duration::from_millis(200));
+    let store = crate::common::unreachable_store(Duration::from_millis(200)).await;
     let policy = "10/s"
         .parse::<fleetgate::spec::PolicySpec>()
         .unwrap()
@@ -145,10 +145,10 @@ async fn store_down_and_failing_closed_is_unavailable() {
 /// that is down: `UNAVAILABLE` too, never reaching the service.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrency_and_fleet_shed_failing_closed_are_unavailable() {
-    let down = || crate::common::unreachable_store(Duration::from_millis(200));
+    let down = async || crate::common::unreachable_store(Duration::from_millis(200)).await;
 
     let policy = ConcurrencyPolicy::builder("in-flight", 4).build().unwrap();
-    let layer = ConcurrencyLimitLayer::new(ConcurrencyLimiter::new(policy, down()))
+    let layer = ConcurrencyLimitLayer::new(ConcurrencyLimiter::new(policy, down().await))
         .key(PeerIp)
         .on_store_error(FailurePolicy::Closed)
         .grpc();
@@ -165,7 +165,7 @@ async fn concurrency_and_fleet_shed_failing_closed_are_unavailable() {
     assert_eq!(greeter.calls(), 0);
 
     let policy = FleetShedPolicy::builder("fleet", 4).build().unwrap();
-    let layer = FleetShedLayer::new(FleetShedder::new(policy, down()))
+    let layer = FleetShedLayer::new(FleetShedder::new(policy, down().await))
         .on_store_error(FailurePolicy::Closed)
         .grpc();
     let (greeter, _dropped) = Greeter::new();

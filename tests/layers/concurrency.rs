@@ -800,7 +800,7 @@ async fn missing_keys_and_store_failures_follow_the_layer_settings() {
         StatusCode::OK
     );
 
-    let down = common::unreachable_store(Duration::from_millis(100));
+    let down = common::unreachable_store(Duration::from_millis(100)).await;
     let down = || ConcurrencyLimiter::new(policy("down", 1), down.clone());
     let open = app(ConcurrencyLimitLayer::new(down()).key(HeaderKey::new("x-api-key")));
     assert_eq!(

@@ -534,9 +534,9 @@ async fn typed_errors_around_a_plain_service() {
 #[tokio::test]
 async fn store_failure_follows_the_failure_policy() {
     let server = RedisServer::start();
-    let store = RedisStore::builder()
+    let store = RedisStore::builder(server.url())
         .timeout(Duration::from_millis(300))
-        .connect(&server.url())
+        .connect()
         .await
         .unwrap();
     server.stop();
@@ -575,9 +575,9 @@ async fn store_failure_follows_the_failure_policy() {
 async fn two_instances_share_one_redis() {
     let server = RedisServer::start();
     let instance = || async {
-        let store = RedisStore::builder()
+        let store = RedisStore::builder(server.url())
             .timeout(Duration::from_secs(2))
-            .connect(&server.url())
+            .connect()
             .await
             .unwrap();
         app(RateLimitLayer::new(Limiter::new(slow_policy(4), store))
@@ -657,9 +657,9 @@ async fn shadow_mode_lets_keyless_requests_and_store_failures_through() {
     assert_eq!(send(&app1, req).await.status(), StatusCode::OK);
 
     let server = RedisServer::start();
-    let store = RedisStore::builder()
+    let store = RedisStore::builder(server.url())
         .timeout(Duration::from_millis(300))
-        .connect(&server.url())
+        .connect()
         .await
         .unwrap();
     server.stop();
@@ -789,9 +789,9 @@ async fn polling_after_completion_does_not_panic() {
     use tower::Service;
 
     let server = RedisServer::start();
-    let redis = RedisStore::builder()
+    let redis = RedisStore::builder(server.url())
         .timeout(Duration::from_secs(2))
-        .connect(&server.url())
+        .connect()
         .await
         .unwrap();
     for limiter in [
@@ -824,9 +824,9 @@ async fn inner_readiness_is_respected() {
     use tower::Service;
 
     let server = RedisServer::start();
-    let redis = RedisStore::builder()
+    let redis = RedisStore::builder(server.url())
         .timeout(Duration::from_secs(2))
-        .connect(&server.url())
+        .connect()
         .await
         .unwrap();
     // Memory decides inside `call`; Redis decides in the response future.

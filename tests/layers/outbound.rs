@@ -899,10 +899,10 @@ async fn defer_gives_the_same_decisions_on_both_stores() {
     let redis_clock = ManualClock::new(start);
     let redis = Limiter::new(
         policy,
-        RedisStore::builder()
+        RedisStore::builder(server.url())
             .time_source(TimeSource::Client(Arc::new(redis_clock.clone())))
             .timeout(2 * S)
-            .connect(&server.url())
+            .connect()
             .await
             .unwrap(),
     );

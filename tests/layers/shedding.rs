@@ -341,7 +341,7 @@ async fn no_slot_is_lost_on_redis() {
 
 #[tokio::test]
 async fn a_store_failure_follows_the_policy_and_never_sheds_critical() {
-    let down = common::unreachable_store(Duration::from_millis(100));
+    let down = common::unreachable_store(Duration::from_millis(100)).await;
     let shedder = FleetShedder::new(policy("down"), down.clone());
     let app = |failure: FailurePolicy| {
         Router::new()

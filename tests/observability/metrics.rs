@@ -187,8 +187,8 @@ async fn shadow_denials_are_counted_apart() {
 /// exactly the failures it caused.
 static GCRA_FAILURES: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-fn unreachable_store() -> RedisStore {
-    common::unreachable_store(Duration::from_millis(100))
+async fn unreachable_store() -> RedisStore {
+    common::unreachable_store(Duration::from_millis(100)).await
 }
 
 #[tokio::test]
@@ -196,7 +196,7 @@ async fn store_failures_count_per_policy_and_per_script() {
     let _failing = GCRA_FAILURES.lock().await;
     // Handles are resolved on the first decision: install first.
     readings();
-    let store = unreachable_store();
+    let store = unreachable_store().await;
     let open = router(
         RateLimitLayer::new(Limiter::new(policy("m-open", 5), store.clone()))
             .key(HeaderKey::new("x-api-key")),
@@ -236,12 +236,12 @@ async fn queued_calls_that_fail_count_once_each() {
     let _failing = GCRA_FAILURES.lock().await;
     readings();
     let server = RedisServer::start();
-    let store = RedisStore::builder()
+    let store = RedisStore::builder(server.url())
         .prefix("m-queue")
         .timeout(Duration::from_millis(200))
         .max_in_flight(1)
         .deny_cache(0)
-        .connect(&server.url())
+        .connect()
         .await
         .unwrap();
     let limiter = Limiter::new(policy("m-queue", 100), store);
@@ -289,7 +289,7 @@ async fn queued_calls_that_fail_count_once_each() {
 async fn concurrency_store_failures_follow_and_count_the_policy() {
     // Handles are resolved on the first decision: install first.
     readings();
-    let store = unreachable_store();
+    let store = unreachable_store().await;
     let layer = |name: &str, failure: FailurePolicy| {
         ConcurrencyLimitLayer::new(ConcurrencyLimiter::new(
             ConcurrencyPolicy::new(name, 1).unwrap(),
@@ -330,9 +330,9 @@ async fn lease_round_trips_are_timed() {
     // Handles are resolved on the first decision: install first.
     readings();
     let server = RedisServer::start();
-    let store = RedisStore::builder()
+    let store = RedisStore::builder(server.url())
         .prefix("metrics-lease")
-        .connect(&server.url())
+        .connect()
         .await
         .unwrap();
     let limiter = ConcurrencyLimiter::new(ConcurrencyPolicy::new("m-lease", 2).unwrap(), store);
@@ -367,9 +367,9 @@ async fn redis_round_trips_are_timed() {
     // Handles are resolved on the first decision: install first.
     readings();
     let server = RedisServer::start();
-    let store = RedisStore::builder()
+    let store = RedisStore::builder(server.url())
         .prefix("metrics-up")
-        .connect(&server.url())
+        .connect()
         .await
         .unwrap();
     let app = router(
@@ -498,7 +498,7 @@ async fn local_fallback_decisions_are_counted_apart() {
     let _failing = GCRA_FAILURES.lock().await;
     // Handles are resolved on the first decision: install first.
     readings();
-    let store = unreachable_store();
+    let store = unreachable_store().await;
     let half = FailurePolicy::local(0.5).unwrap();
     // Burst 4 fleet-wide, 2 locally.
     let enforcing = router(
@@ -559,7 +559,7 @@ async fn local_fallback_decisions_are_counted_apart() {
         .share("low", 0.5)
         .build()
         .unwrap();
-    let shedder = fleetgate::shed::FleetShedder::new(shed, unreachable_store());
+    let shedder = fleetgate::shed::FleetShedder::new(shed, unreachable_store().await);
     let reports = router(
         fleetgate::shed::FleetShedLayer::new(shedder.clone())
             .classify(|_: &Request<Body>, tiers: &fleetgate::shed::Tiers| tiers.get("low"))

@@ -76,9 +76,9 @@ async fn leases_in_use_are_counted_while_held() {
 #[tokio::test]
 async fn redis_round_trips_and_their_latency_are_listed() {
     let server = RedisServer::start();
-    let store = RedisStore::builder()
+    let store = RedisStore::builder(server.url())
         .prefix("observe-up")
-        .connect(&server.url())
+        .connect()
         .await
         .unwrap();
     let app = router(
@@ -109,10 +109,10 @@ async fn redis_round_trips_and_their_latency_are_listed() {
 #[tokio::test]
 async fn store_errors_are_counted_once_redis_is_gone() {
     let server = RedisServer::start();
-    let store = RedisStore::builder()
+    let store = RedisStore::builder(server.url())
         .prefix("observe-down")
         .timeout(Duration::from_millis(500))
-        .connect(&server.url())
+        .connect()
         .await
         .unwrap();
     let app = router(

@@ -36,10 +36,10 @@ async fn concurrent_charges_from_several_instances_never_lose_an_update() {
     let clock = ManualClock::new(Duration::from_secs(1_699_999_980));
     let mut stores = Vec::new();
     for _ in 0..4 {
-        let store = RedisStore::builder()
+        let store = RedisStore::builder(server.url())
             .time_source(TimeSource::Client(Arc::new(clock.clone())))
             .timeout(Duration::from_secs(5))
-            .connect(&server.url())
+            .connect()
             .await
             .unwrap();
         stores.push(store);
@@ -120,10 +120,10 @@ async fn a_charge_uses_the_decision_keys_and_they_outlive_the_debt() {
 async fn the_deny_cache_remembers_a_debt_and_forgets_it_on_a_refund() {
     let server = RedisServer::start();
     for algorithm in ALL {
-        let store = RedisStore::builder()
+        let store = RedisStore::builder(server.url())
             .timeout(Duration::from_secs(2))
             .deny_cache(1_000)
-            .connect(&server.url())
+            .connect()
             .await
             .unwrap();
         let limiter = Limiter::new(
@@ -154,9 +154,9 @@ async fn the_deny_cache_remembers_a_debt_and_forgets_it_on_a_refund() {
 async fn each_operation_fails_within_the_timeout_when_redis_is_down() {
     let server = RedisServer::start();
     let timeout = Duration::from_millis(100);
-    let store = RedisStore::builder()
+    let store = RedisStore::builder(server.url())
         .timeout(timeout)
-        .connect(&server.url())
+        .connect()
         .await
         .unwrap();
     let limiters: Vec<Limiter> = ALL

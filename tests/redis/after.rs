@@ -130,10 +130,10 @@ async fn server_errors_are_refunded() {
 async fn a_debt_is_repaid_at_exactly_the_limits_rate() {
     let server = RedisServer::start();
     let clock = ManualClock::new(Duration::from_secs(1_699_999_980));
-    let store = RedisStore::builder()
+    let store = RedisStore::builder(server.url())
         .time_source(TimeSource::Client(Arc::new(clock.clone())))
         .timeout(Duration::from_secs(2))
-        .connect(&server.url())
+        .connect()
         .await
         .unwrap();
     let limiter = Limiter::new(
@@ -224,9 +224,9 @@ async fn concurrent_charge_after_overshoots_by_the_costs_in_flight_refund_never(
     // land at least once): the debt's exact figure needs a timeout no
     // loaded machine reaches.
     let store = async || {
-        RedisStore::builder()
+        RedisStore::builder(server.url())
             .timeout(Duration::from_secs(30))
-            .connect(&server.url())
+            .connect()
             .await
             .unwrap()
     };

@@ -31,12 +31,12 @@ fn limit(rate: Rate, burst: u64) -> Limit {
 /// A store with one script slot, so that every call made while one is in
 /// flight is queued; its script already cached in Redis.
 async fn one_slot_store(server: &RedisServer, time: TimeSource) -> RedisStore {
-    let store = RedisStore::builder()
+    let store = RedisStore::builder(server.url())
         .prefix("batch")
         .timeout(Duration::from_secs(2))
         .time_source(time)
         .max_in_flight(1)
-        .connect(&server.url())
+        .connect()
         .await
         .expect("connect");
     Limiter::new(
@@ -55,12 +55,12 @@ async fn uncached_store(
     max_in_flight: usize,
     timeout: Duration,
 ) -> RedisStore {
-    RedisStore::builder()
+    RedisStore::builder(server.url())
         .prefix("batch")
         .timeout(timeout)
         .max_in_flight(max_in_flight)
         .deny_cache(0)
-        .connect(&server.url())
+        .connect()
         .await
         .expect("connect")
 }
@@ -516,11 +516,13 @@ async fn calls_that_find_their_script_missing_load_it_once() {
 /// without the stack growing with the queue.
 #[tokio::test]
 async fn a_long_queue_drains_while_redis_refuses() {
-    let store = RedisStore::builder()
+    let store = RedisStore::builder("redis://127.0.0.1:1")
         .timeout(Duration::from_secs(20))
         .max_in_flight(1)
         .max_batch(1)
-        .connect_lazy("redis://127.0.0.1:1")
+        .lazy()
+        .connect()
+        .await
         .unwrap();
     let limiter = Limiter::new(
         Policy::single("long", limit(Rate::per_hour(1), 1)).unwrap(),

@@ -14,6 +14,7 @@ use crate::common::redis_cluster::RedisCluster;
 use fleetgate::clock::ManualClock;
 use fleetgate::{
     Decision, Key, Limit, Limiter, MemoryStore, Policy, Rate, RedisStore, Store, TimeSource,
+    Topology,
 };
 use tokio::sync::Barrier;
 
@@ -26,11 +27,11 @@ fn limit(rate: Rate, burst: u64, name: &str) -> Limit {
 }
 
 async fn cluster_store(cluster: &RedisCluster, time: TimeSource) -> RedisStore {
-    RedisStore::builder()
+    RedisStore::builder(Topology::cluster(cluster.urls()))
         .prefix("cl")
         .timeout(Duration::from_secs(2))
         .time_source(time)
-        .connect_cluster(cluster.urls())
+        .connect()
         .await
         .expect("connect to the cluster")
 }
@@ -294,10 +295,10 @@ async fn cluster_survives_resharding_and_script_flush() {
 async fn cluster_node_hang_is_bounded_and_local_to_its_slots() {
     let cluster = RedisCluster::start();
     let timeout = Duration::from_millis(200);
-    let store = RedisStore::builder()
+    let store = RedisStore::builder(Topology::cluster(cluster.urls()))
         .prefix("cl")
         .timeout(timeout)
-        .connect_cluster(cluster.urls())
+        .connect()
         .await
         .expect("connect to the cluster");
     let policy = Policy::single("hang", limit(Rate::per_second(1000), 1000, "a")).unwrap();
@@ -356,10 +357,10 @@ async fn a_hung_node_does_not_keep_scripts_from_the_others() {
     // Long enough for any answer on a loaded machine; each call on the
     // hung master waits it out.
     let timeout = Duration::from_secs(1);
-    let store = RedisStore::builder()
+    let store = RedisStore::builder(Topology::cluster(cluster.urls()))
         .prefix("cl")
         .timeout(timeout)
-        .connect_cluster(cluster.urls())
+        .connect()
         .await
         .expect("connect to the cluster");
     let policy = Policy::single("noscript", limit(Rate::per_second(1000), 1000, "a")).unwrap();
@@ -427,4 +428,57 @@ async fn a_hung_node_does_not_keep_scripts_from_the_others() {
         "the keys do not spread over the masters"
     );
     assert!(failed_elsewhere.is_empty(), "{failed_elsewhere:?}");
+}
+
+/// A lazy store on a cluster is built while no node answers (every one
+/// paused, each connection attempt waiting out the connect timeout): its
+/// calls fail within the store's timeout until the nodes answer again,
+/// then it decides, a burst of 2 admitting 2.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lazy_store_connects_to_the_cluster_once_it_answers() {
+    let cluster = RedisCluster::start();
+    for node in cluster.nodes() {
+        node.pause();
+    }
+    let timeout = Duration::from_millis(500);
+    let store = RedisStore::builder(Topology::cluster(cluster.urls()))
+        .prefix("lazy")
+        .timeout(timeout)
+        .connect_timeout(Duration::from_millis(300))
+        .lazy()
+        .connect()
+        .await
+        .expect("a lazy store with no node answering");
+    let policy = Policy::single("lazy", limit(Rate::per_hour(2), 2, "a")).unwrap();
+    let limiter = Limiter::new(policy, store);
+    for _ in 0..2 {
+        let started = std::time::Instant::now();
+        let result = limiter.check(&Key::new("early"), 1).await;
+        assert!(
+            result.is_err(),
+            "decided with every node paused: {result:?}"
+        );
+        assert!(
+            started.elapsed() < timeout + Duration::from_secs(1),
+            "waited {:?}",
+            started.elapsed()
+        );
+    }
+    for node in cluster.nodes() {
+        node.resume();
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while limiter.check(&Key::new("probe"), 1).await.is_err() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never connected to the cluster"
+        );
+    }
+    let key = Key::new("late");
+    let mut outcomes = Vec::new();
+    for _ in 0..3 {
+        let decision = limiter.check(&key, 1).await.expect("a decision");
+        outcomes.push(decision.is_allowed());
+    }
+    assert_eq!(outcomes, [true, true, false]);
 }

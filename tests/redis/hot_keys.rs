@@ -159,9 +159,9 @@ async fn two_instances_on_the_sliding_window_stay_within_the_limit_plus_one_leas
 async fn a_hung_redis_fails_the_waiters_of_a_lease_together() {
     let server = RedisServer::start();
     let timeout = Duration::from_millis(200);
-    let store = RedisStore::builder()
+    let store = RedisStore::builder(server.url())
         .timeout(timeout)
-        .connect(&server.url())
+        .connect()
         .await
         .unwrap();
     let policy = Policy::single("hot-hung", Limit::new(Rate::per_second(10_000)).unwrap()).unwrap();

@@ -39,10 +39,10 @@ impl Sut {
 
     async fn redis(server: &RedisServer) -> Sut {
         let clock = ManualClock::new(UNIX_NOW);
-        let store = RedisStore::builder()
+        let store = RedisStore::builder(server.url())
             .time_source(TimeSource::Client(Arc::new(clock.clone())))
             .timeout(Duration::from_secs(2))
-            .connect(&server.url())
+            .connect()
             .await
             .expect("connect to the test's redis-server");
         Sut {
@@ -107,9 +107,9 @@ fn unrenewed(name: &str, max: u64, ttl: Duration, store: impl Store) -> Concurre
 
 /// A store on the test's server whose calls time out after `timeout`.
 async fn store_timing_out_after(server: &RedisServer, timeout: Duration) -> RedisStore {
-    RedisStore::builder()
+    RedisStore::builder(server.url())
         .timeout(timeout)
-        .connect(&server.url())
+        .connect()
         .await
         .unwrap()
 }
@@ -596,14 +596,14 @@ async fn calls_are_answered_when_the_script_cannot_be_loaded() {
         .query_async(&mut admin)
         .await
         .unwrap();
-    let store = RedisStore::builder()
-        .timeout(Duration::from_secs(5))
-        .connect(&format!(
-            "redis://noscript:secret@127.0.0.1:{}",
-            server.port()
-        ))
-        .await
-        .unwrap();
+    let store = RedisStore::builder(format!(
+        "redis://noscript:secret@127.0.0.1:{}",
+        server.port()
+    ))
+    .timeout(Duration::from_secs(5))
+    .connect()
+    .await
+    .unwrap();
     let limiter = unrenewed("noload", 1, Duration::from_secs(60), store.clone());
     const CALLS: usize = 20;
     // On the test's one thread, each call is sent before any reply is read.

@@ -37,10 +37,10 @@ fn user(name: &str) -> Key {
 
 /// A store of an instance of its own on the test's server.
 async fn store(server: &RedisServer, timeout: Duration) -> RedisStore {
-    RedisStore::builder()
+    RedisStore::builder(server.url())
         .prefix(PREFIX)
         .timeout(timeout)
-        .connect(&server.url())
+        .connect()
         .await
         .unwrap()
 }
@@ -560,7 +560,7 @@ async fn a_change_while_redis_is_gone_fails_within_the_timeout_and_changes_nothi
     server.stop();
 
     // A store whose Redis is not there at all.
-    let gone = LivePolicies::new(common::unreachable_store(timeout));
+    let gone = LivePolicies::new(common::unreachable_store(timeout).await);
     let api = gone.limiter(policy("api", "1/h"));
     assert!(gone.start().await.is_err());
     let t = Instant::now();
@@ -579,10 +579,12 @@ async fn a_change_while_redis_is_gone_fails_within_the_timeout_and_changes_nothi
 async fn an_instance_started_while_redis_is_down_follows_once_it_is_back() {
     let port = common::redis_server::free_port();
     let early = LivePolicies::new(
-        RedisStore::builder()
+        RedisStore::builder(format!("redis://127.0.0.1:{port}"))
             .prefix(PREFIX)
             .timeout(Duration::from_millis(500))
-            .connect_lazy(&format!("redis://127.0.0.1:{port}"))
+            .lazy()
+            .connect()
+            .await
             .unwrap(),
     );
     let api = early.limiter(policy("api", "1/h"));

@@ -26,10 +26,12 @@ use tower::{ServiceBuilder, ServiceExt};
 /// Long enough that a healthy Redis on a loaded machine always answers.
 const TIMEOUT: Duration = Duration::from_millis(500);
 
-fn lazy_store(port: u16) -> RedisStore {
-    RedisStore::builder()
+async fn lazy_store(port: u16) -> RedisStore {
+    RedisStore::builder(format!("redis://127.0.0.1:{port}"))
         .timeout(TIMEOUT)
-        .connect_lazy(&format!("redis://127.0.0.1:{port}"))
+        .lazy()
+        .connect()
+        .await
         .unwrap()
 }
 
@@ -95,9 +97,9 @@ async fn get_quota(app: &Router) -> (StatusCode, Option<u64>) {
 async fn rate_limit_falls_back_to_its_share_while_redis_is_down_then_redis_decides_again() {
     let server = RedisServer::start();
     let port = server.port();
-    let store = RedisStore::builder()
+    let store = RedisStore::builder(server.url())
         .timeout(TIMEOUT)
-        .connect(&server.url())
+        .connect()
         .await
         .unwrap();
     let app = rate_app(Limiter::new(eight_per_hour(), store));
@@ -136,9 +138,9 @@ async fn rate_limit_falls_back_to_its_share_while_redis_is_down_then_redis_decid
 #[tokio::test]
 async fn window_policies_fail_closed_while_redis_is_hung() {
     let server = RedisServer::start();
-    let store = RedisStore::builder()
+    let store = RedisStore::builder(server.url())
         .timeout(Duration::from_millis(200))
-        .connect(&server.url())
+        .connect()
         .await
         .unwrap();
     let apps: Vec<Router> = WINDOWS
@@ -191,9 +193,9 @@ async fn window_policies_fail_closed_while_redis_is_hung() {
 #[tokio::test]
 async fn window_policies_fall_back_to_their_share_while_redis_is_down() {
     let server = RedisServer::start();
-    let store = RedisStore::builder()
+    let store = RedisStore::builder(server.url())
         .timeout(TIMEOUT)
-        .connect(&server.url())
+        .connect()
         .await
         .unwrap();
     let apps: Vec<Router> = WINDOWS
@@ -223,12 +225,12 @@ async fn waiting_clients_reserve_local_slots_and_typed_errors_name_the_limit() {
         .build()
         .unwrap();
     let policy = Policy::single("local-wait", limit).unwrap();
-    let layer = |max_wait| {
+    let layer = async |max_wait| {
         ServiceBuilder::new()
             .layer(
                 RateLimitLayer::new(Limiter::new(
                     policy.clone(),
-                    common::unreachable_store(TIMEOUT),
+                    common::unreachable_store(TIMEOUT).await,
                 ))
                 .key(GlobalKey::new())
                 .typed_errors()
@@ -238,7 +240,7 @@ async fn waiting_clients_reserve_local_slots_and_typed_errors_name_the_limit() {
             .service_fn(|()| async { Ok::<_, BoxError>(Instant::now()) })
     };
 
-    let waiting = layer(Duration::from_secs(5));
+    let waiting = layer(Duration::from_secs(5)).await;
     let started = Instant::now();
     waiting.clone().oneshot(()).await.unwrap();
     // The local burst is 1: the second call's slot is a second later.
@@ -250,7 +252,7 @@ async fn waiting_clients_reserve_local_slots_and_typed_errors_name_the_limit() {
     );
 
     // A slot further than the wait allows is refused at once.
-    let impatient = layer(Duration::from_millis(100));
+    let impatient = layer(Duration::from_millis(100)).await;
     impatient.clone().oneshot(()).await.unwrap();
     let err = impatient.oneshot(()).await.unwrap_err();
     match *err.downcast::<RateLimitError>().unwrap() {
@@ -319,7 +321,7 @@ async fn concurrency_falls_back_to_its_share_releases_locally_then_redis_decides
     let port = free_port();
     // 4 in flight fleet-wide; 2 per instance while Redis is down.
     let policy = ConcurrencyPolicy::new("local-slots", 4).unwrap();
-    let limiter = ConcurrencyLimiter::new(policy, lazy_store(port));
+    let limiter = ConcurrencyLimiter::new(policy, lazy_store(port).await);
     let calls = concurrency_service(limiter.clone());
 
     let a = start(&calls).await.expect("first local lease");

@@ -6,14 +6,15 @@ use std::time::{Duration, Instant};
 
 use common::RedisServer;
 use fleetgate::{Key, Limit, Limiter, Policy, Rate, RedisStore, StoreError};
+use futures_util::FutureExt;
 
 #[tokio::test]
 async fn hung_redis_times_out_then_recovers() {
     let server = RedisServer::start();
     let timeout = Duration::from_millis(100);
-    let store = RedisStore::builder()
+    let store = RedisStore::builder(server.url())
         .timeout(timeout)
-        .connect(&server.url())
+        .connect()
         .await
         .unwrap();
     let limit = Limit::builder(Rate::per_hour(2)).burst(2).build().unwrap();
@@ -60,9 +61,11 @@ async fn hung_redis_times_out_then_recovers() {
 async fn lazy_store_starts_without_redis_and_enforces_once_it_appears() {
     // A free port with nothing listening yet.
     let port = common::redis_server::free_port();
-    let store = RedisStore::builder()
+    let store = RedisStore::builder(format!("redis://127.0.0.1:{port}"))
         .timeout(Duration::from_millis(200))
-        .connect_lazy(&format!("redis://127.0.0.1:{port}"))
+        .lazy()
+        .connect()
+        .await
         .unwrap();
     let limit = Limit::builder(Rate::per_hour(1)).burst(1).build().unwrap();
     let limiter = Limiter::new(Policy::single("lazy", limit).unwrap(), store);
@@ -83,8 +86,11 @@ async fn lazy_store_starts_without_redis_and_enforces_once_it_appears() {
 
 #[test]
 fn lazy_store_outside_a_runtime_is_an_error_not_a_panic() {
-    let err = RedisStore::builder()
-        .connect_lazy("redis://127.0.0.1:1")
+    let err = RedisStore::builder("redis://127.0.0.1:1")
+        .lazy()
+        .connect()
+        .now_or_never()
+        .expect("refused at the first poll")
         .unwrap_err();
     assert!(
         matches!(
@@ -103,7 +109,7 @@ fn lazy_store_outside_a_runtime_is_an_error_not_a_panic() {
 #[tokio::test]
 async fn a_refused_connection_fails_at_once() {
     let timeout = Duration::from_secs(5);
-    let store = common::unreachable_store(timeout);
+    let store = common::unreachable_store(timeout).await;
     let limit = Limit::builder(Rate::per_hour(1)).burst(1).build().unwrap();
     let limiter = Limiter::new(Policy::single("refused", limit).unwrap(), store);
     let started = Instant::now();
@@ -126,7 +132,7 @@ async fn a_refused_connection_fails_at_once() {
 /// with the store's "refused" error.
 #[tokio::test]
 async fn a_refusing_server_is_tried_about_once_per_window() {
-    let store = common::unreachable_store(Duration::from_secs(5));
+    let store = common::unreachable_store(Duration::from_secs(5)).await;
     let limit = Limit::builder(Rate::per_hour(1)).burst(1).build().unwrap();
     let limiter = Limiter::new(Policy::single("knock", limit).unwrap(), store);
     let started = Instant::now();

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use common::RedisServer;
 use fleetgate::concurrency::{Admission, ConcurrencyLimiter, ConcurrencyPolicy};
-use fleetgate::{Algorithm, Key, Limit, Limiter, Policy, Rate, RedisStore, StoreError};
+use fleetgate::{Algorithm, Key, Limit, Limiter, Policy, Rate, RedisStore, StoreError, Topology};
 
 const ALL: [Algorithm; 4] = [
     Algorithm::Gcra,
@@ -257,9 +257,9 @@ async fn reset_is_one_script() {
 async fn reset_against_a_stopped_redis_fails_within_the_timeout() {
     let server = RedisServer::start();
     let timeout = Duration::from_millis(200);
-    let store = RedisStore::builder()
+    let store = RedisStore::builder(server.url())
         .timeout(timeout)
-        .connect(&server.url())
+        .connect()
         .await
         .unwrap();
     let limiter = Limiter::new(policy("api", Algorithm::Gcra, 3, 0), store.clone());
@@ -285,9 +285,9 @@ async fn reset_against_a_stopped_redis_fails_within_the_timeout() {
 async fn reset_against_a_hung_redis_times_out() {
     let server = RedisServer::start();
     let timeout = Duration::from_millis(100);
-    let store = RedisStore::builder()
+    let store = RedisStore::builder(server.url())
         .timeout(timeout)
-        .connect(&server.url())
+        .connect()
         .await
         .unwrap();
     let limiter = Limiter::new(policy("api", Algorithm::Gcra, 3, 0), store);
@@ -311,9 +311,9 @@ async fn reset_against_a_hung_redis_times_out() {
 #[tokio::test]
 async fn reset_on_a_cluster_clears_every_identity_on_its_own_master() {
     let cluster = crate::common::redis_cluster::RedisCluster::start();
-    let store = RedisStore::builder()
+    let store = RedisStore::builder(Topology::cluster(cluster.urls()))
         .timeout(Duration::from_secs(2))
-        .connect_cluster(cluster.urls())
+        .connect()
         .await
         .expect("connect to the cluster");
     let gcra = Limiter::new(policy("api", Algorithm::Gcra, 2, 2), store.clone());

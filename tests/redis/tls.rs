@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use common::tls::{Certs, start_tls_server, tls_url};
 use fleetgate::key::Key;
-use fleetgate::{Limit, Limiter, Policy, Rate, RedisStore};
+use fleetgate::{Limit, Limiter, Policy, Rate, RedisStore, Topology};
 
 /// Generous: a Sentinel lookup over TLS makes a handshake per sentinel
 /// and per `ROLE` check, each re-reading the system's roots; under CI's
@@ -43,8 +43,8 @@ async fn decides(store: RedisStore, key: &str) {
     assert!(!decision.is_allowed(), "the fourth call was allowed");
 }
 
-fn builder() -> fleetgate::RedisStoreBuilder {
-    RedisStore::builder()
+fn builder(topology: impl Into<Topology>) -> fleetgate::RedisStoreBuilder {
+    RedisStore::builder(topology)
         .prefix("tls")
         .timeout(Duration::from_secs(2))
         .connect_timeout(TIMEOUT)
@@ -65,22 +65,22 @@ async fn tls_keys(client: &redis::Client) -> Vec<String> {
 }
 
 /// A server that speaks only TLS decides through a store given the test's
-/// CA (`redis::Client::build_with_tls`, then `connect_client`); its
+/// CA (`redis::Client::build_with_tls`, then `Topology::client`); its
 /// state is in that server; plain TCP to the same port gets nowhere.
 #[tokio::test]
 async fn a_tls_only_server_decides_over_rediss() {
     let certs = Certs::new();
     let server = start_tls_server(&certs, &certs.server);
     let client = certs.client(server.port(), certs.ca_pem());
-    let store = builder()
-        .connect_client(client.clone())
+    let store = builder(Topology::client(client.clone()))
+        .connect()
         .await
         .expect("connect over TLS with the test's CA");
     decides(store, "over-tls").await;
     assert_eq!(tls_keys(&client).await.len(), 1, "one GCRA key");
 
-    let plain = builder()
-        .connect(&format!("redis://127.0.0.1:{}", server.port()))
+    let plain = builder(format!("redis://127.0.0.1:{}", server.port()))
+        .connect()
         .await;
     assert!(plain.is_err(), "plain TCP to a TLS port connected");
 }
@@ -94,15 +94,15 @@ async fn a_certificate_the_client_does_not_trust_is_refused() {
     let server = start_tls_server(&certs, &certs.server);
     let port = server.port();
 
-    let system_roots = builder().connect(&tls_url(port)).await;
+    let system_roots = builder(tls_url(port)).connect().await;
     let err = system_roots.expect_err("the test's CA is no system root");
     assert!(
         err.to_string().contains("certificate"),
         "not a certificate error: {err}"
     );
 
-    let other_ca = builder()
-        .connect_client(certs.client(port, certs.other_ca_pem()))
+    let other_ca = builder(Topology::client(certs.client(port, certs.other_ca_pem())))
+        .connect()
         .await;
     let err = other_ca.expect_err("trusted a server another CA signed");
     assert!(
@@ -111,9 +111,11 @@ async fn a_certificate_the_client_does_not_trust_is_refused() {
     );
 
     let misnamed = start_tls_server(&certs, &certs.wrong_name);
-    let wrong_name = builder()
-        .connect_client(certs.client(misnamed.port(), certs.ca_pem()))
-        .await;
+    let wrong_name = builder(Topology::client(
+        certs.client(misnamed.port(), certs.ca_pem()),
+    ))
+    .connect()
+    .await;
     let err = wrong_name.expect_err("a certificate for another name");
     assert!(
         err.to_string().contains("certificate"),
@@ -122,8 +124,8 @@ async fn a_certificate_the_client_does_not_trust_is_refused() {
 
     // The same CA and server, named right: the refusals above were the
     // checks', not the setup's.
-    let store = builder()
-        .connect_client(certs.client(port, certs.ca_pem()))
+    let store = builder(Topology::client(certs.client(port, certs.ca_pem())))
+        .connect()
         .await
         .expect("connect with the right CA");
     decides(store, "trusted").await;
@@ -136,10 +138,10 @@ async fn a_certificate_the_client_does_not_trust_is_refused() {
 async fn insecure_trusts_any_certificate_when_asked() {
     let certs = Certs::new();
     let server = start_tls_server(&certs, &certs.wrong_name);
-    let checked = builder().connect(&tls_url(server.port())).await;
+    let checked = builder(tls_url(server.port())).connect().await;
     assert!(checked.is_err(), "trusted an unknown certificate unasked");
-    let store = builder()
-        .connect(&format!("{}/#insecure", tls_url(server.port())))
+    let store = builder(format!("{}/#insecure", tls_url(server.port())))
+        .connect()
         .await
         .expect("connect with #insecure");
     decides(store, "insecure").await;
@@ -169,11 +171,11 @@ async fn sentinels_and_master_over_tls_through_a_failover() {
         .expect("the sentinels name the master");
     assert_eq!(named.1, ports.master, "the sentinels name the TLS port");
 
-    let store = builder()
+    let store = builder(Topology::sentinel(sentinels, MASTER_NAME))
         .sentinel_master(
             SentinelNodeConnectionInfo::default().set_tls_mode(redis::TlsMode::Insecure),
         )
-        .connect_sentinel(MASTER_NAME, sentinels)
+        .connect()
         .await
         .expect("connect through the sentinels over TLS");
     let limiter = Limiter::new(policy(), store);
@@ -215,9 +217,9 @@ async fn a_sentinel_master_behind_a_private_ca_is_checked_against_it() {
         root_cert: Some(pem),
     };
 
-    let system_roots = builder()
+    let system_roots = builder(Topology::sentinel(sentinels.clone(), MASTER_NAME))
         .sentinel_master(SentinelNodeConnectionInfo::default().set_tls_mode(redis::TlsMode::Secure))
-        .connect_sentinel(MASTER_NAME, sentinels.clone())
+        .connect()
         .await;
     let err = system_roots.expect_err("a master behind the test's CA passed the system roots");
     assert!(
@@ -225,12 +227,12 @@ async fn a_sentinel_master_behind_a_private_ca_is_checked_against_it() {
         "not a certificate error: {err}"
     );
 
-    let other_ca = builder()
+    let other_ca = builder(Topology::sentinel(sentinels.clone(), MASTER_NAME))
         .sentinel_master_tls(
             RedisConnectionInfo::default(),
             with_ca(certs.other_ca_pem()),
         )
-        .connect_sentinel(MASTER_NAME, sentinels.clone())
+        .connect()
         .await;
     let err = other_ca.expect_err("trusted a master another CA signed");
     assert!(
@@ -239,10 +241,10 @@ async fn a_sentinel_master_behind_a_private_ca_is_checked_against_it() {
     );
 
     // The last of `sentinel_master` and `sentinel_master_tls` applies.
-    let store = builder()
+    let store = builder(Topology::sentinel(sentinels, MASTER_NAME))
         .sentinel_master(SentinelNodeConnectionInfo::default().set_tls_mode(redis::TlsMode::Secure))
         .sentinel_master_tls(RedisConnectionInfo::default(), with_ca(certs.ca_pem()))
-        .connect_sentinel(MASTER_NAME, sentinels)
+        .connect()
         .await
         .expect("connect to the master with the test's CA");
     let limiter = Limiter::new(policy(), store);

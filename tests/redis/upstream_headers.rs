@@ -49,10 +49,10 @@ async fn align_gives_the_same_decisions_on_both_stores() {
     let mem_clock = ManualClock::new(start);
     let memory = MemoryStore::builder().clock(mem_clock.clone()).build();
     let redis_clock = ManualClock::new(start);
-    let redis = RedisStore::builder()
+    let redis = RedisStore::builder(server.url())
         .time_source(TimeSource::Client(Arc::new(redis_clock.clone())))
         .timeout(2 * S)
-        .connect(&server.url())
+        .connect()
         .await
         .unwrap();
     let mut logs: Vec<Vec<Decision>> = Vec::new();
@@ -159,9 +159,9 @@ async fn a_fleet_of_two_instances_follows_the_upstreams_headers() {
             let policy = Policy::single(name, limit).unwrap();
             let mut limiters = Vec::new();
             for _ in 0..2 {
-                let store = RedisStore::builder()
+                let store = RedisStore::builder(&server_url)
                     .timeout(2 * S)
-                    .connect(&server_url)
+                    .connect()
                     .await
                     .unwrap();
                 limiters.push(Limiter::new(policy.clone(), store));

@@ -4,13 +4,37 @@ use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
+use super::topology::{Kind, Topology};
 use super::*;
-/// Configures a [`RedisStore`]; see [`RedisStore::builder`].
+
+/// Configures a [`RedisStore`] on its [`Topology`] and connects it, with
+/// [`connect`](Self::connect): made by [`RedisStore::builder`].
+///
+/// Every setting has a default, stated in its doc; a bad one (a zero
+/// timeout, an invalid prefix) and a bad topology (an address that does not
+/// parse, a cluster without nodes) are reported by `connect` as
+/// [`StoreError::Config`] before any I/O.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// use fleetgate::RedisStore;
+/// use std::time::Duration;
+///
+/// let store = RedisStore::builder("redis://127.0.0.1:6379")
+///     .prefix("myapp")
+///     .timeout(Duration::from_millis(20))
+///     .lazy()
+///     .connect()
+///     .await?;
+/// # Ok(()) }
+/// ```
 ///
 /// Available with the `redis` feature (on by default).
 #[derive(Clone, Debug)]
 #[must_use]
 pub struct RedisStoreBuilder {
+    topology: Topology,
+    lazy: bool,
     prefix: String,
     timeout: Duration,
     connect_timeout: Duration,
@@ -30,8 +54,10 @@ pub struct RedisStoreBuilder {
 
 impl RedisStoreBuilder {
     /// The defaults, as each setting's doc states them.
-    pub(super) fn new() -> Self {
+    pub(super) fn new(topology: Topology) -> Self {
         RedisStoreBuilder {
+            topology,
+            lazy: false,
             prefix: "fleetgate".into(),
             timeout: Duration::from_millis(50),
             connect_timeout: Duration::from_secs(1),
@@ -133,42 +159,61 @@ impl RedisStoreBuilder {
         Ok(())
     }
 
-    /// Connects to `url` (`redis://host:port/db`, `rediss://` for TLS) and
-    /// checks the settings.
+    /// Connects on first use rather than in [`connect`](Self::connect),
+    /// which then returns at once, without I/O, so that a service can start
+    /// while Redis is down. Until Redis answers, decisions fail and the
+    /// layers follow their [`FailurePolicy`](crate::FailurePolicy); the
+    /// connection is made, and remade after failures, in the background.
     ///
-    /// The connection is multiplexed and reconnects by itself after
-    /// failures.
-    ///
-    /// TLS needs the `tls-rustls` feature: the server's certificate is
-    /// checked against the system's root certificates. For a server behind
-    /// a private CA, build the client with the CA
-    /// (`redis::Client::build_with_tls`) and pass it to
-    /// [`connect_client`](Self::connect_client); `rediss://host:port/#insecure`
-    /// skips the check, with the `tls-rustls-insecure` feature. See
-    /// docs/topologies.md (TLS) for the crypto provider rustls needs.
-    pub async fn connect(self, url: &str) -> Result<RedisStore, StoreError> {
-        self.check()?;
-        let client = redis::Client::open(url)?;
-        self.connect_client(client).await
+    /// Every [`Topology`] can be lazy: one server (the connection manager
+    /// connects at the first call, and again after failures), a Cluster
+    /// (the cluster client connects to the nodes and reads the slot map in
+    /// the background; calls made meanwhile wait for it, within the
+    /// store's timeout, and once the nodes are known to be unreachable it
+    /// tries them again at the next calls), and Sentinel (the master is
+    /// looked up in the background; calls fail until it is found).
+    pub fn lazy(mut self) -> Self {
+        self.lazy = true;
+        self
     }
 
-    /// Builds the store without waiting for Redis, so that a service can
-    /// start while Redis is down: until Redis answers, decisions fail and
-    /// the layers follow their [`FailurePolicy`](crate::FailurePolicy); the
-    /// connection is made, and remade after failures, in the background.
-    /// Must be called within a tokio runtime (otherwise
-    /// [`ConfigError::NoRuntime`]).
-    pub fn connect_lazy(self, url: &str) -> Result<RedisStore, StoreError> {
+    /// Checks the settings and the topology, then connects: at once, or, if
+    /// [`lazy`](Self::lazy), on first use. Must run within a tokio runtime
+    /// (otherwise [`ConfigError::NoRuntime`]): the store's connection
+    /// lives in tasks of its own.
+    ///
+    /// A bad setting or topology is a [`StoreError::Config`], reported
+    /// before any I/O; an eager connection that fails is a
+    /// [`StoreError::Redis`], within the
+    /// [connect timeout](Self::connect_timeout) (for Sentinel, the lookup's
+    /// time, which that timeout bounds too).
+    pub async fn connect(self) -> Result<RedisStore, StoreError> {
+        // Report a bad setting as such, before any I/O can fail first.
         self.check()?;
+        self.topology.check()?;
         if tokio::runtime::Handle::try_current().is_err() {
             return Err(ConfigError::NoRuntime {
-                what: "RedisStoreBuilder::connect_lazy",
+                what: "RedisStoreBuilder::connect",
             }
             .into());
         }
-        let client = redis::Client::open(url)?;
-        let conn = ConnectionManager::new_lazy_with_config(client, self.manager_config())?;
-        self.with_connection(conn)
+        let conn = match self.topology.kind.clone() {
+            Kind::Node(client) => {
+                let config = self.manager_config();
+                let conn = if self.lazy {
+                    ConnectionManager::new_lazy_with_config(client, config)?
+                } else {
+                    ConnectionManager::new_with_config(client, config).await?
+                };
+                Conn::Single(conn)
+            }
+            #[cfg(feature = "cluster")]
+            Kind::Cluster(nodes) => self.cluster(nodes).await?,
+            #[cfg(feature = "sentinel")]
+            Kind::Sentinel { sentinels, master } => self.sentinel(sentinels, master).await?,
+            Kind::Invalid(err) => return Err(err.into()),
+        };
+        self.build(conn)
     }
 
     fn manager_config(&self) -> ConnectionManagerConfig {
@@ -179,28 +224,15 @@ impl RedisStoreBuilder {
         // One attempt per reconnection, with no backoff inside it: calls
         // wait for a reconnection in flight, so a refused attempt must end
         // at once; how often a refusing server is tried again is the
-        // store's business (`Refusals`).
+        // store's business (`Refusals`). So the store makes its connection
+        // manager itself, and takes none the caller configured.
         ConnectionManagerConfig::new()
             .set_response_timeout(None)
             .set_connection_timeout(Some(self.connect_timeout))
             .set_number_of_retries(0)
     }
 
-    /// Like [`connect`](Self::connect), from a configured client.
-    pub async fn connect_client(self, client: redis::Client) -> Result<RedisStore, StoreError> {
-        // Report a bad setting as such, before any I/O can fail first.
-        self.check()?;
-        let conn = ConnectionManager::new_with_config(client, self.manager_config()).await?;
-        self.with_connection(conn)
-    }
-
-    /// Uses an existing connection manager (its own timeouts apply too).
-    pub fn with_connection(self, conn: ConnectionManager) -> Result<RedisStore, StoreError> {
-        self.build(Conn::Single(conn))
-    }
-
     fn build(self, conn: Conn) -> Result<RedisStore, StoreError> {
-        self.check()?;
         let deny = (self.deny_cache > 0).then(|| {
             let clock: Arc<dyn Clock> = match &self.time {
                 TimeSource::Client(clock) => clock.clone(),
@@ -259,40 +291,25 @@ impl RedisStoreBuilder {
 
 #[cfg(feature = "cluster")]
 impl RedisStoreBuilder {
-    /// Connects to a Redis Cluster through any of its nodes
-    /// (`redis://host:port` each, `rediss://` for TLS with the
-    /// `tls-rustls` feature); needs the `cluster` feature.
-    ///
-    /// The keys of one identity share a hash tag, so each script runs on
-    /// the one master that owns that slot; the cluster client follows
-    /// `MOVED` and `ASK` redirections and refreshes its slot map by itself.
-    /// A script missing on a node (`NOSCRIPT` after a restart or failover)
-    /// is sent with its source (`EVAL`) to that node, which caches it
-    /// again: a node that cannot answer fails only its own keys' calls.
-    /// The store's timeout bounds each decision, redirections included.
-    ///
-    /// ```no_run
-    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-    /// use fleetgate::RedisStore;
-    ///
-    /// let store = RedisStore::builder()
-    ///     .prefix("myapp")
-    ///     .connect_cluster(["redis://10.0.0.1:6379", "redis://10.0.0.2:6379"])
-    ///     .await?;
-    /// # Ok(()) }
-    /// ```
-    pub async fn connect_cluster<I, T>(self, nodes: I) -> Result<RedisStore, StoreError>
-    where
-        I: IntoIterator<Item = T>,
-        T: redis::IntoConnectionInfo,
-    {
-        self.check()?;
+    /// The connection to the cluster of `nodes`
+    /// ([`Topology::cluster`]).
+    async fn cluster(&self, nodes: Vec<redis::ConnectionInfo>) -> Result<Conn, StoreError> {
         let client = redis::cluster::ClusterClient::builder(nodes)
-            .connection_timeout(self.connect_timeout)
-            .response_timeout(self.timeout)
-            .build()?;
-        let conn = client.get_async_connection().await?;
-        self.build(Conn::Cluster(conn))
+            .build()
+            // No I/O yet: what the client refuses is in the addresses
+            // (nodes that disagree on TLS or credentials, say).
+            .map_err(|err| ConfigError::InvalidRedisAddress {
+                reason: format!("{err}"),
+            })?;
+        let config = redis::cluster::ClusterConfig::new()
+            .set_connection_timeout(self.connect_timeout)
+            .set_response_timeout(self.timeout);
+        let conn = if self.lazy {
+            client.get_pending_async_connection_with_config(config)
+        } else {
+            client.get_async_connection_with_config(config).await?
+        };
+        Ok(Conn::Cluster(conn))
     }
 }
 
@@ -308,146 +325,38 @@ const MAX_SENTINEL_POLL: Duration = Duration::from_secs(24 * 3600);
 
 #[cfg(feature = "sentinel")]
 impl RedisStoreBuilder {
-    /// Connects to the Redis master that Redis Sentinel names `master_name`,
-    /// asking the `sentinels` (`redis://[user:password@]host:port` each,
-    /// `rediss://` for TLS), and follows it through failovers; needs the
-    /// `sentinel` feature.
-    ///
-    /// The store sends every call to the master it is connected to, and
-    /// never reconnects to an address by itself: a new connection is made
-    /// only to a server the sentinels name as master and that itself says
-    /// `ROLE` master, so no call is sent to a replica on purpose. A lookup
-    /// runs in the background (one at a time, at most one per 100 ms) when
-    /// a call fails in a way that says the master may have moved: its
-    /// connection dropped or refused, a timeout, `READONLY` (the server was
-    /// demoted to a replica), `MASTERDOWN` or `NOREPLICAS`. A lookup asks
-    /// all the sentinels at once, within the
-    /// [connect timeout](Self::connect_timeout), so a sentinel that never
-    /// answers holds nothing up; it takes a master only once more than
-    /// half of all the sentinels given name it (and do not flag it down),
-    /// so that a sentinel cut off with the old master cannot move the
-    /// store back there; with most sentinels unreachable no lookup
-    /// succeeds, and the store keeps the connection it has. Sentinels that
-    /// answered without a master, or named another, are asked again every
-    /// 50 ms until the connect timeout; only sentinels that fail end the
-    /// lookup sooner. It connects to the master and checks `ROLE`. After a
-    /// dropped or refused connection the connection is always replaced.
-    /// After a timeout, `READONLY`, `MASTERDOWN` or `NOREPLICAS`, if the
-    /// sentinels still name the same address, the connection in use is
-    /// sent a `PING` with half the connect timeout to answer: it is kept if
-    /// it answers (so a demoted server the sentinels still name stays in
-    /// use, refusing writes, until they name another), and replaced if it
-    /// does not (a half-open connection, whose peer is gone without a
-    /// reset). Repeated lookup failures are logged at `warn`, at most once
-    /// a second. The sentinels are also asked every
-    /// [`sentinel_poll`](Self::sentinel_poll) which address the master has,
-    /// and a different answer starts a lookup: a demoted master, or one cut
-    /// off from the sentinels, may go on answering (and taking writes that
-    /// are lost) until Sentinel reconfigures it. Calls never wait for a
-    /// lookup: until the new master is connected they fail (at once once the
-    /// old connection has dropped, or at the timeout) and the layers follow
-    /// their [`FailurePolicy`](crate::FailurePolicy). Calls are batched and
-    /// scripts loaded as on a single server; a promoted replica has no
-    /// scripts cached, so one `SCRIPT LOAD` follows each failover.
-    ///
-    /// Before Redis 7, a write in a script run on a demoted master comes
-    /// back as `ERR ... -READONLY ...`: it starts a lookup and counts as a
-    /// transient error too.
-    ///
-    /// Must be called within a tokio runtime (otherwise
-    /// [`ConfigError::NoRuntime`]).
-    ///
-    /// What a failover costs, besides the time without a master (from the
-    /// old master's end to about one second after the replica's promotion,
-    /// the time Sentinel takes to name it): replication is asynchronous, so
-    /// writes the old master acknowledged but had not yet sent to the
-    /// replica are lost. GCRA and window state then goes back by those
-    /// writes (up to about one burst admitted again), and leases taken in
-    /// those last moments are gone from the new master: their releases
-    /// answer "not held", and concurrency may go over its limit until their
-    /// holders finish. Leases that did reach the replica are released on the
-    /// new master (failed releases are retried), or expire after their TTL.
-    /// With [`TimeSource::Server`] decisions follow the new master's clock.
-    ///
-    /// Passwords: those of the sentinels go in their URLs; those of the
-    /// master (and its TLS mode and database) in
-    /// [`sentinel_master`](Self::sentinel_master).
-    ///
-    /// TLS needs the `tls-rustls` feature. The sentinels: `rediss://` URLs,
-    /// checked against the system's root certificates, or, behind a
-    /// private CA, the connection infos of clients built with it
-    /// (`redis::Client::build_with_tls(url, certs)?.get_connection_info().clone()`).
-    /// The master: [`sentinel_master_tls`](Self::sentinel_master_tls)
-    /// with its CA (a private one), or `TlsMode::Secure` in
-    /// [`sentinel_master`](Self::sentinel_master), checked against the
-    /// system's root certificates, or `TlsMode::Insecure`, unchecked, with
-    /// the `tls-rustls-insecure` feature.
-    ///
-    /// ```no_run
-    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-    /// use fleetgate::RedisStore;
-    /// use redis::sentinel::SentinelNodeConnectionInfo;
-    /// use redis::RedisConnectionInfo;
-    ///
-    /// let store = RedisStore::builder()
-    ///     .prefix("myapp")
-    ///     .sentinel_master(SentinelNodeConnectionInfo::default().set_redis_connection_info(
-    ///         RedisConnectionInfo::default().set_password("master-secret"),
-    ///     ))
-    ///     .connect_sentinel(
-    ///         "mymaster",
-    ///         [
-    ///             "redis://:sentinel-secret@10.0.0.1:26379",
-    ///             "redis://:sentinel-secret@10.0.0.2:26379",
-    ///             "redis://:sentinel-secret@10.0.0.3:26379",
-    ///         ],
-    ///     )
-    ///     .await?;
-    /// # Ok(()) }
-    /// ```
-    pub async fn connect_sentinel<I, T>(
-        self,
-        master_name: &str,
-        sentinels: I,
-    ) -> Result<RedisStore, StoreError>
-    where
-        I: IntoIterator<Item = T>,
-        T: redis::IntoConnectionInfo,
-    {
-        let (conn, settings) = self.sentinel_conn(
-            "RedisStoreBuilder::connect_sentinel",
-            master_name,
+    /// The connection to the master the `sentinels` name `master`
+    /// ([`Topology::sentinel`]): with its first master, or, if lazy,
+    /// looking it up in the background.
+    async fn sentinel(
+        &self,
+        sentinels: Vec<redis::ConnectionInfo>,
+        master: String,
+    ) -> Result<Conn, StoreError> {
+        if self.sentinel_poll.is_zero() {
+            return Err(ConfigError::ZeroTimeout.into());
+        }
+        let settings = super::sentinel::Settings {
+            name: master,
             sentinels,
-        )?;
-        conn.lookup(true).await?;
+            node: self.sentinel_node.clone().unwrap_or_default(),
+            connect_timeout: self.connect_timeout,
+            poll: self.sentinel_poll.min(MAX_SENTINEL_POLL),
+            #[cfg(feature = "tls-rustls")]
+            master_tls: self.sentinel_master_tls.clone(),
+        };
+        let conn = super::sentinel::SentinelConn::new(&settings)?;
+        if self.lazy {
+            conn.trigger(true);
+        } else {
+            conn.lookup(true).await?;
+        }
         super::sentinel::SentinelConn::watch(&conn, settings.sentinels, settings.poll);
-        self.build(Conn::Sentinel(conn))
+        Ok(Conn::Sentinel(conn))
     }
 
-    /// Like [`connect_sentinel`](Self::connect_sentinel), without waiting
-    /// for the sentinels: decisions fail (and the layers follow their
-    /// failure policy) until a master is found in the background. Must be
-    /// called within a tokio runtime (otherwise [`ConfigError::NoRuntime`]).
-    pub fn connect_sentinel_lazy<I, T>(
-        self,
-        master_name: &str,
-        sentinels: I,
-    ) -> Result<RedisStore, StoreError>
-    where
-        I: IntoIterator<Item = T>,
-        T: redis::IntoConnectionInfo,
-    {
-        let (conn, settings) = self.sentinel_conn(
-            "RedisStoreBuilder::connect_sentinel_lazy",
-            master_name,
-            sentinels,
-        )?;
-        conn.trigger(true);
-        super::sentinel::SentinelConn::watch(&conn, settings.sentinels, settings.poll);
-        self.build(Conn::Sentinel(conn))
-    }
-
-    /// How to connect to the master found through the sentinels: its
+    /// How to connect to the master found through the sentinels
+    /// ([`Topology::sentinel`]; other topologies do not use it): its
     /// username, password and database
     /// ([`RedisConnectionInfo`](redis::RedisConnectionInfo)) and TLS mode
     /// (feature `tls-rustls`: `TlsMode::Secure` checks the master's
@@ -481,12 +390,12 @@ impl RedisStoreBuilder {
     /// The store then connects itself to the address a majority of the
     /// sentinels names (checking its `ROLE`, as always), not through the
     /// redis crate's `SentinelClient`. The sentinels' own TLS stays in
-    /// their addresses (see [`connect_sentinel`](Self::connect_sentinel)).
-    /// Needs the `sentinel` and `tls-rustls` features.
+    /// their addresses (see [`Topology::sentinel`]). Other topologies do
+    /// not use it. Needs the `sentinel` and `tls-rustls` features.
     ///
     /// ```no_run
     /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-    /// use fleetgate::RedisStore;
+    /// use fleetgate::{RedisStore, Topology};
     /// use redis::{RedisConnectionInfo, TlsCertificates};
     ///
     /// let ca_pem = std::fs::read("/etc/redis/ca.crt")?;
@@ -498,12 +407,12 @@ impl RedisStoreBuilder {
     ///             .map(|client| client.get_connection_info().clone())
     ///     })
     ///     .collect::<Result<Vec<_>, _>>()?;
-    /// let store = RedisStore::builder()
+    /// let store = RedisStore::builder(Topology::sentinel(sentinels, "mymaster"))
     ///     .sentinel_master_tls(
     ///         RedisConnectionInfo::default().set_password("master-secret"),
     ///         certs,
     ///     )
-    ///     .connect_sentinel("mymaster", sentinels)
+    ///     .connect()
     ///     .await?;
     /// # Ok(()) }
     /// ```
@@ -522,67 +431,9 @@ impl RedisStoreBuilder {
     /// still answers (a failover by hand, a partition) keeps the store's
     /// calls. Failures of the calls themselves start a lookup at once.
     /// Zero is refused ([`ConfigError::ZeroTimeout`]); more than a day is
-    /// taken as a day.
+    /// taken as a day. Only [`Topology::sentinel`] polls.
     pub fn sentinel_poll(mut self, every: Duration) -> Self {
         self.sentinel_poll = every;
         self
-    }
-
-    /// What both Sentinel connects share: a tokio runtime to run the
-    /// lookups on (`what` is refused without one), the settings, and the
-    /// connection before its first master.
-    fn sentinel_conn<I, T>(
-        &self,
-        what: &'static str,
-        master_name: &str,
-        sentinels: I,
-    ) -> Result<
-        (
-            Arc<super::sentinel::SentinelConn>,
-            super::sentinel::Settings,
-        ),
-        StoreError,
-    >
-    where
-        I: IntoIterator<Item = T>,
-        T: redis::IntoConnectionInfo,
-    {
-        if tokio::runtime::Handle::try_current().is_err() {
-            return Err(ConfigError::NoRuntime { what }.into());
-        }
-        let settings = self.sentinel_settings(master_name, sentinels)?;
-        let conn = super::sentinel::SentinelConn::new(&settings)?;
-        Ok((conn, settings))
-    }
-
-    fn sentinel_settings<I, T>(
-        &self,
-        master_name: &str,
-        sentinels: I,
-    ) -> Result<super::sentinel::Settings, StoreError>
-    where
-        I: IntoIterator<Item = T>,
-        T: redis::IntoConnectionInfo,
-    {
-        self.check()?;
-        if self.sentinel_poll.is_zero() {
-            return Err(ConfigError::ZeroTimeout.into());
-        }
-        let sentinels = sentinels
-            .into_iter()
-            .map(redis::IntoConnectionInfo::into_connection_info)
-            .collect::<redis::RedisResult<Vec<_>>>()?;
-        if sentinels.is_empty() {
-            return Err(StoreError::Redis("no sentinel addresses given".into()));
-        }
-        Ok(super::sentinel::Settings {
-            name: master_name.to_owned(),
-            sentinels,
-            node: self.sentinel_node.clone().unwrap_or_default(),
-            connect_timeout: self.connect_timeout,
-            poll: self.sentinel_poll.min(MAX_SENTINEL_POLL),
-            #[cfg(feature = "tls-rustls")]
-            master_tls: self.sentinel_master_tls.clone(),
-        })
     }
 }

@@ -237,15 +237,19 @@ mod tests {
     #[tokio::test]
     async fn a_release_is_retried_while_its_lease_may_hold() {
         let (timeout, ttl) = (Duration::from_millis(300), Duration::from_secs(10));
-        let server_clock = RedisStore::builder()
+        let server_clock = RedisStore::builder("redis://127.0.0.1:1")
             .timeout(timeout)
-            .connect_lazy("redis://127.0.0.1:1")
+            .lazy()
+            .connect()
+            .await
             .unwrap();
         assert!(server_clock.release_deadline(ttl) >= ttl + timeout);
-        let client_clock = RedisStore::builder()
+        let client_clock = RedisStore::builder("redis://127.0.0.1:1")
             .timeout(timeout)
             .time_source(TimeSource::system_clock())
-            .connect_lazy("redis://127.0.0.1:1")
+            .lazy()
+            .connect()
+            .await
             .unwrap();
         assert!(client_clock.release_deadline(ttl) >= ttl + timeout + CLIENT_CLOCK_SLACK);
     }

@@ -18,6 +18,7 @@ mod release;
 mod reset;
 #[cfg(feature = "sentinel")]
 mod sentinel;
+mod topology;
 mod window;
 
 pub use self::builder::RedisStoreBuilder;
@@ -25,6 +26,7 @@ use self::connection::{Conn, Refusals};
 pub(crate) use self::deny_cache::DenyCache;
 pub use self::deny_cache::DenyCacheStats;
 use self::deny_cache::RealClock;
+pub use self::topology::Topology;
 
 use self::adjust::AdjustCall;
 use super::{Answer, Call, LeaseAnswer, LeaseCall, LeaseOp, Op, Store, StoreFuture, StoreOps};
@@ -216,9 +218,8 @@ impl TimeSource {
 /// Denials are remembered, so a client over its limit is refused locally
 /// until its retry time passes ([`RedisStoreBuilder::deny_cache`]). With
 /// the `cluster` feature the same store runs on a Redis Cluster
-/// (`RedisStoreBuilder::connect_cluster`); with the `sentinel` feature, on
-/// the master that Redis Sentinel names, followed through failovers
-/// (`RedisStoreBuilder::connect_sentinel`).
+/// (`Topology::cluster`); with the `sentinel` feature, on the master that
+/// Redis Sentinel names, followed through failovers (`Topology::sentinel`).
 ///
 /// Available with the `redis` feature (on by default).
 ///
@@ -227,10 +228,10 @@ impl TimeSource {
 /// use fleetgate::RedisStore;
 /// use std::time::Duration;
 ///
-/// let store = RedisStore::builder()
+/// let store = RedisStore::builder("redis://127.0.0.1:6379")
 ///     .prefix("myapp")
 ///     .timeout(Duration::from_millis(20))
-///     .connect("redis://127.0.0.1:6379")
+///     .connect()
 ///     .await?;
 /// # Ok(()) }
 /// ```
@@ -264,14 +265,20 @@ struct Inner {
 }
 
 impl RedisStore {
-    /// Connects with the default settings.
-    pub async fn connect(url: &str) -> Result<Self, StoreError> {
-        RedisStore::builder().connect(url).await
+    /// Connects to `topology` (a URL, or any [`Topology`]) with the
+    /// default settings, at once: exactly
+    /// `RedisStore::builder(topology).connect().await`.
+    pub async fn connect(topology: impl Into<Topology>) -> Result<Self, StoreError> {
+        RedisStore::builder(topology).connect().await
     }
 
-    /// Configures a store.
-    pub fn builder() -> RedisStoreBuilder {
-        RedisStoreBuilder::new()
+    /// Configures a store on `topology`: a URL (`"redis://host:port"`), or
+    /// any [`Topology`] (a client built by hand, a Redis Cluster's nodes,
+    /// Redis Sentinel). Connect it with
+    /// [`RedisStoreBuilder::connect`], at once or, after
+    /// [`lazy`](RedisStoreBuilder::lazy), on first use.
+    pub fn builder(topology: impl Into<Topology>) -> RedisStoreBuilder {
+        RedisStoreBuilder::new(topology.into())
     }
 
     /// The key prefix.
@@ -567,8 +574,8 @@ impl RedisStore {
                 }
                 match result {
                     Ok(reply) => Ok(reply),
-                    // A timeout reported by the client (a `with_connection`
-                    // manager configured with its own).
+                    // A timeout reported by the client (the cluster
+                    // client's, set to the store's own).
                     Err(err) if err.is_timeout() => Err(timed_out()),
                     Err(err) => Err(Failure {
                         transient: is_transient(&err),

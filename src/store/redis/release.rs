@@ -365,7 +365,7 @@ mod tests {
             .build()
             .unwrap();
         let store = live
-            .block_on(async { RedisStore::builder().connect_lazy("redis://127.0.0.1:1") })
+            .block_on(RedisStore::builder("redis://127.0.0.1:1").lazy().connect())
             .unwrap();
         let dead = tokio::runtime::Builder::new_current_thread()
             .enable_all()

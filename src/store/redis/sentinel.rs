@@ -1,5 +1,5 @@
-//! The connection of a [`RedisStore`](super::RedisStore) built with
-//! [`connect_sentinel`](super::RedisStoreBuilder::connect_sentinel): a
+//! The connection of a [`RedisStore`](super::RedisStore) on
+//! [`Topology::sentinel`](super::Topology::sentinel): a
 //! plain multiplexed connection to the master the sentinels name, swapped
 //! for a connection to the new master after a failover.
 //!
@@ -254,8 +254,8 @@ impl Tally {
 /// while no address has a majority.
 const ASK_AGAIN: Duration = Duration::from_millis(50);
 
-/// What the settings of
-/// [`connect_sentinel`](super::RedisStoreBuilder::connect_sentinel) make.
+/// What [`Topology::sentinel`](super::Topology::sentinel) and the
+/// builder's Sentinel settings make.
 pub(crate) struct Settings {
     pub(crate) name: String,
     pub(crate) sentinels: Vec<ConnectionInfo>,
