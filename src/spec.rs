@@ -395,6 +395,7 @@ impl FromStr for PolicySpec {
 }
 
 /// A rate, or a calendar quota with its zone, alone in `text`.
+#[cfg(feature = "serde")]
 fn rate_or_calendar(text: &str) -> Result<(Rate, Option<Calendar>), ParseError> {
     let mut parser = Parser::new(text);
     parser.skip_space();

@@ -47,7 +47,7 @@ use jiff::civil::{Date, DateTime};
 use jiff::tz::{Offset, TimeZone};
 
 use super::MAX_LIMITS_PER_POLICY;
-use super::window::{EMPTY, MAX_COUNTED, Verdict, Verdicts, Window, combine, standing};
+use super::window::{EMPTY, MAX_COUNTED, Verdict, Verdicts, Window, admit, charged, combine};
 use crate::decision::Decision;
 
 const DAY_US: u64 = 86_400_000_000;
@@ -530,11 +530,9 @@ pub(crate) fn check(
     cost: u64,
 ) -> (Decision, Option<u64>) {
     let verdicts = verdicts(quotas, tallies, now, cost);
-    let decision = combine(&windows(quotas), &verdicts[..quotas.len()]);
-    if !decision.allowed {
-        return (decision, None);
-    }
-    (decision, Some(store(quotas, tallies, now, cost)))
+    admit(&windows(quotas)[..quotas.len()], &verdicts, || {
+        store(quotas, tallies, now, cost)
+    })
 }
 
 /// What [`check`] would answer for a call of `cost` now, storing nothing.
@@ -549,7 +547,7 @@ pub(crate) fn peek(quotas: &[Quota], tallies: &[Tally], now: u64, cost: u64) -> 
 /// the quota's if need be; nothing passes until the period ends, and then
 /// the overdraft is forgotten with the rest. Tallies saturate at
 /// [`MAX_COUNTED`]. Returns the figures of now for a call of cost 1
-/// ([`standing`]) and the time from which the state means nothing.
+/// (`standing` in the window module) and the time from which the state means nothing.
 pub(crate) fn charge(
     quotas: &[Quota],
     tallies: &mut [Tally],
@@ -557,11 +555,8 @@ pub(crate) fn charge(
     cost: u64,
 ) -> (Decision, u64) {
     let idle_at = store(quotas, tallies, now, cost);
-    let mut verdicts = verdicts(quotas, tallies, now, 1);
-    (
-        standing(&windows(quotas), &mut verdicts[..quotas.len()]),
-        idle_at,
-    )
+    let verdicts = verdicts(quotas, tallies, now, 1);
+    charged(&windows(quotas)[..quotas.len()], verdicts, idle_at)
 }
 
 /// Gives `cost` back: the tally of the period a call now is decided in

@@ -21,7 +21,9 @@
 //!
 //! [`MemoryStore`]: crate::MemoryStore
 
-use super::window::{Counter, EMPTY, MAX_COUNTED, Verdict, Verdicts, Window, combine, standing};
+use super::window::{
+    Counter, EMPTY, MAX_COUNTED, Verdict, Verdicts, Window, admit, charged, combine,
+};
 use crate::decision::Decision;
 
 /// Fixed windows aligned to the clock's epoch. `counters[i]` is window
@@ -34,11 +36,7 @@ pub(crate) fn check(
     cost: u64,
 ) -> (Decision, Option<u64>) {
     let verdicts = verdicts(windows, counters, now, cost);
-    let decision = combine(windows, &verdicts[..windows.len()]);
-    if !decision.allowed {
-        return (decision, None);
-    }
-    (decision, Some(store(windows, counters, now, cost)))
+    admit(windows, &verdicts, || store(windows, counters, now, cost))
 }
 
 /// What [`check`] would answer for a call of `cost` now, storing nothing.
@@ -53,7 +51,7 @@ pub(crate) fn peek(windows: &[Window], counters: &[Counter], now: u64, cost: u64
 /// the window's count if need be; nothing passes until the window ends,
 /// and then the overdraft is forgotten with the rest of the count.
 /// Counters saturate at [`MAX_COUNTED`]. Returns the figures of now for a
-/// call of cost 1 ([`standing`]) and the time from which the state means
+/// call of cost 1 (`standing` in the window module) and the time from which the state means
 /// nothing.
 pub(crate) fn charge(
     windows: &[Window],
@@ -62,8 +60,7 @@ pub(crate) fn charge(
     cost: u64,
 ) -> (Decision, u64) {
     let idle_at = store(windows, counters, now, cost);
-    let mut verdicts = verdicts(windows, counters, now, 1);
-    (standing(windows, &mut verdicts[..windows.len()]), idle_at)
+    charged(windows, verdicts(windows, counters, now, 1), idle_at)
 }
 
 /// Gives `cost` back: the count of the window a call now is decided in

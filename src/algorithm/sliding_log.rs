@@ -26,7 +26,7 @@
 
 use std::collections::VecDeque;
 
-use super::window::{EMPTY, Verdict, Verdicts, Window, combine, standing};
+use super::window::{EMPTY, Verdict, Verdicts, Window, admit, charged, combine};
 use crate::decision::Decision;
 
 /// Sliding log over `windows`, all sharing `log`: the times of admitted
@@ -42,11 +42,7 @@ pub(crate) fn check(
     cost: u64,
 ) -> (Decision, Option<u64>) {
     let verdicts = verdicts(windows, log, now, cost);
-    let decision = combine(windows, &verdicts[..windows.len()]);
-    if !decision.allowed {
-        return (decision, None);
-    }
-    (decision, Some(store(windows, log, now, cost)))
+    admit(windows, &verdicts, || store(windows, log, now, cost))
 }
 
 /// What [`check`] would answer for a call of `cost` now, storing nothing.
@@ -59,7 +55,7 @@ pub(crate) fn peek(windows: &[Window], log: &VecDeque<u64>, now: u64, cost: u64)
 /// logged at one instant leaves a window at the same time, so entries past
 /// that count would change no decision, only memory); calls pass again
 /// once enough of them have left each window, `length` after `now`.
-/// Returns the figures of now for a call of cost 1 ([`standing`]) and the
+/// Returns the figures of now for a call of cost 1 (`standing` in the window module) and the
 /// time from which the log means nothing.
 pub(crate) fn charge(
     windows: &[Window],
@@ -69,8 +65,7 @@ pub(crate) fn charge(
 ) -> (Decision, u64) {
     let largest = windows.iter().map(|w| w.count).max().unwrap_or(0);
     let idle_at = store(windows, log, now, cost.min(largest));
-    let mut verdicts = verdicts(windows, log, now, 1);
-    (standing(windows, &mut verdicts[..windows.len()]), idle_at)
+    charged(windows, verdicts(windows, log, now, 1), idle_at)
 }
 
 /// Gives `cost` back: up to `cost` of the newest entries still inside the

@@ -31,7 +31,9 @@
 //!
 //! [`MemoryStore`]: crate::MemoryStore
 
-use super::window::{Counter, EMPTY, MAX_COUNTED, Verdict, Verdicts, Window, combine, standing};
+use super::window::{
+    Counter, EMPTY, MAX_COUNTED, Verdict, Verdicts, Window, admit, charged, combine,
+};
 use crate::decision::Decision;
 
 /// Sliding-window counters: each window's fixed-window count plus the
@@ -45,11 +47,7 @@ pub(crate) fn check(
     cost: u64,
 ) -> (Decision, Option<u64>) {
     let verdicts = verdicts(windows, counters, now, cost);
-    let decision = combine(windows, &verdicts[..windows.len()]);
-    if !decision.allowed {
-        return (decision, None);
-    }
-    (decision, Some(store(windows, counters, now, cost)))
+    admit(windows, &verdicts, || store(windows, counters, now, cost))
 }
 
 /// What [`check`] would answer for a call of `cost` now, storing nothing.
@@ -66,7 +64,7 @@ pub(crate) fn peek(windows: &[Window], counters: &[Counter], now: u64, cost: u64
 /// leaves it, so the overdraft fades over one more window (the retry is
 /// the instant it weighs little enough). Counters saturate at
 /// [`MAX_COUNTED`]. Returns the figures of now for a call of cost 1
-/// ([`standing`]) and the time from which the state means nothing.
+/// (`standing` in the window module) and the time from which the state means nothing.
 pub(crate) fn charge(
     windows: &[Window],
     counters: &mut [Counter],
@@ -74,8 +72,7 @@ pub(crate) fn charge(
     cost: u64,
 ) -> (Decision, u64) {
     let idle_at = store(windows, counters, now, cost);
-    let mut verdicts = verdicts(windows, counters, now, 1);
-    (standing(windows, &mut verdicts[..windows.len()]), idle_at)
+    charged(windows, verdicts(windows, counters, now, 1), idle_at)
 }
 
 /// Gives `cost` back: the count of the window a call now is decided in

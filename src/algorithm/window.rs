@@ -173,6 +173,28 @@ pub(super) const EMPTY: Verdicts = [Verdict {
     before: (0, 0),
 }; MAX_LIMITS_PER_POLICY];
 
+/// A check from its two steps: `verdicts` on the call, then, when every
+/// window admits it, `store` of it, which says from when the state means
+/// nothing. Returns the decision and, when admitted, that time.
+pub(super) fn admit(
+    windows: &[Window],
+    verdicts: &Verdicts,
+    store: impl FnOnce() -> u64,
+) -> (Decision, Option<u64>) {
+    let decision = combine(windows, &verdicts[..windows.len()]);
+    if !decision.allowed {
+        return (decision, None);
+    }
+    (decision, Some(store()))
+}
+
+/// A charge's answer: the figures of now ([`standing`]) from the verdicts
+/// on a call of cost 1 on the charged state, and from when that state
+/// means nothing.
+pub(super) fn charged(windows: &[Window], mut verdicts: Verdicts, idle_at: u64) -> (Decision, u64) {
+    (standing(windows, &mut verdicts[..windows.len()]), idle_at)
+}
+
 /// The counter algorithms' refund: the count of the window a call now is
 /// decided in goes down by `cost`, not below 0, in every window; a count
 /// of a window that has ended is left. Returns how much was given back.

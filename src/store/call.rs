@@ -110,6 +110,8 @@ impl LeaseAnswer {
     }
 }
 
+// Read by the stores that send a call's figures (Redis).
+#[cfg(feature = "redis")]
 impl Call<'_> {
     /// How long a checked call may wait for its slot (reserve mode).
     pub(crate) fn max_wait(&self) -> Duration {
