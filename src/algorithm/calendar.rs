@@ -483,6 +483,10 @@ pub(crate) struct Quota {
     pub(crate) count: u64,
     pub(crate) start: u64,
     pub(crate) end: u64,
+    /// The period's nominal length ([`Calendar::nominal`]): what ties
+    /// between quotas are broken by, as windows' lengths are, and what
+    /// both stores know alike.
+    pub(crate) nominal: u64,
 }
 
 /// What is stored for one quota: the period its count belongs to, end
@@ -575,7 +579,7 @@ pub(crate) fn refund(quotas: &[Quota], tallies: &mut [Tally], now: u64, cost: u6
 }
 
 /// The quotas as [`combine`] weighs windows: ties go to the longer
-/// period, so a month is reported over a day.
+/// nominal period, so a month is reported over a day.
 fn windows(quotas: &[Quota]) -> [Window; MAX_LIMITS_PER_POLICY] {
     let mut windows = [Window {
         length: 1,
@@ -583,7 +587,7 @@ fn windows(quotas: &[Quota]) -> [Window; MAX_LIMITS_PER_POLICY] {
     }; MAX_LIMITS_PER_POLICY];
     for (w, q) in windows.iter_mut().zip(quotas) {
         *w = Window {
-            length: q.end.saturating_sub(q.start),
+            length: q.nominal,
             count: q.count,
         };
     }
@@ -655,7 +659,12 @@ mod tests {
 
     fn quota(calendar: &Calendar, count: u64, now: u64) -> Quota {
         let (start, end) = calendar.period(now);
-        Quota { count, start, end }
+        Quota {
+            count,
+            start,
+            end,
+            nominal: calendar.nominal_us(),
+        }
     }
 
     #[test]

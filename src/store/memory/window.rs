@@ -136,6 +136,7 @@ impl MemoryStore {
             count: 0,
             start: 0,
             end: 0,
+            nominal: 0,
         }; MAX_LIMITS_PER_POLICY];
         let epoch = self.inner.clock.unix_epoch_micros();
         if algorithm == Algorithm::Calendar {
@@ -150,6 +151,7 @@ impl MemoryStore {
                         count: limit.rate().count(),
                         start,
                         end,
+                        nominal: limit.as_window().length,
                     };
                 }
             }
