@@ -1,6 +1,6 @@
 //! A charge after the response that fails while Redis hangs: logged at
 //! `warn`, never delaying the response (the rest of the response-cost
-//! tests on Redis: tests/redis/after.rs).
+//! tests: tests/layers/after.rs, on both stores; tests/redis/after.rs).
 use crate::common;
 
 use std::convert::Infallible;
@@ -10,19 +10,12 @@ use std::time::{Duration, Instant};
 use axum::body::Body;
 use common::RedisServer;
 use common::logs::Logs;
-use fleetgate::key::HeaderKey;
 use fleetgate::rate_limit::ResponseCost;
-use fleetgate::{Limit, Limiter, Rate, RateLimitLayer, RedisStore};
+use fleetgate::{Limit, Limiter, Rate, RedisStore};
 use http::{Request, Response, StatusCode};
 use tower::{ServiceBuilder, service_fn};
 
 use crate::response_cost::*;
-
-fn layer(limiter: &Limiter, cost: ResponseCost) -> RateLimitLayer<HeaderKey> {
-    RateLimitLayer::new(limiter.clone())
-        .key(HeaderKey::new("x-api-key"))
-        .response_cost(cost)
-}
 
 /// Redis hangs while the handler runs: the peek passed, the charge cannot
 /// land. The response is not delayed by the store's 1 s timeout, and the

@@ -1,13 +1,15 @@
 //! The app behind the response-cost tests (`RateLimitLayer::response_cost`):
 //! a handler that states its cost, fails or streams on request, and the
-//! helpers that call it. Shared by tests/layers/after.rs (memory store)
-//! and tests/redis/after.rs.
+//! helpers that call it. Shared by tests/layers/after.rs (the scenarios,
+//! on both stores), tests/redis/after.rs and refused_writes.rs, and
+//! tests/alone/charge_log.rs.
 #![allow(dead_code)] // each binary uses part of it
 
 use axum::body::Body;
 use bytes::Bytes;
 use fleetgate::key::{HeaderKey, KeyExtractor};
-use fleetgate::{Key, Limit, Limiter, Policy};
+use fleetgate::rate_limit::ResponseCost;
+use fleetgate::{Decision, Key, Limit, Limiter, Policy, RateLimitLayer};
 use http::{Request, Response};
 use http_body::Frame;
 use std::convert::Infallible;
@@ -15,6 +17,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 use tower::{ServiceExt, service_fn};
 
 pub struct Chunks {
@@ -101,6 +104,13 @@ pub fn policy(name: &str, limit: Limit) -> Policy {
     Policy::single(name, limit).unwrap()
 }
 
+/// The layer of these tests: keyed by `x-api-key`, charging `cost`.
+pub fn layer(limiter: &Limiter, cost: ResponseCost) -> RateLimitLayer<HeaderKey> {
+    RateLimitLayer::new(limiter.clone())
+        .key(HeaderKey::new("x-api-key"))
+        .response_cost(cost)
+}
+
 pub fn request(uri: &str, api_key: &str) -> Request<Body> {
     Request::post(uri)
         .header("x-api-key", api_key)
@@ -135,16 +145,33 @@ pub fn retry_after(res: &Response<Body>) -> u64 {
 /// path has landed. A peek that fails (Redis refusing writes, a charge
 /// still owed) counts as not yet.
 pub async fn wait_for_remaining(limiter: &Limiter, key: &Key, left: u64) {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let what = format!("remaining {left}");
+    wait_for_peek(limiter, key, Duration::from_secs(5), &what, |d| {
+        d.remaining() == left
+    })
+    .await;
+}
+
+/// Peeks `key` (cost 1) under `limiter` until `settled` holds of the
+/// decision, for at most `within` in real time (zero: the first peek must
+/// do), and returns that decision. A peek that fails counts as not yet;
+/// `what` names the awaited state in the failure.
+pub async fn wait_for_peek(
+    limiter: &Limiter,
+    key: &Key,
+    within: Duration,
+    what: &str,
+    settled: impl Fn(&Decision) -> bool,
+) -> Decision {
+    let deadline = Instant::now() + within;
     loop {
-        let seen = limiter.peek(key, 1).await.map(|d| d.remaining());
-        if seen.as_ref().is_ok_and(|&r| r == left) {
-            return;
+        let seen = limiter.peek(key, 1).await;
+        if let Ok(d) = &seen
+            && settled(d)
+        {
+            return d.clone();
         }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "remaining never became {left}: {seen:?}"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        assert!(Instant::now() < deadline, "never {what}: {seen:?}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }

@@ -1,9 +1,13 @@
 //! The tower layers as a service sees them: rate limiting over HTTP (per
 //! route, outbound), concurrency limiting, load shedding (by tier and by
 //! utilization), and the lease guard that holds a slot until a response's
-//! body ends.
+//! body ends; all on the memory store, but for the response-cost scenarios
+//! (`after`), which run on both stores, Redis on a private redis-server.
 #[path = "../common/mod.rs"]
 mod common;
+/// The app behind the response-cost tests (after).
+#[path = "../common/response_cost.rs"]
+mod response_cost;
 
 mod after;
 mod concurrency;

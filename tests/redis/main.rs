@@ -6,7 +6,8 @@
 //! or whose state is the process's run one at a time in tests/alone.)
 #[path = "../common/mod.rs"]
 mod common;
-/// The app behind the response-cost tests (after, refused_writes).
+/// The app behind the response-cost tests (after, refused_writes; the
+/// scenarios on both stores are in tests/layers/after.rs).
 #[path = "../common/response_cost.rs"]
 mod response_cost;
 
