@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::rate::Rate;
+use crate::policy::Rate;
 
 /// The error type of services in typed-error mode.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;

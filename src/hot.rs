@@ -14,7 +14,7 @@ use crate::algorithm::Algorithm;
 use crate::decision::Decision;
 use crate::error::{ConfigError, StoreError};
 use crate::key::Key;
-use crate::limit::Policy;
+use crate::policy::Policy;
 use crate::share::LocalShare;
 use crate::store::{self, Op, Store, StoreFuture, decide};
 
@@ -781,7 +781,7 @@ mod tests {
     use super::*;
     use crate::Limiter;
     use crate::clock::MonotonicClock;
-    use crate::limit::{Limit, Rate};
+    use crate::policy::{Limit, Rate};
     use crate::store::MemoryStore;
 
     /// GCRA, `per_second` a second with a burst of as many; on tokio's

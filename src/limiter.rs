@@ -8,7 +8,7 @@ use crate::decision::Decision;
 use crate::error::ConfigError;
 use crate::hot::{HotKeys, HotTable};
 use crate::key::Key;
-use crate::limit::{MAX_TOLERANCE_MICROS, Policy};
+use crate::policy::{MAX_TOLERANCE_MICROS, Policy};
 use crate::rules::{Cell, Rules};
 use crate::store::{self, MemoryStore, Op, Store, StoreFuture};
 

@@ -18,7 +18,7 @@ use redis::Value;
 use crate::clock::ManualClock;
 use crate::decision::Decision;
 use crate::key::{ForwardedIp, HeaderKey, IpNet, Key, KeyExtractor, MAX_KEY_LEN, PeerIp};
-use crate::limit::{Limit, Policy, Rate};
+use crate::policy::{Limit, Policy, Rate};
 use crate::response::{HeaderStyle, PolicyHeaders, Rejection, RejectionKind};
 #[cfg(feature = "redis")]
 use crate::store::{DenyCache, decode_gcra, hash_tag};

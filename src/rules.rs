@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use arc_swap::ArcSwap;
 
 use crate::key::Key;
-use crate::limit::Policy;
+use crate::policy::Policy;
 
 /// The plan a request was sold, put in its extensions by the
 /// application's authentication layer (from a token's claim, say). A

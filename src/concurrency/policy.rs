@@ -3,7 +3,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::error::ConfigError;
-use crate::limit::check_name;
+use crate::policy::check_name;
 use crate::share::LocalShare;
 
 /// The longest lease TTL a [`ConcurrencyPolicy`] accepts: one day. A lease

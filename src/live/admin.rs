@@ -15,7 +15,7 @@ use sha2::{Digest, Sha256};
 use super::{LiveError, LivePolicies};
 use crate::error::ConfigError;
 use crate::key::Key;
-use crate::spec::PolicySpec;
+use crate::policy::spec::PolicySpec;
 
 /// The largest request body the API reads (a policy text or a plan name);
 /// a longer one is answered 413.
@@ -27,7 +27,7 @@ type Identify = dyn Fn(&str) -> Option<Key> + Send + Sync;
 /// The admin API of [`LivePolicies`] (cargo feature `admin`): an axum
 /// [`Router`] that changes the fleet's limits while it runs. Nest it where you want it (`/admin`
 /// below); its routes are relative to that path. Bodies are plain text in
-/// the policy syntax of [`spec`](crate::spec) (`1/s burst 5`,
+/// the policy syntax of [`spec`](crate::policy::spec) (`1/s burst 5`,
 /// `25/5s + 300/min sliding-log`), at most 4 KiB (413 beyond).
 ///
 /// | route | does | answers |

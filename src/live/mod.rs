@@ -77,11 +77,11 @@ use crate::rules::{Cell, Rules};
 use crate::concurrency::ConcurrencyLimiter;
 use crate::error::{ConfigError, StoreError};
 use crate::key::Key;
-use crate::limit::{Policy, check_name};
 use crate::limiter::{IntoStore, Limiter};
 use crate::log::LogGate;
+use crate::policy::spec::{ParseError, PolicyFile, PolicySpec};
+use crate::policy::{Policy, check_name};
 use crate::rate_limit::RoutePolicies;
-use crate::spec::{ParseError, PolicyFile, PolicySpec};
 #[cfg(feature = "redis")]
 use crate::store::{RedisStore, redis_live};
 use crate::store::{Store, StoreFuture};
@@ -361,7 +361,7 @@ impl LivePolicies {
     }
 
     /// Replaces policy `name`'s limits with `text` (the policy syntax of
-    /// [`spec`](crate::spec), such as `10/s burst 20`), fleet-wide; the
+    /// [`spec`](crate::policy::spec), such as `10/s burst 20`), fleet-wide; the
     /// policy as it now is.
     pub async fn set_policy(&self, name: &str, text: &str) -> Result<Policy, LiveError> {
         let policy = self.fleet.parse_for(name, text)?;

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use super::{Fleet, LIVE_WARNINGS, LivePolicies};
 use crate::error::ConfigError;
-use crate::spec::PolicyFile;
+use crate::policy::spec::PolicyFile;
 
 /// How often a watched file is read to see whether it changed: a policy
 /// file is small, and reading it is the one check that never misses a

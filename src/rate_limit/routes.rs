@@ -7,8 +7,8 @@ use http::Method;
 
 use crate::error::ConfigError;
 use crate::limiter::{IntoStore, Limiter};
+use crate::policy::spec::PolicyFile;
 use crate::route::RouteRule;
-use crate::spec::PolicyFile;
 
 /// Which limiter decides which route: rules matched in order by method
 /// (optional) and path, and a default for the rest (or none: unmatched
@@ -93,7 +93,7 @@ impl RoutePolicies {
         };
         let mut table = RoutePolicies::new();
         for route in &file.routes {
-            let method = crate::spec::route_method(route.method.as_ref())?;
+            let method = crate::policy::spec::route_method(route.method.as_ref())?;
             table = table.route(method, &route.path, limiter(&route.policy)?)?;
         }
         if let Some(name) = &file.default {

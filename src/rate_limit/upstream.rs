@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use crate::error::ConfigError;
-use crate::limit::{Limit, Rate};
+use crate::policy::{Limit, Rate};
 
 /// A limit that admits at most `count` calls in any window of length
 /// `window`, as an upstream that counts calls in (sliding or fixed) windows

@@ -5,7 +5,7 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue};
 
 use crate::decision::Decision;
-use crate::limit::Policy;
+use crate::policy::Policy;
 
 /// Which rate-limit headers responses carry. `Retry-After` is always sent
 /// on 429 and 503, whatever the style, with two exceptions: a call whose
@@ -242,7 +242,7 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::limit::{Limit, Rate};
+    use crate::policy::{Limit, Rate};
 
     /// The `RateLimit` value for a policy of limits named `names`, each
     /// with `remaining` calls left and `reset` to go.

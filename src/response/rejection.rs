@@ -8,7 +8,7 @@ use super::grpc;
 use super::headers::{PolicyHeaders, integer_value, retry_after_secs};
 use crate::decision::Decision;
 use crate::error::StoreError;
-use crate::limit::Policy;
+use crate::policy::Policy;
 use crate::text::concat;
 
 /// Why a layer refused a request; handed to a custom rejection function.

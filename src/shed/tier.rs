@@ -6,9 +6,9 @@ use std::sync::Arc;
 use http::{HeaderName, Method, Request};
 
 use crate::error::ConfigError;
-use crate::limit::check_name;
+use crate::policy::check_name;
+use crate::policy::spec::PolicyFile;
 use crate::route::{self, RouteRule};
-use crate::spec::PolicyFile;
 
 /// The most tiers a set may hold (stated as 16 in the docs and in
 /// [`ConfigError::TierCount`]'s message).
@@ -244,13 +244,13 @@ impl RouteTiers {
     }
 
     /// The table of a policy file's `[[shed_routes]]`
-    /// ([`ShedRouteSpec`](crate::spec::ShedRouteSpec)) over `tiers`; every
+    /// ([`ShedRouteSpec`](crate::policy::spec::ShedRouteSpec)) over `tiers`; every
     /// tier named must exist. Read once: a reload of the file by
     /// [`LivePolicies`](crate::live::LivePolicies) does not change it.
     pub fn from_file(file: &PolicyFile, tiers: &Tiers) -> Result<Self, ConfigError> {
         let mut table = RouteTiers::new(tiers);
         for route in &file.shed_routes {
-            let method = crate::spec::route_method(route.method.as_ref())?;
+            let method = crate::policy::spec::route_method(route.method.as_ref())?;
             table = table.route(method, &route.path, &route.tier)?;
         }
         Ok(table)

@@ -9,7 +9,7 @@ use super::{LeaseCall, LeaseGrant, Store, StoreFuture};
 use crate::decision::Decision;
 use crate::error::StoreError;
 use crate::key::Key;
-use crate::limit::Policy;
+use crate::policy::Policy;
 
 /// One operation of `policy`'s algorithm for `key`: what a store runs.
 #[derive(Clone, Copy, Debug)]

@@ -13,7 +13,7 @@ use super::{Answer, Call, LeaseAnswer, LeaseCall, LeaseOp, Store, StoreFuture, S
 use crate::clock::{Clock, FastClock};
 use crate::error::ConfigError;
 use crate::key::Key;
-use crate::limit::{MAX_LIMITS_PER_POLICY, Policy};
+use crate::policy::{MAX_LIMITS_PER_POLICY, Policy};
 use slot::{Slot, SlotMap, Step, Tats};
 
 /// The default bound of [`MemoryStoreBuilder::max_keys`]: entries of each
@@ -688,7 +688,7 @@ mod tests {
     use super::*;
     use crate::clock::ManualClock;
     use crate::decision::Decision;
-    use crate::limit::{Limit, Rate};
+    use crate::policy::{Limit, Rate};
     use crate::store::{LeaseId, decide_now};
     use std::time::Duration;
 

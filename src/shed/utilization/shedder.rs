@@ -7,7 +7,7 @@ use super::controller::{Controller, UtilizationConfig, drop_probability};
 use crate::clock::{Clock, MonotonicClock};
 use crate::error::ConfigError;
 use crate::lease::LeaseGuard;
-use crate::limit::check_name;
+use crate::policy::check_name;
 use crate::shed::random::{Random, SharedRandom, ThreadRandom};
 use crate::shed::state::{ShedState, TierCounters, TierSlot, lock};
 use crate::shed::tier::{Tier, Tiers};

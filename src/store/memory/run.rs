@@ -12,7 +12,7 @@ use super::MemoryStore;
 use super::slot::Step;
 use crate::algorithm::gcra;
 use crate::decision::Decision;
-use crate::limit::Limit;
+use crate::policy::Limit;
 use crate::store::{Answer, Call, Op, micros};
 
 impl MemoryStore {

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use hashbrown::HashTable;
 
 use crate::key::Key;
-use crate::limit::{Limit, Policy};
+use crate::policy::{Limit, Policy};
 
 /// The map of one shard. Entries keep no hash: the table keeps a few bits
 /// of each, and the store's hasher recomputes the rest when the table

@@ -10,7 +10,7 @@ use crate::algorithm::calendar::{self, Quota, Tally};
 use crate::algorithm::window::{Counter, Window};
 use crate::decision::Decision;
 use crate::key::Key;
-use crate::limit::MAX_LIMITS_PER_POLICY;
+use crate::policy::MAX_LIMITS_PER_POLICY;
 use crate::store::{Answer, Call, Op};
 
 /// Window state, sharded like the GCRA state.

@@ -32,7 +32,7 @@ use crate::algorithm::Algorithm;
 use crate::decision::Decision;
 use crate::error::StoreError;
 use crate::key::Key;
-use crate::limit::Policy;
+use crate::policy::Policy;
 use crate::store::StoreFuture;
 
 /// A peek, a charge or a refund of `cost` for `key` under `policy`.

@@ -43,7 +43,7 @@ use super::{RedisStore, split_replies};
 use crate::algorithm::Algorithm;
 use crate::error::StoreError;
 use crate::key::Key;
-use crate::limit::Policy;
+use crate::policy::Policy;
 
 /// The queue and the count of scripts in flight of one store.
 #[derive(Debug)]

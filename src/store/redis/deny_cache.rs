@@ -83,7 +83,7 @@ use std::time::Duration;
 use crate::clock::Clock;
 use crate::decision::Decision;
 use crate::key::Key;
-use crate::limit::Policy;
+use crate::policy::Policy;
 
 /// Shards of the cache; each holds `capacity / SHARDS` entries (at least 1).
 const SHARDS: usize = 16;
@@ -480,7 +480,7 @@ impl Shard {
 mod tests {
     use super::*;
     use crate::clock::ManualClock;
-    use crate::limit::{Limit, Rate};
+    use crate::policy::{Limit, Rate};
 
     const S: u64 = 1_000_000;
 

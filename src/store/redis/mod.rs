@@ -35,8 +35,8 @@ use crate::clock::{Clock, SystemClock};
 use crate::decision::Decision;
 use crate::error::{ConfigError, StoreError};
 use crate::key::Key;
-use crate::limit::{Limit, Policy, check_name};
 use crate::metrics::ScriptMetrics;
+use crate::policy::{Limit, Policy, check_name};
 use crate::text::concat;
 
 /// A Lua script run by SHA, with its source kept for the `NOSCRIPT` fallback

@@ -43,7 +43,7 @@ use std::time::{Duration, Instant};
 
 use crate::error::StoreError;
 use crate::key::Key;
-use crate::limit::Policy;
+use crate::policy::Policy;
 
 /// The most keys that owe a charge at once. An entry costs a policy
 /// handle, the key and its Redis name: a few hundred bytes.
@@ -377,8 +377,8 @@ fn overflowed(last: Option<StoreError>) -> StoreError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::limit::Limit;
-    use crate::rate::Rate;
+    use crate::policy::Limit;
+    use crate::policy::Rate;
 
     fn policy() -> Policy {
         Policy::single("p", Limit::new(Rate::per_second(1)).unwrap()).unwrap()

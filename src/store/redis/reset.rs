@@ -8,7 +8,7 @@ use ::redis::Value;
 use super::{LuaScript, RedisStore, limit_key};
 use crate::error::StoreError;
 use crate::key::Key;
-use crate::limit::MAX_LIMITS_PER_POLICY;
+use crate::policy::MAX_LIMITS_PER_POLICY;
 use crate::store::StoreFuture;
 
 /// Held here rather than in the store's `Inner`, as `gcra_defer` is (see

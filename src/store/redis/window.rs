@@ -12,7 +12,7 @@ use crate::algorithm::Algorithm;
 use crate::decision::Decision;
 use crate::error::StoreError;
 use crate::key::Key;
-use crate::limit::Policy;
+use crate::policy::Policy;
 use crate::store::{Call, StoreFuture};
 
 // Each script is its own part after the shared ones it builds on (each

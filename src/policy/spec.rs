@@ -91,7 +91,7 @@ use std::time::Duration;
 use crate::algorithm::Algorithm;
 use crate::algorithm::calendar::{self, Calendar};
 use crate::error::ConfigError;
-use crate::limit::{Limit, Policy, Rate};
+use crate::policy::{Limit, Policy, Rate};
 
 /// Text that does not describe a limit or policy: what is wrong, and where.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -963,7 +963,7 @@ impl PolicyFile {
     pub fn plans(&self) -> Result<BTreeMap<String, BTreeMap<String, Policy>>, ConfigError> {
         let mut plans = BTreeMap::new();
         for (plan, specs) in &self.plans {
-            crate::limit::check_name(plan)?;
+            crate::policy::check_name(plan)?;
             let mut built = BTreeMap::new();
             for (name, spec) in specs {
                 if !self.policies.contains_key(name) {
@@ -985,7 +985,7 @@ mod serde_impls {
     use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
     use super::{LimitSpec, PolicySpec, algorithm_named, algorithm_names};
-    use crate::limit::Rate;
+    use crate::policy::Rate;
 
     impl Serialize for Rate {
         fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {

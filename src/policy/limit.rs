@@ -9,12 +9,12 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::rate::Rate;
 pub(crate) use crate::algorithm::MAX_LIMITS_PER_POLICY;
 use crate::algorithm::calendar::Calendar;
 use crate::algorithm::window::Window;
 use crate::algorithm::{Algorithm, gcra};
 use crate::error::ConfigError;
-pub use crate::rate::Rate;
 use crate::share::LocalShare;
 
 /// The longest tolerance (burst × emission interval) a limit may have, in
