@@ -7,7 +7,7 @@
 //! sequence of calls and times.
 //!
 //! The window algorithms likewise: `src/window.rs` for the memory store,
-//! `lua/sliding_log.lua`, `lua/sliding_counter.lua` and
+//! `lua/sliding_log.lua`, `lua/sliding_window.lua` and
 //! `lua/fixed_window.lua` for Redis.
 
 mod adjust;

@@ -1250,7 +1250,7 @@ mod tests {
 
     #[test]
     fn a_failover_reply_wrapped_in_a_script_error_is_transient() {
-        let transient = super::super::redis::is_transient;
+        let transient = super::super::is_transient;
         let readonly = script_error("-READONLY You can't write against a read only replica.");
         assert_eq!(
             readonly.kind(),
