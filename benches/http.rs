@@ -76,12 +76,12 @@ use redis::aio::{ConnectionManager, MultiplexedConnection};
 use crate::common::{BoxError, micros, percentile, pin, target_row};
 use crate::redis_server::RedisServer;
 
-// Built from the same parts as the store's (src/store/redis/mod.rs).
+// The store's GCRA check script, made as src/store/redis/scripts.rs
+// makes it: the prelude, the algorithm's file and the line that calls it.
 const GCRA_LUA: &str = concat!(
-    include_str!("../lua/common/clock.lua"),
-    include_str!("../lua/common/idiv.lua"),
+    include_str!("../lua/prelude.lua"),
     include_str!("../lua/gcra.lua"),
-    include_str!("../lua/gcra_store.lua"),
+    "return check(KEYS, ARGV, clock(ARGV[1]))\n",
 );
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

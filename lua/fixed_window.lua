@@ -1,13 +1,12 @@
 -- Fixed windows over one or more limits of one identity, decided together:
 -- the call passes only if every window admits it, and a denied call
--- stores nothing. Transcribes fixed_window in src/window.rs; keep the two
--- in step.
+-- stores nothing. Transcribes src/algorithm/fixed_window.rs function by
+-- function; keep the two in step. Its check, peek, charge and refund are
+-- made by windows() in lua/prelude.lua from the parts below (the prelude
+-- says what they take and answer).
 --
 -- KEYS[i]        counter of window i: "<window start>:<cost so far>"
--- ARGV[1]        now in microseconds, or "" to read the server clock
--- ARGV[2]        cost (never above the smallest count: checked by the caller)
--- ARGV[1+2i]     length of window i, in microseconds
--- ARGV[2+2i]     count of window i
+-- ARGV           a window call's (see windows())
 --
 -- Windows are aligned to the clock's epoch: [k·length, (k+1)·length).
 -- The stored start says which window a count belongs to, so a count is
@@ -15,61 +14,78 @@
 -- forward: a caller whose clock is still in an earlier window than the
 -- stored one (TimeSource::Client, clocks apart) is decided in the stored
 -- window, its reset and retry running to that window's end on the
--- caller's clock.
---
--- Returns {allowed (1/0), deciding window (1-based), remaining, reset_us,
---          retry_after_us (0 when allowed)}, then, for several windows,
---          remaining and reset_us of each window in order, then hold_us:
---          when denied, how long every figure of the reply stays true
---          while nobody else writes (the resets counting down), at most
---          the retry; 0 when allowed. The deny cache of the Redis store
---          answers the same call from it (src/store/deny_cache.rs).
+-- caller's clock. A charge past the count lets nothing pass until the
+-- window ends; the overdraft goes with the rest of the count.
 
--- Runs after lua/common/clock.lua, idiv.lua, windows.lua and window_call.lua
--- (joined in src/store/redis/window.rs): now, slack_ms, idiv, cost, n, the
--- figures of each window and pick and reply come from there.
+-- The most a counter holds (2^50): charges saturate there, so that every
+-- count stays exact in Lua's doubles (MAX_COUNTED in
+-- src/algorithm/window.rs).
+local most = 1125899906842624
 
-local starts, used = {}, {}
-for i = 1, n do
-  local length = tonumber(ARGV[1 + 2 * i])
-  local count = tonumber(ARGV[2 + 2 * i])
-  local start = idiv(now, length) * length
-  used[i] = 0
-  local stored = redis.call('GET', KEYS[i])
-  if stored then
-    local s, c = string.match(stored, '^(%d+):(%d+)$')
-    if not s then return redis.error_reply('fleetgate: unreadable window state') end
-    s = tonumber(s)
-    -- A stored start later than ours: another caller's clock is ahead and
-    -- has begun a later window. Decide in that window (its count, its
-    -- end) and never move the start back: a lagging clock must not read
-    -- a fresh window into a full one.
-    if s >= start then start, used[i] = s, tonumber(c) end
-  end
-  starts[i] = start
-  reset[i] = start + length - now
-  reset0[i] = reset[i]
-  remaining0[i] = count - used[i]
-  if remaining0[i] < 0 then remaining0[i] = 0 end
-  admits[i] = used[i] + cost <= count
-  if admits[i] then
-    remaining[i] = count - used[i] - cost
-    retry[i] = 0
-  else
-    remaining[i] = remaining0[i]
-    -- The call fits once the window ends and its count starts again.
-    retry[i] = reset[i]
-  end
+local function lists()
+  return {remaining = {}, reset = {}, retry = {}, remaining0 = {}, reset0 = {}, start = {},
+    count = {}, current = {}}
 end
 
-local worst, tight = pick()
-if worst > 0 then
-  -- Every figure holds until the first window ends (the resets counting
-  -- down), then that window's count starts again.
-  local hold = retry[worst]
+-- Counter::window_at and counts: the window a call now is decided in, and
+-- its count so far.
+local function read(keys, argv, n, now, w)
   for i = 1, n do
-    if reset[i] < hold then hold = reset[i] end
+    local length = tonumber(argv[1 + 2 * i])
+    local start, used, current = idiv(now, length) * length, 0, false
+    local stored = redis.call('GET', keys[i])
+    if stored then
+      local s, c = string.match(stored, '^(%d+):(%d+)$')
+      if not s then return redis.error_reply('fleetgate: unreadable window state') end
+      s = tonumber(s)
+      -- A stored start later than ours: another caller's clock is ahead
+      -- and has begun a later window. Decide in that window (its count,
+      -- its end) and never move the start back: a lagging clock must not
+      -- read a fresh window into a full one.
+      if s >= start then start, used, current = s, tonumber(c), true end
+    end
+    w.start[i], w.count[i], w.current[i] = start, used, current
   end
-  return reply(0, worst, retry[worst], hold)
 end
 
+-- fixed_window::verdicts: what each window says about a call of cost.
+local function verdicts(keys, argv, n, now, cost, w)
+  for i = 1, n do
+    local count = tonumber(argv[2 + 2 * i])
+    local used = w.count[i]
+    local reset = w.start[i] + tonumber(argv[1 + 2 * i]) - now
+    local remaining0 = count - used
+    if remaining0 < 0 then remaining0 = 0 end
+    w.reset[i], w.reset0[i], w.remaining0[i] = reset, reset, remaining0
+    if used + cost <= count then
+      w.remaining[i], w.retry[i] = count - used - cost, 0
+    else
+      -- The call fits once the window ends and its count starts again.
+      w.remaining[i], w.retry[i] = remaining0, reset
+    end
+  end
+end
+
+-- After a denial every figure holds until the first window ends (the
+-- resets counting down); then that window's count starts again.
+local function held(keys, argv, i, now, w)
+  return w.reset[i]
+end
+
+-- fixed_window::store: adds cost to every window's count, saturating at
+-- `most` (only a charge can get there); the key lives until its window
+-- ends.
+local function store(keys, argv, n, now, slack_ms, cost, w)
+  for i = 1, n do
+    local count = w.count[i]
+    if count then
+      local ttl_ms = math.ceil((w.start[i] + tonumber(argv[1 + 2 * i]) - now) / 1000)
+      if ttl_ms < 1 then ttl_ms = 1 end
+      local value = string.format('%d:%d', w.start[i], math.min(count + cost, most))
+      redis.call('SET', keys[i], value, 'PX', ttl_ms + slack_ms)
+    end
+  end
+end
+
+-- fixed_window::check, ::peek, ::charge and ::refund.
+local check, peek, charge, refund = windows(lists, read, verdicts, held, store)

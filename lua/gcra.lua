@@ -1,75 +1,41 @@
 -- GCRA over one or more limits of one identity, decided together: a call
 -- passes only if every limit admits it, and a denied call stores nothing.
--- One script decides one or more calls, in order, at one instant (calls
--- queued behind a busy connection travel together; see
--- src/store/redis/batch.rs). Transcribes src/gcra.rs; keep the two in step.
+-- Transcribes src/algorithm/gcra.rs function by function (check, peek,
+-- charge, refund, defer); keep the two in step. Runs after
+-- lua/prelude.lua, whose clock and idiv it uses.
 --
--- ARGV[1]        now in microseconds, or "" to read the server clock
--- ARGV[2]        number of limit sets (a batch's distinct policies, each
---                sent once however many of its calls travel together)
--- then, for each limit set:
---   n            number of limits
---   n pairs      emission interval T and tolerance (burst * T) of each
---                limit, in microseconds
--- then, for each call in order, to the end of ARGV:
---   set          its limit set (1-based)
---   cost         never above the smallest burst: checked by the caller
---   max wait     in microseconds (0 outside reserve mode)
--- KEYS           each call's n TAT keys in order (one call's keys share
---                one hash tag)
+-- A limit's state is its TAT (theoretical arrival time) in one key; a key
+-- expires once its TAT has passed (and slack_ms: see clock in the
+-- prelude). Arithmetic in doubles stays exact: times are below 2^53, and
+-- a TAT at most 2^50 past now (gcra::MAX_DEBT).
+
+-- gcra::check of one call: the limits `set` (emission interval T and
+-- tolerance of each in turn, in microseconds) whose TAT keys follow
+-- keys[k], for a call of `cost` that may wait up to max_wait. Each key is
+-- read at most once per script: known[key] is its TAT as the calls before
+-- left it, and an admitted call moves it there and marks it in dirty, for
+-- check to write once. `tats` is scratch, reused by every call. A key
+-- that cannot be read (it holds another type) fails the call alone.
 --
--- Returns five values per call, one list for all of them (a list per call
--- costs Redis a table each): allowed (1/0), deciding limit (1-based),
--- remaining, reset_us, retry_after_us when denied / wait_us when allowed;
--- or, for a call that failed alone, the text of its error and four zeros
--- (a string, not an error reply: one error inside the list would fail the
--- whole reply in clients).
--- Times stay integral microseconds, below 2^53, so Lua's doubles hold them
--- exactly; stored values are formatted with %d to keep every digit.
-
--- Runs after lua/common/clock.lua and idiv.lua (joined in
--- src/store/redis.rs): now, slack_ms and idiv come from there. Ends with
--- lua/gcra_store.lua (the check: stores what the admitted calls moved) or
--- lua/gcra_peek.lua (a peek: what a check would answer, storing nothing;
--- see src/store/redis/adjust.rs).
-
--- Each key is read at most once and written at most once per script, so
--- calls of one identity that travel together cost one GET and one SET. A
--- key that cannot be read (it holds another type) fails the calls that
--- name it, and only those: their reply is the error's text (and four
--- zeros).
-local known, dirty = {}, {}
-local function tat_of(key)
-  local tat = known[key]
-  if tat == nil then
-    local stored = redis.pcall('GET', key)
-    if type(stored) == 'table' and stored.err then return nil, stored.err end
-    tat = tonumber(stored or 0) or 0
-    known[key] = tat
-  end
-  if tat < now then tat = now end
-  return tat
-end
-
-local replies, r = {}, 0
-local function reply(allowed, limit, remaining, reset, delay)
-  replies[r + 1], replies[r + 2], replies[r + 3] = allowed, limit, remaining
-  replies[r + 4], replies[r + 5] = reset, delay
-  r = r + 5
-end
-
--- One call of the limit set `set` (emission, tolerance, emission, ...),
--- whose keys start after KEYS[k]. `tats` is scratch, reused by every call.
-local tats = {}
-local function decide(k, set, cost, max_wait)
+-- Returns allowed (1/0), the deciding limit (1-based), remaining,
+-- reset_us, and retry_after_us when denied / wait_us when allowed; or the
+-- text of the error that failed the call, and four zeros.
+local function decide(keys, k, set, cost, max_wait, now, known, dirty, tats)
   local n = #set / 2
   local worst, worst_delay = 0, -1
   local tight, tight_remaining = 1, -1
   local wait = 0
   for i = 1, n do
     local emission, tolerance = set[2 * i - 1], set[2 * i]
-    local tat, err = tat_of(KEYS[k + i])
-    if err then return reply(err, 0, 0, 0, 0) end
+    local key = keys[k + i]
+    local tat = known[key]
+    if tat == nil then
+      local stored = redis.pcall('GET', key)
+      if type(stored) == 'table' and stored.err then return stored.err, 0, 0, 0, 0 end
+      tat = tonumber(stored or 0) or 0
+      known[key] = tat
+    end
+    if tat < now then tat = now end
     tats[i] = tat
     local allow_at = tat + cost * emission - tolerance
     if allow_at > now then
@@ -89,35 +55,246 @@ local function decide(k, set, cost, max_wait)
   end
 
   if worst > 0 then
-    local emission, tolerance = set[2 * worst - 1], set[2 * worst]
+    -- Whole calls of cost 1 that would pass now.
     local tat = tats[worst]
-    local room = now + tolerance - tat
+    local room = now + set[2 * worst] - tat
     local remaining = 0
-    if room > 0 then remaining = idiv(room, emission) end
-    return reply(0, worst, remaining, tat - now, worst_delay)
+    if room > 0 then remaining = idiv(room, set[2 * worst - 1]) end
+    return 0, worst, remaining, tat - now, worst_delay
   end
 
   local reset = 0
   for i = 1, n do
-    local key = KEYS[k + i]
+    local key = keys[k + i]
     local new_tat = tats[i] + cost * set[2 * i - 1]
     dirty[key] = true
     known[key] = new_tat
     if i == tight then reset = new_tat - now end
   end
-  return reply(1, tight, tight_remaining, reset, wait)
+  return 1, tight, tight_remaining, reset, wait
 end
 
-local sets, a = {}, 3
-for s = 1, tonumber(ARGV[2]) do
-  local set = {}
-  for i = 1, 2 * tonumber(ARGV[a]) do set[i] = tonumber(ARGV[a + i]) end
-  sets[s] = set
-  a = a + 1 + #set
+-- gcra::peek of every call of the script, in order, at one instant: what
+-- a check of them would answer, storing nothing (a denied check stores
+-- nothing either, so a peek's denial is exactly the check's). One script
+-- decides one or more calls (calls queued behind a busy connection travel
+-- together; see src/store/redis/batch.rs).
+--
+-- ARGV[1]        now in microseconds, or "" to read the server clock
+-- ARGV[2]        number of limit sets (a batch's distinct policies, each
+--                sent once however many of its calls travel together)
+-- then, for each limit set:
+--   n            number of limits
+--   n pairs      emission interval T and tolerance (burst * T) of each
+--                limit, in microseconds
+-- then, for each call in order, to the end of ARGV:
+--   set          its limit set (1-based)
+--   cost         never above the smallest burst: checked by the caller
+--   max wait     in microseconds (0 outside reserve mode)
+-- KEYS           each call's n TAT keys in order (one call's keys share
+--                one hash tag)
+--
+-- Returns five values per call (see decide), one list for all of them (a
+-- list per call costs Redis a table each; a string, not an error reply,
+-- for a call that failed alone: one error inside the list would fail the
+-- whole reply in clients). Then, for check (a script's reply is its first
+-- value), the TATs the admitted calls left and the keys they moved.
+local function peek(keys, argv, now)
+  local known, dirty, tats, replies = {}, {}, {}, {}
+  local sets, a = {}, 3
+  for s = 1, tonumber(argv[2]) do
+    local set = {}
+    for i = 1, 2 * tonumber(argv[a]) do set[i] = tonumber(argv[a + i]) end
+    sets[s] = set
+    a = a + 1 + #set
+  end
+  local k, r = 0, 0
+  for c = a, #argv, 3 do
+    local set = sets[tonumber(argv[c])]
+    replies[r + 1], replies[r + 2], replies[r + 3], replies[r + 4], replies[r + 5] =
+      decide(keys, k, set, tonumber(argv[c + 1]), tonumber(argv[c + 2]), now, known, dirty, tats)
+    k = k + #set / 2
+    r = r + 5
+  end
+  return replies, known, dirty
 end
-local k = 0
-for c = a, #ARGV, 3 do
-  local set = sets[tonumber(ARGV[c])]
-  decide(k, set, tonumber(ARGV[c + 1]), tonumber(ARGV[c + 2]))
-  k = k + #set / 2
+
+-- gcra::check of every call of the script: what peek answers, then every
+-- TAT an admitted call moved stored, each key written once. KEYS, ARGV
+-- and the reply as peek has them.
+local function check(keys, argv, now, slack_ms)
+  local replies, known, dirty = peek(keys, argv, now)
+  for key in pairs(dirty) do
+    local tat = known[key]
+    local ttl_ms = math.ceil((tat - now) / 1000)
+    if ttl_ms < 1 then ttl_ms = 1 end
+    redis.call('SET', key, string.format('%d', tat), 'PX', ttl_ms + slack_ms)
+  end
+  return replies
+end
+
+-- The KEYS and ARGV of charge and refund:
+--
+-- KEYS[i]        TAT key of limit i (all keys share one hash tag)
+-- ARGV[1]        now in microseconds, or "" to read the server clock
+-- ARGV[2]        cost
+-- ARGV[1+2i]     emission interval T of limit i, in microseconds
+-- ARGV[2+2i]     tolerance (burst * T) of limit i, in microseconds
+-- ARGV[2+2n+i]   (charge only) horizon of limit i (n limits): its
+--                tolerance and 16 periods of its rate or an hour,
+--                whichever is longer, in microseconds, at most 2^50
+--                (gcra::debt_horizon)
+
+-- gcra::charge: cost after the fact, taken from every limit
+-- unconditionally (no admission test, no cap at the burst), into debt if
+-- need be:
+--
+--   tat = min(max(stored, now) + cost * T, now + horizon), never below
+--         the stored one
+--
+-- A debt is repaid at the limit's rate like any TAT, and cut to what the
+-- limit refills in that time, so that a huge charge holds the identity
+-- back that long at most (a product past 2^53 is inexact, but then far
+-- past the cut).
+--
+-- Returns the figures of now for a call of cost 1: {allowed (1/0),
+-- deciding limit (1-based), remaining, reset_us, retry_after_us when
+-- denied / 0 when allowed}; denied, the limit with the longest retry;
+-- allowed, the limit with the least remaining.
+local function charge(keys, argv, now, slack_ms)
+  local cost, n = tonumber(argv[2]), #keys
+  local tats = {}
+  for i = 1, n do
+    local emission = tonumber(argv[1 + 2 * i])
+    local horizon = tonumber(argv[2 + 2 * n + i])
+    local stored = tonumber(redis.call('GET', keys[i]) or 0) or 0
+    local tat = stored
+    if tat < now then tat = now end
+    local charged = tat + cost * emission
+    if charged > now + horizon then charged = now + horizon end
+    if charged < stored then charged = stored end
+    tats[i] = charged
+  end
+  for i = 1, n do
+    local ttl_ms = math.ceil((tats[i] - now) / 1000)
+    if ttl_ms < 1 then ttl_ms = 1 end
+    redis.call('SET', keys[i], string.format('%d', tats[i]), 'PX', ttl_ms + slack_ms)
+  end
+
+  local worst, worst_retry = 0, -1
+  local tight, tight_remaining = 1, math.huge
+  for i = 1, n do
+    local emission = tonumber(argv[1 + 2 * i])
+    local horizon = now + tonumber(argv[2 + 2 * i])
+    local next = tats[i] + emission
+    if next > horizon then
+      if next - horizon > worst_retry then worst, worst_retry = i, next - horizon end
+    else
+      local remaining = idiv(horizon - tats[i], emission)
+      if remaining < tight_remaining then tight, tight_remaining = i, remaining end
+    end
+  end
+  if worst > 0 then
+    return {0, worst, 0, tats[worst] - now, worst_retry}
+  end
+  return {1, tight, tight_remaining, tats[tight] - now, 0}
+end
+
+-- gcra::refund: gives cost back to every limit, tat = max(now, tat - cost
+-- * T) where tat > now; a limit already full is left alone. Never below
+-- now: a refund gives no more than a fresh state has (the full burst). A
+-- TAT brought back to now is a fresh state: its key is deleted. (The
+-- tolerances in ARGV go unused.)
+--
+-- Returns how many limits were moved.
+local function refund(keys, argv, now, slack_ms)
+  local cost = tonumber(argv[2])
+  local tats, moved = {}, 0
+  for i = 1, #keys do
+    local tat = tonumber(redis.call('GET', keys[i]) or 0) or 0
+    tats[i] = false
+    if tat > now then
+      tat = tat - cost * tonumber(argv[1 + 2 * i])
+      if tat < now then tat = now end
+      tats[i] = tat
+      moved = moved + 1
+    end
+  end
+  for i = 1, #keys do
+    local tat = tats[i]
+    if tat and tat > now then
+      local ttl_ms = math.ceil((tat - now) / 1000)
+      if ttl_ms < 1 then ttl_ms = 1 end
+      redis.call('SET', keys[i], string.format('%d', tat), 'PX', ttl_ms + slack_ms)
+    elseif tat then
+      redis.call('DEL', keys[i])
+    end
+  end
+  return moved
+end
+
+-- gcra::defer: upstream feedback, every limit of one identity held back
+-- so that at most `remaining` calls of cost 1 are admitted before
+-- now + pause (with remaining 0: its next call comes no earlier than
+-- that).
+--
+-- The k-th call of cost 1 passes from tat + k*T - tolerance on, so each
+-- TAT is raised to at least now + pause + tolerance - (remaining + 1)*T,
+-- and never lowered; a floor at or before now holds nothing back. With
+-- remaining > 0 the floor is raised by the slots reserved since the last
+-- hold that lie after the report was written, age before now
+-- (tat - max(now - age + tolerance, hold)): the upstream may not have
+-- counted them yet. A TAT that moves sets its hold: to the new TAT, or
+-- with none left that far before it that the pending slots stay pending.
+--
+-- Exact in doubles: a floor past now is below now + pause + tolerance
+-- plus a pending advance (each at most 2^50 past a Unix time in
+-- microseconds), and so is the credit (remaining + 1)*T it subtracts; a
+-- larger credit, rounded or not, puts the floor before now, as the signed
+-- Rust does.
+--
+-- KEYS[i]        TAT key of limit i, for i = 1..n (all keys share one
+--                hash tag)
+-- KEYS[n+i]      hold key of limit i: the TAT the last hold left
+-- ARGV[1]        now in microseconds, or "" to read the server clock
+-- ARGV[2]        pause in microseconds
+-- ARGV[3]        remaining calls before the pause ends
+-- ARGV[4]        age of the report in microseconds
+-- ARGV[3+2i]     emission interval T of limit i, in microseconds
+-- ARGV[4+2i]     tolerance (burst * T) of limit i, in microseconds
+--
+-- Returns how many limits were moved (0 when every limit already held
+-- back enough).
+local function defer(keys, argv, now, slack_ms)
+  local pause = tonumber(argv[2])
+  local remaining = tonumber(argv[3])
+  local since = now - tonumber(argv[4])
+  if since < 0 then since = 0 end
+  local n = #keys / 2
+
+  local moved = 0
+  for i = 1, n do
+    local emission = tonumber(argv[3 + 2 * i])
+    local tolerance = tonumber(argv[4 + 2 * i])
+    local floor = now + pause + tolerance - (remaining + 1) * emission
+    local tat = tonumber(redis.call('GET', keys[i]) or 0) or 0
+    local hold = tonumber(redis.call('GET', keys[n + i]) or 0) or 0
+    local pending = tat - math.max(since + tolerance, hold)
+    if pending < 0 then pending = 0 end
+    -- Some left: pending slots count against it, and are settled. None
+    -- left: they stay pending for the next report.
+    local settled = pending
+    if remaining > 0 then
+      floor = floor + pending
+      settled = 0
+    end
+    if floor > now and tat < floor then
+      local ttl_ms = math.ceil((floor - now) / 1000)
+      if ttl_ms < 1 then ttl_ms = 1 end
+      redis.call('SET', keys[i], string.format('%d', floor), 'PX', ttl_ms + slack_ms)
+      redis.call('SET', keys[n + i], string.format('%d', floor - settled), 'PX', ttl_ms + slack_ms)
+      moved = moved + 1
+    end
+  end
+  return moved
 end

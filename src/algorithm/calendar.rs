@@ -241,6 +241,7 @@ impl Calendar {
     /// `unix_us`: the boundaries `[b0, b1, b2, b3]` of the period before
     /// the one holding `unix_us`, that one (`[b1, b2)`) and the next.
     /// [`period_at`] picks from them.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn bounds(&self, unix_us: u64) -> [u64; 4] {
         let (start, end) = self.period(unix_us);
         let (before, _) = self.period(start.saturating_sub(1));
@@ -459,7 +460,10 @@ pub(crate) fn unit(word: &str, rest: &str) -> Option<UnitText> {
 /// Before `b0`, `[b0, b1)`: a period later than `now`, as a stored start
 /// later than a lagging clock. From `b3` on (clocks a period apart),
 /// periods as long as the last one, `[b2, b3)`, counted on from `b3`.
-/// Integers only: what a Redis script, on its own clock, transcribes.
+/// Integers only: what a Redis script, on its own clock, transcribes
+/// (`lua/calendar.lua`); in Rust the stores resolve periods with the
+/// calendar itself, so only the tests call it.
+#[cfg(test)]
 pub(crate) fn period_at(bounds: &[u64; 4], now: u64) -> (u64, u64) {
     let [b0, b1, b2, b3] = *bounds;
     if now < b1 {

@@ -158,7 +158,7 @@ pub struct LivePolicies {
 struct Fleet {
     store: Arc<dyn Store>,
     #[cfg(feature = "redis")]
-    redis: Option<(RedisStore, redis_live::Scripts)>,
+    redis: Option<RedisStore>,
     state: Mutex<State>,
     /// Held by a refresh from reading the changes to applying them: one
     /// at a time, so that a snapshot read earlier is never applied over
@@ -214,9 +214,7 @@ impl LivePolicies {
     pub fn new(store: impl IntoStore) -> Self {
         let store = store.into_store();
         #[cfg(feature = "redis")]
-        let redis = store
-            .as_redis()
-            .map(|r| (r.clone(), redis_live::Scripts::new()));
+        let redis = store.as_redis().cloned();
         let id = instance_id();
         LivePolicies {
             fleet: Arc::new(Fleet {
@@ -572,7 +570,7 @@ impl Fleet {
     /// made meanwhile), or in this process.
     async fn write(&self, change: Change, value: Option<String>) -> Result<(), LiveError> {
         #[cfg(feature = "redis")]
-        if let Some((redis, scripts)) = &self.redis {
+        if let Some(redis) = &self.redis {
             use redis_live::Table;
             let (table, field) = match &change {
                 Change::Policy(name) => (Table::Policies, name.clone()),
@@ -580,7 +578,7 @@ impl Fleet {
                 Change::Plan(plan, policy) => (Table::Plans, format!("{plan} {policy}")),
                 Change::Assigned(key) => (Table::Assigned, key.clone()),
                 Change::Reset => {
-                    redis.live_bump(scripts).await?;
+                    redis.live_bump().await?;
                     self.store.forget_denials();
                     return Ok(());
                 }
@@ -588,9 +586,7 @@ impl Fleet {
             if value.is_some() && self.adds_identity(&change) {
                 return Err(too_many().into());
             }
-            redis
-                .live_write(scripts, table, &field, value.as_deref())
-                .await?;
+            redis.live_write(table, &field, value.as_deref()).await?;
             self.refresh().await?;
             return Ok(());
         }
@@ -615,9 +611,9 @@ impl Fleet {
     /// store.
     async fn refresh(&self) -> Result<(), StoreError> {
         #[cfg(feature = "redis")]
-        if let Some((redis, scripts)) = &self.redis {
+        if let Some(redis) = &self.redis {
             let _one = self.refreshing.lock().await;
-            let snapshot = redis.live_load(scripts).await?;
+            let snapshot = redis.live_load().await?;
             let changes = Changes::from_snapshot(&snapshot);
             let mut state = self.lock();
             if snapshot.version != state.version || changes != state.changes {
@@ -636,8 +632,8 @@ impl Fleet {
     /// Checks the version, and reads the changes when it moved.
     #[cfg(feature = "redis")]
     async fn poll(&self) -> Result<(), StoreError> {
-        if let Some((redis, scripts)) = &self.redis {
-            let version = redis.live_version(scripts).await?;
+        if let Some(redis) = &self.redis {
+            let version = redis.live_version().await?;
             if version != self.lock().version {
                 self.refresh().await?;
             }
@@ -648,13 +644,13 @@ impl Fleet {
     /// Records this instance's heartbeat and reads the others'.
     #[cfg(feature = "redis")]
     async fn heartbeat(&self) -> Result<(), StoreError> {
-        let Some((redis, scripts)) = &self.redis else {
+        let Some(redis) = &self.redis else {
             return Ok(());
         };
         let address = self.lock().address.clone();
         let started = millis(self.started);
         let (now, list) = redis
-            .live_heartbeat(scripts, &self.id, started, &address, ms(FORGET_AFTER))
+            .live_heartbeat(&self.id, started, &address, ms(FORGET_AFTER))
             .await?;
         let mut instances: Vec<Instance> = list
             .iter()

@@ -1,7 +1,7 @@
 //! The lease operations of a store: the state behind concurrency limits.
 //!
 //! A key's leases are a set of `(lease id, expiry)`: a sorted set scored by
-//! expiry in Redis (`lua/lease_*.lua`), a small vector in memory. Both
+//! expiry in Redis (`lua/lease.lua`), a small vector in memory. Both
 //! stores follow the same rules, checked by one conformance suite:
 //!
 //! - **acquire**: drop the leases that have expired (`expiry ≤ now`); if

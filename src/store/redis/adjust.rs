@@ -1,13 +1,11 @@
 //! Peek, charge and refund on Redis: one script per operation and
-//! algorithm, one round trip each, on the same keys as the decision.
+//! algorithm (see [`scripts`](super::scripts)), one round trip each, on
+//! the same keys as the decision.
 //!
-//! The peek and charge scripts are built from the decision's own parts
-//! (see `window.rs`): a peek is the check without its store; a window
-//! charge reads the state, stores the charge with the check's own store
-//! part, then runs the check's decision part on a call of cost 1 and
-//! reports its figures of now (`lua/common/standing.lua`). GCRA's charge
-//! and the refunds are scripts of their own, short transcriptions of
-//! `gcra::charge`, `gcra::refund` and `window::refund`.
+//! Each operation is a function of the algorithm's Lua file, as the check
+//! is: a peek is the check without its store; a charge stores the charge
+//! whatever the state holds, then reports the figures of now for a call
+//! of cost 1, as `charge` does in the algorithm's Rust file.
 //!
 //! The deny cache: a peek is answered from it and recorded in it exactly
 //! as a check is (a denied check stores nothing, so its denial is the
@@ -19,7 +17,6 @@
 //! told: a refund is the one write that makes Redis admit sooner, so the
 //! cache is conservative, not exact, for keys that get refunds.
 
-use std::sync::LazyLock;
 use std::time::Duration;
 
 use ::redis::Value;
@@ -27,7 +24,7 @@ use tokio::runtime::Handle;
 
 use super::owed::{Claim, Sending, ran};
 use super::window::decode_window;
-use super::{LuaScript, RedisStore, TimeSource, decode_decision, one_reply};
+use super::{RedisStore, TimeSource, decode_decision, one_reply};
 use crate::algorithm::Algorithm;
 use crate::decision::Decision;
 use crate::error::StoreError;
@@ -41,101 +38,6 @@ pub(super) struct AdjustCall<'a> {
     pub(super) policy: &'a Policy,
     pub(super) key: &'a Key,
     pub(super) cost: u64,
-}
-
-/// Held here rather than in the store's `Inner`, as `gcra_defer` is (see
-/// `defer.rs`): hashed once per process, and these operations stay in
-/// their own file.
-struct Scripts {
-    peek: LuaScript,
-    charge: LuaScript,
-    refund: LuaScript,
-}
-
-macro_rules! part {
-    ($name:expr) => {
-        include_str!(concat!("../../../lua/", $name))
-    };
-}
-
-/// A window script of one call: the clock, the shared window parts and
-/// the call's arguments (as a check's batch has them once), then `parts`.
-macro_rules! window_op {
-    ($($part:expr),+) => {
-        concat!(
-            part!("common/clock.lua"),
-            part!("common/idiv.lua"),
-            part!("common/windows.lua"),
-            part!("common/window_call.lua"),
-            $(part!($part)),+
-        )
-    };
-}
-
-/// A window algorithm's three scripts, from its files `<alg>.lua` (the
-/// decision), `<alg>_store.lua`, `<alg>_charge.lua` and `<alg>_refund.lua`.
-macro_rules! window_scripts {
-    ($alg:literal) => {
-        LazyLock::new(|| Scripts {
-            peek: LuaScript::new(
-                concat!($alg, "_peek"),
-                window_op!(concat!($alg, ".lua"), "common/admit.lua"),
-            ),
-            charge: LuaScript::new(
-                concat!($alg, "_charge"),
-                window_op!(
-                    concat!($alg, "_charge.lua"),
-                    concat!($alg, "_store.lua"),
-                    "common/recheck.lua",
-                    concat!($alg, ".lua"),
-                    "common/standing.lua"
-                ),
-            ),
-            refund: LuaScript::new(
-                concat!($alg, "_refund"),
-                window_op!(concat!($alg, "_refund.lua")),
-            ),
-        })
-    };
-}
-
-static GCRA: LazyLock<Scripts> = LazyLock::new(|| Scripts {
-    peek: LuaScript::new(
-        "gcra_peek",
-        concat!(
-            part!("common/clock.lua"),
-            part!("common/idiv.lua"),
-            part!("gcra.lua"),
-            part!("gcra_peek.lua"),
-        ),
-    ),
-    charge: LuaScript::new(
-        "gcra_charge",
-        concat!(
-            part!("common/clock.lua"),
-            part!("common/idiv.lua"),
-            part!("gcra_charge.lua"),
-        ),
-    ),
-    refund: LuaScript::new(
-        "gcra_refund",
-        concat!(part!("common/clock.lua"), part!("gcra_refund.lua")),
-    ),
-});
-
-static SLIDING_LOG: LazyLock<Scripts> = window_scripts!("sliding_log");
-static SLIDING_COUNTER: LazyLock<Scripts> = window_scripts!("sliding_counter");
-static FIXED_WINDOW: LazyLock<Scripts> = window_scripts!("fixed_window");
-
-fn scripts(algorithm: Algorithm) -> &'static Scripts {
-    match algorithm {
-        Algorithm::Gcra => &GCRA,
-        Algorithm::SlidingLog => &SLIDING_LOG,
-        Algorithm::SlidingWindow => &SLIDING_COUNTER,
-        // Calendar quotas are refused before they get here, until their
-        // script is in (RedisStore::run).
-        Algorithm::FixedWindow | Algorithm::Calendar => &FIXED_WINDOW,
-    }
 }
 
 /// Which operation a script runs: the arguments of a GCRA peek are those
@@ -186,9 +88,9 @@ impl RedisStore {
         }
         args.push(call.cost.to_string());
         for limit in limits {
-            let w = limit.as_window();
-            args.push(w.length.to_string());
-            args.push(w.count.to_string());
+            let (length, count) = self.window_args(limit);
+            args.push(length.to_string());
+            args.push(count);
         }
         (self.window_keys(policy, call.key), args, sent_at)
     }
@@ -236,7 +138,7 @@ impl RedisStore {
                 cost,
             };
             let (keys, args, sent_at) = store.adjust_command(&call, Op::Peek);
-            let script = &scripts(policy.algorithm()).peek;
+            let script = &store.inner.scripts.of(policy.algorithm()).peek;
             let reply = store.eval(script, &keys, &args).await?;
             if !policy.algorithm().is_window() {
                 let reply = one_reply(Algorithm::Gcra, reply)?;
@@ -305,7 +207,7 @@ impl RedisStore {
     ) -> Result<Decision, StoreError> {
         let call = AdjustCall { policy, key, cost };
         let (keys, args, sent_at) = self.adjust_command(&call, Op::Charge);
-        let script = &scripts(policy.algorithm()).charge;
+        let script = &self.inner.scripts.of(policy.algorithm()).charge;
         let reply = self.eval(script, &keys, &args).await?;
         let limits = policy.limits().len();
         let (decision, hold_us) = if policy.algorithm().is_window() {
@@ -327,7 +229,7 @@ impl RedisStore {
         let store = self.clone();
         let (policy, key) = (call.policy.clone(), call.key.clone());
         StoreFuture::pending(async move {
-            let script = &scripts(policy.algorithm()).refund;
+            let script = &store.inner.scripts.of(policy.algorithm()).refund;
             let reply = store.eval(script, &keys, &args).await;
             if let Some(cache) = &store.inner.deny {
                 cache.forget(policy.name(), &key);
@@ -363,17 +265,5 @@ mod tests {
         }
         assert!(decode_refund(&Value::Int(0)).is_ok());
         assert!(decode_refund(&Value::Int(7)).is_ok());
-    }
-
-    #[test]
-    fn every_script_is_its_own() {
-        let mut shas: Vec<&str> = [&*GCRA, &*SLIDING_LOG, &*SLIDING_COUNTER, &*FIXED_WINDOW]
-            .iter()
-            .flat_map(|s| [&s.peek, &s.charge, &s.refund])
-            .map(|s| s.sha.as_str())
-            .collect();
-        shas.sort_unstable();
-        shas.dedup();
-        assert_eq!(shas.len(), 12);
     }
 }

@@ -1,26 +1,10 @@
-//! Upstream feedback on Redis: `lua/gcra_defer.lua`, one round trip.
-
-use std::sync::LazyLock;
+//! Upstream feedback on Redis: `defer` of `lua/gcra.lua`, one round trip.
 
 use ::redis::Value;
 
-use super::{LuaScript, RedisStore, TimeSource};
+use super::{RedisStore, TimeSource};
 use crate::error::StoreError;
 use crate::store::{Call, Op, StoreFuture, micros};
-
-/// Held here rather than in the store's `Inner`, so that the script is
-/// hashed once per process and this operation stays in its own file. Its
-/// load count is shared by every store of the process: a call that finds
-/// the script missing just after another store loaded it on its own server
-/// sends it with `EVAL` (see [`LuaScript::load`]).
-static GCRA_DEFER: LazyLock<LuaScript> =
-    LazyLock::new(|| LuaScript::new("gcra_defer", GCRA_DEFER_LUA));
-
-// Built from parts, as the window scripts are (see `window.rs`).
-const GCRA_DEFER_LUA: &str = concat!(
-    include_str!("../../../lua/common/clock.lua"),
-    include_str!("../../../lua/gcra_defer.lua"),
-);
 
 impl RedisStore {
     pub(super) fn run_gcra_defer(&self, call: Call<'_>) -> StoreFuture<()> {
@@ -52,7 +36,9 @@ impl RedisStore {
         let store = self.clone();
         let count = limits.len();
         StoreFuture::pending(async move {
-            let reply = store.eval(&GCRA_DEFER, &keys, &args).await?;
+            let reply = store
+                .eval(&store.inner.scripts.gcra_defer, &keys, &args)
+                .await?;
             decode_defer(&reply, count)
         })
     }

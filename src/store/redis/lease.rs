@@ -1,49 +1,19 @@
 //! The Redis store's leases: one sorted set per key and limit name, one
-//! script per operation (`lua/lease_*.lua`), each one round trip through
+//! script per operation (of `lua/lease.lua`), each one round trip through
 //! [`RedisStore::eval`].
 
 use std::time::{Duration, Instant};
 
 use redis::Value;
 
-use super::{Failure, LuaScript, RedisStore, TimeSource};
+use super::{Failure, RedisStore, TimeSource};
 use crate::error::StoreError;
 use crate::key::Key;
 use crate::store::{LeaseCall, LeaseGrant, StoreFuture};
 
-// Built from parts, as the window scripts are (see `window.rs`); release
-// reads no clock.
-const ACQUIRE_LUA: &str = concat!(
-    include_str!("../../../lua/common/clock.lua"),
-    include_str!("../../../lua/lease_acquire.lua"),
-);
-const RELEASE_LUA: &str = include_str!("../../../lua/lease_release.lua");
-const RENEW_LUA: &str = concat!(
-    include_str!("../../../lua/common/clock.lua"),
-    include_str!("../../../lua/lease_renew.lua"),
-);
-
 /// How much longer than its TTL a lease may count as held with the
-/// caller's clock: the `slack_ms` of `lua/lease_*.lua`.
+/// caller's clock: the `slack_ms` of `lua/lease.lua`.
 const CLIENT_CLOCK_SLACK: Duration = Duration::from_secs(60);
-
-/// The lease scripts, hashed once per store.
-#[derive(Debug)]
-pub(super) struct Scripts {
-    acquire: LuaScript,
-    release: LuaScript,
-    renew: LuaScript,
-}
-
-impl Scripts {
-    pub(super) fn new() -> Self {
-        Scripts {
-            acquire: LuaScript::new("lease_acquire", ACQUIRE_LUA),
-            release: LuaScript::new("lease_release", RELEASE_LUA),
-            renew: LuaScript::new("lease_renew", RENEW_LUA),
-        }
-    }
-}
 
 impl RedisStore {
     /// The Redis key of the sorted set that holds the concurrency leases of
@@ -71,7 +41,7 @@ impl RedisStore {
         let store = self.clone();
         StoreFuture::pending(async move {
             let reply = store
-                .eval(&store.inner.leases.acquire, &keys, &args)
+                .eval(&store.inner.scripts.lease_acquire, &keys, &args)
                 .await?;
             decode_grant(&reply)
         })
@@ -121,13 +91,13 @@ impl RedisStore {
 
     /// Counts a release that failed, in the metrics of its script.
     pub(super) fn count_release_failure(&self, error: &StoreError) {
-        self.inner.leases.release.metrics.failed(error);
+        self.inner.scripts.lease_release.metrics.failed(error);
     }
 
     /// Removes lease `id` from the set `key`: `true` if it was held. A
     /// failure is left for the caller to count.
     pub(super) async fn release_once(&self, key: &str, id: &str) -> Result<bool, Failure> {
-        let script = &self.inner.leases.release;
+        let script = &self.inner.scripts.lease_release;
         let reply = self
             .try_exchange(script, script.command(&[key], &[id]))
             .await?;
@@ -146,7 +116,9 @@ impl RedisStore {
         ];
         let store = self.clone();
         StoreFuture::pending(async move {
-            let reply = store.eval(&store.inner.leases.renew, &keys, &args).await?;
+            let reply = store
+                .eval(&store.inner.scripts.lease_renew, &keys, &args)
+                .await?;
             decode_flag(&reply)
         })
     }
@@ -226,8 +198,9 @@ mod tests {
     #[test]
     fn the_client_clock_slack_is_the_scripts_own() {
         let slack = format!("slack_ms = {}", CLIENT_CLOCK_SLACK.as_millis());
-        for script in [ACQUIRE_LUA, RENEW_LUA] {
-            assert!(script.contains(&slack), "{script}");
+        let scripts = super::super::scripts::Scripts::new();
+        for script in [&scripts.lease_acquire, &scripts.lease_renew] {
+            assert!(script.source.contains(&slack), "{}", script.name);
         }
     }
 

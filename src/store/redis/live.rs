@@ -5,7 +5,7 @@
 
 use redis::Value;
 
-use super::{LuaScript, RedisStore};
+use super::RedisStore;
 use crate::error::StoreError;
 
 /// Which table of the fleet's changes a write goes to.
@@ -54,35 +54,6 @@ impl Snapshot {
     }
 }
 
-// The scripts, each documented in its file (KEYS, ARGV, reply).
-const LOAD_LUA: &str = include_str!("../../../lua/live_load.lua");
-const VERSION_LUA: &str = include_str!("../../../lua/live_version.lua");
-const BUMP_LUA: &str = include_str!("../../../lua/live_bump.lua");
-const WRITE_LUA: &str = include_str!("../../../lua/live_write.lua");
-const HEARTBEAT_LUA: &str = include_str!("../../../lua/live_heartbeat.lua");
-
-/// The live-policy scripts, hashed once per [`LivePolicies`](crate::live::LivePolicies).
-#[derive(Debug)]
-pub(crate) struct Scripts {
-    load: LuaScript,
-    version: LuaScript,
-    write: LuaScript,
-    bump: LuaScript,
-    heartbeat: LuaScript,
-}
-
-impl Scripts {
-    pub(crate) fn new() -> Self {
-        Scripts {
-            load: LuaScript::new("live_load", LOAD_LUA),
-            version: LuaScript::new("live_version", VERSION_LUA),
-            write: LuaScript::new("live_write", WRITE_LUA),
-            bump: LuaScript::new("live_bump", BUMP_LUA),
-            heartbeat: LuaScript::new("live_heartbeat", HEARTBEAT_LUA),
-        }
-    }
-}
-
 impl RedisStore {
     /// `{prefix}:{live}:<name>`: one hash tag for every live key, so that
     /// the scripts touch one slot on a cluster.
@@ -91,10 +62,10 @@ impl RedisStore {
     }
 
     /// Every table of the fleet's changes, and their version.
-    pub(crate) async fn live_load(&self, scripts: &Scripts) -> Result<Snapshot, StoreError> {
+    pub(crate) async fn live_load(&self) -> Result<Snapshot, StoreError> {
         let mut keys = vec![self.live_key("version")];
         keys.extend(Table::ALL.iter().map(|t| self.live_key(t.suffix())));
-        let reply = self.eval(&scripts.load, &keys, &[]).await?;
+        let reply = self.eval(&self.inner.scripts.live_load, &keys, &[]).await?;
         let unexpected = || StoreError::UnexpectedReply(format!("live load: {reply:?}"));
         let Value::Array(items) = &reply else {
             return Err(unexpected());
@@ -116,9 +87,11 @@ impl RedisStore {
     }
 
     /// The version of the fleet's changes: one `GET`.
-    pub(crate) async fn live_version(&self, scripts: &Scripts) -> Result<u64, StoreError> {
+    pub(crate) async fn live_version(&self) -> Result<u64, StoreError> {
         let keys = [self.live_key("version")];
-        let reply = self.eval(&scripts.version, &keys, &[]).await?;
+        let reply = self
+            .eval(&self.inner.scripts.live_version, &keys, &[])
+            .await?;
         integer(&reply).ok_or_else(|| StoreError::UnexpectedReply(format!("{reply:?}")))
     }
 
@@ -126,7 +99,6 @@ impl RedisStore {
     /// version; the new version.
     pub(crate) async fn live_write(
         &self,
-        scripts: &Scripts,
         table: Table,
         field: &str,
         value: Option<&str>,
@@ -134,15 +106,17 @@ impl RedisStore {
         let keys = [self.live_key("version"), self.live_key(table.suffix())];
         let mut args = vec![field.to_owned()];
         args.extend(value.map(str::to_owned));
-        let reply = self.eval(&scripts.write, &keys, &args).await?;
+        let reply = self
+            .eval(&self.inner.scripts.live_write, &keys, &args)
+            .await?;
         integer(&reply).ok_or_else(|| StoreError::UnexpectedReply(format!("{reply:?}")))
     }
 
     /// Bumps the version alone (after a reset), so that every instance
     /// reads the changes again and forgets the denials it remembers.
-    pub(crate) async fn live_bump(&self, scripts: &Scripts) -> Result<u64, StoreError> {
+    pub(crate) async fn live_bump(&self) -> Result<u64, StoreError> {
         let keys = [self.live_key("version")];
-        let reply = self.eval(&scripts.bump, &keys, &[]).await?;
+        let reply = self.eval(&self.inner.scripts.live_bump, &keys, &[]).await?;
         integer(&reply).ok_or_else(|| StoreError::UnexpectedReply(format!("{reply:?}")))
     }
 
@@ -151,7 +125,6 @@ impl RedisStore {
     /// address")`.
     pub(crate) async fn live_heartbeat(
         &self,
-        scripts: &Scripts,
         id: &str,
         started_ms: u64,
         address: &str,
@@ -164,7 +137,9 @@ impl RedisStore {
             address.to_owned(),
             forget_ms.to_string(),
         ];
-        let reply = self.eval(&scripts.heartbeat, &keys, &args).await?;
+        let reply = self
+            .eval(&self.inner.scripts.live_heartbeat, &keys, &args)
+            .await?;
         let unexpected = || StoreError::UnexpectedReply(format!("heartbeat: {reply:?}"));
         match &reply {
             Value::Array(items) => match items.as_slice() {

@@ -16,6 +16,7 @@ pub(crate) mod live;
 mod owed;
 mod release;
 mod reset;
+mod scripts;
 #[cfg(feature = "sentinel")]
 mod sentinel;
 mod topology;
@@ -45,7 +46,7 @@ use crate::text::concat;
 pub(crate) struct LuaScript {
     name: &'static str,
     source: &'static str,
-    sha: String,
+    sha: &'static str,
     metrics: ScriptMetrics,
     /// How many times loading this script (`SCRIPT LOAD`) was tried,
     /// doubled, plus one if the last attempt failed: read as each call is
@@ -58,13 +59,14 @@ pub(crate) struct LuaScript {
 }
 
 impl LuaScript {
-    /// Hashes the script once; call at store construction. `name` is the
-    /// `op` label of its metrics (`gcra`, `lease_acquire`, ...).
-    pub(crate) fn new(name: &'static str, source: &'static str) -> Self {
+    /// The script `source`, whose SHA-1 is `sha`, with load counts and
+    /// metrics of its own; call at store construction. `name` is the `op`
+    /// label of its metrics (`gcra`, `lease_acquire`, ...).
+    pub(crate) fn new(name: &'static str, source: &'static str, sha: &'static str) -> Self {
         LuaScript {
             name,
             source,
-            sha: redis::Script::new(source).get_hash().to_owned(),
+            sha,
             metrics: ScriptMetrics::new(name),
             loads: AtomicU64::new(0),
             loading: tokio::sync::Mutex::new(()),
@@ -119,7 +121,7 @@ impl LuaScript {
     /// arguments, numbers written straight into the command.
     fn call(&self, keys: usize, args: usize) -> Cmd {
         let mut cmd = Cmd::with_capacity(3 + keys + args, 64 + 48 * keys + 12 * args);
-        cmd.arg("EVALSHA").arg(&self.sha).arg(keys);
+        cmd.arg("EVALSHA").arg(self.sha).arg(keys);
         cmd
     }
 
@@ -137,14 +139,6 @@ impl LuaScript {
         cmd
     }
 }
-
-// Built from parts, as the window scripts are (see `redis/window.rs`).
-const GCRA_LUA: &str = concat!(
-    include_str!("../../../lua/common/clock.lua"),
-    include_str!("../../../lua/common/idiv.lua"),
-    include_str!("../../../lua/gcra.lua"),
-    include_str!("../../../lua/gcra_store.lua"),
-);
 
 /// Where the Redis scripts read "now".
 ///
@@ -245,13 +239,12 @@ struct Inner {
     prefix: Box<str>,
     timeout: Duration,
     time: TimeSource,
-    gcra: LuaScript,
+    /// Every script, hashed once per store.
+    scripts: scripts::Scripts,
     /// `None` on a cluster, where calls of different slots cannot share a
     /// script.
     batcher: Option<batch::Batcher>,
     deny: Option<DenyCache>,
-    windows: window::Scripts,
-    leases: lease::Scripts,
     /// Releases that failed on the way, being retried.
     releases: release::Retries,
     /// Charges that did not land, sent again before their keys' next
@@ -336,11 +329,7 @@ impl RedisStore {
 
     /// The check script of `algorithm`: GCRA's or a window algorithm's.
     fn check_script(&self, algorithm: Algorithm) -> &LuaScript {
-        if algorithm.is_window() {
-            self.inner.windows.script(algorithm)
-        } else {
-            &self.inner.gcra
-        }
+        &self.inner.scripts.of(algorithm).check
     }
 
     /// One call of `algorithm`'s check script deciding `calls` (policy,
@@ -418,7 +407,7 @@ impl RedisStore {
         sent_at: Option<u64>,
     ) -> Result<Decision, StoreError> {
         let decision = decode_gcra(reply, policy.limits().len())
-            .inspect_err(|err| self.inner.gcra.metrics.failed(err))?;
+            .inspect_err(|err| self.check_script(Algorithm::Gcra).metrics.failed(err))?;
         if let (Some(cache), Some(sent_at)) = (&self.inner.deny, sent_at) {
             cache.record(policy, key, cost, sent_at, &decision);
         }
@@ -461,7 +450,9 @@ impl RedisStore {
             set_of.push(set + 1);
         }
         let set_args: usize = sets.iter().map(|s| 1 + 2 * s.len()).sum();
-        let mut cmd = self.inner.gcra.call(keys, 2 + set_args + 3 * set_of.len());
+        let mut cmd = self
+            .check_script(Algorithm::Gcra)
+            .call(keys, 2 + set_args + 3 * set_of.len());
         // Each call's keys, one per limit.
         for (policy, key, ..) in calls.clone() {
             for name in self.gcra_keys(policy, key) {
@@ -774,13 +765,33 @@ impl Store for RedisStore {
     }
 }
 
+impl RedisStore {
+    /// A window call's two arguments for `limit`: its window's length and
+    /// count; for a calendar quota, its period's nominal length and
+    /// `count:b0:b1:b2:b3`, the bounds of the periods around the caller's
+    /// clock, among which `lua/calendar.lua` finds the one holding the
+    /// script's own now (Redis has no time-zone database).
+    pub(super) fn window_args(&self, limit: &Limit) -> (u64, String) {
+        let window = limit.as_window();
+        match limit.calendar_of() {
+            None => (window.length, window.count.to_string()),
+            Some(calendar) => {
+                let now = match &self.inner.time {
+                    TimeSource::Client(clock) => clock.now_micros(),
+                    TimeSource::Server => SystemClock.now_micros(),
+                };
+                let [b0, b1, b2, b3] = calendar.bounds(now);
+                (
+                    window.length,
+                    format!("{}:{b0}:{b1}:{b2}:{b3}", window.count),
+                )
+            }
+        }
+    }
+}
+
 impl StoreOps for RedisStore {
     fn run(&self, call: Call<'_>) -> StoreFuture<Answer> {
-        if call.policy.algorithm() == Algorithm::Calendar {
-            return StoreFuture::ready(Err(StoreError::Redis(
-                "calendar quotas are not decided on Redis yet".into(),
-            )));
-        }
         let adjust = AdjustCall {
             policy: call.policy,
             key: call.key,

@@ -1,21 +1,13 @@
 //! Resetting one identity's state on Redis: `lua/reset.lua`, one round
 //! trip that deletes every key the identity may hold under one name.
 
-use std::sync::LazyLock;
-
 use ::redis::Value;
 
-use super::{LuaScript, RedisStore, limit_key};
+use super::{RedisStore, limit_key};
 use crate::error::StoreError;
 use crate::key::Key;
 use crate::policy::MAX_LIMITS_PER_POLICY;
 use crate::store::StoreFuture;
-
-/// Held here rather than in the store's `Inner`, as `gcra_defer` is (see
-/// `defer.rs`): hashed once per process, and this operation stays in its
-/// own file.
-static RESET: LazyLock<LuaScript> =
-    LazyLock::new(|| LuaScript::new("reset", include_str!("../../../lua/reset.lua")));
 
 impl RedisStore {
     /// Every key `key` may hold under the name `name`, for a policy of any
@@ -55,7 +47,7 @@ impl RedisStore {
         let store = self.clone();
         let (name, key) = (name.to_owned(), key.clone());
         StoreFuture::pending(async move {
-            let reply = store.eval(&RESET, &keys, &[]).await;
+            let reply = store.eval(&store.inner.scripts.reset, &keys, &[]).await;
             if let Some(cache) = &store.inner.deny {
                 cache.forget(&name, &key);
             }

@@ -7,77 +7,13 @@ use std::time::Duration;
 
 use redis::{Cmd, Value};
 
-use super::{LuaScript, RedisStore, TimeSource, decode_decision};
+use super::{RedisStore, TimeSource, decode_decision};
 use crate::algorithm::Algorithm;
 use crate::decision::Decision;
 use crate::error::StoreError;
 use crate::key::Key;
 use crate::policy::Policy;
 use crate::store::{Call, StoreFuture};
-
-// Each script is its own part after the shared ones it builds on (each
-// part says what it defines and what it needs): one copy of the clock, of
-// the arguments every window takes and of how the deciding window and the
-// reply are chosen, so that the three scripts cannot drift apart. Each
-// algorithm's decision and its store are two parts, so that a peek and a
-// charge (src/store/redis/adjust.rs) share them. The check runs them once
-// per call of a batch, between batch_open.lua and batch_close.lua, after
-// the parts a batch needs once: the clock (read once), and the functions
-// and lists every call uses in turn.
-macro_rules! window_check {
-    ($($part:literal),+) => {
-        concat!(
-            include_str!("../../../lua/common/clock.lua"),
-            include_str!("../../../lua/common/idiv.lua"),
-            include_str!("../../../lua/common/windows.lua"),
-            include_str!("../../../lua/common/batch_open.lua"),
-            include_str!("../../../lua/common/window_call.lua"),
-            $(include_str!(concat!("../../../lua/", $part)),)+
-            include_str!("../../../lua/common/batch_close.lua"),
-        )
-    };
-}
-const SLIDING_LOG_LUA: &str = window_check!(
-    "sliding_log.lua",
-    "sliding_log_store.lua",
-    "common/admit.lua"
-);
-const SLIDING_COUNTER_LUA: &str = window_check!(
-    "sliding_counter.lua",
-    "sliding_counter_store.lua",
-    "common/admit.lua"
-);
-const FIXED_WINDOW_LUA: &str = window_check!(
-    "fixed_window.lua",
-    "fixed_window_store.lua",
-    "common/admit.lua"
-);
-
-/// The window scripts, hashed once per store.
-#[derive(Debug)]
-pub(super) struct Scripts {
-    sliding_log: LuaScript,
-    sliding_counter: LuaScript,
-    fixed_window: LuaScript,
-}
-
-impl Scripts {
-    pub(super) fn new() -> Self {
-        Scripts {
-            sliding_log: LuaScript::new("sliding_log", SLIDING_LOG_LUA),
-            sliding_counter: LuaScript::new("sliding_counter", SLIDING_COUNTER_LUA),
-            fixed_window: LuaScript::new("fixed_window", FIXED_WINDOW_LUA),
-        }
-    }
-
-    pub(super) fn script(&self, algorithm: Algorithm) -> &LuaScript {
-        match algorithm {
-            Algorithm::SlidingLog => &self.sliding_log,
-            Algorithm::SlidingWindow => &self.sliding_counter,
-            _ => &self.fixed_window,
-        }
-    }
-}
 
 impl RedisStore {
     /// The Redis keys that hold the window state of `policy` for `key`:
@@ -135,9 +71,7 @@ impl RedisStore {
             .map(|(policy, ..)| 3 + 2 * policy.limits().len())
             .sum::<usize>();
         let mut cmd = self
-            .inner
-            .windows
-            .script(algorithm)
+            .check_script(algorithm)
             .call(keys.iter().map(Vec::len).sum(), args);
         for names in &keys {
             cmd.arg(names);
@@ -157,8 +91,8 @@ impl RedisStore {
             cmd.arg(names.len()).arg(1 + 2 * limits.len());
             cmd.arg(cost);
             for limit in limits {
-                let w = limit.as_window();
-                cmd.arg(w.length).arg(w.count);
+                let (length, count) = self.window_args(limit);
+                cmd.arg(length).arg(count);
             }
         }
         (cmd, sent_at)
@@ -176,11 +110,7 @@ impl RedisStore {
     ) -> Result<Decision, StoreError> {
         let (decision, hold_us) =
             decode_window(reply, policy.limits().len()).inspect_err(|err| {
-                self.inner
-                    .windows
-                    .script(policy.algorithm())
-                    .metrics
-                    .failed(err);
+                self.check_script(policy.algorithm()).metrics.failed(err);
             })?;
         if let (Some(cache), Some(sent_at)) = (&self.inner.deny, sent_at) {
             cache.record_held(policy, key, cost, sent_at, &decision, hold_us);

@@ -1,0 +1,187 @@
+//! Every Lua script the Redis store runs, in one registry.
+//!
+//! A script is `lua/prelude.lua`, one file of `lua/` (an algorithm's,
+//! `lease.lua`, `live.lua` or `reset.lua`) and one line that calls an
+//! operation of that file, such as `return charge(KEYS, ARGV,
+//! clock(ARGV[1]))`. Each file says what its operations take (KEYS,
+//! ARGV) and answer, and needs nothing but the prelude before it.
+//!
+//! Each script is hashed once per process; each store counts, per
+//! script, its own loads and metrics (the name is their `op` label).
+
+use std::sync::LazyLock;
+
+use super::LuaScript;
+use crate::algorithm::Algorithm;
+
+/// The source of a script: the prelude, `lua/<file>`, then `return <call>`.
+macro_rules! source {
+    ($file:literal, $call:literal) => {
+        concat!(
+            include_str!("../../../lua/prelude.lua"),
+            include_str!(concat!("../../../lua/", $file)),
+            "return ",
+            $call,
+            "\n",
+        )
+    };
+}
+
+/// The script `name` that calls `call` in `lua/<file>`, hashed once per
+/// process, the first time a store is made.
+macro_rules! script {
+    ($name:expr, $file:literal, $call:literal) => {{
+        const SOURCE: &str = source!($file, $call);
+        static SHA: LazyLock<String> =
+            LazyLock::new(|| redis::Script::new(SOURCE).get_hash().to_owned());
+        LuaScript::new($name, SOURCE, SHA.as_str())
+    }};
+}
+
+/// The scripts of the algorithm in `lua/<file>`, one per operation, each
+/// reading the clock: the check named `name`, the others
+/// `<name>_<operation>`.
+macro_rules! operations {
+    ($name:literal, $file:literal) => {
+        Operations {
+            check: script!($name, $file, "check(KEYS, ARGV, clock(ARGV[1]))"),
+            peek: script!(
+                concat!($name, "_peek"),
+                $file,
+                "peek(KEYS, ARGV, clock(ARGV[1]))"
+            ),
+            charge: script!(
+                concat!($name, "_charge"),
+                $file,
+                "charge(KEYS, ARGV, clock(ARGV[1]))"
+            ),
+            refund: script!(
+                concat!($name, "_refund"),
+                $file,
+                "refund(KEYS, ARGV, clock(ARGV[1]))"
+            ),
+        }
+    };
+}
+
+/// Every script the store runs.
+#[derive(Debug)]
+pub(crate) struct Scripts {
+    gcra: Operations,
+    sliding_log: Operations,
+    sliding_window: Operations,
+    calendar: Operations,
+    fixed_window: Operations,
+    pub(super) gcra_defer: LuaScript,
+    pub(super) reset: LuaScript,
+    pub(super) lease_acquire: LuaScript,
+    pub(super) lease_renew: LuaScript,
+    pub(super) lease_release: LuaScript,
+    pub(super) live_load: LuaScript,
+    pub(super) live_version: LuaScript,
+    pub(super) live_write: LuaScript,
+    pub(super) live_bump: LuaScript,
+    pub(super) live_heartbeat: LuaScript,
+}
+
+/// An algorithm's scripts, one per operation.
+#[derive(Debug)]
+pub(super) struct Operations {
+    /// One or more calls decided in order (see [`batch`](super::batch)).
+    pub(super) check: LuaScript,
+    pub(super) peek: LuaScript,
+    pub(super) charge: LuaScript,
+    pub(super) refund: LuaScript,
+}
+
+impl Scripts {
+    /// Every script, with load counts and metrics of this store's own.
+    pub(super) fn new() -> Self {
+        Scripts {
+            gcra: operations!("gcra", "gcra.lua"),
+            sliding_log: operations!("sliding_log", "sliding_log.lua"),
+            sliding_window: operations!("sliding_counter", "sliding_window.lua"),
+            calendar: operations!("calendar", "calendar.lua"),
+            fixed_window: operations!("fixed_window", "fixed_window.lua"),
+            gcra_defer: script!(
+                "gcra_defer",
+                "gcra.lua",
+                "defer(KEYS, ARGV, clock(ARGV[1]))"
+            ),
+            reset: script!("reset", "reset.lua", "reset(KEYS, ARGV)"),
+            lease_acquire: script!(
+                "lease_acquire",
+                "lease.lua",
+                "acquire(KEYS, ARGV, clock(ARGV[1]))"
+            ),
+            lease_renew: script!(
+                "lease_renew",
+                "lease.lua",
+                "renew(KEYS, ARGV, clock(ARGV[1]))"
+            ),
+            lease_release: script!("lease_release", "lease.lua", "release(KEYS, ARGV)"),
+            live_load: script!("live_load", "live.lua", "load(KEYS, ARGV)"),
+            live_version: script!("live_version", "live.lua", "version(KEYS, ARGV)"),
+            live_write: script!("live_write", "live.lua", "write(KEYS, ARGV)"),
+            live_bump: script!("live_bump", "live.lua", "bump(KEYS, ARGV)"),
+            live_heartbeat: script!("live_heartbeat", "live.lua", "heartbeat(KEYS, ARGV)"),
+        }
+    }
+
+    /// The scripts of `algorithm`'s operations.
+    pub(super) fn of(&self, algorithm: Algorithm) -> &Operations {
+        match algorithm {
+            Algorithm::Gcra => &self.gcra,
+            Algorithm::SlidingLog => &self.sliding_log,
+            Algorithm::SlidingWindow => &self.sliding_window,
+            Algorithm::FixedWindow => &self.fixed_window,
+            Algorithm::Calendar => &self.calendar,
+        }
+    }
+
+    /// Every script, for the tests.
+    #[cfg(test)]
+    fn all(&self) -> Vec<&LuaScript> {
+        let mut all: Vec<&LuaScript> = [
+            &self.gcra,
+            &self.sliding_log,
+            &self.sliding_window,
+            &self.calendar,
+            &self.fixed_window,
+        ]
+        .into_iter()
+        .flat_map(|ops| [&ops.check, &ops.peek, &ops.charge, &ops.refund])
+        .collect();
+        all.extend([
+            &self.gcra_defer,
+            &self.reset,
+            &self.lease_acquire,
+            &self.lease_renew,
+            &self.lease_release,
+            &self.live_load,
+            &self.live_version,
+            &self.live_write,
+            &self.live_bump,
+            &self.live_heartbeat,
+        ]);
+        all
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_script_is_its_own() {
+        let scripts = Scripts::new();
+        let mut shas: Vec<&str> = scripts.all().iter().map(|s| s.sha).collect();
+        shas.sort_unstable();
+        shas.dedup();
+        assert_eq!(shas.len(), 26);
+        let mut names: Vec<&str> = scripts.all().iter().map(|s| s.name).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), 26);
+    }
+}
