@@ -215,6 +215,23 @@ echo "policy file edited (burst 3): applied after $(($(date +%s%3N) - start_ms))
 sed -i 's/ping = "1\/min burst 3"/ping = "1\/min burst"/' "$tmp/policies.toml"
 for _ in $(seq 60); do grep -q "policy file refused" "$filed_log" && break; sleep 0.05; done
 grep -q "policy file refused" "$filed_log" || { echo "FAIL: a broken policy file was not refused" >&2; exit 1; }
+# A calendar quota (ping = "3/day"): three calls a UTC day, the fourth
+# told to come back at midnight.
+sed -i 's/ping = "1\/min burst"/ping = "3\/day"/' "$tmp/policies.toml"
+start_ms=$(date +%s%3N) i=0
+until [ "$(codes "$filed" 4 "daily-$i")" = "200 200 200 429 " ]; do
+  i=$((i + 1))
+  if [ $(($(date +%s%3N) - start_ms)) -gt 2000 ]; then
+    echo "FAIL: the calendar quota ping = \"3/day\" did not apply within 2 s" >&2; exit 1
+  fi
+  sleep 0.05
+done
+retry=$(curl -s -o /dev/null -D - -H "x-api-key: daily-$i" "$filed/api/ping" | tr -d '\r' | sed -n 's/^retry-after: //Ip')
+midnight=$(( $(date -u -d 'tomorrow 00:00' +%s) - $(date -u +%s) ))
+echo "policies from a file (ping = 3/day): 200 200 200 429, Retry-After $retry s (midnight UTC in $midnight s)"
+if [ -z "$retry" ] || [ $((retry - midnight)) -gt 2 ] || [ $((midnight - retry)) -gt 2 ]; then
+  echo "FAIL: expected Retry-After to count down to midnight UTC" >&2; exit 1
+fi
 expect_codes() { # label, expected, url, count, api key
   local got
   got=$(codes "$3" "$4" "$5")
