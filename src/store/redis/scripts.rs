@@ -178,10 +178,10 @@ mod tests {
         let mut shas: Vec<&str> = scripts.all().iter().map(|s| s.sha).collect();
         shas.sort_unstable();
         shas.dedup();
-        assert_eq!(shas.len(), 26);
+        assert_eq!(shas.len(), 30);
         let mut names: Vec<&str> = scripts.all().iter().map(|s| s.name).collect();
         names.sort_unstable();
         names.dedup();
-        assert_eq!(names.len(), 26);
+        assert_eq!(names.len(), 30);
     }
 }
