@@ -5,22 +5,19 @@ use std::time::Duration;
 
 use redis::{Arg, Cmd, ErrorKind, ServerErrorKind, ToRedisArgs, Value};
 
-mod adjust;
 mod batch;
 mod builder;
 mod connection;
-mod defer;
 mod deny_cache;
 mod lease;
 pub(crate) mod live;
 mod owed;
 mod release;
-mod reset;
+mod run;
 mod scripts;
 #[cfg(feature = "sentinel")]
 mod sentinel;
 mod topology;
-mod window;
 
 pub use self::builder::RedisStoreBuilder;
 use self::connection::{Conn, Refusals};
@@ -29,8 +26,7 @@ pub use self::deny_cache::DenyCacheStats;
 use self::deny_cache::RealClock;
 pub use self::topology::Topology;
 
-use self::adjust::AdjustCall;
-use super::{Answer, Call, LeaseAnswer, LeaseCall, LeaseOp, Op, Store, StoreFuture, StoreOps};
+use super::{Answer, Call, LeaseAnswer, LeaseCall, LeaseOp, Store, StoreFuture, StoreOps};
 use crate::algorithm::Algorithm;
 use crate::clock::{Clock, SystemClock};
 use crate::decision::Decision;
@@ -792,21 +788,7 @@ impl RedisStore {
 
 impl StoreOps for RedisStore {
     fn run(&self, call: Call<'_>) -> StoreFuture<Answer> {
-        let adjust = AdjustCall {
-            policy: call.policy,
-            key: call.key,
-            cost: call.cost,
-        };
-        match call.op {
-            Op::Check { .. } if call.policy.algorithm().is_window() => {
-                self.run_window(call).map(decided)
-            }
-            Op::Check { .. } => self.run_gcra(call).map(decided),
-            Op::Peek => self.run_peek(adjust).map(decided),
-            Op::Charge => self.run_charge(adjust).map(decided),
-            Op::Refund => self.run_refund(adjust).map(done),
-            Op::Defer { .. } => self.run_gcra_defer(call).map(done),
-        }
+        self.run_call(call)
     }
 
     fn lease(&self, call: LeaseCall<'_>, op: LeaseOp) -> StoreFuture<LeaseAnswer> {
@@ -832,14 +814,6 @@ impl StoreOps for RedisStore {
             cache.clear();
         }
     }
-}
-
-fn decided(decision: Decision) -> Result<Answer, StoreError> {
-    Ok(Answer::Decision(decision))
-}
-
-fn done((): ()) -> Result<Answer, StoreError> {
-    Ok(Answer::Done)
 }
 
 impl RedisStore {
