@@ -72,42 +72,25 @@ local function read(keys, argv, n, now, w)
   end
 end
 
--- calendar::verdicts: what each quota says about a call of cost.
+-- calendar::verdicts: what each quota says about a call of cost; the
+-- call fits once the period ends and its count starts again.
 local function verdicts(keys, argv, n, now, cost, w)
   for i = 1, n do
-    local count, used = w.quota[i], w.count[i]
-    local reset = math.max(w.stop[i] - now, 0)
-    local remaining0 = math.max(count - used, 0)
-    w.reset[i], w.reset0[i], w.remaining0[i] = reset, reset, remaining0
-    if used + cost <= count then
-      w.remaining[i], w.retry[i] = count - used - cost, 0
-    else
-      -- The call fits once the period ends and its count starts again.
-      w.remaining[i], w.retry[i] = remaining0, reset
-    end
+    counted(w, i, w.quota[i], w.count[i], math.max(w.stop[i] - now, 0), cost)
   end
 end
 
--- After a denial every figure holds until the first period ends.
-local function held(keys, argv, i, now, w)
-  return w.reset[i]
-end
-
--- calendar::store: adds cost to every quota's tally, saturating at
--- `most` (only a charge can get there), but those that are false (a
--- refund's periods that have ended), which it leaves alone; the key
--- lives until its period ends.
+-- calendar::store: adds cost to every quota's tally (saturating at
+-- `most`), but those that are false (a refund's periods that have
+-- ended); the key lives until its period ends.
 local function store(keys, argv, n, now, slack_ms, cost, w)
   for i = 1, n do
-    local count = w.count[i]
-    if count then
-      local ttl_ms = math.ceil((w.stop[i] - now) / 1000)
-      if ttl_ms < 1 then ttl_ms = 1 end
-      local value = string.format('%d:%d:%d', w.start[i], w.stop[i], math.min(count + cost, most))
-      redis.call('SET', keys[i], value, 'PX', ttl_ms + slack_ms)
+    if w.count[i] then
+      local tally = math.min(w.count[i] + cost, most)
+      put(keys[i], string.format('%d:%d:%d', w.start[i], w.stop[i], tally), w.stop[i], now, slack_ms)
     end
   end
 end
 
 -- calendar::check, ::peek, ::charge and ::refund.
-local check, peek, charge, refund = windows(lists, read, verdicts, held, store)
+local check, peek, charge, refund = windows(lists, read, verdicts, held_to_reset, store)

@@ -48,28 +48,13 @@ local function read(keys, argv, n, now, w)
   end
 end
 
--- fixed_window::verdicts: what each window says about a call of cost.
+-- fixed_window::verdicts: what each window says about a call of cost;
+-- the call fits once the window ends and its count starts again.
 local function verdicts(keys, argv, n, now, cost, w)
   for i = 1, n do
-    local count = tonumber(argv[2 + 2 * i])
-    local used = w.count[i]
     local reset = w.start[i] + tonumber(argv[1 + 2 * i]) - now
-    local remaining0 = count - used
-    if remaining0 < 0 then remaining0 = 0 end
-    w.reset[i], w.reset0[i], w.remaining0[i] = reset, reset, remaining0
-    if used + cost <= count then
-      w.remaining[i], w.retry[i] = count - used - cost, 0
-    else
-      -- The call fits once the window ends and its count starts again.
-      w.remaining[i], w.retry[i] = remaining0, reset
-    end
+    counted(w, i, tonumber(argv[2 + 2 * i]), w.count[i], reset, cost)
   end
-end
-
--- After a denial every figure holds until the first window ends (the
--- resets counting down); then that window's count starts again.
-local function held(keys, argv, i, now, w)
-  return w.reset[i]
 end
 
 -- fixed_window::store: adds cost to every window's count, saturating at
@@ -77,15 +62,12 @@ end
 -- ends.
 local function store(keys, argv, n, now, slack_ms, cost, w)
   for i = 1, n do
-    local count = w.count[i]
-    if count then
-      local ttl_ms = math.ceil((w.start[i] + tonumber(argv[1 + 2 * i]) - now) / 1000)
-      if ttl_ms < 1 then ttl_ms = 1 end
-      local value = string.format('%d:%d', w.start[i], math.min(count + cost, most))
-      redis.call('SET', keys[i], value, 'PX', ttl_ms + slack_ms)
+    if w.count[i] then
+      local value = string.format('%d:%d', w.start[i], math.min(w.count[i] + cost, most))
+      put(keys[i], value, w.start[i] + tonumber(argv[1 + 2 * i]), now, slack_ms)
     end
   end
 end
 
 -- fixed_window::check, ::peek, ::charge and ::refund.
-local check, peek, charge, refund = windows(lists, read, verdicts, held, store)
+local check, peek, charge, refund = windows(lists, read, verdicts, held_to_reset, store)

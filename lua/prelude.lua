@@ -39,6 +39,35 @@ local function idiv(a, b)
   return q
 end
 
+-- What a counted window says about a call of cost, into w for window i
+-- (see windows() below): a counter of `used` out of `count`, whose count
+-- starts again in `reset` microseconds, admits the call if it fits, and a
+-- call that does not fits again then. The fixed window's and the
+-- calendar quota's verdicts (src/algorithm/fixed_window.rs, calendar.rs).
+local function counted(w, i, count, used, reset, cost)
+  local remaining0 = math.max(count - used, 0)
+  w.reset[i], w.reset0[i], w.remaining0[i] = reset, reset, remaining0
+  if used + cost <= count then
+    w.remaining[i], w.retry[i] = count - used - cost, 0
+  else
+    w.remaining[i], w.retry[i] = remaining0, reset
+  end
+end
+
+-- A counted window's figures after a denial hold until its count starts
+-- again (the resets counting down): its `held` part (see windows()).
+local function held_to_reset(keys, argv, i, now, w)
+  return w.reset[i]
+end
+
+-- Stores `value` at `key` until `until_us` (then slack_ms on), at least a
+-- millisecond.
+local function put(key, value, until_us, now, slack_ms)
+  local ttl_ms = math.ceil((until_us - now) / 1000)
+  if ttl_ms < 1 then ttl_ms = 1 end
+  redis.call('SET', key, value, 'PX', ttl_ms + slack_ms)
+end
+
 -- What the window algorithms (sliding_log.lua, sliding_window.lua,
 -- fixed_window.lua) share: their check, peek and charge, made from an
 -- algorithm's own parts, and the counter algorithms' refund
