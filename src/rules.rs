@@ -14,7 +14,7 @@ use crate::policy::Policy;
 /// The plan a request was sold, put in its extensions by the
 /// application's authentication layer (from a token's claim, say). A
 /// [`RateLimitLayer`](crate::RateLimitLayer) on a limiter of
-/// [`LivePolicies`] then decides the request with that plan's limits,
+/// [`LivePolicies`](crate::live::LivePolicies) then decides the request with that plan's limits,
 /// unless its identity has limits of its own.
 ///
 /// ```
