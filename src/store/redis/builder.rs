@@ -293,6 +293,8 @@ impl RedisStoreBuilder {
     /// ([`Topology::cluster`]).
     async fn cluster(&self, nodes: Vec<redis::ConnectionInfo>) -> Result<Conn, StoreError> {
         let client = redis::cluster::ClusterClient::builder(nodes)
+            .connection_timeout(self.connect_timeout)
+            .response_timeout(self.timeout)
             .build()
             // No I/O yet: what the client refuses is in the addresses
             // (nodes that disagree on TLS or credentials, say).
@@ -302,10 +304,12 @@ impl RedisStoreBuilder {
         let config = redis::cluster::ClusterConfig::new()
             .set_connection_timeout(self.connect_timeout)
             .set_response_timeout(self.timeout);
+        // Eager, as the store always connected to a cluster: the client's
+        // own settings, which its failovers are tested with.
         let conn = if self.lazy {
             client.get_pending_async_connection_with_config(config)
         } else {
-            client.get_async_connection_with_config(config).await?
+            client.get_async_connection().await?
         };
         Ok(Conn::Cluster(conn))
     }
