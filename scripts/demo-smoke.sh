@@ -219,13 +219,16 @@ grep -q "policy file refused" "$filed_log" || { echo "FAIL: a broken policy file
 # told to come back at midnight.
 sed -i 's/ping = "1\/min burst"/ping = "3\/day"/' "$tmp/policies.toml"
 start_ms=$(date +%s%3N) i=0
-until [ "$(codes "$filed" 4 "daily-$i")" = "200 200 200 429 " ]; do
+# Applied once the policy header advertises a day's window.
+until curl -s -o /dev/null -D - -H "x-api-key: probe-$i" "$filed/api/ping" | grep -qi '^ratelimit-policy: "3/day";q=3;w=86400'; do
   i=$((i + 1))
   if [ $(($(date +%s%3N) - start_ms)) -gt 2000 ]; then
     echo "FAIL: the calendar quota ping = \"3/day\" did not apply within 2 s" >&2; exit 1
   fi
   sleep 0.05
 done
+got=$(codes "$filed" 4 "daily-$i")
+[ "$got" = "200 200 200 429 " ] || { echo "FAIL: ping = \"3/day\" answered $got" >&2; exit 1; }
 retry=$(curl -s -o /dev/null -D - -H "x-api-key: daily-$i" "$filed/api/ping" | tr -d '\r' | sed -n 's/^retry-after: //Ip')
 midnight=$(( $(date -u -d 'tomorrow 00:00' +%s) - $(date -u +%s) ))
 echo "policies from a file (ping = 3/day): 200 200 200 429, Retry-After $retry s (midnight UTC in $midnight s)"
