@@ -55,12 +55,7 @@ impl RedisCluster {
             "0",
         ];
         let (nodes, replicas) = (6, 1);
-        let dir = std::env::temp_dir().join(format!(
-            "fleetgate-cluster-{}-{}",
-            std::process::id(),
-            RandomState::new().hash_one(Instant::now()) % 1_000_000
-        ));
-        std::fs::create_dir_all(&dir).expect("cluster directory");
+        let dir = crate::common::config_dir("cluster");
         let mut servers = Vec::with_capacity(nodes);
         while servers.len() < nodes {
             let port = cluster_port();

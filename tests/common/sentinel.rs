@@ -1,8 +1,8 @@
 //! A throwaway Redis Sentinel setup for a test: a master, one replica and
 //! three sentinels (quorum 2, `down-after-milliseconds` 500,
 //! `failover-timeout` 2000), each on a free loopback port, the sentinels'
-//! configuration files in a temporary directory of their own. Everything is
-//! killed when dropped.
+//! configuration files in a directory of their own
+//! (`common::config_dir`). Everything is killed when dropped.
 #![allow(dead_code)]
 
 use std::path::PathBuf;
@@ -121,11 +121,7 @@ impl SentinelSet {
             monitored.to_string(),
         ]);
         let (replica, replica_tls) = start_server_tls(&replica_args, tls);
-        let dir = std::env::temp_dir().join(format!(
-            "fleetgate-sentinel-{}-{master_port}",
-            std::process::id()
-        ));
-        std::fs::create_dir_all(&dir).expect("a temporary directory for the sentinels");
+        let dir = crate::common::config_dir(&format!("sentinel-{master_port}"));
         let mut sentinels = Vec::new();
         let mut sentinel_tls = Vec::new();
         for i in 0..3 {
