@@ -92,11 +92,21 @@ impl OnStore {
 
     /// A store to read what `instances` left, past their deny caches (an
     /// instance's may still hold a denial it answered while the others
-    /// refunded, until its retry time): on Redis a store of its own.
+    /// refunded, until its retry time): on Redis a store of its own,
+    /// with no deny cache either. Its reads poll until the refunds, sent
+    /// on tasks after the responses, have landed; one that came first and
+    /// cached its denial would answer every later one with it.
     async fn reader(&self, instances: &[Arc<dyn Store>]) -> Arc<dyn Store> {
         match &self.redis {
             None => instances[0].clone(),
-            Some(_) => self.store().await,
+            Some(server) => Arc::new(
+                RedisStore::builder(server.url())
+                    .timeout(Duration::from_secs(2))
+                    .deny_cache(0)
+                    .connect()
+                    .await
+                    .expect("connect to the test's redis-server"),
+            ),
         }
     }
 

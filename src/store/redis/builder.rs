@@ -274,13 +274,16 @@ impl RedisStoreBuilder {
     /// retry time has passed, with the same headers Redis' answer would
     /// give. A client hammering one key far past its limit then costs Redis
     /// about the admitted rate plus one denied call per instance and retry
-    /// period. The answers are those Redis would give, except after a wipe
-    /// of the key's state in Redis (restart without persistence, `DEL`, a
-    /// reset through another instance): then the cache keeps denying for
-    /// at most the retry time it already announced. A reset through this
-    /// instance ([`Limiter::reset`](crate::Limiter::reset)) forgets its
-    /// cached denials of that key and policy. An entry takes about 150 bytes plus the identity; when
-    /// full, expired entries go first, then those closest to expiry.
+    /// period. The answers are those Redis would give, except after the
+    /// key's state in Redis is wiped or given back (restart without
+    /// persistence, `DEL`, a reset or refund through another instance):
+    /// then the cache keeps denying for at most the retry time it already
+    /// announced. A reset or refund through this instance
+    /// ([`Limiter::reset`](crate::Limiter::reset),
+    /// [`Limiter::refund`](crate::Limiter::refund)) forgets its cached
+    /// denials of that key and policy. An entry takes about 150 bytes plus
+    /// the identity; when full, expired entries go first, then those
+    /// closest to expiry.
     pub fn deny_cache(mut self, capacity: usize) -> Self {
         self.deny_cache = capacity;
         self
