@@ -65,13 +65,6 @@ const ALGORITHMS: [Algorithm; 4] = [
     Algorithm::SlidingWindow,
     Algorithm::FixedWindow,
 ];
-// The store's GCRA check script, made as src/store/redis/scripts.rs
-// makes it: the prelude, the algorithm's file and the line that calls it.
-const GCRA_LUA: &str = concat!(
-    include_str!("../lua/prelude.lua"),
-    include_str!("../lua/gcra.lua"),
-    "return check(KEYS, ARGV, clock(ARGV[1]))\n",
-);
 
 /// The Redis store with `max_in_flight(usize::MAX)`: one script per call.
 const UNBATCHED: &str = "redis, one script per call";
@@ -356,7 +349,7 @@ async fn run(server: &RedisServer, plan: &Plan) -> Result<(), BoxError> {
     );
     let conn = ConnectionManager::new(client).await?;
     let return_one = Arc::new(redis::Script::new("return 1"));
-    let gcra = Arc::new(redis::Script::new(GCRA_LUA));
+    let gcra = Arc::new(redis::Script::new(&common::gcra_check_lua()));
     for script in [&return_one, &gcra] {
         script
             .prepare_invoke()

@@ -76,14 +76,6 @@ use redis::aio::{ConnectionManager, MultiplexedConnection};
 use crate::common::{BoxError, micros, percentile, pin, target_row};
 use crate::redis_server::RedisServer;
 
-// The store's GCRA check script, made as src/store/redis/scripts.rs
-// makes it: the prelude, the algorithm's file and the line that calls it.
-const GCRA_LUA: &str = concat!(
-    include_str!("../lua/prelude.lua"),
-    include_str!("../lua/gcra.lua"),
-    "return check(KEYS, ARGV, clock(ARGV[1]))\n",
-);
-
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Variant {
     Bare,
@@ -574,7 +566,7 @@ async fn app(
             // loaded once at start, so that each request sends `EVALSHA`
             // only.
             let conn = ConnectionManager::new(redis::Client::open(redis_url)?).await?;
-            let script = redis::Script::new(GCRA_LUA);
+            let script = redis::Script::new(&common::gcra_check_lua());
             script
                 .prepare_invoke()
                 .load_async(&mut conn.clone())

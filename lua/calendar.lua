@@ -2,12 +2,12 @@
 -- together: the call passes only if every quota admits it, and a denied
 -- call stores nothing. Transcribes src/algorithm/calendar.rs function by
 -- function; keep the two in step. Its check, peek, charge and refund are
--- made by windows() in lua/prelude.lua from the parts below (which also
--- says what they take and answer): a quota is a fixed window whose
+-- the window operations of lua/prelude.lua run on the parts below (which
+-- also says what they take and answer): a quota is a fixed window whose
 -- boundaries are calendar days or months.
 --
 -- KEYS[i]        tally of quota i: "<period start>:<period end>:<cost so far>"
--- ARGV           a window call's (see windows()), but with
+-- ARGV           a window call's (see lua/prelude.lua), but with
 -- ARGV[1+2i]     the nominal length of quota i's period (a day, 30 days):
 --                what ties between quotas are broken by
 -- ARGV[2+2i]     "<count>:<b0>:<b1>:<b2>:<b3>": its count, and the bounds
@@ -92,5 +92,6 @@ local function store(keys, argv, n, now, slack_ms, cost, w)
   end
 end
 
--- calendar::check, ::peek, ::charge and ::refund.
-local check, peek, charge, refund = windows(lists, read, verdicts, held_to_reset, store)
+-- The parts of calendar::check, ::peek, ::charge and ::refund.
+local calendar = {lists = lists, read = read, verdicts = verdicts, held = held_to_reset,
+  store = store}

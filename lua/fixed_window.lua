@@ -2,11 +2,11 @@
 -- the call passes only if every window admits it, and a denied call
 -- stores nothing. Transcribes src/algorithm/fixed_window.rs function by
 -- function; keep the two in step. Its check, peek, charge and refund are
--- made by windows() in lua/prelude.lua from the parts below (the prelude
--- says what they take and answer).
+-- the window operations of lua/prelude.lua run on the parts below (the
+-- prelude says what they take and answer).
 --
 -- KEYS[i]        counter of window i: "<window start>:<cost so far>"
--- ARGV           a window call's (see windows())
+-- ARGV           a window call's (see lua/prelude.lua)
 --
 -- Windows are aligned to the clock's epoch: [k·length, (k+1)·length).
 -- The stored start says which window a count belongs to, so a count is
@@ -69,5 +69,6 @@ local function store(keys, argv, n, now, slack_ms, cost, w)
   end
 end
 
--- fixed_window::check, ::peek, ::charge and ::refund.
-local check, peek, charge, refund = windows(lists, read, verdicts, held_to_reset, store)
+-- The parts of fixed_window::check, ::peek, ::charge and ::refund.
+local fixed_window = {lists = lists, read = read, verdicts = verdicts, held = held_to_reset,
+  store = store}

@@ -4,12 +4,13 @@
 --
 --   return charge(KEYS, ARGV, clock(ARGV[1]))
 --
--- (src/store/redis/scripts.rs puts them together). The prelude only
--- defines functions; what a script does is in the function that line
--- calls, with everything it needs passed to it. Redis' Lua makes every
--- function a script defines anew on each call of the script, so the
--- prelude defines few: what only the window algorithms use is made by
--- windows(), in their scripts alone.
+-- (src/store/redis/scripts.rs puts them together). The prelude and the
+-- files only define things at their top level (`local function`, `local
+-- name =`); what a script does is in the function that line calls, with
+-- everything it needs passed to it. Redis' Lua makes every function a
+-- script defines anew on each call of the script, about 70 ns each, so a
+-- script keeps only the definitions its line reaches
+-- (src/store/redis/prune.rs).
 --
 -- Times are integral microseconds below 2^53, exact in Lua's doubles;
 -- stored values are formatted with %d to keep every digit.
@@ -40,8 +41,8 @@ local function idiv(a, b)
 end
 
 -- What a counted window says about a call of cost, into w for window i
--- (see windows() below): a counter of `used` out of `count`, whose count
--- starts again in `reset` microseconds, admits the call if it fits, and a
+-- (see the window parts below): a counter of `used` out of `count`, whose
+-- count starts again in `reset` microseconds, admits the call if it fits, and a
 -- call that does not fits again then. The fixed window's and the
 -- calendar quota's verdicts (src/algorithm/fixed_window.rs, calendar.rs).
 local function counted(w, i, count, used, reset, cost)
@@ -55,7 +56,8 @@ local function counted(w, i, count, used, reset, cost)
 end
 
 -- A counted window's figures after a denial hold until its count starts
--- again (the resets counting down): its `held` part (see windows()).
+-- again (the resets counting down): its `held` part (see the window
+-- parts below).
 local function held_to_reset(keys, argv, i, now, w)
   return w.reset[i]
 end
@@ -69,14 +71,17 @@ local function put(key, value, until_us, now, slack_ms)
 end
 
 -- What the window algorithms (sliding_log.lua, sliding_window.lua,
--- fixed_window.lua) share: their check, peek and charge, made from an
--- algorithm's own parts, and the counter algorithms' refund
+-- fixed_window.lua, calendar.lua) share: their check, peek and charge,
+-- made from an algorithm's own parts, and the counter algorithms' refund
 -- (refund_counts in src/algorithm/window.rs). Each of those files ends
--- with
+-- with a table of its parts, such as
 --
---   local check, peek, charge, refund = windows(lists, read, verdicts, held, store)
+--   local fixed_window = {lists = lists, read = read, verdicts = verdicts,
+--     held = held_to_reset, store = store}
 --
--- (the sliding log has a refund of its own).
+-- and its scripts' lines call window_check, window_peek, window_charge
+-- and window_refund below with it (the sliding log has a refund of its
+-- own).
 --
 -- A window call's KEYS are the algorithm's; its ARGV:
 --
@@ -121,159 +126,156 @@ end
 --   else writes (the resets counting down), at most the retry; 0 when
 --   allowed. The deny cache of the Redis store answers the same call from
 --   it (src/store/redis/deny_cache.rs).
-local function windows(lists, read, verdicts, held, store)
-  -- combine in src/algorithm/window.rs, and the hold Redis adds: the
-  -- reply to a call from its windows' verdicts in w, and whether every
-  -- window admits it. The deciding window: when one denies the call, the
-  -- one with the longest retry; else the one with the least remaining; on
-  -- ties the longest window, then the first. With `standing` (a charge's
-  -- figures of now, standing in src/algorithm/window.rs), an admitted
-  -- call reports every window's figures before it: what is left, the call
-  -- is not made. A window's remaining before a call of cost 1 is its
-  -- remaining after it plus one, so the deciding window is the same.
-  local function combine(keys, argv, n, now, w, standing)
-    local remaining, retry = w.remaining, w.retry
-    local worst, tight = 0, 0
-    for i = 1, n do
-      if retry[i] > 0 then
-        if worst == 0 or retry[i] > retry[worst] or (retry[i] == retry[worst]
-            and tonumber(argv[1 + 2 * i]) > tonumber(argv[1 + 2 * worst])) then
-          worst = i
-        end
-      elseif tight == 0 or remaining[i] < remaining[tight] or (remaining[i] == remaining[tight]
-          and tonumber(argv[1 + 2 * i]) > tonumber(argv[1 + 2 * tight])) then
-        tight = i
+
+-- combine in src/algorithm/window.rs, and the hold Redis adds: the reply
+-- to a call from its windows' verdicts in w, and whether every window
+-- admits it. The deciding window: when one denies the call, the one with
+-- the longest retry; else the one with the least remaining; on ties the
+-- longest window, then the first. With `standing` (a charge's figures of
+-- now, standing in src/algorithm/window.rs), an admitted call reports
+-- every window's figures before it: what is left, the call is not made.
+-- A window's remaining before a call of cost 1 is its remaining after it
+-- plus one, so the deciding window is the same.
+local function combine(alg, keys, argv, n, now, w, standing)
+  local remaining, retry = w.remaining, w.retry
+  local worst, tight = 0, 0
+  for i = 1, n do
+    if retry[i] > 0 then
+      if worst == 0 or retry[i] > retry[worst] or (retry[i] == retry[worst]
+          and tonumber(argv[1 + 2 * i]) > tonumber(argv[1 + 2 * worst])) then
+        worst = i
       end
+    elseif tight == 0 or remaining[i] < remaining[tight] or (remaining[i] == remaining[tight]
+        and tonumber(argv[1 + 2 * i]) > tonumber(argv[1 + 2 * tight])) then
+      tight = i
     end
-    -- A denied call charges nothing: every window's figures of now (a
-    -- window that denies it reports those already).
-    local allowed, i, hold = 1, tight, 0
-    local r, t = remaining, w.reset
-    if worst > 0 then
-      allowed, i, hold = 0, worst, retry[worst]
-      for j = 1, n do
-        local until_j = held(keys, argv, j, now, w)
-        if until_j and until_j < hold then hold = until_j end
-      end
-    end
-    if worst > 0 or standing then r, t = w.remaining0, w.reset0 end
-    -- One window's reply is made whole at once (a table grown after it is
-    -- made is made again).
-    if n == 1 then return {allowed, i, r[i], t[i], retry[i], hold}, allowed == 1 end
-    local out = {allowed, i, r[i], t[i], retry[i]}
+  end
+  -- A denied call charges nothing: every window's figures of now (a
+  -- window that denies it reports those already).
+  local allowed, i, hold = 1, tight, 0
+  local r, t = remaining, w.reset
+  if worst > 0 then
+    allowed, i, hold = 0, worst, retry[worst]
     for j = 1, n do
-      out[#out + 1] = r[j]
-      out[#out + 1] = t[j]
+      local until_j = alg.held(keys, argv, j, now, w)
+      if until_j and until_j < hold then hold = until_j end
     end
-    out[#out + 1] = hold
-    return out, allowed == 1
   end
-
-  -- check of one call: what peek answers, then the call stored if every
-  -- window admits it.
-  local function check_one(keys, argv, now, slack_ms, w)
-    local n, cost = (#argv - 2) / 2, tonumber(argv[2])
-    local err = read(keys, argv, n, now, w) or verdicts(keys, argv, n, now, cost, w)
-    if err then return err end
-    local out, admitted = combine(keys, argv, n, now, w, false)
-    if admitted then store(keys, argv, n, now, slack_ms, cost, w) end
-    return out
+  if worst > 0 or standing then r, t = w.remaining0, w.reset0 end
+  -- One window's reply is made whole at once (a table grown after it is
+  -- made is made again).
+  if n == 1 then return {allowed, i, r[i], t[i], retry[i], hold}, allowed == 1 end
+  local out = {allowed, i, r[i], t[i], retry[i]}
+  for j = 1, n do
+    out[#out + 1] = r[j]
+    out[#out + 1] = t[j]
   end
+  out[#out + 1] = hold
+  return out, allowed == 1
+end
 
-  -- The check: one or more calls decided in order (calls queued behind a
-  -- busy connection travel together; see src/store/redis/batch.rs), each
-  -- as a script of its own would decide it, as if they had reached Redis
-  -- back to back at one instant.
-  --
-  -- ARGV[1]        now in microseconds, or "" to read the server clock
-  -- ARGV[2]        number of calls
-  -- then, for each call in order:
-  --   keys         how many keys the call has
-  --   arguments    how many arguments it has, then those arguments: a
-  --                window call's ARGV, less its first (now)
-  -- KEYS           each call's keys in order (one call's keys share one
-  --                hash tag)
-  --
-  -- Returns one reply (a list) per call, or the text of the error that
-  -- failed it (a string, not an error reply: one error inside the list
-  -- would fail the whole reply in clients).
-  local function check(keys, argv, now, slack_ms)
-    local w, replies = lists(), {}
-    local k, a = 0, 3
-    for c = 1, tonumber(argv[2]) do
-      local nk, na = tonumber(argv[a]), tonumber(argv[a + 1])
-      -- The call's own KEYS and ARGV, "now" first as a window call has it.
-      local call_keys, call_argv = {}, {argv[1]}
-      for i = 1, nk do call_keys[i] = keys[k + i] end
-      for i = 1, na do call_argv[i + 1] = argv[a + 1 + i] end
-      local ok, reply = pcall(check_one, call_keys, call_argv, now, slack_ms, w)
-      if not ok then
-        -- A key of another type fails its call alone; what the call wrote
-        -- before failing stays, as for a script of its own. Any other
-        -- error (READONLY on a demoted master, OOM, NOREPLICAS) is the
-        -- server's, not the call's: it fails the script, as it would a
-        -- script of one call, so that the store sees it and acts (a
-        -- failover, a reconnect). The text of an error is the err field
-        -- of a table (redis.error_reply, and redis.call on Redis 7), or
-        -- the error itself.
-        local text = type(reply) == 'table' and reply.err or tostring(reply)
-        if not string.find(text, 'WRONGTYPE', 1, true) then error(reply) end
-        reply = text
-      elseif type(reply) == 'table' and reply.err then
-        -- Unreadable state, returned by the call itself: its own.
-        reply = reply.err
-      end
-      replies[c] = reply
-      k = k + nk
-      a = a + 2 + na
+-- check of one call: what peek answers, then the call stored if every
+-- window admits it.
+local function check_one(alg, keys, argv, now, slack_ms, w)
+  local n, cost = (#argv - 2) / 2, tonumber(argv[2])
+  local err = alg.read(keys, argv, n, now, w) or alg.verdicts(keys, argv, n, now, cost, w)
+  if err then return err end
+  local out, admitted = combine(alg, keys, argv, n, now, w, false)
+  if admitted then alg.store(keys, argv, n, now, slack_ms, cost, w) end
+  return out
+end
+
+-- The check: one or more calls decided in order (calls queued behind a
+-- busy connection travel together; see src/store/redis/batch.rs), each
+-- as a script of its own would decide it, as if they had reached Redis
+-- back to back at one instant.
+--
+-- ARGV[1]        now in microseconds, or "" to read the server clock
+-- ARGV[2]        number of calls
+-- then, for each call in order:
+--   keys         how many keys the call has
+--   arguments    how many arguments it has, then those arguments: a
+--                window call's ARGV, less its first (now)
+-- KEYS           each call's keys in order (one call's keys share one
+--                hash tag)
+--
+-- Returns one reply (a list) per call, or the text of the error that
+-- failed it (a string, not an error reply: one error inside the list
+-- would fail the whole reply in clients).
+local function window_check(alg, keys, argv, now, slack_ms)
+  local w, replies = alg.lists(), {}
+  local k, a = 0, 3
+  for c = 1, tonumber(argv[2]) do
+    local nk, na = tonumber(argv[a]), tonumber(argv[a + 1])
+    -- The call's own KEYS and ARGV, "now" first as a window call has it.
+    local call_keys, call_argv = {}, {argv[1]}
+    for i = 1, nk do call_keys[i] = keys[k + i] end
+    for i = 1, na do call_argv[i + 1] = argv[a + 1 + i] end
+    local ok, reply = pcall(check_one, alg, call_keys, call_argv, now, slack_ms, w)
+    if not ok then
+      -- A key of another type fails its call alone; what the call wrote
+      -- before failing stays, as for a script of its own. Any other
+      -- error (READONLY on a demoted master, OOM, NOREPLICAS) is the
+      -- server's, not the call's: it fails the script, as it would a
+      -- script of one call, so that the store sees it and acts (a
+      -- failover, a reconnect). The text of an error is the err field
+      -- of a table (redis.error_reply, and redis.call on Redis 7), or
+      -- the error itself.
+      local text = type(reply) == 'table' and reply.err or tostring(reply)
+      if not string.find(text, 'WRONGTYPE', 1, true) then error(reply) end
+      reply = text
+    elseif type(reply) == 'table' and reply.err then
+      -- Unreadable state, returned by the call itself: its own.
+      reply = reply.err
     end
-    return replies
+    replies[c] = reply
+    k = k + nk
+    a = a + 2 + na
   end
+  return replies
+end
 
-  -- peek: what a check of one call would answer, storing nothing. A
-  -- denied check stores nothing either, so a peek's denial is exactly the
-  -- check's.
-  local function peek(keys, argv, now)
-    local n, w = (#argv - 2) / 2, lists()
-    local err = read(keys, argv, n, now, w) or verdicts(keys, argv, n, now, tonumber(argv[2]), w)
-    if err then return err end
-    return (combine(keys, argv, n, now, w, false))
-  end
+-- peek: what a check of one call would answer, storing nothing. A denied
+-- check stores nothing either, so a peek's denial is exactly the check's.
+local function window_peek(alg, keys, argv, now)
+  local n, w = (#argv - 2) / 2, alg.lists()
+  local err = alg.read(keys, argv, n, now, w)
+    or alg.verdicts(keys, argv, n, now, tonumber(argv[2]), w)
+  if err then return err end
+  return (combine(alg, keys, argv, n, now, w, false))
+end
 
-  -- charge: takes cost from every window whatever it holds, past its
-  -- count if need be, then answers with the figures of now for a call of
-  -- cost 1, read again from what was stored.
-  local function charge(keys, argv, now, slack_ms)
-    local n, w = (#argv - 2) / 2, lists()
-    local err = read(keys, argv, n, now, w)
-    if err then return err end
-    store(keys, argv, n, now, slack_ms, tonumber(argv[2]), w)
-    err = read(keys, argv, n, now, w) or verdicts(keys, argv, n, now, 1, w)
-    if err then return err end
-    return (combine(keys, argv, n, now, w, true))
-  end
+-- charge: takes cost from every window whatever it holds, past its count
+-- if need be, then answers with the figures of now for a call of cost 1,
+-- read again from what was stored.
+local function window_charge(alg, keys, argv, now, slack_ms)
+  local n, w = (#argv - 2) / 2, alg.lists()
+  local err = alg.read(keys, argv, n, now, w)
+  if err then return err end
+  alg.store(keys, argv, n, now, slack_ms, tonumber(argv[2]), w)
+  err = alg.read(keys, argv, n, now, w) or alg.verdicts(keys, argv, n, now, 1, w)
+  if err then return err end
+  return (combine(alg, keys, argv, n, now, w, true))
+end
 
-  -- refund, for the counter algorithms: every window's count goes down by
-  -- cost, not below 0, in the window a check now is decided in (the
-  -- stored one if it is later); a count of a window that has ended is
-  -- left as it is. Returns how much was given back, over all windows.
-  local function refund(keys, argv, now, slack_ms)
-    local n, cost, w = (#argv - 2) / 2, tonumber(argv[2]), lists()
-    local err = read(keys, argv, n, now, w)
-    if err then return err end
-    local back, count = 0, w.count
-    for i = 1, n do
-      if w.current[i] then
-        local less = math.min(cost, count[i])
-        count[i] = count[i] - less
-        back = back + less
-      else
-        count[i] = false
-      end
+-- refund, for the counter algorithms: every window's count goes down by
+-- cost, not below 0, in the window a check now is decided in (the stored
+-- one if it is later); a count of a window that has ended is left as it
+-- is. Returns how much was given back, over all windows.
+local function window_refund(alg, keys, argv, now, slack_ms)
+  local n, cost, w = (#argv - 2) / 2, tonumber(argv[2]), alg.lists()
+  local err = alg.read(keys, argv, n, now, w)
+  if err then return err end
+  local back, count = 0, w.count
+  for i = 1, n do
+    if w.current[i] then
+      local less = math.min(cost, count[i])
+      count[i] = count[i] - less
+      back = back + less
+    else
+      count[i] = false
     end
-    store(keys, argv, n, now, slack_ms, 0, w)
-    return back
   end
-
-  return check, peek, charge, refund
+  alg.store(keys, argv, n, now, slack_ms, 0, w)
+  return back
 end

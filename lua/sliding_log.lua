@@ -2,13 +2,13 @@
 -- one sorted set (trimmed to the longest window) and decided together: the
 -- call passes only if every window admits it, and a denied call is not
 -- logged. Transcribes src/algorithm/sliding_log.rs function by function;
--- keep the two in step. Its check, peek and charge are made by windows()
--- in lua/prelude.lua from the parts below (the prelude says what they
--- take and answer).
+-- keep the two in step. Its check, peek and charge are the window
+-- operations of lua/prelude.lua run on the parts below (the prelude says
+-- what they take and answer).
 --
 -- KEYS[1]        the log: score = admission time in microseconds, one
 --                member per unit of cost
--- ARGV           a window call's (see windows())
+-- ARGV           a window call's (see lua/prelude.lua)
 --
 -- Members are "<time>-<seq>", seq counting the members already logged at
 -- that same microsecond. The script runs atomically on the one server that
@@ -124,8 +124,8 @@ local function store(keys, argv, n, now, slack_ms, cost, w)
   redis.call('PEXPIRE', key, ttl_ms + slack_ms)
 end
 
--- sliding_log::check, ::peek and ::charge.
-local check, peek, charge = windows(lists, read, verdicts, held, store)
+-- The parts of sliding_log::check, ::peek and ::charge.
+local sliding_log = {lists = lists, read = read, verdicts = verdicts, held = held, store = store}
 
 -- sliding_log::refund: drops up to cost of the newest entries still
 -- inside the longest window. Returns how many entries went.

@@ -3,12 +3,12 @@
 -- denied call stores nothing. Transcribes src/algorithm/sliding_window.rs
 -- function by function; keep the two in step, down to the order of every
 -- floating-point operation, so that both stores decide alike. Its check,
--- peek, charge and refund are made by windows() in lua/prelude.lua from
--- the parts below (the prelude says what they take and answer).
+-- peek, charge and refund are the window operations of lua/prelude.lua run
+-- on the parts below (the prelude says what they take and answer).
 --
 -- KEYS[i]        counters of window i: "<fixed window start>:<its cost so
 --                far>:<the previous fixed window's cost>"
--- ARGV           a window call's (see windows())
+-- ARGV           a window call's (see lua/prelude.lua)
 --
 -- The estimate of a sliding window of length W ending now is the current
 -- fixed window's cost plus the previous one's, weighted by the share of it
@@ -138,5 +138,6 @@ local function held(keys, argv, i, now, w)
   end
 end
 
--- sliding_window::check, ::peek, ::charge and ::refund.
-local check, peek, charge, refund = windows(lists, read, verdicts, held, store)
+-- The parts of sliding_window::check, ::peek, ::charge and ::refund.
+local sliding_window = {lists = lists, read = read, verdicts = verdicts, held = held,
+  store = store}

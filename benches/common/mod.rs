@@ -7,6 +7,20 @@ use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
 
+#[path = "../../src/store/redis/prune.rs"]
+mod prune;
+
+/// The store's GCRA check script, made as src/store/redis/scripts.rs
+/// makes it: the prelude and the algorithm's file, kept to what the line
+/// that calls the check reaches.
+pub fn gcra_check_lua() -> String {
+    let source = concat!(
+        include_str!("../../lua/prelude.lua"),
+        include_str!("../../lua/gcra.lua")
+    );
+    prune::prune(source, "check(KEYS, ARGV, clock(ARGV[1]))")
+}
+
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// Whether cargo runs the bench for measurement (`cargo bench`) rather than

@@ -12,6 +12,7 @@ mod deny_cache;
 mod lease;
 pub(crate) mod live;
 mod owed;
+mod prune;
 mod release;
 mod run;
 mod scripts;

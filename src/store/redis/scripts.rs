@@ -3,64 +3,78 @@
 //! A script is `lua/prelude.lua`, one file of `lua/` (an algorithm's,
 //! `lease.lua`, `live.lua` or `reset.lua`) and one line that calls an
 //! operation of that file, such as `return charge(KEYS, ARGV,
-//! clock(ARGV[1]))`. Each file says what its operations take (KEYS,
-//! ARGV) and answer, and needs nothing but the prelude before it.
+//! clock(ARGV[1]))`, less the definitions that line does not reach
+//! ([`prune`]). Each file says what its operations take (KEYS, ARGV) and
+//! answer, and needs nothing but the prelude before it.
 //!
-//! Each script is hashed once per process; each store counts, per
-//! script, its own loads and metrics (the name is their `op` label).
+//! Each script is made and hashed once per process; each store counts,
+//! per script, its own loads and metrics (the name is their `op` label).
 
 use std::sync::LazyLock;
 
 use super::LuaScript;
+use super::prune::prune;
 use crate::algorithm::Algorithm;
 
-/// The source of a script: the prelude, `lua/<file>`, then `return <call>`.
-macro_rules! source {
-    ($file:literal, $call:literal) => {
-        concat!(
-            include_str!("../../../lua/prelude.lua"),
-            include_str!(concat!("../../../lua/", $file)),
-            "return ",
-            $call,
-            "\n",
-        )
-    };
-}
-
-/// The script `name` that calls `call` in `lua/<file>`, hashed once per
-/// process, the first time a store is made.
+/// The script `name` that calls `call` in `lua/<file>`, made and hashed
+/// once per process, the first time a store is made.
 macro_rules! script {
-    ($name:expr, $file:literal, $call:literal) => {{
-        const SOURCE: &str = source!($file, $call);
-        static SHA: LazyLock<String> =
-            LazyLock::new(|| redis::Script::new(SOURCE).get_hash().to_owned());
-        LuaScript::new($name, SOURCE, SHA.as_str())
+    ($name:expr, $file:literal, $call:expr) => {{
+        static SCRIPT: LazyLock<(String, String)> = LazyLock::new(|| {
+            let source = concat!(
+                include_str!("../../../lua/prelude.lua"),
+                include_str!(concat!("../../../lua/", $file)),
+            );
+            let script = prune(source, AsRef::<str>::as_ref(&$call));
+            let sha = redis::Script::new(&script).get_hash().to_owned();
+            (script, sha)
+        });
+        LuaScript::new($name, SCRIPT.0.as_str(), SCRIPT.1.as_str())
     }};
 }
 
 /// The scripts of the algorithm in `lua/<file>`, one per operation, each
 /// reading the clock: the check named `name`, the others
-/// `<name>_<operation>`.
+/// `<name>_<operation>`. Each operation's call is `<op>(KEYS, ARGV, ...)`
+/// or, for a window algorithm, `window_<op>(<parts>, KEYS, ARGV, ...)`
+/// on the table of its parts (see lua/prelude.lua).
 macro_rules! operations {
-    ($name:literal, $file:literal) => {
+    ($name:literal, $file:literal, $check:expr, $peek:expr, $charge:expr, $refund:expr) => {
         Operations {
-            check: script!($name, $file, "check(KEYS, ARGV, clock(ARGV[1]))"),
+            check: script!(
+                $name,
+                $file,
+                format!("{}KEYS, ARGV, clock(ARGV[1]))", $check)
+            ),
             peek: script!(
                 concat!($name, "_peek"),
                 $file,
-                "peek(KEYS, ARGV, clock(ARGV[1]))"
+                format!("{}KEYS, ARGV, clock(ARGV[1]))", $peek)
             ),
             charge: script!(
                 concat!($name, "_charge"),
                 $file,
-                "charge(KEYS, ARGV, clock(ARGV[1]))"
+                format!("{}KEYS, ARGV, clock(ARGV[1]))", $charge)
             ),
             refund: script!(
                 concat!($name, "_refund"),
                 $file,
-                "refund(KEYS, ARGV, clock(ARGV[1]))"
+                format!("{}KEYS, ARGV, clock(ARGV[1]))", $refund)
             ),
         }
+    };
+    ($name:literal, $file:literal) => {
+        operations!($name, $file, "check(", "peek(", "charge(", "refund(")
+    };
+    ($name:literal, $file:literal, windows $parts:literal) => {
+        operations!(
+            $name,
+            $file,
+            concat!("window_check(", $parts, ", "),
+            concat!("window_peek(", $parts, ", "),
+            concat!("window_charge(", $parts, ", "),
+            concat!("window_refund(", $parts, ", ")
+        )
     };
 }
 
@@ -99,10 +113,18 @@ impl Scripts {
     pub(super) fn new() -> Self {
         Scripts {
             gcra: operations!("gcra", "gcra.lua"),
-            sliding_log: operations!("sliding_log", "sliding_log.lua"),
-            sliding_window: operations!("sliding_counter", "sliding_window.lua"),
-            calendar: operations!("calendar", "calendar.lua"),
-            fixed_window: operations!("fixed_window", "fixed_window.lua"),
+            // The sliding log refunds with a function of its own.
+            sliding_log: operations!(
+                "sliding_log",
+                "sliding_log.lua",
+                "window_check(sliding_log, ",
+                "window_peek(sliding_log, ",
+                "window_charge(sliding_log, ",
+                "refund("
+            ),
+            sliding_window: operations!("sliding_counter", "sliding_window.lua", windows "sliding_window"),
+            calendar: operations!("calendar", "calendar.lua", windows "calendar"),
+            fixed_window: operations!("fixed_window", "fixed_window.lua", windows "fixed_window"),
             gcra_defer: script!(
                 "gcra_defer",
                 "gcra.lua",
@@ -183,5 +205,41 @@ mod tests {
         names.sort_unstable();
         names.dedup();
         assert_eq!(names.len(), 30);
+    }
+
+    /// The functions a script defines, in order.
+    fn functions(script: &LuaScript) -> Vec<&str> {
+        let defined = script.source.lines();
+        let defined = defined.filter_map(|line| line.strip_prefix("local function "));
+        defined.filter_map(|f| f.split('(').next()).collect()
+    }
+
+    #[test]
+    fn a_script_defines_what_its_call_reaches() {
+        let scripts = Scripts::new();
+        assert_eq!(functions(&scripts.lease_release), ["release"]);
+        assert_eq!(
+            functions(&scripts.gcra.check),
+            ["clock", "idiv", "decide", "peek", "check"]
+        );
+        assert_eq!(
+            functions(&scripts.fixed_window.refund),
+            [
+                "clock",
+                "idiv",
+                "counted",
+                "held_to_reset",
+                "put",
+                "window_refund",
+                "lists",
+                "read",
+                "verdicts",
+                "store"
+            ]
+        );
+        for script in scripts.all() {
+            let last = script.source.lines().last().unwrap_or_default();
+            assert!(last.starts_with("return "), "{}: {last}", script.name);
+        }
     }
 }
