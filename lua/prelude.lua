@@ -8,9 +8,8 @@
 -- files only define things at their top level (`local function`, `local
 -- name =`); what a script does is in the function that line calls, with
 -- everything it needs passed to it. Redis' Lua makes every function a
--- script defines anew on each call of the script, about 70 ns each, so a
--- script keeps only the definitions its line reaches
--- (src/store/redis/prune.rs).
+-- script defines anew on each call of the script, so a script keeps only
+-- the definitions its line reaches (src/store/redis/prune.rs).
 --
 -- Times are integral microseconds below 2^53, exact in Lua's doubles;
 -- stored values are formatted with %d to keep every digit.

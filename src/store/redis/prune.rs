@@ -1,8 +1,8 @@
 //! A script keeps only the top-level definitions its call reaches.
 //!
 //! Redis' Lua runs a script's whole text on every call, so each `local
-//! function` at its top level makes a closure every time, used or not
-//! (about 70 ns of Redis CPU each on a 2-core test machine). A script is
+//! function` at its top level makes a closure every time, used or not,
+//! and that costs Redis CPU on every call. A script is
 //! the prelude and one file of `lua/` (see `scripts.rs`), which between
 //! them define everything that file's operations need; one call reaches
 //! a part of it. [`prune`] drops the rest.
