@@ -48,7 +48,6 @@ fn done((): ()) -> Result<Answer, StoreError> {
 }
 
 // ------------------------------------------------------------------------
-// window (check), from the former window.rs.
 // The Redis store's window algorithms: one script per algorithm, one
 // round trip per decision, every key of one identity under one hash tag.
 // Calls that find the connection busy travel together in one script, as
@@ -194,7 +193,6 @@ pub(super) fn decode_window(reply: Value, limits: usize) -> Result<(Decision, u6
 }
 
 // ------------------------------------------------------------------------
-// adjust (peek, charge, refund), from the former adjust.rs.
 // Peek, charge and refund on Redis: one script per operation and
 // algorithm (see [`scripts`](super::scripts)), one round trip each, on
 // the same keys as the decision.
@@ -416,22 +414,23 @@ impl RedisStore {
             if let Some(cache) = &store.inner.deny {
                 cache.forget(policy.name(), &key);
             }
-            decode_refund(&reply?)
+            decode_count(&reply?, usize::MAX)
         })
     }
 }
 
-/// A refund script returns how much it gave back (limits moved for GCRA,
-/// units for the windows): a count, never negative.
-fn decode_refund(reply: &Value) -> Result<(), StoreError> {
+/// The reply of a script that returns a count of what it did, from 0 to
+/// `most`: a refund (how much it gave back: limits moved for GCRA, units
+/// for the windows, any count), a defer (limits moved) and a reset (keys
+/// that existed).
+fn decode_count(reply: &Value, most: usize) -> Result<(), StoreError> {
     match reply {
-        Value::Int(n) if *n >= 0 => Ok(()),
+        Value::Int(n) if usize::try_from(*n).is_ok_and(|n| n <= most) => Ok(()),
         _ => Err(StoreError::UnexpectedReply(format!("{reply:?}"))),
     }
 }
 
 // ------------------------------------------------------------------------
-// defer (defer), from the former defer.rs.
 // Upstream feedback on Redis: `defer` of `lua/gcra.lua`, one round trip.
 
 impl RedisStore {
@@ -467,7 +466,7 @@ impl RedisStore {
             let reply = store
                 .eval(&store.inner.scripts.gcra_defer, &keys, &args)
                 .await?;
-            decode_defer(&reply, count)
+            decode_count(&reply, count)
         })
     }
 }
@@ -478,16 +477,7 @@ pub(super) fn hold_key(tat_key: &str) -> String {
     crate::text::concat(&[tat_key, ":hold"])
 }
 
-/// The script returns how many limits it moved: 0 to `limits`.
-fn decode_defer(reply: &Value, limits: usize) -> Result<(), StoreError> {
-    match reply {
-        Value::Int(n) if usize::try_from(*n).is_ok_and(|n| n <= limits) => Ok(()),
-        _ => Err(StoreError::UnexpectedReply(format!("{reply:?}"))),
-    }
-}
-
 // ------------------------------------------------------------------------
-// reset (reset), from the former reset.rs.
 // Resetting one identity's state on Redis: `lua/reset.lua`, one round
 // trip that deletes every key the identity may hold under one name.
 
@@ -531,7 +521,7 @@ impl RedisStore {
             if let Some(cache) = &store.inner.deny {
                 cache.forget(&name, &key);
             }
-            decode_reset(&reply?, keys.len())?;
+            decode_count(&reply?, keys.len())?;
             if !store.inner.owed.is_empty() {
                 store.inner.owed.forget(&store.key_base(&name, &key));
             }
@@ -540,16 +530,8 @@ impl RedisStore {
     }
 }
 
-/// The script returns how many keys existed: 0 to all of them.
-fn decode_reset(reply: &Value, keys: usize) -> Result<(), StoreError> {
-    match reply {
-        Value::Int(n) if usize::try_from(*n).is_ok_and(|n| n <= keys) => Ok(()),
-        _ => Err(StoreError::UnexpectedReply(format!("{reply:?}"))),
-    }
-}
-
 #[cfg(test)]
-mod window_tests {
+mod tests {
     use super::*;
 
     #[test]
@@ -612,66 +594,25 @@ mod window_tests {
         assert_eq!(d.reset_of(0), Some(Duration::from_micros(9)));
         assert_eq!(hold, 4);
     }
-}
-
-#[cfg(test)]
-mod adjust_tests {
-    use super::*;
-
     #[test]
-    fn odd_refund_replies_are_errors() {
-        for reply in [
-            Value::Nil,
-            Value::Okay,
-            Value::Int(-1),
-            Value::Array(vec![Value::Int(1)]),
-            Value::BulkString(b"1".to_vec()),
-        ] {
-            assert!(decode_refund(&reply).is_err(), "{reply:?}");
+    fn odd_count_replies_are_errors() {
+        for most in [0, 2, 50, usize::MAX] {
+            for reply in [
+                Value::Nil,
+                Value::Okay,
+                Value::Int(-1),
+                Value::Array(vec![Value::Int(1)]),
+                Value::BulkString(b"1".to_vec()),
+            ] {
+                assert!(decode_count(&reply, most).is_err(), "{reply:?}");
+            }
+            assert!(decode_count(&Value::Int(0), most).is_ok());
+            assert!(decode_count(&Value::Int(most.min(7) as i64), most).is_ok());
         }
-        assert!(decode_refund(&Value::Int(0)).is_ok());
-        assert!(decode_refund(&Value::Int(7)).is_ok());
-    }
-}
-
-#[cfg(test)]
-mod defer_tests {
-    use super::*;
-
-    #[test]
-    fn odd_defer_replies_are_errors() {
-        for reply in [
-            Value::Nil,
-            Value::Okay,
-            Value::Int(-1),
-            Value::Int(3),
-            Value::Array(vec![Value::Int(1)]),
-            Value::BulkString(b"1".to_vec()),
-        ] {
-            assert!(decode_defer(&reply, 2).is_err(), "{reply:?}");
-        }
-        assert!(decode_defer(&Value::Int(0), 2).is_ok());
-        assert!(decode_defer(&Value::Int(2), 2).is_ok());
-    }
-}
-
-#[cfg(test)]
-mod reset_tests {
-    use super::*;
-
-    #[test]
-    fn odd_reset_replies_are_errors() {
-        for reply in [
-            Value::Nil,
-            Value::Okay,
-            Value::Int(-1),
-            Value::Int(51),
-            Value::Array(vec![Value::Int(1)]),
-            Value::BulkString(b"1".to_vec()),
-        ] {
-            assert!(decode_reset(&reply, 50).is_err(), "{reply:?}");
-        }
-        assert!(decode_reset(&Value::Int(0), 50).is_ok());
-        assert!(decode_reset(&Value::Int(50), 50).is_ok());
+        assert!(decode_count(&Value::Int(2), 2).is_ok());
+        assert!(decode_count(&Value::Int(50), 50).is_ok());
+        assert!(decode_count(&Value::Int(3), 2).is_err());
+        assert!(decode_count(&Value::Int(51), 50).is_err());
+        assert!(decode_count(&Value::Int(i64::MAX), usize::MAX).is_ok());
     }
 }
