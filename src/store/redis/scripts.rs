@@ -35,47 +35,28 @@ macro_rules! script {
 
 /// The scripts of the algorithm in `lua/<file>`, one per operation, each
 /// reading the clock: the check named `name`, the others
-/// `<name>_<operation>`. Each operation's call is `<op>(KEYS, ARGV, ...)`
-/// or, for a window algorithm, `window_<op>(<parts>, KEYS, ARGV, ...)`
-/// on the table of its parts (see lua/prelude.lua).
+/// `<name>_<operation>`. `call` makes each operation's call from its name:
+/// [`own`] or [`windowed`].
 macro_rules! operations {
-    ($name:literal, $file:literal, $check:expr, $peek:expr, $charge:expr, $refund:expr) => {
+    ($name:literal, $file:literal, $call:expr) => {
         Operations {
-            check: script!(
-                $name,
-                $file,
-                format!("{}KEYS, ARGV, clock(ARGV[1]))", $check)
-            ),
-            peek: script!(
-                concat!($name, "_peek"),
-                $file,
-                format!("{}KEYS, ARGV, clock(ARGV[1]))", $peek)
-            ),
-            charge: script!(
-                concat!($name, "_charge"),
-                $file,
-                format!("{}KEYS, ARGV, clock(ARGV[1]))", $charge)
-            ),
-            refund: script!(
-                concat!($name, "_refund"),
-                $file,
-                format!("{}KEYS, ARGV, clock(ARGV[1]))", $refund)
-            ),
+            check: script!($name, $file, $call("check")),
+            peek: script!(concat!($name, "_peek"), $file, $call("peek")),
+            charge: script!(concat!($name, "_charge"), $file, $call("charge")),
+            refund: script!(concat!($name, "_refund"), $file, $call("refund")),
         }
     };
-    ($name:literal, $file:literal) => {
-        operations!($name, $file, "check(", "peek(", "charge(", "refund(")
-    };
-    ($name:literal, $file:literal, windows $parts:literal) => {
-        operations!(
-            $name,
-            $file,
-            concat!("window_check(", $parts, ", "),
-            concat!("window_peek(", $parts, ", "),
-            concat!("window_charge(", $parts, ", "),
-            concat!("window_refund(", $parts, ", ")
-        )
-    };
+}
+
+/// The call of the operation `op` of the algorithm's own file.
+fn own(op: &str) -> String {
+    format!("{op}(KEYS, ARGV, clock(ARGV[1]))")
+}
+
+/// The call of the prelude's window operation `op` on the table of a
+/// window algorithm's parts, `parts` (see lua/prelude.lua).
+fn windowed(parts: &str) -> impl Fn(&str) -> String + '_ {
+    move |op| format!("window_{op}({parts}, KEYS, ARGV, clock(ARGV[1]))")
 }
 
 /// Every script the store runs.
@@ -112,35 +93,23 @@ impl Scripts {
     /// Every script, with load counts and metrics of this store's own.
     pub(super) fn new() -> Self {
         Scripts {
-            gcra: operations!("gcra", "gcra.lua"),
+            gcra: operations!("gcra", "gcra.lua", own),
             // The sliding log refunds with a function of its own.
-            sliding_log: operations!(
-                "sliding_log",
-                "sliding_log.lua",
-                "window_check(sliding_log, ",
-                "window_peek(sliding_log, ",
-                "window_charge(sliding_log, ",
-                "refund("
+            sliding_log: operations!("sliding_log", "sliding_log.lua", |op| match op {
+                "refund" => own(op),
+                _ => windowed("sliding_log")(op),
+            }),
+            sliding_window: operations!(
+                "sliding_counter",
+                "sliding_window.lua",
+                windowed("sliding_window")
             ),
-            sliding_window: operations!("sliding_counter", "sliding_window.lua", windows "sliding_window"),
-            calendar: operations!("calendar", "calendar.lua", windows "calendar"),
-            fixed_window: operations!("fixed_window", "fixed_window.lua", windows "fixed_window"),
-            gcra_defer: script!(
-                "gcra_defer",
-                "gcra.lua",
-                "defer(KEYS, ARGV, clock(ARGV[1]))"
-            ),
+            calendar: operations!("calendar", "calendar.lua", windowed("calendar")),
+            fixed_window: operations!("fixed_window", "fixed_window.lua", windowed("fixed_window")),
+            gcra_defer: script!("gcra_defer", "gcra.lua", own("defer")),
             reset: script!("reset", "reset.lua", "reset(KEYS, ARGV)"),
-            lease_acquire: script!(
-                "lease_acquire",
-                "lease.lua",
-                "acquire(KEYS, ARGV, clock(ARGV[1]))"
-            ),
-            lease_renew: script!(
-                "lease_renew",
-                "lease.lua",
-                "renew(KEYS, ARGV, clock(ARGV[1]))"
-            ),
+            lease_acquire: script!("lease_acquire", "lease.lua", own("acquire")),
+            lease_renew: script!("lease_renew", "lease.lua", own("renew")),
             lease_release: script!("lease_release", "lease.lua", "release(KEYS, ARGV)"),
             live_load: script!("live_load", "live.lua", "load(KEYS, ARGV)"),
             live_version: script!("live_version", "live.lua", "version(KEYS, ARGV)"),
