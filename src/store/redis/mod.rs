@@ -833,6 +833,11 @@ impl RedisStore {
 mod tests {
     use super::*;
 
+    /// A reply that is a list of integers.
+    pub(super) fn array(ints: &[i64]) -> Value {
+        Value::Array(ints.iter().copied().map(Value::Int).collect())
+    }
+
     #[test]
     fn hash_tags_are_never_empty_and_stay_distinct() {
         assert_eq!(hash_tag("ip:1.2.3.4"), "ip:1.2.3.4");
@@ -866,34 +871,10 @@ mod tests {
             Value::Okay,
             Value::Array(vec![Value::Int(1)]),
             Value::Array(vec![Value::Int(1); 6]),
-            Value::Array(vec![
-                Value::Int(2),
-                Value::Int(1),
-                Value::Int(0),
-                Value::Int(0),
-                Value::Int(0),
-            ]),
-            Value::Array(vec![
-                Value::Int(1),
-                Value::Int(0),
-                Value::Int(0),
-                Value::Int(0),
-                Value::Int(0),
-            ]),
-            Value::Array(vec![
-                Value::Int(1),
-                Value::Int(3),
-                Value::Int(0),
-                Value::Int(0),
-                Value::Int(0),
-            ]),
-            Value::Array(vec![
-                Value::Int(1),
-                Value::Int(1),
-                Value::Int(-1),
-                Value::Int(0),
-                Value::Int(0),
-            ]),
+            array(&[2, 1, 0, 0, 0]),
+            array(&[1, 0, 0, 0, 0]),
+            array(&[1, 3, 0, 0, 0]),
+            array(&[1, 1, -1, 0, 0]),
             Value::Array(vec![
                 Value::Int(1),
                 Value::Nil,
@@ -904,13 +885,7 @@ mod tests {
         ] {
             assert!(decode_gcra(&reply, 2).is_err(), "{reply:?}");
         }
-        let ok = Value::Array(vec![
-            Value::Int(0),
-            Value::Int(2),
-            Value::Int(0),
-            Value::Int(5),
-            Value::Int(7),
-        ]);
+        let ok = array(&[0, 2, 0, 5, 7]);
         let d = decode_gcra(&ok, 2).unwrap();
         assert!(!d.is_allowed());
         assert_eq!(d.limit_index(), 1);

@@ -532,6 +532,7 @@ impl RedisStore {
 
 #[cfg(test)]
 mod tests {
+    use super::super::tests::array;
     use super::*;
 
     #[test]
@@ -540,14 +541,7 @@ mod tests {
             Value::Nil,
             Value::Array(vec![]),
             Value::Array(vec![Value::Int(1); 5]),
-            Value::Array(vec![
-                Value::Int(1),
-                Value::Int(3),
-                Value::Int(0),
-                Value::Int(0),
-                Value::Int(0),
-                Value::Int(0),
-            ]),
+            array(&[1, 3, 0, 0, 0, 0]),
             Value::Array(vec![
                 Value::Int(0),
                 Value::Int(1),
@@ -557,36 +551,12 @@ mod tests {
                 Value::Int(0),
             ]),
             // No hold, or a hold that is not a count of microseconds.
-            Value::Array(vec![
-                Value::Int(0),
-                Value::Int(1),
-                Value::Int(0),
-                Value::Int(5),
-                Value::Int(5),
-            ]),
-            Value::Array(vec![
-                Value::Int(0),
-                Value::Int(1),
-                Value::Int(0),
-                Value::Int(5),
-                Value::Int(5),
-                Value::Int(-1),
-            ]),
+            array(&[0, 1, 0, 5, 5]),
+            array(&[0, 1, 0, 5, 5, -1]),
         ] {
             assert!(decode_window(reply.clone(), 1).is_err(), "{reply:?}");
         }
-        let ok = Value::Array(vec![
-            Value::Int(0),
-            Value::Int(2),
-            Value::Int(0),
-            Value::Int(5),
-            Value::Int(7),
-            Value::Int(1),
-            Value::Int(9),
-            Value::Int(0),
-            Value::Int(5),
-            Value::Int(4),
-        ]);
+        let ok = array(&[0, 2, 0, 5, 7, 1, 9, 0, 5, 4]);
         let (d, hold) = decode_window(ok, 2).unwrap();
         assert!(!d.is_allowed());
         assert_eq!(d.limit_index(), 1);
@@ -594,6 +564,7 @@ mod tests {
         assert_eq!(d.reset_of(0), Some(Duration::from_micros(9)));
         assert_eq!(hold, 4);
     }
+
     #[test]
     fn odd_count_replies_are_errors() {
         for most in [0, 2, 50, usize::MAX] {
