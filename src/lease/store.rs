@@ -66,12 +66,19 @@ impl StoreLease {
     }
 
     pub(crate) fn call(&self, capacity: u64) -> LeaseCall<'_> {
+        self.call_waiting(capacity, None)
+    }
+
+    /// An acquire by a caller that waits up to `wait` in a queue if it is
+    /// refused (see [`LeaseCall::wait`]).
+    pub(crate) fn call_waiting(&self, capacity: u64, wait: Option<Duration>) -> LeaseCall<'_> {
         LeaseCall {
             name: &self.name,
             key: &self.key,
             id: &self.id,
             capacity,
             ttl: self.ttl,
+            wait,
         }
     }
 }

@@ -31,11 +31,54 @@ pub struct LeaseCall<'a> {
     pub(crate) id: &'a LeaseId,
     pub(crate) capacity: u64,
     pub(crate) ttl: Duration,
+    /// On acquire: the caller waits in a queue this long at most if it is
+    /// refused, so releases of this set must be announced to it (Redis:
+    /// a refused acquire marks the set for that long, and a release of a
+    /// marked set is published; see [`ReleaseWatch`]). `None`: nobody
+    /// waits.
+    pub(crate) wait: Option<Duration>,
 }
 
 impl LeaseCall<'_> {
     pub(crate) fn ttl_us(&self) -> u64 {
         u64::try_from(self.ttl.as_micros()).unwrap_or(u64::MAX)
+    }
+}
+
+/// Told when a lease of one set (limit name and key) is released by any
+/// instance sharing the store: what a caller queued for a slot waits on,
+/// besides the releases of its own process. Made by
+/// `StoreOps::watch_releases`; dropping it ends the watch.
+pub struct ReleaseWatch {
+    notify: Arc<tokio::sync::Notify>,
+    /// Whatever keeps the watch registered with its store, until dropped.
+    _registration: Box<dyn Send + Sync>,
+}
+
+impl ReleaseWatch {
+    /// A watch that `notify` is told through (`notify_one`, so that a
+    /// release announced between two waits is not lost), registered for as
+    /// long as `registration` lives.
+    pub(crate) fn new(
+        notify: Arc<tokio::sync::Notify>,
+        registration: Box<dyn Send + Sync>,
+    ) -> Self {
+        ReleaseWatch {
+            notify,
+            _registration: registration,
+        }
+    }
+
+    /// Resolves at the next release announced since the last call (at once
+    /// if one was announced since then, or since the watch was made).
+    pub(crate) async fn released(&self) {
+        self.notify.notified().await;
+    }
+}
+
+impl fmt::Debug for ReleaseWatch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ReleaseWatch").finish_non_exhaustive()
     }
 }
 

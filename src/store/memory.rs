@@ -909,6 +909,7 @@ mod tests {
                     id: &id,
                     capacity: 1,
                     ttl: Duration::from_secs(30),
+                    wait: None,
                 };
                 let _ = store.lease(call, LeaseOp::Acquire).take_ready();
             }

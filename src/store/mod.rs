@@ -27,7 +27,7 @@ pub(crate) use self::call::{
     lease_held, micros, never,
 };
 pub use self::lease::LeaseGrant;
-pub(crate) use self::lease::{LeaseCall, LeaseId};
+pub(crate) use self::lease::{LeaseCall, LeaseId, ReleaseWatch};
 pub use self::memory::{MemoryStore, MemoryStoreBuilder, MemoryStoreStats};
 #[cfg(feature = "redis")]
 pub use self::redis::DenyCacheStats;
@@ -97,6 +97,18 @@ mod sealed {
         /// deny cache), so that the next calls go to the store; stores that
         /// remember none do nothing.
         fn forget_denials(&self) {}
+
+        /// Watches the releases of `(name, key)`'s leases made by other
+        /// instances, for a caller queued for a slot. The future resolves
+        /// once the watch is live (a release announced after that reaches
+        /// it), or fails if the store cannot watch now: the caller then
+        /// waits for its own process's releases, the oldest lease's expiry
+        /// or its deadline. `None` where every release is made in this
+        /// process (the memory store).
+        fn watch_releases(&self, name: &str, key: &Key) -> Option<StoreFuture<ReleaseWatch>> {
+            let _ = (name, key);
+            None
+        }
     }
 }
 
