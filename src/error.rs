@@ -217,6 +217,20 @@ pub enum ConfigError {
         /// The name given.
         name: String,
     },
+    /// An [`AdaptiveLimit`](crate::concurrency::AdaptiveLimit) whose
+    /// settings make no sense.
+    #[error("invalid adaptive limit: {detail}")]
+    AdaptiveLimit {
+        /// What is wrong.
+        detail: String,
+    },
+    /// A [`WaitQueue`](crate::concurrency::WaitQueue) of no room or no
+    /// time, or past its bounds.
+    #[error("invalid wait queue: {detail}")]
+    WaitQueue {
+        /// What is wrong.
+        detail: String,
+    },
     /// A concurrency limit of zero requests in flight: nothing could pass.
     #[error("a concurrency limit must allow at least one request in flight")]
     ZeroInFlight,

@@ -9,6 +9,12 @@
 //! | `fleetgate_shed_in_flight` | gauge | `layer`, `policy`, `tier` | load shedders: this process's requests of the tier in flight |
 //! | `fleetgate_shed_fraction` | gauge | `layer`, `policy`, `tier` | load shedders: how much of the tier is shed now, 0 to 1: `utilization_shed`, the drop probability; `fleet_shed`, the share of this process's recent requests of the tier shed (each weighing `e^(−age/10 s)`; it holds while none come) |
 //! | `fleetgate_shed_total` | counter | `layer`, `policy`, `tier` | load shedders: requests of the tier shed (by the fleet shedder's local fallback too) |
+//! | `fleetgate_concurrency_limit` | gauge | `policy` | adaptive concurrency limits: the limit enforced now (set as it moves) |
+//! | `fleetgate_concurrency_min_rtt_seconds` | gauge | `policy` | adaptive concurrency limits: the minimum RTT measured |
+//! | `fleetgate_concurrency_gradient` | gauge | `policy` | Gradient2 limits: the last sampling window's gradient (below 1: the service queues) |
+//! | `fleetgate_concurrency_queue_waiting` | gauge | `policy` | concurrency limits with a wait queue: callers waiting now in this process |
+//! | `fleetgate_concurrency_queue_total` | counter | `policy`, `result` | callers that left a wait queue: `admitted`, `timed_out`, `overflowed` (refused for a full queue) |
+//! | `fleetgate_concurrency_queue_wait_seconds` | histogram | `policy` | how long the admitted callers waited |
 //! | `fleetgate_store_duration_seconds` | histogram | `store`, `op` | one Redis round trip, timeouts and errors included |
 //! | `fleetgate_store_errors_total` | counter | `store`, `op`, `error` | Redis calls that failed: `timeout`, `redis`, `reply` |
 //! | `fleetgate_memory_evictions_total` | counter | `state` | [`MemoryStore`](crate::MemoryStore): live entries evicted to stay within its bound; `state` is `gcra` or `window` |
@@ -126,6 +132,69 @@ impl LayerMetrics {
     #[inline]
     pub(crate) fn denied(&self, key: &crate::Key) {
         self.observed.denied(key);
+    }
+}
+
+/// An adaptive limit's and a wait queue's gauges, resolved per event: a
+/// limit moves a few times a second, and queue events are a refused
+/// caller's, not every request's.
+#[derive(Clone, Debug)]
+pub(crate) struct LimitMetrics {
+    #[cfg(feature = "metrics")]
+    policy: Arc<str>,
+}
+
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+impl LimitMetrics {
+    pub(crate) fn new(policy: Arc<str>) -> Self {
+        LimitMetrics {
+            #[cfg(feature = "metrics")]
+            policy,
+        }
+    }
+
+    /// Where an adaptive limit is now.
+    pub(crate) fn adaptive(&self, limit: u64, min_rtt: Option<Duration>, gradient: Option<f64>) {
+        #[cfg(feature = "metrics")]
+        {
+            let policy = self.policy.clone();
+            ::metrics::gauge!("fleetgate_concurrency_limit", "policy" => policy.clone())
+                .set(limit as f64);
+            if let Some(rtt) = min_rtt {
+                ::metrics::gauge!("fleetgate_concurrency_min_rtt_seconds", "policy" => policy.clone())
+                    .set(rtt.as_secs_f64());
+            }
+            if let Some(gradient) = gradient {
+                ::metrics::gauge!("fleetgate_concurrency_gradient", "policy" => policy)
+                    .set(gradient);
+            }
+        }
+    }
+
+    /// A caller joined (`1`) or left (`-1`) a wait queue.
+    pub(crate) fn queue_waiting(&self, delta: f64) {
+        #[cfg(feature = "metrics")]
+        ::metrics::gauge!("fleetgate_concurrency_queue_waiting", "policy" => self.policy.clone())
+            .increment(delta);
+    }
+
+    /// A caller left the queue with `result` (`admitted`, `timed_out`,
+    /// `overflowed`), having waited `waited` if admitted.
+    pub(crate) fn queue_left(&self, result: &'static str, waited: Option<Duration>) {
+        #[cfg(feature = "metrics")]
+        {
+            let policy = self.policy.clone();
+            ::metrics::counter!(
+                "fleetgate_concurrency_queue_total",
+                "policy" => policy.clone(),
+                "result" => result,
+            )
+            .increment(1);
+            if let Some(waited) = waited {
+                ::metrics::histogram!("fleetgate_concurrency_queue_wait_seconds", "policy" => policy)
+                    .record(waited.as_secs_f64());
+            }
+        }
     }
 }
 

@@ -110,6 +110,65 @@ pub struct PolicySnapshot {
     pub capacity: Option<u64>,
     /// Load shedders: each tier, least important last.
     pub tiers: Vec<TierShare>,
+    /// Adaptive concurrency limits: where the limit is (of the layer built
+    /// last); `capacity` is then its current value.
+    pub adaptive: Option<AdaptiveState>,
+    /// Concurrency limits with a wait queue: its state (of the layer
+    /// built last).
+    pub queue: Option<QueueState>,
+}
+
+/// Where an adaptive concurrency limit is: see
+/// [`ConcurrencyLimiter::adaptive_state`](crate::concurrency::ConcurrencyLimiter::adaptive_state).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[non_exhaustive]
+pub struct AdaptiveState {
+    /// `gradient2` or `aimd`.
+    pub algorithm: &'static str,
+    /// The limit enforced now.
+    pub limit: u64,
+    /// Calls admitted and not yet answered.
+    pub in_flight: u64,
+    /// The minimum RTT in microseconds: measured by probing (Gradient2),
+    /// the fastest success seen (AIMD); `None` until measured.
+    pub min_rtt_us: Option<u64>,
+    /// The last sampling window's gradient (Gradient2): below 1 the
+    /// service queues, from 1 up it does not.
+    pub gradient: Option<f64>,
+    /// Whether the minimum RTT is being measured now (the limit is then at
+    /// its minimum).
+    pub probing: bool,
+}
+
+/// A concurrency limit's wait queue: see
+/// [`ConcurrencyLimiter::queue_state`](crate::concurrency::ConcurrencyLimiter::queue_state).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[non_exhaustive]
+pub struct QueueState {
+    /// Callers waiting now.
+    pub waiting: usize,
+    /// Callers that got a slot after waiting, so far.
+    pub admitted: u64,
+    /// Callers refused after waiting the longest wait, so far.
+    pub timed_out: u64,
+    /// Callers refused because the queue was full, so far: newcomers
+    /// (FIFO) or the oldest callers they displaced (LIFO).
+    pub overflowed: u64,
+    /// The time the admitted callers waited, in all, in microseconds.
+    pub waited_us: u64,
+}
+
+/// Where a concurrency limit's current state is read from, at snapshot
+/// time (registered weakly, as a [`ShedSource`] is).
+pub(crate) trait LimitSource: Send + Sync {
+    /// The limit per identity now.
+    fn limit(&self) -> u64;
+    /// The adaptive limit's state, if it adapts.
+    fn adaptive(&self) -> Option<AdaptiveState>;
+    /// The wait queue's state, if there is one.
+    fn queue(&self) -> Option<QueueState>;
 }
 
 /// Decisions by outcome (the `outcome` label of
@@ -311,6 +370,8 @@ pub(crate) struct PolicyStats {
     /// (a concurrency policy admits at least 1).
     capacity: AtomicU64,
     shed: Mutex<Vec<Weak<dyn ShedSource>>>,
+    /// The concurrency layer built last, read at snapshot time.
+    limit: Mutex<Option<Weak<dyn LimitSource>>>,
 }
 
 impl std::fmt::Debug for PolicyStats {
@@ -342,6 +403,7 @@ impl PolicyStats {
             leases_in_use: AtomicU64::new(0),
             capacity: AtomicU64::new(0),
             shed: Mutex::new(Vec::new()),
+            limit: Mutex::new(None),
         });
         registry.push(stats.clone());
         stats
@@ -375,6 +437,11 @@ impl PolicyStats {
     /// A concurrency policy whose identities may each hold `capacity`.
     pub(crate) fn leases(&self, capacity: u64) {
         self.capacity.store(capacity, Ordering::Relaxed);
+    }
+
+    /// A concurrency layer's limit, read while it lives (the last built).
+    pub(crate) fn limit_source(&self, source: Weak<dyn LimitSource>) {
+        *lock(&self.limit) = Some(source);
     }
 
     /// A shedder layer's settings, read while they live (forgotten once
@@ -468,6 +535,12 @@ impl PolicyStats {
         top.sort_unstable_by(|a, b| b.denials.cmp(&a.denials).then(a.identity.cmp(&b.identity)));
         top.truncate(TOP);
         to.top_denied = top;
+        let source = lock(&self.limit).as_ref().and_then(Weak::upgrade);
+        if let Some(source) = source {
+            to.capacity = Some(source.limit());
+            to.adaptive = source.adaptive();
+            to.queue = source.queue();
+        }
         if let Some((tiers, capacity)) = self.shed_state() {
             to.tiers = tiers;
             to.capacity = capacity;

@@ -13,6 +13,7 @@ use http::Response;
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
+use super::adaptive::{AdaptiveCall, Verdict};
 use super::{Acquire, Admission, ConcurrencyBody};
 use crate::error::BoxError;
 use crate::error::StoreError;
@@ -48,6 +49,16 @@ pub(crate) trait Gate: Answer {
     ) -> Result<Admission, StoreError>
     where
         Self: Sized;
+
+    /// Starts measuring an admitted call, for a gate whose limit adapts.
+    fn measure(&self) -> Option<AdaptiveCall> {
+        None
+    }
+
+    /// A measured call was answered.
+    fn measured(&self, call: AdaptiveCall, verdict: Verdict) {
+        let _ = (call, verdict);
+    }
 }
 
 pin_project! {
@@ -63,6 +74,9 @@ pin_project! {
         #[pin]
         state: State<S, Req, G::Refusal>,
         gate: Arc<G>,
+        // An admitted call being measured for an adaptive limit; dropped
+        // unanswered (cancelled), it is no sample.
+        measuring: Option<AdaptiveCall>,
     }
 }
 
@@ -111,7 +125,12 @@ impl<S: Service<Req>, Req, G: Gate> Admitting<S, Req, G> {
         if let Some(result) = acquire.take_ready() {
             let result = G::fall_back(&mut gate, result, key.as_ref());
             return match gate.admit(result, None, key.as_ref()) {
-                Ok(guard) => Self::calling(gate, inner.call(req), guard),
+                Ok(guard) => {
+                    let measuring = guard.as_ref().and_then(|_| gate.measure());
+                    let mut admitting = Self::calling(gate, inner.call(req), guard);
+                    admitting.measuring = measuring;
+                    admitting
+                }
                 Err(refusal) => Self::rejected(gate, refusal),
             };
         }
@@ -148,7 +167,11 @@ impl<S: Service<Req>, Req, G: Gate> Admitting<S, Req, G> {
     }
 
     fn with_state(gate: Arc<G>, state: State<S, Req, G::Refusal>) -> Self {
-        Admitting { state, gate }
+        Admitting {
+            state,
+            gate,
+            measuring: None,
+        }
     }
 
     /// The layer's settings, to answer the outcome with.
@@ -176,6 +199,9 @@ impl<S: Service<Req>, Req, G: Gate> Admitting<S, Req, G> {
                     match (decided, inner.take(), req.take()) {
                         (Err(refusal), _, _) => Outcome::Rejected(refusal),
                         (Ok(guard), Some(mut inner), Some(req)) => {
+                            if guard.is_some() {
+                                *this.measuring = this.gate.measure();
+                            }
                             let fut = inner.call(req);
                             this.state.set(State::Calling { fut, guard });
                             continue;
@@ -207,7 +233,22 @@ impl<S: Service<Req>, Req, G: Gate> Admitting<S, Req, G> {
         S: Service<Req, Response = Response<B>>,
     {
         let outcome = ready!(self.as_mut().poll_outcome(cx));
+        if let Outcome::Passed(result, _) = &outcome {
+            let verdict = match result {
+                Ok(response) => Verdict::of_status(response.status()),
+                Err(_) => Verdict::Failed,
+            };
+            self.as_mut().measured(verdict);
+        }
         Poll::Ready(outcome.into_http(self.gate()))
+    }
+
+    /// The call was answered: gives its measurement to the gate.
+    fn measured(self: Pin<&mut Self>, verdict: Verdict) {
+        let this = self.project();
+        if let Some(call) = this.measuring.take() {
+            this.gate.measured(call, verdict);
+        }
     }
 
     /// [`poll_outcome`](Self::poll_outcome), answered in typed-error mode.
@@ -219,6 +260,13 @@ impl<S: Service<Req>, Req, G: Gate> Admitting<S, Req, G> {
         S::Error: Into<BoxError>,
     {
         let outcome = ready!(self.as_mut().poll_outcome(cx));
+        if let Outcome::Passed(result, _) = &outcome {
+            let verdict = match result {
+                Ok(_) => Verdict::Succeeded,
+                Err(_) => Verdict::Failed,
+            };
+            self.as_mut().measured(verdict);
+        }
         Poll::Ready(outcome.into_typed(self.gate()))
     }
 }

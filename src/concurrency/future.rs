@@ -11,6 +11,7 @@ use http::Response;
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
+use super::adaptive::{AdaptiveCall, Verdict};
 use super::{Admission, ConcurrencyBody, ConcurrencyRejectionKind, ConcurrencySettings};
 use super::{Admitting, Gate};
 use crate::error::BoxError;
@@ -108,5 +109,13 @@ impl Gate for ConcurrencySettings {
         key: Option<&Key>,
     ) -> Result<Admission, StoreError> {
         ConcurrencySettings::fall_back(settings, result, key)
+    }
+
+    fn measure(&self) -> Option<AdaptiveCall> {
+        self.limiter.measure()
+    }
+
+    fn measured(&self, call: AdaptiveCall, verdict: Verdict) {
+        self.limiter.measured(call, verdict);
     }
 }

@@ -15,6 +15,7 @@ use crate::error::ConfigError;
 use crate::key::PeerIp;
 use crate::layer::{FailurePolicy, OnMissingKey, mode};
 use crate::metrics::LayerMetrics;
+use crate::observe::LimitSource;
 use crate::store::MemoryStore;
 
 /// Caps the requests in flight per identity with a [`ConcurrencyLimiter`].
@@ -235,6 +236,11 @@ impl<S, K: Clone, M> Layer<S> for ConcurrencyLimitLayer<K, M> {
             .as_ref()
             .map(|local| self.settings(local.clone(), metrics.clone(), None, true));
         let settings = self.settings(self.limiter.clone(), metrics, fallback, false);
+        let source: Arc<dyn LimitSource> = settings.clone();
+        settings
+            .metrics
+            .observed()
+            .limit_source(Arc::downgrade(&source));
         ConcurrencyLimit::new(
             inner,
             Arc::new(ConcurrencyParts {

@@ -6,11 +6,14 @@ use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
 use super::ConcurrencyPolicy;
-use crate::error::StoreError;
+use super::adaptive::{Adaptive, AdaptiveCall, AdaptiveLimit, AdaptiveState, Verdict};
+use super::queue::{QueueState, Ticket, WaitQueue, Waiters, Wake};
+use crate::error::{ConfigError, StoreError};
 use crate::key::Key;
-use crate::lease::{LeaseGuard, Pending, Renewer, StoreLease};
+use crate::lease::{LeaseGuard, OnRelease, Pending, Renewer, StoreLease};
 use crate::limiter::IntoStore;
-use crate::store::{self, LeaseGrant, Store, StoreFuture};
+use crate::metrics::LimitMetrics;
+use crate::store::{self, LeaseCall, LeaseGrant, LeaseId, MemoryStore, Store, StoreFuture};
 
 /// A [`ConcurrencyPolicy`] bound to a [`Store`]: takes leases, one store
 /// round trip each, and hands them out in [`LeaseGuard`]s that give them
@@ -24,6 +27,10 @@ pub struct ConcurrencyLimiter {
     store: Arc<dyn Store>,
     pending: Arc<Pending>,
     renewer: Option<Renewer<StoreLease>>,
+    /// An adaptive limit in place of the policy's maximum.
+    adaptive: Option<Arc<Adaptive>>,
+    /// Callers waiting for a slot, and what a release tells them.
+    queue: Option<(Arc<Waiters>, OnRelease)>,
 }
 
 /// The outcome of [`ConcurrencyLimiter::acquire`].
@@ -44,6 +51,99 @@ impl ConcurrencyLimiter {
             policy,
             store: store.into_store(),
             pending: Arc::default(),
+            adaptive: None,
+            queue: None,
+        }
+    }
+
+    /// An adaptive limit named `name` (part of metric labels and storage
+    /// keys: `[A-Za-z0-9-_./:]`, at most 64 bytes): the maximum in flight
+    /// follows the latency of the calls it admits, between the limit's
+    /// `min` and `max` (see [`AdaptiveLimit`]). It is this process's own
+    /// (an in-process store, no round trip per call), and caps each key
+    /// at the current limit; leases live 30 s unless renewed, renewed
+    /// every 10 s, as [`ConcurrencyPolicy::new`]'s do.
+    ///
+    /// ```
+    /// use fleetgate::concurrency::{AdaptiveLimit, ConcurrencyLimiter};
+    ///
+    /// let limit = AdaptiveLimit::gradient2().min(2).max(100).initial(8).build()?;
+    /// let limiter = ConcurrencyLimiter::adaptive("backend", limit)?;
+    /// assert_eq!(limiter.limit(), 2); // measuring the minimum RTT first
+    /// # Ok::<(), fleetgate::ConfigError>(())
+    /// ```
+    pub fn adaptive(name: impl Into<String>, limit: AdaptiveLimit) -> Result<Self, ConfigError> {
+        let policy = ConcurrencyPolicy::new(name, limit.max())?;
+        let mut limiter = ConcurrencyLimiter::new(policy, MemoryStore::new());
+        let metrics = LimitMetrics::new(limiter.policy.name_arc());
+        limiter.adaptive = Some(Adaptive::new(limit, metrics));
+        Ok(limiter)
+    }
+
+    /// Lets a call that finds every slot taken wait for one, as `queue`
+    /// says ([`WaitQueue`]: order, length, longest wait). Waiting needs a
+    /// tokio runtime with timers.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use fleetgate::concurrency::{Admission, ConcurrencyLimiter, ConcurrencyPolicy, WaitQueue};
+    /// use fleetgate::{Key, MemoryStore};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let policy = ConcurrencyPolicy::new("jobs", 1)?;
+    /// let limiter = ConcurrencyLimiter::new(policy, MemoryStore::new())
+    ///     .queue(WaitQueue::fifo(8, Duration::from_secs(5))?);
+    /// let who = Key::new("tenant:acme");
+    /// let Admission::Acquired(first) = limiter.acquire(&who).await? else { unreachable!() };
+    /// let second = tokio::spawn({
+    ///     let (limiter, who) = (limiter.clone(), who.clone());
+    ///     async move { limiter.acquire(&who).await }
+    /// });
+    /// drop(first); // the waiting call gets the slot
+    /// assert!(matches!(second.await??, Admission::Acquired(_)));
+    /// # Ok(()) }
+    /// ```
+    pub fn queue(mut self, queue: WaitQueue) -> Self {
+        let waiters = Waiters::new(queue, LimitMetrics::new(self.policy.name_arc()));
+        let told = waiters.clone();
+        self.queue = Some((waiters, Arc::new(move |key: &Key| told.released(key))));
+        self
+    }
+
+    /// The maximum in flight per key now: the adaptive limit's current
+    /// value, or the policy's maximum.
+    pub fn limit(&self) -> u64 {
+        match &self.adaptive {
+            Some(adaptive) => adaptive.limit(),
+            None => self.policy.max_in_flight(),
+        }
+    }
+
+    /// Where the adaptive limit is (`None` for a fixed limit).
+    pub fn adaptive_state(&self) -> Option<AdaptiveState> {
+        self.adaptive.as_ref().map(|a| a.state())
+    }
+
+    /// The queue's state (`None` without one).
+    pub fn queue_state(&self) -> Option<QueueState> {
+        self.queue.as_ref().map(|(w, _)| w.state())
+    }
+
+    /// Starts measuring a call admitted under an adaptive limit (`None`
+    /// for a fixed one).
+    pub(crate) fn measure(&self) -> Option<AdaptiveCall> {
+        self.adaptive.as_ref().map(|a| a.start())
+    }
+
+    /// A measured call was answered: takes its sample, and wakes as many
+    /// queued callers as the limit rose by.
+    pub(crate) fn measured(&self, call: AdaptiveCall, verdict: Verdict) {
+        let rose = call.finish(verdict);
+        if rose > 0
+            && let Some((waiters, _)) = &self.queue
+        {
+            waiters.raised(rose);
         }
     }
 
@@ -66,22 +166,42 @@ impl ConcurrencyLimiter {
     /// returned future is dropped mid-way or the store fails after the
     /// request was sent, the lease that may have been recorded is released
     /// again rather than held until its TTL.
+    ///
+    /// With a [`queue`](Self::queue), a call refused for want of a slot
+    /// waits in it for one (see [`WaitQueue`]) before it resolves.
     pub fn acquire(&self, key: &Key) -> Acquire {
-        self.acquire_up_to(key, self.policy.max_in_flight())
+        let capacity = match &self.adaptive {
+            Some(adaptive) => Capacity::Adaptive(adaptive.clone()),
+            None => Capacity::Fixed(self.policy.max_in_flight()),
+        };
+        self.acquire_with(key, capacity)
     }
 
     /// [`acquire`](Self::acquire) with a capacity other than the policy's:
     /// the fleet load shedder admits each tier up to its own share of one
     /// lease set.
     pub(crate) fn acquire_up_to(&self, key: &Key, capacity: u64) -> Acquire {
+        self.acquire_with(key, Capacity::Fixed(capacity))
+    }
+
+    fn acquire_with(&self, key: &Key, capacity: Capacity) -> Acquire {
         let lease = StoreLease::new(
             self.store.clone(),
             self.policy.name_arc(),
             key.clone(),
             self.policy.lease_ttl(),
             self.pending.clone(),
-        );
-        let mut grant = store::lease_acquire(&*self.store, lease.call(capacity));
+        )
+        .on_release(self.queue.as_ref().map(|(_, told)| told.clone()));
+        // Asking for no room is asking how many are in flight: it never
+        // waits.
+        let queue = match &self.queue {
+            Some((waiters, _)) if capacity.get() > 0 => Some(waiters.clone()),
+            _ => None,
+        };
+        let wait = queue.as_ref().map(|w| w.config().max_wait());
+        let mut grant =
+            store::lease_acquire(&*self.store, lease.call_waiting(capacity.get(), wait));
         // A store that decided at once has recorded the lease already.
         let sent = match grant.take_ready() {
             Some(result) => {
@@ -90,12 +210,24 @@ impl ConcurrencyLimiter {
             }
             None => false,
         };
-        Acquire {
+        let mut acquire = Acquire {
             grant,
             guard: Some(LeaseGuard::new(lease)),
             sent,
             renewer: self.renewer.clone(),
+            queue: queue.map(|waiters| (waiters, capacity)),
+            waiting: None,
+        };
+        // Refused at once (the memory store): the wait starts now, and
+        // `take_ready` answers only when it is over.
+        match acquire.grant.take_ready() {
+            Some(Ok(grant)) if !grant.is_acquired() && acquire.queue.is_some() => {
+                acquire.wait_for_slot(grant);
+            }
+            Some(result) => acquire.grant = StoreFuture::ready(result),
+            None => {}
         }
+        acquire
     }
 
     /// Drops every lease `key` holds under this limiter's policy, fleet-wide
@@ -183,8 +315,28 @@ impl fmt::Debug for ConcurrencyLimiter {
     }
 }
 
+/// What a queued acquire asks for: the current adaptive limit, or a
+/// fixed number.
+#[derive(Clone, Debug)]
+enum Capacity {
+    Fixed(u64),
+    Adaptive(Arc<Adaptive>),
+}
+
+impl Capacity {
+    fn get(&self) -> u64 {
+        match self {
+            Capacity::Fixed(n) => *n,
+            Capacity::Adaptive(adaptive) => adaptive.limit(),
+        }
+    }
+}
+
+type Waiting = Pin<Box<dyn Future<Output = Result<LeaseGrant, StoreError>> + Send>>;
+
 /// The future of [`ConcurrencyLimiter::acquire`]. Dropped before it
-/// resolves, it releases the lease it may have taken.
+/// resolves, it releases the lease it may have taken, and leaves the
+/// queue it waits in.
 #[must_use = "futures do nothing unless polled"]
 pub struct Acquire {
     grant: StoreFuture<LeaseGrant>,
@@ -196,20 +348,50 @@ pub struct Acquire {
     /// before that.
     sent: bool,
     renewer: Option<Renewer<StoreLease>>,
+    /// With a queue: where to wait if refused, and for how much room.
+    queue: Option<(Arc<Waiters>, Capacity)>,
+    /// Refused, waiting in the queue for a slot.
+    waiting: Option<Waiting>,
 }
 
 impl Acquire {
     /// The outcome, if the store has decided already (the memory store
-    /// always has); the future is then spent.
+    /// always has, unless the call waits in a queue); the future is then
+    /// spent.
     pub fn take_ready(&mut self) -> Option<Result<Admission, StoreError>> {
+        if self.waiting.is_some() {
+            return None;
+        }
         let result = self.grant.take_ready()?;
         Some(self.finish(result))
     }
 
-    /// How long the store took to answer, once it has (see
-    /// [`StoreFuture::latency`]).
+    /// How long the store took to answer its first call, once it has
+    /// (see [`StoreFuture::latency`]): a wait in the queue is not the
+    /// store's.
     pub fn latency(&self) -> Option<Duration> {
         self.grant.latency()
+    }
+
+    /// Refused: waits in the queue for a slot, if there is one.
+    fn wait_for_slot(&mut self, first: LeaseGrant) {
+        let (Some((waiters, capacity)), Some(lease)) = (
+            self.queue.take(),
+            self.guard.as_ref().and_then(|g| g.lease()),
+        ) else {
+            self.grant = StoreFuture::ready(Ok(first));
+            return;
+        };
+        let attempt = Attempt {
+            store: lease.store().clone(),
+            name: Arc::from(lease.name()),
+            key: lease.key().clone(),
+            id: lease.id().clone(),
+            ttl: lease.ttl(),
+            capacity,
+            wait: waiters.config().max_wait(),
+        };
+        self.waiting = Some(Box::pin(attempt.queued(waiters, first)));
     }
 
     fn finish(&mut self, result: Result<LeaseGrant, StoreError>) -> Result<Admission, StoreError> {
@@ -240,8 +422,20 @@ impl Future for Acquire {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
         this.sent = true;
-        let result = ready!(Pin::new(&mut this.grant).poll(cx));
-        Poll::Ready(this.finish(result))
+        loop {
+            if let Some(waiting) = &mut this.waiting {
+                let result = ready!(waiting.as_mut().poll(cx));
+                this.waiting = None;
+                return Poll::Ready(this.finish(result));
+            }
+            let result = ready!(Pin::new(&mut this.grant).poll(cx));
+            match result {
+                Ok(grant) if !grant.is_acquired() && this.queue.is_some() => {
+                    this.wait_for_slot(grant);
+                }
+                result => return Poll::Ready(this.finish(result)),
+            }
+        }
     }
 }
 
@@ -253,6 +447,106 @@ impl Drop for Acquire {
             guard.disarm();
         }
     }
+}
+
+/// One caller's acquires while it waits in a queue: the same lease id
+/// each time (a refused acquire records nothing).
+struct Attempt {
+    store: Arc<dyn Store>,
+    name: Arc<str>,
+    key: Key,
+    id: LeaseId,
+    ttl: Duration,
+    capacity: Capacity,
+    wait: Duration,
+}
+
+impl Attempt {
+    async fn once(&self) -> Result<LeaseGrant, StoreError> {
+        let call = LeaseCall {
+            name: &self.name,
+            key: &self.key,
+            id: &self.id,
+            capacity: self.capacity.get(),
+            ttl: self.ttl,
+            wait: Some(self.wait),
+        };
+        store::lease_acquire(&*self.store, call).await
+    }
+
+    /// Waits in `waiters` for a slot, having been refused `first`: tries
+    /// again whenever one may have freed up, until the longest wait has
+    /// passed. Resolves with the last grant: acquired, or refused.
+    async fn queued(
+        self,
+        waiters: Arc<Waiters>,
+        first: LeaseGrant,
+    ) -> Result<LeaseGrant, StoreError> {
+        let started = tokio::time::Instant::now();
+        let deadline = started + self.wait;
+        let Some(ticket) = waiters.enter(&self.key) else {
+            return Ok(first);
+        };
+        // Releases by other instances; without a watch (the store cannot
+        // watch now), the caller still hears its own process's releases
+        // and the oldest lease's expiry.
+        let watch = match self.store.watch_releases(&self.name, &self.key) {
+            Some(watch) => tokio::time::timeout_at(deadline, watch)
+                .await
+                .ok()
+                .and_then(Result::ok),
+            None => None,
+        };
+        loop {
+            // Once right after joining the queue: a release between the
+            // refusal and now told nobody.
+            let grant = self.once().await?;
+            if grant.is_acquired() {
+                ticket.admitted(started.elapsed());
+                return Ok(grant);
+            }
+            let now = tokio::time::Instant::now();
+            if now >= deadline {
+                ticket.timed_out();
+                return Ok(grant);
+            }
+            // A lease whose holder vanished frees its slot when it expires.
+            let retry_at = grant
+                .oldest_expires_in()
+                .map_or(deadline, |after| (now + after).min(deadline));
+            if woken(&ticket, watch.as_ref(), retry_at).await == Wake::Displaced {
+                return Ok(grant);
+            }
+        }
+    }
+}
+
+/// Resolves when the queue says so, a release elsewhere is announced, or
+/// at `at`.
+async fn woken(
+    ticket: &Ticket,
+    watch: Option<&store::ReleaseWatch>,
+    at: tokio::time::Instant,
+) -> Wake {
+    let sleep = tokio::time::sleep_until(at);
+    let released = async {
+        match watch {
+            Some(watch) => watch.released().await,
+            None => std::future::pending().await,
+        }
+    };
+    let mut sleep = std::pin::pin!(sleep);
+    let mut released = std::pin::pin!(released);
+    std::future::poll_fn(|cx| {
+        if let Poll::Ready(wake) = ticket.poll_wake(cx) {
+            return Poll::Ready(wake);
+        }
+        if released.as_mut().poll(cx).is_ready() || sleep.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(Wake::Retry);
+        }
+        Poll::Pending
+    })
+    .await
 }
 
 impl fmt::Debug for Acquire {

@@ -71,12 +71,14 @@
 //! `Router::layer` to limit everything that reaches the router. Every
 //! service clone axum makes shares one limit: the state is in the store.
 
+mod adaptive;
 mod admit;
 mod error;
 mod future;
 mod layer;
 mod limiter;
 mod policy;
+mod queue;
 mod rejection;
 mod service;
 
@@ -86,10 +88,12 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{Response, StatusCode};
 
+pub use self::adaptive::{AdaptiveLimit, AdaptiveLimitBuilder, AdaptiveState};
 pub use self::error::ConcurrencyLimitError;
 pub use self::layer::ConcurrencyLimitLayer;
 pub use self::limiter::{Admission, ConcurrencyLimiter};
 pub use self::policy::{ConcurrencyPolicy, ConcurrencyPolicyBuilder};
+pub use self::queue::{QueueOrder, QueueState, WaitQueue};
 pub use self::rejection::{ConcurrencyRejection, ConcurrencyRejectionKind};
 pub use self::service::ConcurrencyLimit;
 
@@ -103,6 +107,7 @@ use crate::layer::{FailurePolicy, OnMissingKey, fall_back_locally, log_store_fai
 use crate::lease::{GuardedBody, LeaseGuard, StoreLease};
 use crate::log::{decision_span, warn_missing_key};
 use crate::metrics::LayerMetrics;
+use crate::observe::LimitSource;
 use crate::outcome::Outcome;
 use crate::response::ResponseBody;
 
@@ -251,5 +256,19 @@ impl ConcurrencySettings {
                 ConcurrencyLimitError::Unavailable(err.to_string())
             }
         }
+    }
+}
+
+impl LimitSource for ConcurrencySettings {
+    fn limit(&self) -> u64 {
+        self.limiter.limit()
+    }
+
+    fn adaptive(&self) -> Option<AdaptiveState> {
+        self.limiter.adaptive_state()
+    }
+
+    fn queue(&self) -> Option<QueueState> {
+        self.limiter.queue_state()
     }
 }

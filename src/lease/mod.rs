@@ -65,7 +65,7 @@ pub use self::guard::LeaseGuard;
 pub use self::renewer::Renewer;
 pub use self::store::StoreLease;
 
-pub(crate) use self::store::Pending;
+pub(crate) use self::store::{OnRelease, Pending};
 
 use crate::error::StoreError;
 use crate::log::LogGate;

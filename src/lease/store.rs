@@ -21,7 +21,13 @@ pub struct StoreLease {
     pending: Arc<Pending>,
     /// Counts the lease in [`observe`](crate::observe) while it is held.
     held: OnceLock<Held>,
+    /// Told once a release has reached the store: wakes the callers
+    /// queued for a slot of this key.
+    on_release: Option<OnRelease>,
 }
+
+/// What a lease tells its limiter once released.
+pub(crate) type OnRelease = Arc<dyn Fn(&Key) + Send + Sync>;
 
 impl StoreLease {
     pub(crate) fn new(
@@ -39,7 +45,14 @@ impl StoreLease {
             ttl,
             pending,
             held: OnceLock::new(),
+            on_release: None,
         }
+    }
+
+    /// Tells `on_release` once this lease's release has reached the store.
+    pub(crate) fn on_release(mut self, on_release: Option<OnRelease>) -> Self {
+        self.on_release = on_release;
+        self
     }
 
     /// Counts the lease as held in `stats` until it is dropped (its
@@ -65,6 +78,14 @@ impl StoreLease {
         &self.id
     }
 
+    pub(crate) fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    pub(crate) fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
     pub(crate) fn call(&self, capacity: u64) -> LeaseCall<'_> {
         self.call_waiting(capacity, None)
     }
@@ -87,14 +108,22 @@ impl Lease for StoreLease {
     fn release(&self) -> StoreFuture<bool> {
         let mut release = store::lease_held(&*self.store, self.call(0), LeaseOp::Release);
         if let Some(done) = release.take_ready() {
+            if let Some(tell) = &self.on_release {
+                tell(&self.key);
+            }
             return StoreFuture::ready(done);
         }
         // Counted until it is done, so that shutdown (and tests) can wait
         // for every release to reach the store.
         let token = self.pending.begin();
+        let told = self.on_release.clone().map(|tell| (tell, self.key.clone()));
         StoreFuture::pending(async move {
             let _token = token;
-            release.await
+            let result = release.await;
+            if let Some((tell, key)) = told {
+                tell(&key);
+            }
+            result
         })
     }
 
