@@ -59,6 +59,8 @@
 //!   most identities the in-process store keeps per kind of state (default
 //!   100000, at most 100000000); past it, expired state and then the state
 //!   closest to expiry is evicted.
+//! - `FLEETGATE_ADAPTIVE_POOL`: how many calls `/api/adaptive`'s backend
+//!   serves at once (default 8).
 //! - `FLEETGATE_SHED_WORKERS`: the worker capacity of the worker-utilization
 //!   shedder in front of `/api/charge` and `/api/report` (default 64).
 //! - `FLEETGATE_OBSERVE_SECRET`: the secret the dashboard's identity hashes
@@ -119,6 +121,16 @@
 //! - `GET /api/flaky?fail=1|0` answers 500 when `fail=1`, 200 otherwise:
 //!   per API key (or client IP) 3 a minute (burst 3), each 5xx refunded, so
 //!   a failing handler does not eat its clients' budget.
+//! - `GET /api/adaptive?ms=N` answers after `N` ms (default 20, at most
+//!   10000) of a backend that serves `FLEETGATE_ADAPTIVE_POOL` calls at a
+//!   time (default 8) and queues the rest inside the handler, as an
+//!   overloaded backend does. In front of it, one adaptive concurrency
+//!   limit for the whole route (Gradient2, this instance's own) with a
+//!   short LIFO queue (16 callers, 20 ms): beyond what the backend holds,
+//!   calls are refused at once with 503 and `Retry-After: 1`, and the
+//!   admitted ones keep the backend's own latency. The limit is
+//!   `fleetgate_concurrency_limit{policy="adaptive"}` in `/metrics` and on
+//!   the dashboard.
 //! - `/admin/...` (with `FLEETGATE_ADMIN_TOKEN`): `GET /admin/policies`
 //!   (JSON: each policy and its limits now), `PUT /admin/policies/{policy}`
 //!   (body: limits such as `1/s burst 5`; 400 names a parse error and
@@ -153,8 +165,10 @@ use axum::http::{Method, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use fleetgate::concurrency::{ConcurrencyLimitLayer, ConcurrencyLimiter, ConcurrencyPolicy};
-use fleetgate::key::{ExtensionKey, HeaderKey, Key, KeyExtractor, PeerIp};
+use fleetgate::concurrency::{
+    AdaptiveLimit, ConcurrencyLimitLayer, ConcurrencyLimiter, ConcurrencyPolicy, WaitQueue,
+};
+use fleetgate::key::{ExtensionKey, GlobalKey, HeaderKey, Key, KeyExtractor, PeerIp};
 use fleetgate::live::{AdminApi, LivePolicies};
 use fleetgate::rate_limit::ResponseCost;
 use fleetgate::shed::{
@@ -188,6 +202,7 @@ GET /api/report?ms=N  answers after N ms (default 1000); low priority: 503 beyon
 POST /api/complete?tokens=N&ms=M  answers after M ms (default 0, at most 10000) with x-tokens-used: N (default 100); per x-api-key (or client IP): 1000 tokens/min, charged after the response
 POST /api/login?ok=1|0  200 when ok=1, else 401; per x-api-key (or client IP): only 401s count, 5/15min
 GET /api/flaky?fail=1|0  500 when fail=1, else 200; per x-api-key (or client IP): 3/min burst 3, 5xx refunded
+GET /api/adaptive?ms=N  a backend of FLEETGATE_ADAPTIVE_POOL (8) workers, N ms a call (default 20); an adaptive limit for the route, 503 beyond it
 /admin/...  only with FLEETGATE_ADMIN_TOKEN, each call with Authorization: Bearer <token>:
   GET /admin/policies  every policy and its limits now (JSON)
   PUT /admin/policies/{policy}  body: new limits (1/s burst 5); DELETE: back to the defaults
@@ -491,6 +506,7 @@ async fn run() -> Result<(), BoxError> {
         .merge(slow_routes(slow.clone(), api_key, failure))
         .merge(shed_routes(fleet.clone(), local, failure)?)
         .merge(after_routes(&live, api_key_after, failure)?)
+        .merge(adaptive_routes()?)
         .merge(dashboard::routes(live.clone()))
         .route("/", get(|| async { ROUTES }))
         .route("/healthz", get(|| async { "ok\n" }))
@@ -888,6 +904,48 @@ fn slow_routes(slow: ConcurrencyLimiter, api_key: ApiKey, failure: FailurePolicy
                 .key(api_key)
                 .on_store_error(failure),
         )
+}
+
+/// `GET /api/adaptive?ms=N`: a backend of `FLEETGATE_ADAPTIVE_POOL`
+/// workers that queues what it cannot serve, behind an adaptive limit
+/// for the whole route that finds how many it can.
+fn adaptive_routes() -> Result<Router, BoxError> {
+    let pool = env_number("FLEETGATE_ADAPTIVE_POOL", 8, 1..=10_000)?;
+    let limit = AdaptiveLimit::gradient2()
+        .min(1)
+        .max(256)
+        .initial(4)
+        .build()?;
+    let limiter = ConcurrencyLimiter::adaptive("adaptive", limit)?
+        .queue(WaitQueue::lifo(16, Duration::from_millis(20))?);
+    let workers = Arc::new(Semaphore::new(pool));
+    Ok(Router::new()
+        .route(
+            "/api/adaptive",
+            get(move |q: Query<HashMap<String, String>>| {
+                let workers = workers.clone();
+                async move {
+                    let ms = match q.get("ms").map(|ms| ms.parse::<u64>()) {
+                        None => 20,
+                        Some(Ok(ms)) => ms.min(MAX_COMPLETE_MS),
+                        Some(Err(_)) => {
+                            return (StatusCode::BAD_REQUEST, "ms must be a number\n".to_owned());
+                        }
+                    };
+                    // Waits for a worker, as a backend's own queue does.
+                    let Ok(_worker) = workers.acquire().await else {
+                        return (StatusCode::SERVICE_UNAVAILABLE, "stopping\n".to_owned());
+                    };
+                    tokio::time::sleep(Duration::from_millis(ms)).await;
+                    (StatusCode::OK, format!("adaptive {ms} ms\n"))
+                }
+            }),
+        )
+        .route_layer(
+            ConcurrencyLimitLayer::new(limiter)
+                .key(GlobalKey::new())
+                .status(StatusCode::SERVICE_UNAVAILABLE)?,
+        ))
 }
 
 /// `POST /api/charge` (critical) and `GET /api/report` (low priority)

@@ -186,6 +186,13 @@ if [ "$(shown allowed) $(shown denied)" != "$admitted $denied" ]; then
   exit 1
 fi
 echo "page: ping $(shown allowed) admitted, $(shown denied) denied, as sent"
+# /api/adaptive's limit is shown where it is now, with its algorithm.
+limit=$(grep -oE 'id="limit-adaptive">[0-9]+ \(gradient2' "$tmp/page.html" || true)
+if [ -z "$limit" ]; then
+  echo "FAIL: the page does not show the adaptive limit of /api/adaptive" >&2
+  exit 1
+fi
+echo "page: adaptive limit ${limit#*>})"
 mkdir -p target
 timeout 120 "${chrome[@]}" --window-size=1200,900 --screenshot="$PWD/target/dashboard.png" "$page" \
   >/dev/null 2>>"$tmp/chromium.log" || {

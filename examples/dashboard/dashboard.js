@@ -103,7 +103,12 @@ function render(event) {
       const l = leases.insertRow();
       cell(l, p.policy);
       cell(l, p.leases_in_use, "leases-" + p.policy);
-      cell(l, p.capacity ?? "–");
+      // An adaptive limit's capacity is where it is now.
+      const a = p.adaptive;
+      const rtt = a && a.min_rtt_us !== null ? ", min RTT " + (a.min_rtt_us / 1000).toFixed(1) + " ms" : "";
+      cell(l, a ? p.capacity + " (" + a.algorithm + rtt + ")" : p.capacity ?? "–", "limit-" + p.policy);
+      const q = p.queue;
+      cell(l, q ? q.waiting + " waiting, " + q.timed_out + " timed out" : "–", "queue-" + p.policy);
       cell(l, (p.top_denied || []).length);
     }
     for (const t of p.tiers || []) {

@@ -357,3 +357,28 @@ async fn a_tier_of_another_set_is_answered_as_the_default_tier() {
     );
     assert_eq!(shedder.state().tier("normal").unwrap().shed(), 1);
 }
+
+/// Utilization over a concurrency limiter's current limit: the same four
+/// requests saturate a limit of 4 and shed as over 4 workers, and leave a
+/// limit of 8 half used, shedding nothing.
+#[tokio::test(start_paused = true)]
+async fn a_limiters_current_limit_is_its_capacity() {
+    use fleetgate::MemoryStore;
+    use fleetgate::concurrency::{ConcurrencyLimiter, ConcurrencyPolicy};
+
+    for (limit, at_six) in [(4, [0.0, 1.0, 1.0, 1.0]), (8, [0.0; 4])] {
+        let policy = ConcurrencyPolicy::new("backend", limit).unwrap();
+        let limiter = ConcurrencyLimiter::new(policy, MemoryStore::new());
+        let (_shedder, app, open, mut entered) = on_workers(
+            UtilizationShedder::limit(&limiter)
+                .thresholds(0.5, 0.6)
+                .delay(Duration::from_secs(2))
+                .ramp(Duration::from_secs(4)),
+        );
+        let mut t = 0;
+        let held = hold(&app, &mut entered, 4).await;
+        run_until(&app, &mut t, 6, None).await;
+        assert_eq!(fractions(&app).await, at_six, "limit {limit}");
+        release(&open, held).await;
+    }
+}

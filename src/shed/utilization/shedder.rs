@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use super::controller::{Controller, UtilizationConfig, drop_probability};
 use crate::clock::{Clock, MonotonicClock};
+use crate::concurrency::ConcurrencyLimiter;
 use crate::error::ConfigError;
 use crate::lease::LeaseGuard;
 use crate::policy::check_name;
@@ -19,6 +20,9 @@ enum Source {
     Workers(u64),
     /// A gauge the user reads.
     Gauge(Arc<dyn Fn() -> f64 + Send + Sync>),
+    /// This shedder's own in-flight requests over a concurrency limiter's
+    /// current limit.
+    Limit(ConcurrencyLimiter),
 }
 
 /// Sheds requests when this process has been too busy for too long: the
@@ -82,6 +86,29 @@ impl UtilizationShedder {
     /// since the last sample, over `workers`.
     pub fn workers(workers: u64) -> UtilizationShedderBuilder {
         UtilizationShedderBuilder::new(Source::Workers(workers))
+    }
+
+    /// Utilization = this shedder's requests in flight (averaged as
+    /// [`workers`](Self::workers) does) over `limiter`'s current limit
+    /// ([`ConcurrencyLimiter::limit`]): with an
+    /// [adaptive](ConcurrencyLimiter::adaptive) limiter, the capacity the
+    /// service was measured to have, so that as it falls the least
+    /// important tier is shed first (the most important never is). Put
+    /// the shedder in front of the limit's layer, over the same requests.
+    ///
+    /// ```
+    /// use fleetgate::concurrency::{AdaptiveLimit, ConcurrencyLimiter};
+    /// use fleetgate::shed::UtilizationShedder;
+    ///
+    /// # fn main() -> Result<(), fleetgate::ConfigError> {
+    /// let limit = AdaptiveLimit::gradient2().max(64).build()?;
+    /// let backend = ConcurrencyLimiter::adaptive("backend", limit)?;
+    /// let shedder = UtilizationShedder::limit(&backend).build()?;
+    /// # let _ = shedder;
+    /// # Ok(()) }
+    /// ```
+    pub fn limit(limiter: &ConcurrencyLimiter) -> UtilizationShedderBuilder {
+        UtilizationShedderBuilder::new(Source::Limit(limiter.clone()))
     }
 
     /// Utilization read from `gauge` (0 = idle, 1 = saturated; clamped,
@@ -151,6 +178,9 @@ impl UtilizationShedder {
         let utilization = match &inner.source {
             Source::Workers(workers) => inner.counters.average_in_flight(now) / *workers as f64,
             Source::Gauge(gauge) => gauge(),
+            Source::Limit(limiter) => {
+                inner.counters.average_in_flight(now) / limiter.limit().max(1) as f64
+            }
         };
         controller.observe(now, utilization);
         let amount = controller.amount();
@@ -186,9 +216,10 @@ impl UtilizationShedder {
 
 impl fmt::Debug for UtilizationShedder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let source = match self.inner.source {
+        let source = match &self.inner.source {
             Source::Workers(n) => format!("{n} workers"),
             Source::Gauge(_) => "gauge".to_owned(),
+            Source::Limit(limiter) => format!("the limit of {}", limiter.policy().name()),
         };
         f.debug_struct("UtilizationShedder")
             .field("name", &self.inner.name)
@@ -323,7 +354,7 @@ impl UtilizationShedderBuilder {
             .unwrap_or_else(|| Arc::new(MonotonicClock::new()));
         let mut counters =
             TierCounters::new(&self.tiers, "utilization_shed", name.clone(), clock.clone());
-        if let Source::Workers(_) = self.source {
+        if let Source::Workers(_) | Source::Limit(_) = self.source {
             counters = counters.with_busy_time();
         }
         Ok(UtilizationShedder {
