@@ -47,32 +47,47 @@ local function bump(keys, argv)
   return redis.call('INCR', keys[1])
 end
 
--- Records this instance as seen now, on the server's clock, and forgets
--- the instances not seen for a while.
+-- Records this instance as seen now, on the server's clock, with the
+-- limits it publishes, and forgets the instances not seen for a while.
 --
 -- KEYS[1]        the instances (a hash: id -> "started last_seen address")
+-- KEYS[2]        their published limits (a hash: id -> "name=limit ...")
 -- ARGV[1]        this instance's id
 -- ARGV[2]        when it started, in Unix milliseconds
 -- ARGV[3]        its address
 -- ARGV[4]        how long an instance not seen is kept, in milliseconds
+-- ARGV[5]        its limits, "name=limit" pairs separated by spaces (may
+--                be empty)
 --
 -- Returns {now in Unix milliseconds, the instances kept as
--- id, "started last_seen address" pairs}.
+-- id, "started last_seen address" pairs, their limits as id, text pairs}.
 local function heartbeat(keys, argv)
   local t = redis.call('TIME')
   local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   redis.call('HSET', keys[1], argv[1], argv[2] .. ' ' .. now .. ' ' .. argv[3])
+  if argv[5] ~= '' then
+    redis.call('HSET', keys[2], argv[1], argv[5])
+  else
+    redis.call('HDEL', keys[2], argv[1])
+  end
   local all = redis.call('HGETALL', keys[1])
-  local out = {}
+  local out, limits = {}, {}
   for i = 1, #all, 2 do
     local seen = tonumber(string.match(all[i + 1], '^%d+ (%d+)')) or 0
     if now - seen > tonumber(argv[4]) then
       redis.call('HDEL', keys[1], all[i])
+      redis.call('HDEL', keys[2], all[i])
     else
       out[#out + 1] = all[i]
       out[#out + 1] = all[i + 1]
+      local published = redis.call('HGET', keys[2], all[i])
+      if published then
+        limits[#limits + 1] = all[i]
+        limits[#limits + 1] = published
+      end
     end
   end
   redis.call('PEXPIRE', keys[1], argv[4])
-  return { now, out }
+  if #limits > 0 then redis.call('PEXPIRE', keys[2], argv[4]) end
+  return { now, out, limits }
 end

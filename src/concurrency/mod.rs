@@ -74,6 +74,7 @@
 mod adaptive;
 mod admit;
 mod error;
+mod fleet_limit;
 mod future;
 mod layer;
 mod limiter;
@@ -90,6 +91,7 @@ use http::{Response, StatusCode};
 
 pub use self::adaptive::{AdaptiveLimit, AdaptiveLimitBuilder, AdaptiveState};
 pub use self::error::ConcurrencyLimitError;
+pub use self::fleet_limit::FleetLimit;
 pub use self::layer::ConcurrencyLimitLayer;
 pub use self::limiter::{Admission, ConcurrencyLimiter};
 pub use self::policy::{ConcurrencyPolicy, ConcurrencyPolicyBuilder};

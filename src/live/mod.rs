@@ -74,7 +74,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 pub use self::admin::AdminApi;
 use crate::rules::{Cell, Rules};
 
-use crate::concurrency::ConcurrencyLimiter;
+use crate::concurrency::{ConcurrencyLimiter, FleetLimit};
 use crate::error::{ConfigError, StoreError};
 use crate::key::Key;
 use crate::limiter::{IntoStore, Limiter};
@@ -187,6 +187,9 @@ struct State {
     poll: Duration,
     started: bool,
     instances: Vec<Instance>,
+    /// Limits published with each heartbeat and summed over the fleet, by
+    /// policy name.
+    published: BTreeMap<String, FleetLimit>,
 }
 
 struct Registered {
@@ -281,6 +284,23 @@ impl LivePolicies {
             .concurrency
             .insert(limiter.policy().name().to_owned(), limiter.clone());
         limiter
+    }
+
+    /// `limiter`'s limit summed over the fleet: its current limit goes
+    /// with this instance's heartbeats (every second, through a Redis
+    /// store, under the limiter's policy name), and the returned
+    /// [`FleetLimit`] adds those the other live instances published
+    /// (instances seen in the last 3 s). Give it to
+    /// [`FleetShedder::capacity_from`](crate::shed::FleetShedder::capacity_from).
+    /// On a memory store it is this process's limit alone. A second call
+    /// for the same policy name replaces the first's limiter.
+    pub fn fleet_limit(&self, limiter: &ConcurrencyLimiter) -> FleetLimit {
+        let limit = FleetLimit::new(limiter.clone());
+        self.fleet
+            .lock()
+            .published
+            .insert(limiter.policy().name().to_owned(), limit.clone());
+        limit
     }
 
     /// The route table of a policy file, each policy a live limiter (see
@@ -647,10 +667,24 @@ impl Fleet {
         let Some(redis) = &self.redis else {
             return Ok(());
         };
-        let address = self.lock().address.clone();
+        let (address, published) = {
+            let state = self.lock();
+            (state.address.clone(), state.published.clone())
+        };
+        // `name=limit` pairs: policy names hold neither `=` nor spaces.
+        let limits: Vec<String> = published
+            .values()
+            .map(|l| format!("{}={}", l.name(), l.own()))
+            .collect();
         let started = millis(self.started);
-        let (now, list) = redis
-            .live_heartbeat(&self.id, started, &address, ms(FORGET_AFTER))
+        let (now, list, their_limits) = redis
+            .live_heartbeat(
+                &self.id,
+                started,
+                &address,
+                ms(FORGET_AFTER),
+                &limits.join(" "),
+            )
             .await?;
         let mut instances: Vec<Instance> = list
             .iter()
@@ -660,6 +694,14 @@ impl Fleet {
         instances.sort_by(|a, b| a.started.cmp(&b.started).then(a.id.cmp(&b.id)));
         // Local shares follow the fleet's size.
         crate::share::set_fleet_size(instances.len());
+        for limit in published.values() {
+            let others = their_limits
+                .iter()
+                .filter(|(id, _)| *id != self.id && instances.iter().any(|i| &i.id == id))
+                .filter_map(|(_, text)| published_limit(text, limit.name()))
+                .fold(0u64, u64::saturating_add);
+            limit.set_others(others);
+        }
         self.lock().instances = instances;
         Ok(())
     }
@@ -879,6 +921,16 @@ fn ms(d: Duration) -> u64 {
 #[cfg(feature = "redis")]
 fn millis(t: SystemTime) -> u64 {
     ms(t.duration_since(UNIX_EPOCH).unwrap_or_default())
+}
+
+/// The limit an instance published for `name` in its `name=limit ...`
+/// text; `None` if it published none (or garbage).
+#[cfg(feature = "redis")]
+fn published_limit(text: &str, name: &str) -> Option<u64> {
+    text.split(' ')
+        .filter_map(|pair| pair.split_once('='))
+        .find(|(n, _)| *n == name)
+        .and_then(|(_, limit)| limit.parse().ok())
 }
 
 /// `started last_seen address`, as the heartbeat script stores it.

@@ -502,6 +502,55 @@ async fn instances_are_listed_from_their_heartbeats() {
     assert_eq!(a.instance_count(), 1);
 }
 
+/// Each instance publishes its concurrency limit with its heartbeat: a
+/// fleet shedder following the fleet's limit sees the sum of the live
+/// instances' (3 + 5), its tiers' limits scale with it, and it falls back
+/// to this instance's own once the other is gone.
+#[tokio::test]
+async fn a_fleet_limit_is_the_sum_of_the_live_instances_limits() {
+    use fleetgate::shed::{FleetShedPolicy, FleetShedder, Tiers};
+
+    let server = RedisServer::start();
+    let (a, b) = (instance(&server).await, instance(&server).await);
+    let limiter = |n| {
+        ConcurrencyLimiter::new(
+            ConcurrencyPolicy::new("backend", n).unwrap(),
+            fleetgate::MemoryStore::new(),
+        )
+    };
+    let (own_a, own_b) = (limiter(3), limiter(5));
+    let (fleet_a, fleet_b) = (a.fleet_limit(&own_a), b.fleet_limit(&own_b));
+    let shedder = FleetShedder::new(
+        FleetShedPolicy::new("fleet", 100).unwrap(),
+        store(&server, Duration::from_secs(2)).await,
+    )
+    .capacity_from(fleet_a.clone());
+    assert_eq!(shedder.capacity(), 3, "alone before any heartbeat");
+    a.start().await.unwrap();
+    b.start().await.unwrap();
+    until(Duration::from_secs(5), "3 + 5", || {
+        fleet_a.get() == 8 && fleet_b.get() == 8
+    })
+    .await;
+    assert_eq!((fleet_a.own(), fleet_b.own()), (3, 5));
+    assert_eq!(shedder.capacity(), 8);
+    let low = Tiers::default().get("low").unwrap();
+    let state = shedder.state();
+    assert_eq!(
+        state.tier("low").and_then(|t| t.limit()),
+        Some(4),
+        "half of 8"
+    );
+    assert_eq!(shedder.policy().limit_at(low, 8), Some(4));
+
+    drop(b);
+    until(Duration::from_secs(10), "b forgotten", || {
+        fleet_a.get() == 3
+    })
+    .await;
+    assert_eq!(shedder.capacity(), 3);
+}
+
 /// Redis gone (hung, then not there at all): every change fails with a
 /// store error within the store's timeout, and nothing changes locally.
 /// (Timing-bound, but with a generous bound: shared.)

@@ -61,7 +61,7 @@ impl crate::observe::ShedSource for FleetShedSettings {
     }
 
     fn capacity(&self) -> Option<u64> {
-        Some(self.shedder.policy().capacity())
+        Some(self.shedder.capacity())
     }
 }
 
@@ -135,6 +135,8 @@ impl Gate for TierGate {
                 Ok(None)
             }
             (Ok(Admission::Refused(grant)), Some(limit)) => {
+                // A capacity that follows the fleet's limits moves.
+                let limit = settings.shedder.tier_limit(self.tier).unwrap_or(limit);
                 tracing::debug!(
                     policy = &*settings.answer.policy,
                     tier = tier_name,

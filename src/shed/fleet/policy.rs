@@ -41,6 +41,9 @@ pub struct FleetShedPolicy {
     tiers: Tiers,
     /// Per tier, most important first: `None` for the tier never shed.
     limits: Arc<[Option<u64>]>,
+    /// Per tier, the share of the capacity its limit is (`None` for the
+    /// tier never shed): what a capacity that moves is scaled by.
+    shares: Arc<[Option<LocalShare>]>,
 }
 
 impl FleetShedPolicy {
@@ -83,6 +86,15 @@ impl FleetShedPolicy {
         self.limits.get(tier.rank()).copied().flatten()
     }
 
+    /// [`limit`](Self::limit) for a fleet of `capacity` rather than the
+    /// policy's: `floor(share × capacity)`, at least 1; for a
+    /// [`FleetShedder`](super::FleetShedder) whose capacity follows a
+    /// [`FleetLimit`](crate::concurrency::FleetLimit).
+    pub fn limit_at(&self, tier: Tier, capacity: u64) -> Option<u64> {
+        let share = self.shares.get(tier.rank()).copied().flatten()?;
+        Some(share.floor_of(capacity).max(1))
+    }
+
     /// The lease settings: the policy's name, capacity, lease TTL and
     /// renewal.
     pub fn lease(&self) -> &ConcurrencyPolicy {
@@ -101,6 +113,7 @@ impl FleetShedPolicy {
                 .iter()
                 .map(|limit| limit.map(|l| share.scale(l)))
                 .collect(),
+            shares: self.shares.clone(),
         }
     }
 }
@@ -196,6 +209,9 @@ impl FleetShedPolicyBuilder {
         let shares = fill_shares(&given)?;
         let capacity = lease.max_in_flight();
         let mut limits: Vec<Option<u64>> = vec![None];
+        let kept: Vec<Option<LocalShare>> = std::iter::once(None)
+            .chain(shares.iter().skip(1).copied().map(Some))
+            .collect();
         let mut above = capacity;
         for (tier, share) in tiers.iter().zip(&shares).skip(1) {
             let name = tiers.name(tier);
@@ -221,6 +237,7 @@ impl FleetShedPolicyBuilder {
             lease,
             tiers,
             limits: limits.into(),
+            shares: kept.into(),
         })
     }
 }

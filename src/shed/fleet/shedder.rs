@@ -3,7 +3,7 @@ use std::sync::Arc;
 
 use super::FleetShedPolicy;
 use crate::clock::MonotonicClock;
-use crate::concurrency::{Acquire, Admission, ConcurrencyLimiter};
+use crate::concurrency::{Acquire, Admission, ConcurrencyLimiter, FleetLimit};
 use crate::error::StoreError;
 use crate::key::Key;
 use crate::limiter::IntoStore;
@@ -32,6 +32,8 @@ pub struct FleetShedder {
     limiter: ConcurrencyLimiter,
     key: Key,
     counters: Arc<TierCounters>,
+    /// Where the capacity comes from when it is not the policy's.
+    capacity: Option<FleetLimit>,
 }
 
 impl FleetShedder {
@@ -48,6 +50,54 @@ impl FleetShedder {
             limiter: ConcurrencyLimiter::new(policy.lease().clone(), store),
             key: Key::new(FLEET_KEY),
             policy,
+            capacity: None,
+        }
+    }
+
+    /// Takes the fleet's capacity from `limit` rather than the policy: the
+    /// sum of the live instances' current concurrency limits (see
+    /// [`FleetLimit`]), so that as each instance's adaptive limit finds
+    /// less room the least important tier is shed first; the most
+    /// important never is. Each tier's limit is its share of the capacity
+    /// now ([`FleetShedPolicy::limit_at`]). The policy's capacity stays
+    /// what the local fallback scales
+    /// ([`FailurePolicy::Local`](crate::FailurePolicy::Local)).
+    ///
+    /// ```
+    /// use fleetgate::concurrency::{AdaptiveLimit, ConcurrencyLimiter};
+    /// use fleetgate::live::LivePolicies;
+    /// use fleetgate::shed::{FleetShedPolicy, FleetShedder};
+    /// use fleetgate::MemoryStore;
+    ///
+    /// # fn main() -> Result<(), fleetgate::ConfigError> {
+    /// let store = MemoryStore::new();
+    /// let live = LivePolicies::new(store.clone());
+    /// let limit = AdaptiveLimit::gradient2().min(4).max(64).initial(8).build()?;
+    /// let backend = ConcurrencyLimiter::adaptive("backend", limit)?;
+    /// let fleet = FleetShedder::new(FleetShedPolicy::new("fleet", 64)?, store)
+    ///     .capacity_from(live.fleet_limit(&backend));
+    /// assert_eq!(fleet.capacity(), backend.limit()); // alone on a memory store
+    /// # Ok(()) }
+    /// ```
+    pub fn capacity_from(mut self, limit: FleetLimit) -> Self {
+        self.capacity = Some(limit);
+        self
+    }
+
+    /// The fleet's capacity now: the policy's, or the
+    /// [`FleetLimit`]'s it follows.
+    pub fn capacity(&self) -> u64 {
+        match &self.capacity {
+            Some(limit) => limit.get(),
+            None => self.policy.capacity(),
+        }
+    }
+
+    /// The limit of `tier` now (`None` for the tier never shed).
+    pub(crate) fn tier_limit(&self, tier: Tier) -> Option<u64> {
+        match &self.capacity {
+            Some(limit) => self.policy.limit_at(tier, limit.get()),
+            None => self.policy.limit(tier),
         }
     }
 
@@ -71,7 +121,7 @@ impl FleetShedder {
     /// [`FleetShedLayer`](super::FleetShedLayer) decided.
     pub fn admit(&self, tier: Tier) -> Acquire {
         let tier = self.policy.tiers().clamp(tier);
-        let capacity = self.policy.limit(tier).unwrap_or(u64::MAX);
+        let capacity = self.tier_limit(tier).unwrap_or(u64::MAX);
         self.limiter.acquire_up_to(&self.key, capacity)
     }
 
@@ -96,7 +146,7 @@ impl FleetShedder {
     /// ([`TierState::shed_fraction`](crate::shed::TierState::shed_fraction)).
     pub fn state(&self) -> ShedState {
         ShedState {
-            tiers: self.counters.snapshot(|tier| self.policy.limit(tier)),
+            tiers: self.counters.snapshot(|tier| self.tier_limit(tier)),
             in_flight: self.counters.in_flight(),
             utilization: None,
             amount: None,
@@ -132,6 +182,7 @@ impl FleetShedder {
             limiter: ConcurrencyLimiter::new(policy.lease().clone(), MemoryStore::new()),
             key: self.key.clone(),
             policy,
+            capacity: None,
         }
     }
 }

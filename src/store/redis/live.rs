@@ -39,6 +39,11 @@ impl Table {
     }
 }
 
+/// A heartbeat's answer: the store's time in Unix milliseconds, the
+/// instances kept (id, `started last_seen address`), and the limits they
+/// published (id, `name=limit ...`).
+pub(crate) type Heartbeat = (u64, Vec<(String, String)>, Vec<(String, String)>);
+
 /// Every table of the fleet's changes as one snapshot, and its version.
 #[derive(Debug, Default)]
 pub(crate) struct Snapshot {
@@ -129,13 +134,15 @@ impl RedisStore {
         started_ms: u64,
         address: &str,
         forget_ms: u64,
-    ) -> Result<(u64, Vec<(String, String)>), StoreError> {
-        let keys = [self.live_key("instances")];
+        limits: &str,
+    ) -> Result<Heartbeat, StoreError> {
+        let keys = [self.live_key("instances"), self.live_key("limits")];
         let args = [
             id.to_owned(),
             started_ms.to_string(),
             address.to_owned(),
             forget_ms.to_string(),
+            limits.to_owned(),
         ];
         let reply = self
             .eval(&self.inner.scripts.live_heartbeat, &keys, &args)
@@ -143,9 +150,10 @@ impl RedisStore {
         let unexpected = || StoreError::UnexpectedReply(format!("heartbeat: {reply:?}"));
         match &reply {
             Value::Array(items) => match items.as_slice() {
-                [now, list] => Ok((
+                [now, list, limits] => Ok((
                     integer(now).ok_or_else(unexpected)?,
                     pairs(list).ok_or_else(unexpected)?,
+                    pairs(limits).ok_or_else(unexpected)?,
                 )),
                 _ => Err(unexpected()),
             },
