@@ -5,6 +5,9 @@
 -- renew read.
 --
 -- KEYS[1]        the key's lease set
+-- KEYS[2]        the set's wait marker, `<KEYS[1]>:w` (acquire and release;
+--                the same hash tag, so a script stays in one cluster slot):
+--                present while a refused caller waits for a slot
 -- ARGV[1]        now in microseconds, or "" to read the server clock (not
 --                for release, which reads no clock)
 --
@@ -19,6 +22,15 @@
 -- ARGV[2]        capacity
 -- ARGV[3]        lease TTL in microseconds
 -- ARGV[4]        the new lease's id (unique: chosen by the caller)
+-- ARGV[5]        how long the caller waits in a queue if refused, in whole
+--                milliseconds; "", "0" or absent: it does not wait
+--
+-- A refused caller that waits marks the set (KEYS[2]) for as long as it
+-- waits, so that the releases meanwhile are announced to it (see
+-- release). The marker is a refused call's only write: on a read-only
+-- replica, or on a master past maxmemory (the SET is the script's first
+-- write and takes memory), a refused acquire that waits fails instead of
+-- answering; one that does not wait writes nothing and is answered.
 --
 -- Returns {acquired (1/0), leases held after the call,
 --          microseconds until the oldest lease expires (when refused, else 0)}.
@@ -31,6 +43,12 @@ local function acquire(keys, argv, now, slack_ms)
     local oldest = redis.call('ZRANGEBYSCORE', key, after, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
     local wait = 0
     if oldest[2] then wait = tonumber(oldest[2]) - now end
+    local wait_ms = argv[5] and tonumber(argv[5])
+    -- The marker lives until the last waiter's wait ends: never shortened
+    -- (a PTTL of -2, no marker, or -1, none set, is always shorter).
+    if wait_ms and wait_ms > 0 and redis.call('PTTL', keys[2]) < wait_ms then
+      redis.call('SET', keys[2], '1', 'PX', argv[5])
+    end
     return {0, held, wait}
   end
   -- The ZADD is the first write: on a master past maxmemory Redis refuses
@@ -73,11 +91,23 @@ end
 
 -- Gives a lease back. Releasing a lease that is not held (released
 -- already, expired, never acquired) does nothing. An emptied set
--- disappears with its last member.
+-- disappears with its last member. A release that frees a slot of a set
+-- some refused caller waits for (its marker, KEYS[2], exists) is
+-- announced: `PUBLISH <ARGV[2]> <KEYS[1]>`, which every instance's
+-- subscriber hears (on a Redis Cluster, through any node). The
+-- announcement is best effort: a PUBLISH the server refuses (an ACL user
+-- without the channel) leaves the release as it is, done and answered.
+-- Leases that expire, or that a renewal finds expired, are announced by
+-- nobody: the waiters also try again when the oldest lease expires.
 --
 -- ARGV[1]        the lease id (release reads no clock)
+-- ARGV[2]        the channel releases are announced on
 --
 -- Returns 1 if the lease was held, else 0.
 local function release(keys, argv)
-  return redis.call('ZREM', keys[1], argv[1])
+  local held = redis.call('ZREM', keys[1], argv[1])
+  if held == 1 and argv[2] and redis.call('EXISTS', keys[2]) == 1 then
+    redis.pcall('PUBLISH', argv[2], keys[1])
+  end
+  return held
 end

@@ -75,7 +75,6 @@
 //! ```
 
 use std::sync::Arc;
-#[cfg(feature = "redis")]
 use std::time::Duration;
 
 use crate::error::StoreError;

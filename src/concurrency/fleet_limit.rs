@@ -48,6 +48,7 @@ impl FleetLimit {
     }
 
     /// The other live instances' limits, as their heartbeats said.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn set_others(&self, sum: u64) {
         self.others.store(sum, Ordering::Relaxed);
     }

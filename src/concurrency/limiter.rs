@@ -458,20 +458,30 @@ struct Attempt {
     id: LeaseId,
     ttl: Duration,
     capacity: Capacity,
+    /// The longest wait.
     wait: Duration,
 }
 
 impl Attempt {
-    async fn once(&self) -> Result<LeaseGrant, StoreError> {
+    /// One acquire by a caller that may wait `wait` more.
+    async fn once(&self, wait: Duration) -> Result<LeaseGrant, StoreError> {
         let call = LeaseCall {
             name: &self.name,
             key: &self.key,
             id: &self.id,
             capacity: self.capacity.get(),
             ttl: self.ttl,
-            wait: Some(self.wait),
+            wait: Some(wait),
         };
         store::lease_acquire(&*self.store, call).await
+    }
+
+    /// Watches the releases of other instances, bounded by `deadline`;
+    /// `None` when the store cannot (the caller still hears its own
+    /// process's releases and the oldest lease's expiry).
+    async fn watch(&self, deadline: tokio::time::Instant) -> Option<store::ReleaseWatch> {
+        let watch = self.store.watch_releases(&self.name, &self.key)?;
+        tokio::time::timeout_at(deadline, watch).await.ok()?.ok()
     }
 
     /// Waits in `waiters` for a slot, having been refused `first`: tries
@@ -487,20 +497,13 @@ impl Attempt {
         let Some(ticket) = waiters.enter(&self.key) else {
             return Ok(first);
         };
-        // Releases by other instances; without a watch (the store cannot
-        // watch now), the caller still hears its own process's releases
-        // and the oldest lease's expiry.
-        let watch = match self.store.watch_releases(&self.name, &self.key) {
-            Some(watch) => tokio::time::timeout_at(deadline, watch)
-                .await
-                .ok()
-                .and_then(Result::ok),
-            None => None,
-        };
+        let mut watch = self.watch(deadline).await;
         loop {
             // Once right after joining the queue: a release between the
-            // refusal and now told nobody.
-            let grant = self.once().await?;
+            // refusal and now told nobody. The store is told how long the
+            // caller may still wait, no longer.
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            let grant = self.once(left.max(Duration::from_millis(1))).await?;
             if grant.is_acquired() {
                 ticket.admitted(started.elapsed());
                 return Ok(grant);
@@ -516,6 +519,11 @@ impl Attempt {
                 .map_or(deadline, |after| (now + after).min(deadline));
             if woken(&ticket, watch.as_ref(), retry_at).await == Wake::Displaced {
                 return Ok(grant);
+            }
+            // A watch the store could not give (Redis was away) is asked
+            // for again: it may be back.
+            if watch.is_none() {
+                watch = self.watch(deadline).await;
             }
         }
     }

@@ -60,6 +60,45 @@
 //! | instance crashes | its leases expire after the TTL (default 30 s) |
 //! | Redis slow or down at release, connection reset | the release is sent when the body ends and awaited on a spawned task, never delaying the response; a failed release is retried until it lands or the lease's TTL passes (see [`lease`](crate::lease)); [`ConcurrencyLimiter::releases_settled`] waits for pending releases (on shutdown) |
 //!
+//! # Adaptive limits and waiting for a slot
+//!
+//! [`ConcurrencyLimiter::adaptive`] replaces the fixed maximum by an
+//! [`AdaptiveLimit`] that finds what the service behind the layer can
+//! take from the latency of its calls (Gradient2 or AIMD; this process's
+//! own limit, no store round trip); see the [`AdaptiveLimit`] docs for
+//! what counts as a sample. [`ConcurrencyLimiter::queue`] lets a call that
+//! finds every slot taken wait for one, on fixed and adaptive limits
+//! alike ([`WaitQueue`]: FIFO or LIFO, a bounded length and wait; a caller
+//! that waits it out gets the layer's refusal and `Retry-After`, one
+//! whose request is dropped leaves at once). The shedders can follow an
+//! adaptive limit: [`UtilizationShedder::limit`](crate::shed::UtilizationShedder::limit)
+//! for this process, [`FleetShedder::capacity_from`](crate::shed::FleetShedder::capacity_from)
+//! with [`LivePolicies::fleet_limit`](crate::live::LivePolicies::fleet_limit)
+//! for the fleet.
+//!
+//! ```
+//! use std::time::Duration;
+//! use axum::{routing::get, Router};
+//! use fleetgate::concurrency::{AdaptiveLimit, ConcurrencyLimitLayer, ConcurrencyLimiter, WaitQueue};
+//! use fleetgate::key::GlobalKey;
+//! use http::StatusCode;
+//!
+//! # fn main() -> Result<(), fleetgate::ConfigError> {
+//! // One limit for the whole route, between 2 and 200 in flight; under
+//! // overload the newest 16 callers wait up to 20 ms, the rest get 503.
+//! let limit = AdaptiveLimit::gradient2().min(2).max(200).build()?;
+//! let limiter = ConcurrencyLimiter::adaptive("backend", limit)?
+//!     .queue(WaitQueue::lifo(16, Duration::from_millis(20))?);
+//! let app: Router = Router::new()
+//!     .route("/api/search", get(|| async { "results" }))
+//!     .route_layer(
+//!         ConcurrencyLimitLayer::new(limiter)
+//!             .key(GlobalKey::new())
+//!             .status(StatusCode::SERVICE_UNAVAILABLE)?,
+//!     );
+//! # Ok(()) }
+//! ```
+//!
 //! In Redis, leases live in a sorted set per identity,
 //! `fleetgate:<policy>:{<identity>}:lease` (member = lease id, score =
 //! expiry in microseconds, Redis server time); the set expires with its

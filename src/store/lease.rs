@@ -36,6 +36,7 @@ pub struct LeaseCall<'a> {
     /// a refused acquire marks the set for that long, and a release of a
     /// marked set is published; see [`ReleaseWatch`]). `None`: nobody
     /// waits.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) wait: Option<Duration>,
 }
 
@@ -59,6 +60,7 @@ impl ReleaseWatch {
     /// A watch that `notify` is told through (`notify_one`, so that a
     /// release announced between two waits is not lost), registered for as
     /// long as `registration` lives.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn new(
         notify: Arc<tokio::sync::Notify>,
         registration: Box<dyn Send + Sync>,

@@ -22,6 +22,7 @@ mod local_fallback;
 mod private_server;
 mod redis_down;
 mod refused_writes;
+mod release_watch;
 mod reset;
 #[cfg(feature = "tls-rustls")]
 mod tls;

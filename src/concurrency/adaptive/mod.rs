@@ -1,31 +1,6 @@
-//! Adaptive concurrency limits: the limit finds what the service behind
-//! the layer can take, from the latency of its calls.
-//!
-//! An [`AdaptiveLimit`] is built with [`AdaptiveLimit::gradient2`] or
-//! [`AdaptiveLimit::aimd`] and given to
-//! [`ConcurrencyLimiter::adaptive`](super::ConcurrencyLimiter::adaptive).
-//! The limit is this process's own (no store round trip per call): it
-//! measures the service this process calls, and caps each key's calls in
-//! flight at the current limit, as a fixed maximum does. Key the layer
-//! with [`GlobalKey`](crate::key::GlobalKey) for one limit over every
-//! call, which is what adaptive concurrency usually means.
-//!
-//! # What counts as a sample
-//!
-//! A call's round trip time runs from its admission to the inner
-//! service's response (its head: a streamed body's length says nothing
-//! about the service's queue).
-//!
-//! | the call | counts as |
-//! |---|---|
-//! | answered 1xx–4xx, other than 429 | a success, with its RTT |
-//! | answered 5xx or 429, or an error in typed-error mode, no faster than the minimum RTT | a failure, with its RTT (AIMD backs off; Gradient2 takes the RTT) |
-//! | such a failure answered faster than the minimum RTT (Gradient2: the one measured; AIMD: the fastest success seen) | nothing: a fast failure (a refusal, a broken dependency) says nothing about capacity |
-//! | cancelled (the request future dropped before the response) | nothing |
-//!
-//! The algorithms, their formulas and defaults are on
-//! [`AdaptiveLimitBuilder`]'s methods and on [`AdaptiveLimit::gradient2`]
-//! and [`AdaptiveLimit::aimd`].
+//! Adaptive concurrency limits: the settings ([`AdaptiveLimit`], whose
+//! docs are the users'), the running limit a limiter shares
+//! ([`Adaptive`]), and the algorithms (gradient.rs, aimd.rs).
 
 mod aimd;
 mod gradient;
@@ -44,9 +19,30 @@ pub use crate::observe::AdaptiveState;
 /// The largest adaptive limit a builder accepts.
 const MOST: u64 = 1_000_000;
 
-/// How an adaptive limit moves, and between which bounds; see the
-/// [module docs](self). Built by [`AdaptiveLimit::gradient2`] or
-/// [`AdaptiveLimit::aimd`].
+/// An adaptive concurrency limit: how it moves, and between which
+/// bounds. Built by [`AdaptiveLimit::gradient2`] or [`AdaptiveLimit::aimd`]
+/// and given to
+/// [`ConcurrencyLimiter::adaptive`](crate::concurrency::ConcurrencyLimiter::adaptive).
+///
+/// The limit finds what the service behind the layer can take, from the
+/// latency of its calls. It is this process's own (no store round trip
+/// per call): it measures the service this process calls, and caps each
+/// key's calls in flight at the current limit, as a fixed maximum does.
+/// Key the layer with [`GlobalKey`](crate::key::GlobalKey) for one limit
+/// over every call, which is what adaptive concurrency usually means.
+///
+/// # What counts as a sample
+///
+/// A call's round trip time runs from its admission to the inner
+/// service's response (its head: a streamed body's length says nothing
+/// about the service's queue).
+///
+/// | the call | counts as |
+/// |---|---|
+/// | answered 1xx–4xx, other than 429 | a success, with its RTT |
+/// | answered 5xx or 429, or an error in typed-error mode, no faster than the minimum RTT | a failure, with its RTT (AIMD backs off; Gradient2 takes the RTT) |
+/// | such a failure answered faster than the minimum RTT (Gradient2: the one measured; AIMD: the fastest success seen) | nothing: a fast failure (a refusal, a broken dependency) says nothing about capacity |
+/// | cancelled (the request future dropped before the response) | nothing |
 ///
 /// ```
 /// use std::time::Duration;

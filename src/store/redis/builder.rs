@@ -243,6 +243,12 @@ impl RedisStoreBuilder {
         let refusals = matches!(conn, Conn::Single(_)).then(Refusals::new);
         let batcher = (conn.one_server() && self.max_in_flight < usize::MAX)
             .then(|| batch::Batcher::new(self.max_in_flight, self.max_batch));
+        let hub = wake::Hub::new(
+            self.subscriber_source(&conn),
+            &self.prefix,
+            self.timeout,
+            self.connect_timeout,
+        );
         Ok(RedisStore {
             inner: Arc::new(Inner {
                 conn,
@@ -255,8 +261,26 @@ impl RedisStoreBuilder {
                 releases: release::Retries::default(),
                 owed: Arc::default(),
                 refusals,
+                hub,
             }),
         })
+    }
+
+    /// Where the store's subscriber to its releases connects
+    /// ([`wake`]): the node; one of a cluster's nodes given; the master
+    /// the store follows through Sentinel.
+    fn subscriber_source(&self, conn: &Conn) -> wake::Source {
+        #[cfg(feature = "sentinel")]
+        if let Conn::Sentinel(sentinel) = conn {
+            return wake::Source::Sentinel(sentinel.clone());
+        }
+        let _ = conn;
+        match &self.topology.kind {
+            Kind::Node(client) => wake::Source::Nodes(vec![client.get_connection_info().clone()]),
+            #[cfg(feature = "cluster")]
+            Kind::Cluster(nodes) => wake::Source::Nodes(nodes.clone()),
+            _ => wake::Source::Nodes(Vec::new()),
+        }
     }
 }
 

@@ -10,6 +10,7 @@ use super::{Failure, RedisStore, TimeSource};
 use crate::error::StoreError;
 use crate::key::Key;
 use crate::store::{LeaseCall, LeaseGrant, StoreFuture};
+use crate::text::concat;
 
 /// How much longer than its TTL a lease may count as held with the
 /// caller's clock: the `slack_ms` of `lua/lease.lua`.
@@ -23,6 +24,14 @@ impl RedisStore {
         format!("{}:lease", self.key_base(name, key))
     }
 
+    /// The keys a lease script takes: the set and its wait marker
+    /// (`<set>:w`, present while a refused caller waits; see
+    /// `lua/lease.lua`), which shares the set's hash tag.
+    fn lease_keys(set: String) -> [String; 2] {
+        let marker = concat(&[&set, ":w"]);
+        [set, marker]
+    }
+
     fn now_arg(&self) -> String {
         match &self.inner.time {
             TimeSource::Server => String::new(),
@@ -31,12 +40,13 @@ impl RedisStore {
     }
 
     pub(super) fn run_lease_acquire(&self, call: LeaseCall<'_>) -> StoreFuture<LeaseGrant> {
-        let keys = [self.lease_key(call.name, call.key)];
+        let keys = Self::lease_keys(self.lease_key(call.name, call.key));
         let args = [
             self.now_arg(),
             call.capacity.to_string(),
             call.ttl_us().to_string(),
             call.id.as_str().to_owned(),
+            call.wait.map(wait_ms).unwrap_or_default(),
         ];
         let store = self.clone();
         StoreFuture::pending(async move {
@@ -96,11 +106,13 @@ impl RedisStore {
 
     /// Removes lease `id` from the set `key`: `true` if it was held. A
     /// failure is left for the caller to count.
+    /// A release that frees a slot of a set a refused caller waits for is
+    /// announced on the store's channel ([`wake`](super::wake)).
     pub(super) async fn release_once(&self, key: &str, id: &str) -> Result<bool, Failure> {
         let script = &self.inner.scripts.lease_release;
-        let reply = self
-            .try_exchange(script, script.command(&[key], &[id]))
-            .await?;
+        let marker = concat(&[key, ":w"]);
+        let call = script.command(&[key, marker.as_str()], &[id, self.inner.hub.channel()]);
+        let reply = self.try_exchange(script, call).await?;
         decode_flag(&reply).map_err(|error| Failure {
             error,
             transient: false,
@@ -122,6 +134,22 @@ impl RedisStore {
             decode_flag(&reply)
         })
     }
+}
+
+/// The longest a refused caller's mark lasts, in milliseconds: longer
+/// waits are marked this long (about 35 years), far from what `SET ... PX`
+/// refuses (an expiry past `i64::MAX` ms) and exact in Lua's doubles.
+const MAX_WAIT_MS: u64 = 1 << 40;
+
+/// A wait as `lua/lease.lua`'s acquire takes it: whole milliseconds,
+/// rounded up (a wait of 1 µs still marks the set), at most
+/// [`MAX_WAIT_MS`].
+fn wait_ms(wait: Duration) -> String {
+    let ms = wait.as_nanos().div_ceil(1_000_000);
+    u64::try_from(ms)
+        .unwrap_or(u64::MAX)
+        .min(MAX_WAIT_MS)
+        .to_string()
 }
 
 fn decode_grant(reply: &Value) -> Result<LeaseGrant, StoreError> {
@@ -193,6 +221,15 @@ mod tests {
             assert!(decode_flag(&reply).is_err(), "{reply:?}");
         }
         assert!(decode_flag(&Value::Int(1)).unwrap());
+    }
+
+    #[test]
+    fn a_wait_is_marked_in_whole_milliseconds_rounded_up() {
+        assert_eq!(wait_ms(Duration::ZERO), "0");
+        assert_eq!(wait_ms(Duration::from_nanos(1)), "1");
+        assert_eq!(wait_ms(Duration::from_micros(1500)), "2");
+        assert_eq!(wait_ms(Duration::from_secs(3)), "3000");
+        assert_eq!(wait_ms(Duration::MAX), MAX_WAIT_MS.to_string());
     }
 
     #[test]

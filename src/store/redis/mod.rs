@@ -19,6 +19,7 @@ mod scripts;
 #[cfg(feature = "sentinel")]
 mod sentinel;
 mod topology;
+mod wake;
 
 pub use self::builder::RedisStoreBuilder;
 use self::connection::{Conn, Refusals};
@@ -27,7 +28,9 @@ pub use self::deny_cache::DenyCacheStats;
 use self::deny_cache::RealClock;
 pub use self::topology::Topology;
 
-use super::{Answer, Call, LeaseAnswer, LeaseCall, LeaseOp, Store, StoreFuture, StoreOps};
+use super::{
+    Answer, Call, LeaseAnswer, LeaseCall, LeaseOp, ReleaseWatch, Store, StoreFuture, StoreOps,
+};
 use crate::algorithm::Algorithm;
 use crate::clock::{Clock, SystemClock};
 use crate::decision::Decision;
@@ -212,6 +215,19 @@ impl TimeSource {
 /// (`Topology::cluster`); with the `sentinel` feature, on the master that
 /// Redis Sentinel names, followed through failovers (`Topology::sentinel`).
 ///
+/// Callers waiting in a concurrency limit's queue
+/// ([`ConcurrencyLimiter::queue`](crate::concurrency::ConcurrencyLimiter::queue))
+/// hear of the releases other instances make through Redis pub/sub: a
+/// refused acquire that waits marks its lease set (`<lease key>:w`, for as
+/// long as it waits), and a release of a marked set is published on
+/// `{prefix}:released`. From the first such wait on, the store keeps one
+/// more connection, subscribed to that channel: to the server, one of a
+/// cluster's nodes, or the master it follows through Sentinel. It speaks
+/// RESP3 (Redis 6 or later), and is checked with a `PING` every 5 s. An ACL
+/// user needs that channel (`&{prefix}:released`) to subscribe and publish;
+/// without it, or while the subscriber reconnects, waiters hear only their
+/// own process's releases (and try again when the oldest lease expires).
+///
 /// Available with the `redis` feature (on by default).
 ///
 /// ```no_run
@@ -252,6 +268,9 @@ struct Inner {
     /// itself (a dropped one fails calls at once until a lookup replaces
     /// it).
     refusals: Option<Refusals>,
+    /// The subscriber to the releases other instances announce, and the
+    /// watches it tells.
+    hub: wake::Hub,
 }
 
 impl RedisStore {
@@ -814,6 +833,10 @@ impl StoreOps for RedisStore {
         if let Some(cache) = &self.inner.deny {
             cache.clear();
         }
+    }
+
+    fn watch_releases(&self, name: &str, key: &Key) -> Option<StoreFuture<ReleaseWatch>> {
+        Some(self.inner.hub.watch(self.lease_key(name, key)))
     }
 }
 

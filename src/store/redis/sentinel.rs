@@ -102,6 +102,10 @@ struct Master {
     /// `host:port`, as the sentinels name it.
     addr: String,
     conn: MultiplexedConnection,
+    /// How `conn` was made (address, TLS, credentials, database): for the
+    /// store's other connections to the master (its release subscriber,
+    /// [`wake`](super::wake)).
+    info: ConnectionInfo,
     /// [`SentinelConn::swaps`] when this connection was swapped in: its
     /// generation, which tells a failure of it from one of a connection
     /// it replaced.
@@ -363,6 +367,11 @@ impl SentinelConn {
             .unwrap_or_else(PoisonError::into_inner)
             .as_ref()
             .map(|m| m.addr.clone())
+    }
+
+    /// How to connect to the master in use, once one is known.
+    pub(crate) fn master_info(&self) -> Option<ConnectionInfo> {
+        self.master().map(|m| m.info.clone())
     }
 
     /// How many times the master connection was made or swapped.
@@ -631,6 +640,7 @@ impl SentinelConn {
         Ok(Some(Master {
             addr: named,
             conn,
+            info: client.get_connection_info().clone(),
             generation: 0,
         }))
     }
