@@ -496,6 +496,12 @@ impl Shared {
 /// and with it a wake of every watch.
 const PING_TIMEOUT: Duration = Duration::from_secs(1);
 
+/// The tests' throwaway `redis-server`, shared with tests/common.
+#[cfg(test)]
+#[allow(unreachable_pub)]
+#[path = "../../../tests/common/redis_server.rs"]
+mod test_server;
+
 #[cfg(test)]
 mod tests {
     use std::future::Future;
@@ -577,112 +583,66 @@ mod tests {
         assert!(backoff(10) >= Duration::from_millis(1500));
     }
 
-    /// A throwaway `redis-server` on a free loopback port, killed when
-    /// dropped (the unit tests cannot reach tests/common's).
-    struct Server {
+    use super::test_server::RedisServer as Server;
+
+    /// A sentinel (quorum 1) of the master `master` on a free port, once it
+    /// monitors it; killed, and its config file removed, when dropped.
+    #[cfg(feature = "sentinel")]
+    struct Sentinel {
         child: std::process::Child,
         port: u16,
-        /// A config file of its own, removed with it.
-        conf: Option<std::path::PathBuf>,
+        conf: std::path::PathBuf,
     }
 
-    impl Server {
-        fn start() -> Server {
-            Server::spawn("Ready to accept connections", |_| None)
-        }
-
-        /// A sentinel (quorum 1) of the master `master`, once it
-        /// monitors it.
-        #[cfg(feature = "sentinel")]
-        fn sentinel(master: &Server) -> Server {
-            Server::spawn("+monitor master", |port| {
-                let conf = std::env::temp_dir().join(format!(
-                    "fleetgate-wake-sentinel-{}-{port}.conf",
-                    std::process::id()
-                ));
-                let text = format!("sentinel monitor main 127.0.0.1 {} 1\n", master.port);
-                std::fs::write(&conf, text).expect("the sentinel's config file");
-                Some(conf)
-            })
-        }
-
-        /// Starts `redis-server` on a free port, as a sentinel with the
-        /// config file `sentinel(port)` writes if any, and waits for it to
-        /// print `ready`.
-        fn spawn(
-            ready: &'static str,
-            sentinel: impl Fn(u16) -> Option<std::path::PathBuf>,
-        ) -> Server {
+    #[cfg(feature = "sentinel")]
+    impl Sentinel {
+        fn start(master: &Server) -> Sentinel {
             use std::io::{BufRead, BufReader};
             let binary = std::env::var("REDIS_SERVER").unwrap_or_else(|_| "redis-server".into());
-            let mut last = String::new();
-            for _ in 0..5 {
-                let port = std::net::TcpListener::bind("127.0.0.1:0")
-                    .and_then(|l| l.local_addr())
-                    .expect("a free port")
-                    .port();
-                let conf = sentinel(port);
-                let mut child = std::process::Command::new(&binary);
-                if let Some(conf) = &conf {
-                    child.arg(conf).arg("--sentinel");
-                }
-                let mut child = child
-                    .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-                    .args(["--save", "", "--appendonly", "no", "--logfile", ""])
-                    .stdout(std::process::Stdio::piped())
-                    .stderr(std::process::Stdio::null())
-                    .spawn()
-                    .unwrap_or_else(|err| {
-                        panic!("cannot run `{binary}` ({err}): install redis-server or set REDIS_SERVER")
-                    });
-                let stdout = child.stdout.take().expect("piped stdout");
-                let (tx, rx) = std::sync::mpsc::channel();
-                // The server says when it is ready; the thread then drains
-                // its output until it exits.
-                std::thread::spawn(move || {
-                    for line in BufReader::new(stdout).lines() {
-                        let Ok(line) = line else { break };
-                        if line.contains(ready) {
-                            let _ = tx.send(Ok(()));
-                        } else if line.contains("Address already in use") {
-                            let _ = tx.send(Err(line));
-                        }
+            let port = super::test_server::free_port();
+            let conf = std::env::temp_dir().join(format!(
+                "fleetgate-wake-sentinel-{}-{port}.conf",
+                std::process::id()
+            ));
+            let text = format!("sentinel monitor main 127.0.0.1 {} 1\n", master.port());
+            std::fs::write(&conf, text).expect("the sentinel's config file");
+            let mut child = std::process::Command::new(&binary)
+                .arg(&conf)
+                .arg("--sentinel")
+                .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--logfile", ""])
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .expect("redis-server runs as a sentinel");
+            let stdout = child.stdout.take().expect("piped stdout");
+            let (tx, rx) = std::sync::mpsc::channel();
+            // It says when it monitors the master; the thread then drains
+            // its output until it exits.
+            std::thread::spawn(move || {
+                for line in BufReader::new(stdout).lines() {
+                    let Ok(line) = line else { break };
+                    if line.contains("+monitor master") {
+                        let _ = tx.send(());
                     }
-                });
-                match rx.recv_timeout(Duration::from_secs(20)) {
-                    Ok(Ok(())) => return Server { child, port, conf },
-                    Ok(Err(line)) => last = line,
-                    Err(_) => last = format!("redis-server on port {port} did not start"),
                 }
-                let _ = child.kill();
-                let _ = child.wait();
-                if let Some(conf) = conf {
-                    let _ = std::fs::remove_file(conf);
-                }
-            }
-            panic!("could not start redis-server: {last}");
+            });
+            let sentinel = Sentinel { child, port, conf };
+            rx.recv_timeout(Duration::from_secs(20))
+                .expect("the sentinel monitors the master");
+            sentinel
         }
 
         fn url(&self) -> String {
             format!("redis://127.0.0.1:{}", self.port)
         }
-
-        async fn admin(&self) -> MultiplexedConnection {
-            redis::Client::open(self.url())
-                .unwrap()
-                .get_multiplexed_async_connection()
-                .await
-                .expect("the test's own connection")
-        }
     }
 
-    impl Drop for Server {
+    #[cfg(feature = "sentinel")]
+    impl Drop for Sentinel {
         fn drop(&mut self) {
             let _ = self.child.kill();
             let _ = self.child.wait();
-            if let Some(conf) = &self.conf {
-                let _ = std::fs::remove_file(conf);
-            }
+            let _ = std::fs::remove_file(&self.conf);
         }
     }
 
@@ -873,7 +833,7 @@ mod tests {
     #[tokio::test]
     async fn on_sentinel_the_hub_subscribes_on_the_master() {
         let master = Server::start();
-        let sentinel = Server::sentinel(&master);
+        let sentinel = Sentinel::start(&master);
         let here = RedisStore::builder(crate::Topology::sentinel([sentinel.url()], "main"))
             .timeout(Duration::from_secs(2))
             .connect()
@@ -936,7 +896,7 @@ mod tests {
             .query_async(&mut server.admin().await)
             .await
             .unwrap();
-        let url = format!("redis://keys:secret@127.0.0.1:{}", server.port);
+        let url = format!("redis://keys:secret@127.0.0.1:{}", server.port());
         let limited = RedisStore::builder(url)
             .timeout(Duration::from_secs(2))
             .connect()
