@@ -203,24 +203,18 @@ impl ConcurrencyLimiter {
         let mut grant =
             store::lease_acquire(&*self.store, lease.call_waiting(capacity.get(), wait));
         // A store that decided at once has recorded the lease already.
-        let sent = match grant.take_ready() {
-            Some(result) => {
-                grant = StoreFuture::ready(result);
-                true
-            }
-            None => false,
-        };
+        let ready = grant.take_ready();
         let mut acquire = Acquire {
             grant,
             guard: Some(LeaseGuard::new(lease)),
-            sent,
+            sent: ready.is_some(),
             renewer: self.renewer.clone(),
             queue: queue.map(|waiters| (waiters, capacity)),
             waiting: None,
         };
-        // Refused at once (the memory store): the wait starts now, and
-        // `take_ready` answers only when it is over.
-        match acquire.grant.take_ready() {
+        match ready {
+            // Refused at once (the memory store): the wait starts now, and
+            // `take_ready` answers only when it is over.
             Some(Ok(grant)) if !grant.is_acquired() && acquire.queue.is_some() => {
                 acquire.wait_for_slot(grant);
             }

@@ -609,7 +609,14 @@ mod tests {
             let mut child = std::process::Command::new(&binary)
                 .arg(&conf)
                 .arg("--sentinel")
-                .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--logfile", ""])
+                .args([
+                    "--port",
+                    &port.to_string(),
+                    "--bind",
+                    "127.0.0.1",
+                    "--logfile",
+                    "",
+                ])
                 .stdout(std::process::Stdio::piped())
                 .stderr(std::process::Stdio::null())
                 .spawn()
