@@ -9,6 +9,7 @@ mod common;
 #[path = "../common/response_cost.rs"]
 mod response_cost;
 
+mod adaptive;
 mod after;
 mod concurrency;
 mod handlers;

@@ -1,40 +1,42 @@
 //! Gradient2: the limit follows the ratio of the service's minimum round
-//! trip time to its current one.
+//! trip time to its current one. The formulas and the rules of the
+//! minimum are the users' docs, on `AdaptiveLimit::gradient2`; here, why
+//! they are so.
 //!
-//! Every `window` (a sampling window, 250 ms by default) the mean RTT of
-//! the calls that ended in it is compared with the minimum RTT:
-//!
-//! ```text
-//! gradient  = clamp((1 + tolerance) · min_rtt / window_rtt, 0.5, 2)
-//! target    = gradient · limit + (gradient ≥ 1 ? headroom : 0),  headroom = √limit
-//! limit     = clamp((1 − smoothing) · limit + smoothing · target, min, max)
-//! ```
-//!
-//! While calls take no longer than the minimum (the service queues
-//! nothing), the gradient is at least 1 and the limit grows by the
-//! headroom; once the service queues, the window RTT grows with the
-//! queue and the gradient pulls the limit back to about
-//! `(1 + tolerance)` times what the service holds. The limit does not
-//! grow while the calls in flight stayed below half of it (the traffic,
-//! not the service, set the pace: nothing was learned about a higher
-//! limit).
-//!
-//! The minimum RTT is measured, not configured: at the start, and again
-//! every `probe_every` (60 s, moved by up to ±25 % at random so that a
-//! fleet's instances do not probe together), the limit drops to `min` for
-//! as long as `probe_samples` calls admitted under it take; their mean
-//! RTT is the new minimum, and the limit returns to where it was. A
-//! service whose latency rose for good is seen anew at the next probe.
+//! - While calls take no longer than the minimum (the service queues
+//!   nothing), the gradient is above 1 and the limit grows by the
+//!   headroom; once the service queues, the window RTT grows with the
+//!   queue and the gradient pulls the limit back to about
+//!   `(1 + TOLERANCE)` times what the service holds.
+//! - The headroom fades out as the gradient falls to 1: a headroom that
+//!   jumped in at 1 would lift the limit past where it settles every
+//!   time noise tipped a window's mean below it.
+//! - A window closes after its time and `WINDOW_SAMPLES` calls: the mean
+//!   of fewer is noise the limit would follow.
+//! - The limit does not grow while the calls in flight (averaged over
+//!   the window's calls: their maximum rises with every burst of a
+//!   traffic well below the limit) stayed below half of it: the traffic,
+//!   not the service, set the pace.
+//! - The minimum is measured by probes at `min`. A service that got
+//!   faster shows a window mean below the minimum, taken at once. One
+//!   that got slower (a slower dependency, a busier CPU) keeps the
+//!   gradient below 1 however far the limit falls; when the limit falls
+//!   because of a queue the RTT falls with it, so a limit down by a fifth
+//!   under an RTT that did not fall by a twentieth means the minimum
+//!   moved: a probe measures it again.
 
 use std::time::{Duration, Instant};
 
 use super::{Sample, Verdict};
 
 /// How many calls admitted during a probe measure the minimum RTT.
-const PROBE_SAMPLES: u32 = 20;
+const PROBE_SAMPLES: u32 = 40;
 /// The room a window's mean RTT is given over the minimum before the
 /// limit shrinks: noise in the mean, not a queue.
 const TOLERANCE: f64 = 0.1;
+/// The fewest calls a sampling window takes: a mean over fewer is
+/// noise the limit would follow.
+const WINDOW_SAMPLES: u32 = 80;
 
 /// Gradient2's settings, checked by the builder.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -54,6 +56,9 @@ pub(super) struct Gradient {
     probe: Option<Probe>,
     next_probe: Instant,
     window: Window,
+    /// While the gradient is below 1: the limit and the window RTT when
+    /// the RTT last fell with the limit.
+    shrinking: Option<(f64, f64)>,
     rng: fastrand::Rng,
 }
 
@@ -72,7 +77,7 @@ struct Window {
     started: Instant,
     sum: f64,
     count: u32,
-    most_in_flight: u64,
+    in_flight: u64,
 }
 
 impl Window {
@@ -81,7 +86,7 @@ impl Window {
             started,
             sum: 0.0,
             count: 0,
-            most_in_flight: 0,
+            in_flight: 0,
         }
     }
 }
@@ -103,6 +108,7 @@ impl Gradient {
             probe: None,
             next_probe: now,
             window: Window::new(now),
+            shrinking: None,
             rng: fastrand::Rng::new(),
         };
         gradient.start_probe(now);
@@ -127,6 +133,7 @@ impl Gradient {
     }
 
     fn start_probe(&mut self, now: Instant) {
+        self.shrinking = None;
         self.probe = Some(Probe {
             started: now,
             resume: self.limit,
@@ -168,27 +175,41 @@ impl Gradient {
         let window = &mut self.window;
         window.sum += rtt;
         window.count += 1;
-        window.most_in_flight = window.most_in_flight.max(sample.in_flight);
-        if now.saturating_duration_since(window.started) < self.config.window {
+        window.in_flight += sample.in_flight;
+        if now.saturating_duration_since(window.started) < self.config.window
+            || window.count < WINDOW_SAMPLES
+        {
             return None;
         }
-        let min_rtt = self.min_rtt?;
         let mean = window.sum / f64::from(window.count);
+        if self.min_rtt.is_some_and(|min| mean < min) {
+            self.min_rtt = Some(mean);
+        }
+        let min_rtt = self.min_rtt?;
         let gradient = ((1.0 + TOLERANCE) * min_rtt / mean).clamp(0.5, 2.0);
-        let app_limited = (window.most_in_flight as f64) * 2.0 < self.limit;
-        let target = if gradient >= 1.0 {
-            if app_limited {
-                self.limit
-            } else {
-                gradient * self.limit + self.limit.sqrt()
-            }
+        let in_flight = window.in_flight as f64 / f64::from(window.count);
+        let app_limited = in_flight * 2.0 < self.limit;
+        // All the headroom with no queue, none at the tolerance.
+        let fade = ((gradient - 1.0) / TOLERANCE).clamp(0.0, 1.0);
+        let target = if gradient >= 1.0 && app_limited {
+            self.limit
         } else {
-            gradient * self.limit
+            gradient * self.limit + fade * self.limit.sqrt()
         };
         let s = self.config.smoothing;
         self.limit = ((1.0 - s) * self.limit + s * target).clamp(self.min, self.max);
         self.window = Window::new(now);
-        if now >= self.next_probe {
+        self.shrinking = match self.shrinking {
+            _ if gradient >= 1.0 => None,
+            // The RTT fell with the limit: a queue is draining.
+            Some((_, rtt)) if mean < 0.95 * rtt => Some((self.limit, mean)),
+            Some(since) => Some(since),
+            None => Some((self.limit, mean)),
+        };
+        let moved = self
+            .shrinking
+            .is_some_and(|(limit, _)| self.limit <= 0.8 * limit);
+        if moved || now >= self.next_probe {
             self.start_probe(now);
         }
         Some(gradient)

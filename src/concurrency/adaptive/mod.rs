@@ -90,16 +90,23 @@ impl AdaptiveLimit {
     ///
     /// ```text
     /// gradient = clamp(1.1 · min_rtt / window_rtt, 0.5, 2)
-    /// target   = gradient · limit + (gradient ≥ 1 ? √limit : 0)
+    /// headroom = √limit · clamp((gradient − 1) / 0.1, 0, 1)
+    /// target   = gradient · limit + headroom
     /// limit    = clamp((1 − smoothing) · limit + smoothing · target, min, max)
     /// ```
     ///
     /// `window_rtt` is the mean RTT of the calls that ended in the last
     /// sampling window ([`sample_window`](AdaptiveLimitBuilder::sample_window),
-    /// 250 ms); the limit does not grow while fewer than half of it were
-    /// in use. A probe drops the limit to `min` until 20 calls admitted
-    /// under it have ended; their mean RTT is the minimum, and the limit
-    /// returns to where it was. Settings: `min`, `max`, `initial`,
+    /// 250 ms, and at least 80 calls); the limit settles where the
+    /// service's queue adds a tenth to the minimum, and does not grow
+    /// while fewer than half of it were in use (on average over the
+    /// window's calls). A probe drops the limit to `min` until 40 calls
+    /// admitted under it have ended; their mean RTT is the minimum, and
+    /// the limit returns to where it was. Between probes the minimum
+    /// follows a service that got faster (a window's mean RTT below it is
+    /// the new minimum) or slower (a probe starts once the limit has
+    /// fallen by a fifth under a gradient below 1 while the RTT barely
+    /// fell: no queue was draining). Settings: `min`, `max`, `initial`,
     /// `smoothing`, `sample_window`, `probe_every`.
     pub fn gradient2() -> AdaptiveLimitBuilder {
         AdaptiveLimitBuilder::new(Kind::Gradient2)
@@ -209,7 +216,8 @@ impl AdaptiveLimitBuilder {
     }
 
     /// Gradient2: how long a sampling window lasts (default 250 ms, from
-    /// 1 ms to 1 minute). Shorter follows faster, on fewer calls a window.
+    /// 1 ms to 1 minute; a window also waits for 80 calls). Shorter
+    /// follows faster, on fewer calls a window.
     pub fn sample_window(mut self, window: Duration) -> Self {
         self.window = Some(window);
         self
