@@ -126,11 +126,11 @@
 //!   time (default 8) and queues the rest inside the handler, as an
 //!   overloaded backend does. In front of it, one adaptive concurrency
 //!   limit for the whole route (Gradient2, this instance's own) with a
-//!   short LIFO queue (16 callers, 20 ms): beyond what the backend holds,
+//!   short LIFO queue (16 callers, 10 ms): beyond what the backend holds,
 //!   calls are refused at once with 503 and `Retry-After: 1`, and the
 //!   admitted ones keep the backend's own latency. The limit is
 //!   `fleetgate_concurrency_limit{policy="adaptive"}` in `/metrics` and on
-//!   the dashboard.
+//!   the dashboard; `examples/adaptive_load.rs` drives the route.
 //! - `/admin/...` (with `FLEETGATE_ADMIN_TOKEN`): `GET /admin/policies`
 //!   (JSON: each policy and its limits now), `PUT /admin/policies/{policy}`
 //!   (body: limits such as `1/s burst 5`; 400 names a parse error and
@@ -911,14 +911,15 @@ fn slow_routes(slow: ConcurrencyLimiter, api_key: ApiKey, failure: FailurePolicy
 /// for the whole route that finds how many it can.
 fn adaptive_routes() -> Result<Router, BoxError> {
     let pool = env_number("FLEETGATE_ADAPTIVE_POOL", 8, 1..=10_000)?;
+    // At least 4 (or the pool): a probe of the minimum RTT at 4 takes a
+    // quarter of the time one at 1 does. The initial 10 is the default.
     let limit = AdaptiveLimit::gradient2()
-        .min(1)
+        .min(pool.min(4))
         .max(256)
-        .initial(4)
         .build()?;
     let limiter = ConcurrencyLimiter::adaptive("adaptive", limit)?
-        .queue(WaitQueue::lifo(16, Duration::from_millis(20))?);
-    let workers = Arc::new(Semaphore::new(pool));
+        .queue(WaitQueue::lifo(16, Duration::from_millis(10))?);
+    let workers = Workers::new(pool);
     Ok(Router::new()
         .route(
             "/api/adaptive",
@@ -932,11 +933,7 @@ fn adaptive_routes() -> Result<Router, BoxError> {
                             return (StatusCode::BAD_REQUEST, "ms must be a number\n".to_owned());
                         }
                     };
-                    // Waits for a worker, as a backend's own queue does.
-                    let Ok(_worker) = workers.acquire().await else {
-                        return (StatusCode::SERVICE_UNAVAILABLE, "stopping\n".to_owned());
-                    };
-                    tokio::time::sleep(Duration::from_millis(ms)).await;
+                    tokio::time::sleep_until(workers.serve(Duration::from_millis(ms))).await;
                     (StatusCode::OK, format!("adaptive {ms} ms\n"))
                 }
             }),
@@ -946,6 +943,43 @@ fn adaptive_routes() -> Result<Router, BoxError> {
                 .key(GlobalKey::new())
                 .status(StatusCode::SERVICE_UNAVAILABLE)?,
         ))
+}
+
+/// `/api/adaptive`'s backend: `pool` workers, each serving one call at a
+/// time for exactly its time, the rest waiting for the first worker free
+/// (a backend's own queue). Each worker's schedule is kept, not read off
+/// the clock after each call: the timer's late wake-ups then delay the
+/// answers but not the next calls' service, so the pool serves
+/// `pool / N ms` calls a second, as the backend it stands for would.
+#[derive(Clone)]
+struct Workers {
+    /// When each worker is next free.
+    free_at: Arc<std::sync::Mutex<Vec<tokio::time::Instant>>>,
+}
+
+impl Workers {
+    fn new(pool: u64) -> Self {
+        let now = tokio::time::Instant::now();
+        Workers {
+            // At most 10,000 (FLEETGATE_ADAPTIVE_POOL's bound).
+            free_at: Arc::new(std::sync::Mutex::new(vec![now; pool as usize])),
+        }
+    }
+
+    /// Books the first free worker for `took`; returns when the call
+    /// ends. A call whose client leaves keeps its worker busy to the end,
+    /// as a backend that cannot cancel work does.
+    fn serve(&self, took: Duration) -> tokio::time::Instant {
+        let mut free_at = self.free_at.lock().unwrap_or_else(|e| e.into_inner());
+        let now = tokio::time::Instant::now();
+        match free_at.iter_mut().min() {
+            Some(first) => {
+                *first = (*first).max(now) + took;
+                *first
+            }
+            None => now + took,
+        }
+    }
 }
 
 /// `POST /api/charge` (critical) and `GET /api/report` (low priority)

@@ -11,8 +11,11 @@
 #
 # Knobs (environment):
 #   FLEETGATE_BENCHES          which benches, in order (default:
-#                              "http decisions memory redis_memory grpc observe";
-#                              `observe` is not a cargo bench: what feeding
+#                              "http decisions memory redis_memory grpc observe adaptive";
+#                              `adaptive` is not a cargo bench: the release
+#                              demo's /api/adaptive under 64 callers
+#                              (scripts/adaptive-demo.sh --release);
+#                              nor is `observe`: what feeding
 #                              fleetgate::observe costs a call through the
 #                              layer, by callgrind, on vs off; needs valgrind)
 #   (the decisions bench also runs the peers scripts/peers-install.sh puts
@@ -40,7 +43,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-benches="${FLEETGATE_BENCHES:-http decisions memory redis_memory grpc observe}"
+benches="${FLEETGATE_BENCHES:-http decisions memory redis_memory grpc observe adaptive}"
 stamp="$(date -u +%Y%m%dT%H%M%SZ)"
 out="${FLEETGATE_BENCH_OUT:-target/bench/$stamp}"
 mkdir -p "$out"
@@ -79,7 +82,9 @@ case " $benches " in
 esac
 
 bench_args() {
-  for b in $benches; do [ "$b" = observe ] || printf -- '--bench %s ' "$b"; done
+  for b in $benches; do
+    case "$b" in observe | adaptive) ;; *) printf -- '--bench %s ' "$b" ;; esac
+  done
 }
 
 # What fleetgate::observe costs a call through the layer (memory store):
@@ -113,6 +118,26 @@ observe_cost() {
       printf "| observe: cost of a call %s | within the noise (%d instructions) | %+d | %s |\n", $3, noise, d, (d <= noise ? "PASS" : "MISS") }' \
     "$out/observe-off.txt" "$out/observe-on.txt"
 }
+# The demo's adaptive limit in front of a backend of 8 workers taking
+# 20 ms a call (400 calls/s), 64 callers retrying at once for 10 s.
+adaptive_demo() {
+  local line status=0
+  line=$(scripts/adaptive-demo.sh --release 2>"$out/adaptive.err") || status=$?
+  field() { grep -oE "(^| )$1=[0-9.]+" <<<"$line" | cut -d= -f2; }
+  echo "### adaptive: the demo's GET /api/adaptive, 64 callers for 10 s (release)"
+  echo
+  echo '```text'
+  echo "$line"
+  echo '```'
+  echo
+  echo "| target | required | measured | result |"
+  echo "|---|---|---:|---|"
+  awk -v rate="$(field rate)" -v p99="$(field p99_ms)" -v refused="$(field refused_p99_ms)" 'BEGIN {
+    printf "| adaptive demo: calls admitted a second | >= 360 (backend: 400) | %s | %s |\n", rate, (rate + 0 >= 360 ? "PASS" : "MISS")
+    printf "| adaptive demo: admitted p99 | < 60 ms | %s ms | %s |\n", p99, (p99 + 0 < 60 ? "PASS" : "MISS")
+    printf "| adaptive demo: refused p99 | < 60 ms | %s ms | %s |\n", refused, (refused + 0 < 60 ? "PASS" : "MISS") }'
+  [ "$status" = 0 ] || { echo; echo "adaptive-demo.sh failed:"; echo; sed 's/^/    /' "$out/adaptive.err"; }
+}
 echo "scripts/bench.sh: building" >&2
 if [ -n "$(bench_args)" ]; then
   # shellcheck disable=SC2046
@@ -141,6 +166,9 @@ for b in $benches; do
   case "$b" in
     observe)
       observe_cost >"$out/observe.md" 2>"$out/observe.log"
+      ;;
+    adaptive)
+      adaptive_demo >"$out/adaptive.md" 2>"$out/adaptive.log"
       ;;
     memory)
       cargo bench --bench memory -- \
@@ -189,6 +217,7 @@ missed="$(grep -c '| MISS |$' <<<"$targets" || true)"
   echo "scripts/bench.sh   # FLEETGATE_BENCHES=\"$benches\""
   for b in $benches; do
     case "$b" in
+      adaptive) echo "scripts/adaptive-demo.sh --release" ;;
       observe) echo "scripts/callgrind-layer.sh   # twice: as built, and with RUSTFLAGS=\"--cfg fleetgate_observe_off\" CARGO_TARGET_DIR=target/observe-off" ;;
       memory) echo "cargo bench --bench memory -- --warm-up-time ${FLEETGATE_CRITERION_WARMUP:-0.5} --measurement-time ${FLEETGATE_CRITERION_SECS:-1.5}" ;;
       *) echo "cargo bench --bench $b" ;;
