@@ -215,3 +215,135 @@ impl Gradient {
         Some(gradient)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config() -> GradientConfig {
+        GradientConfig {
+            smoothing: 0.2,
+            window: Duration::from_millis(250),
+            probe_every: Duration::from_secs(60),
+        }
+    }
+
+    /// Feeds the controller one call a millisecond for `ms` milliseconds,
+    /// each taking `rtt_ms` with `in_flight` in flight (at most what the
+    /// limit allows), from `at` on; returns the time after the last.
+    fn run(g: &mut Gradient, at: Instant, ms: u64, rtt_ms: u64, in_flight: u64) -> Instant {
+        let rtt = Duration::from_millis(rtt_ms);
+        for i in 0..ms {
+            let ended = at + Duration::from_millis(i);
+            let sample = Sample {
+                started: ended - rtt,
+                rtt,
+                in_flight: in_flight.min(g.limit() as u64).max(1),
+                verdict: Verdict::Succeeded,
+            };
+            g.sample(&sample, ended);
+        }
+        at + Duration::from_millis(ms)
+    }
+
+    /// A controller past its first probe, at a minimum RTT of 20 ms.
+    fn measured(initial: u64) -> (Gradient, Instant) {
+        let start = Instant::now();
+        let mut g = Gradient::new(config(), 2, 100, initial, start);
+        assert!(g.probing());
+        assert_eq!(g.limit(), 2.0, "a probe runs at min");
+        // Calls that started before the probe do not count.
+        let at = run(&mut g, start + Duration::from_millis(20), 5, 30, 1);
+        assert!(g.probing());
+        let at = run(
+            &mut g,
+            at + Duration::from_millis(20),
+            PROBE_SAMPLES.into(),
+            20,
+            1,
+        );
+        assert!(!g.probing());
+        assert_eq!(g.min_rtt(), Some(Duration::from_millis(20)));
+        assert_eq!(g.limit(), initial as f64, "back where it was");
+        (g, at)
+    }
+
+    #[test]
+    fn it_grows_while_the_service_queues_nothing_and_is_in_use() {
+        let (mut g, at) = measured(10);
+        run(&mut g, at, 5_000, 20, 100);
+        assert!(g.limit() > 30.0, "limit {}", g.limit());
+    }
+
+    #[test]
+    fn it_does_not_grow_while_the_traffic_leaves_most_of_it_unused() {
+        let (mut g, at) = measured(10);
+        run(&mut g, at, 2_000, 20, 3);
+        assert_eq!(g.limit(), 10.0);
+    }
+
+    #[test]
+    fn a_queue_pulls_it_back() {
+        // A service that holds 20: past that, calls queue, and the RTT
+        // grows with the limit.
+        let (mut g, mut at) = measured(40);
+        for _ in 0..40 {
+            let rtt = 20.0 * (g.limit() / 20.0).max(1.0);
+            at = run(&mut g, at, 100, rtt.round() as u64, 100);
+        }
+        assert!((20.0..=24.0).contains(&g.limit()), "limit {}", g.limit());
+        assert!(!g.probing(), "a draining queue is no moved minimum");
+    }
+
+    #[test]
+    fn a_slower_service_is_measured_again_rather_than_followed_down() {
+        let (mut g, at) = measured(40);
+        // Every call takes 30 ms however far the limit falls: no queue is
+        // draining, the minimum moved.
+        let mut at = at;
+        let mut probed = false;
+        for _ in 0..40 {
+            at = run(&mut g, at, 100, 30, 100);
+            if g.probing() {
+                probed = true;
+                break;
+            }
+        }
+        assert!(probed, "no probe; limit {}", g.limit());
+        // The probe measures the new minimum, and the limit comes back to
+        // where it was when the probe began (a fifth down, no lower).
+        run(
+            &mut g,
+            at + Duration::from_millis(30),
+            PROBE_SAMPLES.into(),
+            30,
+            1,
+        );
+        assert_eq!(g.min_rtt(), Some(Duration::from_millis(30)));
+        assert!(g.limit() >= 40.0 * 0.7, "limit {}", g.limit());
+    }
+
+    #[test]
+    fn a_faster_window_lowers_the_minimum_at_once() {
+        let (mut g, at) = measured(10);
+        run(&mut g, at, 300, 15, 10);
+        assert_eq!(g.min_rtt(), Some(Duration::from_millis(15)));
+    }
+
+    #[test]
+    fn ignored_calls_are_no_samples() {
+        let (mut g, at) = measured(10);
+        let rtt = Duration::from_millis(200);
+        for i in 0..1_000 {
+            let ended = at + Duration::from_millis(i);
+            let sample = Sample {
+                started: ended - rtt,
+                rtt,
+                in_flight: 10,
+                verdict: Verdict::Ignore,
+            };
+            assert_eq!(g.sample(&sample, ended), None);
+        }
+        assert_eq!(g.limit(), 10.0);
+    }
+}

@@ -543,3 +543,56 @@ impl fmt::Debug for AdaptiveCall {
             .finish_non_exhaustive()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn fast_failures_and_cancelled_calls_are_no_samples() {
+        let limit = AdaptiveLimit::aimd()
+            .min(1)
+            .max(100)
+            .initial(10)
+            .timeout(Duration::from_secs(1))
+            .build()
+            .unwrap();
+        let adaptive = Adaptive::new(limit, LimitMetrics::new(Arc::from("t")));
+        let took = |ms| tokio::time::advance(Duration::from_millis(ms));
+        // A success in 20 ms: the fastest seen.
+        let call = adaptive.start();
+        took(20).await;
+        call.finish(Verdict::Succeeded);
+        // A failure in 5 ms did not reach the service's queue.
+        let call = adaptive.start();
+        took(5).await;
+        call.finish(Verdict::Failed);
+        assert_eq!(adaptive.limit(), 10);
+        // Cancelled: nothing measured, nothing left in flight.
+        let call = adaptive.start();
+        took(500).await;
+        drop(call);
+        assert_eq!(adaptive.limit(), 10);
+        assert_eq!(adaptive.state().in_flight, 0);
+        // A failure no faster than the minimum backs AIMD off.
+        let call = adaptive.start();
+        took(30).await;
+        call.finish(Verdict::Failed);
+        assert_eq!(adaptive.limit(), 9);
+    }
+
+    #[test]
+    fn verdicts_of_statuses() {
+        use http::StatusCode;
+        assert_eq!(Verdict::of_status(StatusCode::OK), Verdict::Succeeded);
+        assert_eq!(
+            Verdict::of_status(StatusCode::NOT_FOUND),
+            Verdict::Succeeded
+        );
+        assert_eq!(
+            Verdict::of_status(StatusCode::TOO_MANY_REQUESTS),
+            Verdict::Failed
+        );
+        assert_eq!(Verdict::of_status(StatusCode::BAD_GATEWAY), Verdict::Failed);
+    }
+}
