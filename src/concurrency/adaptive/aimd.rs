@@ -1,9 +1,10 @@
 //! AIMD: additive increase, multiplicative decrease, as TCP does.
 //!
 //! - A call that failed (see [`Verdict::Failed`]) or took longer than
-//!   `timeout` multiplies the limit by `backoff` (0.9), at most once per
-//!   `timeout`, so that the calls of one bad moment back off once, not
-//!   once each.
+//!   `timeout` multiplies the limit by `backoff` (0.9), unless it was
+//!   admitted before the last backoff: the calls of one bad moment back
+//!   off once, as TCP backs off once per window, and the calls admitted
+//!   under the lowered limit say whether it is low enough.
 //! - A call that succeeded within `timeout` adds `1 / limit`: the limit
 //!   grows by one per limit's worth of good calls (one per round trip
 //!   when the limit is in use), but only while at least half of it was in
@@ -60,10 +61,7 @@ impl Aimd {
             Verdict::Succeeded => sample.rtt > self.config.timeout,
         };
         if bad {
-            let recent = self
-                .last_backoff
-                .is_some_and(|at| now.saturating_duration_since(at) < self.config.timeout);
-            if recent {
+            if self.last_backoff.is_some_and(|at| sample.started < at) {
                 return false;
             }
             self.last_backoff = Some(now);

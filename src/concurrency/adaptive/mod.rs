@@ -115,8 +115,9 @@ impl AdaptiveLimit {
     /// AIMD: one more per limit's worth of good calls, times
     /// [`backoff`](AdaptiveLimitBuilder::backoff) (0.9) on a failure or on
     /// a call slower than [`timeout`](AdaptiveLimitBuilder::timeout)
-    /// (5 s), at most once per timeout. Settings: `min`, `max`,
-    /// `initial`, `backoff`, `timeout`.
+    /// (5 s), except for calls admitted before the last backoff (the
+    /// calls of one bad moment back off once, as TCP does once per
+    /// window). Settings: `min`, `max`, `initial`, `backoff`, `timeout`.
     pub fn aimd() -> AdaptiveLimitBuilder {
         AdaptiveLimitBuilder::new(Kind::Aimd)
     }
