@@ -6,6 +6,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 
 use super::Lease;
+use crate::error::StoreError;
 use crate::key::Key;
 use crate::observe::{Held, PolicyStats};
 use crate::store::{self, LeaseCall, LeaseId, LeaseOp, Store, StoreFuture};
@@ -21,13 +22,21 @@ pub struct StoreLease {
     pending: Arc<Pending>,
     /// Counts the lease in [`observe`](crate::observe) while it is held.
     held: OnceLock<Held>,
-    /// Told once a release has reached the store: wakes the callers
-    /// queued for a slot of this key.
+    /// Told once a release that may have freed a slot has reached the
+    /// store: wakes the callers queued for a slot of this key.
     on_release: Option<OnRelease>,
 }
 
 /// What a lease tells its limiter once released.
 pub(crate) type OnRelease = Arc<dyn Fn(&Key) + Send + Sync>;
+
+/// Whether a release may have freed a slot: not when the store says the
+/// lease was not held (never taken, as a queued caller's, or expired);
+/// when unsure (a store error), yes, as a wasted retry costs less than a
+/// waiter left asleep.
+fn freed(release: &Result<bool, StoreError>) -> bool {
+    !matches!(release, Ok(false))
+}
 
 impl StoreLease {
     pub(crate) fn new(
@@ -108,7 +117,7 @@ impl Lease for StoreLease {
     fn release(&self) -> StoreFuture<bool> {
         let mut release = store::lease_held(&*self.store, self.call(0), LeaseOp::Release);
         if let Some(done) = release.take_ready() {
-            if let Some(tell) = &self.on_release {
+            if let Some(tell) = self.on_release.as_ref().filter(|_| freed(&done)) {
                 tell(&self.key);
             }
             return StoreFuture::ready(done);
@@ -120,7 +129,7 @@ impl Lease for StoreLease {
         StoreFuture::pending(async move {
             let _token = token;
             let result = release.await;
-            if let Some((tell, key)) = told {
+            if let Some((tell, key)) = told.filter(|_| freed(&result)) {
                 tell(&key);
             }
             result

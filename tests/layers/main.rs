@@ -21,6 +21,7 @@ mod per_route;
 mod shedding;
 mod upstream_headers;
 mod utilization_shedding;
+mod wait_queue;
 
 /// A memory store on tokio's clock, for tests with paused time: the
 /// default clock (the CPU's counter) does not follow `tokio::time::pause`.
