@@ -235,7 +235,7 @@ impl<S: Service<Req>, Req, G: Gate> Admitting<S, Req, G> {
         let outcome = ready!(self.as_mut().poll_outcome(cx));
         if let Outcome::Passed(result, _) = &outcome {
             let verdict = match result {
-                Ok(response) => Verdict::of_status(response.status()),
+                Ok(response) => Verdict::of_response(response),
                 Err(_) => Verdict::Failed,
             };
             self.as_mut().measured(verdict);

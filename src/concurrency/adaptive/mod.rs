@@ -40,7 +40,7 @@ const MOST: u64 = 1_000_000;
 /// | the call | counts as |
 /// |---|---|
 /// | answered 1xx–4xx, other than 429 | a success, with its RTT |
-/// | answered 5xx or 429, or an error in typed-error mode, no faster than the minimum RTT | a failure, with its RTT (AIMD backs off; Gradient2 takes the RTT) |
+/// | answered 5xx or 429, a gRPC capacity error in the head (`grpc-status` 4, 8, 13 or 14: a trailers-only answer), or an error in typed-error mode, no faster than the minimum RTT | a failure, with its RTT (AIMD backs off; Gradient2 takes the RTT) |
 /// | such a failure answered faster than the minimum RTT (Gradient2: the one measured; AIMD: the fastest success seen) | nothing: a fast failure (a refusal, a broken dependency) says nothing about capacity |
 /// | cancelled (the request future dropped before the response) | nothing |
 ///
@@ -342,9 +342,22 @@ pub(crate) enum Verdict {
 }
 
 impl Verdict {
-    /// The verdict on an HTTP answer: 5xx and 429 failed.
-    pub(crate) fn of_status(status: http::StatusCode) -> Self {
-        if status.is_server_error() || status == http::StatusCode::TOO_MANY_REQUESTS {
+    /// The verdict on an HTTP answer: 5xx and 429 failed, and so did a
+    /// gRPC answer whose head carries (trailers-only) `grpc-status`
+    /// DEADLINE_EXCEEDED (4), RESOURCE_EXHAUSTED (8), INTERNAL (13) or
+    /// UNAVAILABLE (14): gRPC answers its errors with HTTP 200.
+    pub(crate) fn of_response<B>(response: &http::Response<B>) -> Self {
+        let status = response.status();
+        let grpc_failed = || {
+            response
+                .headers()
+                .get("grpc-status")
+                .is_some_and(|code| matches!(code.as_bytes(), b"4" | b"8" | b"13" | b"14"))
+        };
+        if status.is_server_error()
+            || status == http::StatusCode::TOO_MANY_REQUESTS
+            || grpc_failed()
+        {
             Verdict::Failed
         } else {
             Verdict::Succeeded
@@ -583,17 +596,23 @@ mod tests {
     }
 
     #[test]
-    fn verdicts_of_statuses() {
-        use http::StatusCode;
-        assert_eq!(Verdict::of_status(StatusCode::OK), Verdict::Succeeded);
-        assert_eq!(
-            Verdict::of_status(StatusCode::NOT_FOUND),
-            Verdict::Succeeded
-        );
-        assert_eq!(
-            Verdict::of_status(StatusCode::TOO_MANY_REQUESTS),
-            Verdict::Failed
-        );
-        assert_eq!(Verdict::of_status(StatusCode::BAD_GATEWAY), Verdict::Failed);
+    fn verdicts_of_responses() {
+        let of = |status: u16, grpc: Option<&str>| {
+            let mut response = http::Response::builder().status(status);
+            if let Some(code) = grpc {
+                response = response.header("grpc-status", code);
+            }
+            Verdict::of_response(&response.body(()).unwrap())
+        };
+        assert_eq!(of(200, None), Verdict::Succeeded);
+        assert_eq!(of(404, None), Verdict::Succeeded);
+        assert_eq!(of(429, None), Verdict::Failed);
+        assert_eq!(of(502, None), Verdict::Failed);
+        assert_eq!(of(200, Some("0")), Verdict::Succeeded);
+        assert_eq!(of(200, Some("5")), Verdict::Succeeded); // NOT_FOUND
+        for code in ["4", "8", "13", "14"] {
+            assert_eq!(of(200, Some(code)), Verdict::Failed, "grpc-status {code}");
+        }
+        assert_eq!(of(200, Some("14x")), Verdict::Succeeded);
     }
 }
