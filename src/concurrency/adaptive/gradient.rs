@@ -22,8 +22,11 @@
 //!   that got slower (a slower dependency, a busier CPU) keeps the
 //!   gradient below 1 however far the limit falls; when the limit falls
 //!   because of a queue the RTT falls with it, so a limit down by a fifth
-//!   under an RTT that did not fall by a twentieth means the minimum
-//!   moved: a probe measures it again.
+//!   (or to `min`, where it can fall no further) under an RTT that did
+//!   not fall by a twentieth means the minimum moved: a probe measures it
+//!   again.
+//! - A probe ends after `PROBE_WINDOWS` windows even if its calls did not
+//!   come (long calls holding the `min` slots), on what it measured.
 
 use std::time::{Duration, Instant};
 
@@ -34,6 +37,11 @@ const PROBE_SAMPLES: u32 = 40;
 /// The room a window's mean RTT is given over the minimum before the
 /// limit shrinks: noise in the mean, not a queue.
 const TOLERANCE: f64 = 0.1;
+/// The shortest RTT taken: 1 µs.
+const SHORTEST_RTT: f64 = 1e-6;
+/// The longest a probe lasts, in sampling windows, if its calls do not
+/// come.
+const PROBE_WINDOWS: u32 = 10;
 /// The fewest calls a sampling window takes: a mean over fewer is
 /// noise the limit would follow.
 const WINDOW_SAMPLES: u32 = 80;
@@ -147,17 +155,28 @@ impl Gradient {
         if sample.verdict == Verdict::Ignore {
             return None;
         }
-        let rtt = sample.rtt.as_secs_f64();
+        // A call answered in no measurable time (a clock that did not
+        // move) would make a minimum of 0 and every gradient NaN.
+        let rtt = sample.rtt.as_secs_f64().max(SHORTEST_RTT);
         if let Some(probe) = &mut self.probe {
             // Only calls admitted under the probe's limit, which queue
             // nothing, measure the minimum.
-            if sample.started < probe.started || sample.in_flight > self.min as u64 {
-                return None;
+            let counts = sample.started >= probe.started && sample.in_flight <= self.min as u64;
+            if counts {
+                probe.sum += rtt;
+                probe.count += 1;
             }
-            probe.sum += rtt;
-            probe.count += 1;
-            if probe.count >= PROBE_SAMPLES {
-                self.min_rtt = Some(probe.sum / f64::from(probe.count));
+            // Calls that hold their slots (long streams) can keep the
+            // probe's calls from coming: past its longest, a probe ends
+            // on what it measured, or keeps the minimum it had.
+            let overdue =
+                now.saturating_duration_since(probe.started) >= self.config.window * PROBE_WINDOWS;
+            if probe.count >= PROBE_SAMPLES
+                || overdue && (probe.count > 0 || self.min_rtt.is_some())
+            {
+                if probe.count > 0 {
+                    self.min_rtt = Some(probe.sum / f64::from(probe.count));
+                }
                 self.limit = probe.resume;
                 self.probe = None;
                 let every = self.config.probe_every.as_secs_f64();
@@ -200,15 +219,19 @@ impl Gradient {
         self.limit = ((1.0 - s) * self.limit + s * target).clamp(self.min, self.max);
         self.window = Window::new(now);
         self.shrinking = match self.shrinking {
-            _ if gradient >= 1.0 => None,
+            // Back above where it began to shrink: the run is over.
+            Some((limit, _)) if self.limit > limit => None,
             // The RTT fell with the limit: a queue is draining.
             Some((_, rtt)) if mean < 0.95 * rtt => Some((self.limit, mean)),
             Some(since) => Some(since),
-            None => Some((self.limit, mean)),
+            None if gradient < 1.0 => Some((self.limit, mean)),
+            None => None,
         };
+        // At `min` the limit can fall no further: there, a gradient below
+        // 1 is the sign (and a probe at `min` costs nothing).
         let moved = self
             .shrinking
-            .is_some_and(|(limit, _)| self.limit <= 0.8 * limit);
+            .is_some_and(|(limit, _)| self.limit <= (0.8 * limit).max(self.min));
         if moved || now >= self.next_probe {
             self.start_probe(now);
         }
@@ -343,6 +366,98 @@ mod tests {
                 verdict: Verdict::Ignore,
             };
             assert_eq!(g.sample(&sample, ended), None);
+        }
+        assert_eq!(g.limit(), 10.0);
+    }
+
+    #[test]
+    fn calls_answered_in_no_time_leave_the_limit_a_number() {
+        let (mut g, at) = measured(10);
+        let at = run(&mut g, at, 1_000, 0, 10);
+        assert!(g.limit().is_finite(), "limit {}", g.limit());
+        let at = run(&mut g, at, 5_000, 20, 10);
+        assert!(
+            g.limit().is_finite() && g.limit() >= 2.0,
+            "limit {}",
+            g.limit()
+        );
+        assert!(!g.probing() || g.min_rtt().is_some_and(|m| m > Duration::ZERO));
+        let _ = at;
+    }
+
+    #[test]
+    fn a_probe_whose_calls_do_not_come_ends() {
+        let (mut g, at) = measured(10);
+        // Far past the periodic probe's time; then only calls admitted
+        // before it end (long streams), none under it.
+        // The window (begun 80 s ago) closes at its 80th call, and the
+        // periodic probe starts.
+        let at = run(&mut g, at + Duration::from_secs(80), 90, 20, 10);
+        assert!(g.probing());
+        let rtt = Duration::from_secs(100);
+        let mut ended = at;
+        for _ in 0..30 {
+            ended += Duration::from_millis(100);
+            let old = Sample {
+                started: ended - rtt,
+                rtt,
+                in_flight: 10,
+                verdict: Verdict::Succeeded,
+            };
+            g.sample(&old, ended);
+        }
+        assert!(!g.probing(), "a probe stalls on long calls");
+        assert_eq!(g.min_rtt(), Some(Duration::from_millis(20)), "kept");
+        assert!(g.limit() > 2.0);
+    }
+
+    #[test]
+    fn a_slower_service_at_min_is_measured_again() {
+        let start = Instant::now();
+        let mut g = Gradient::new(config(), 4, 100, 5, start);
+        let at = run(
+            &mut g,
+            start + Duration::from_millis(20),
+            PROBE_SAMPLES.into(),
+            20,
+            1,
+        );
+        assert_eq!(g.min_rtt(), Some(Duration::from_millis(20)));
+        // 30 % slower: the limit falls to min and cannot fall a fifth.
+        let mut at = at;
+        let mut probed = false;
+        for _ in 0..100 {
+            at = run(&mut g, at, 100, 26, 100);
+            probed |= g.probing();
+        }
+        assert!(probed, "limit {}", g.limit());
+        assert_eq!(g.min_rtt(), Some(Duration::from_millis(26)));
+    }
+
+    #[test]
+    fn the_headroom_fades_near_the_tolerance() {
+        // Calls a tenth over the minimum, at the tolerance: a gradient of
+        // 1 and no headroom. With all of it the limit would grow by about
+        // √limit / 5 a window.
+        let (mut g, at) = measured(20);
+        run(&mut g, at, 2_500, 22, 100);
+        assert!(g.limit() < 20.5, "limit {}", g.limit());
+    }
+
+    #[test]
+    fn bursts_over_a_traffic_well_below_the_limit_do_not_grow_it() {
+        let (mut g, at) = measured(10);
+        let rtt = Duration::from_millis(20);
+        for i in 0..5_000u64 {
+            let ended = at + Duration::from_millis(i);
+            let sample = Sample {
+                started: ended - rtt,
+                rtt,
+                // Mostly 2 in flight, 10 in a burst now and then.
+                in_flight: if i % 50 == 0 { 10 } else { 2 },
+                verdict: Verdict::Succeeded,
+            };
+            g.sample(&sample, ended);
         }
         assert_eq!(g.limit(), 10.0);
     }

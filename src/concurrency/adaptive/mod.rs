@@ -101,12 +101,13 @@ impl AdaptiveLimit {
     /// service's queue adds a tenth to the minimum, and does not grow
     /// while fewer than half of it were in use (on average over the
     /// window's calls). A probe drops the limit to `min` until 40 calls
-    /// admitted under it have ended; their mean RTT is the minimum, and
-    /// the limit returns to where it was. Between probes the minimum
-    /// follows a service that got faster (a window's mean RTT below it is
-    /// the new minimum) or slower (a probe starts once the limit has
-    /// fallen by a fifth under a gradient below 1 while the RTT barely
-    /// fell: no queue was draining). Settings: `min`, `max`, `initial`,
+    /// admitted under it have ended (or 10 sampling windows passed, as
+    /// calls that hold their slots can keep them from coming); their mean
+    /// RTT is the minimum, and the limit returns to where it was. Between
+    /// probes the minimum follows a service that got faster (a window's
+    /// mean RTT below it is the new minimum) or slower (a probe starts
+    /// once the limit has fallen by a fifth, or to `min`, under a gradient
+    /// below 1 while the RTT barely fell: no queue was draining). Settings: `min`, `max`, `initial`,
     /// `smoothing`, `sample_window`, `probe_every`.
     pub fn gradient2() -> AdaptiveLimitBuilder {
         AdaptiveLimitBuilder::new(Kind::Gradient2)
