@@ -14,7 +14,8 @@
 //! `--p99-ms` (admitted calls' p99 latency under it, 60), `--min-rate`
 //! (calls admitted a second, at least, 360) and `--refused-ms` (refused
 //! calls' p99 under it, 60). One keep-alive HTTP/1.1 connection per
-//! caller; latency is to the response head. Prints one line,
+//! caller; latency is to the response head; a connection or call that
+//! takes over 10 s fails the run. Prints one line,
 //! `admitted=N rate=R/s p99_ms=P refused=M refused_p99_ms=Q other=K`,
 //! and exits 1 if a bound is missed.
 
@@ -23,9 +24,10 @@ use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use http::{Request, StatusCode, Uri, header};
-use http_body_util::BodyExt;
+use http_body_util::{BodyExt, Limited};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
+use tokio::time::timeout;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -61,8 +63,21 @@ fn args() -> Result<Args, BoxError> {
         }
     }
     let run = Duration::try_from_secs_f64(args.seconds).unwrap_or_default();
-    if args.callers == 0 || run.is_zero() || run > Duration::from_secs(3600) {
-        return Err("--callers must be above 0 and --seconds from above 0 to 3600".into());
+    if args.callers == 0
+        || args.callers > 10_000
+        || run.is_zero()
+        || run > Duration::from_secs(3600)
+    {
+        return Err("--callers must be 1 to 10000 and --seconds above 0, at most 3600".into());
+    }
+    for (flag, bound) in [
+        ("--p99-ms", args.p99_ms),
+        ("--min-rate", args.min_rate),
+        ("--refused-ms", args.refused_ms),
+    ] {
+        if !bound.is_finite() || bound < 0.0 {
+            return Err(format!("{flag} must be a number, 0 or more").into());
+        }
     }
     Ok(args)
 }
@@ -75,9 +90,14 @@ struct Seen {
     other: Vec<String>,
 }
 
+/// The longest a connection or one call may take before the run fails.
+const PATIENCE: Duration = Duration::from_secs(10);
+/// The largest response body read.
+const LARGEST_BODY: usize = 1 << 20;
+
 async fn caller(uri: Uri, stop: Instant) -> Result<Seen, BoxError> {
     let authority = uri.authority().ok_or("the URL has no host")?.clone();
-    let stream = TcpStream::connect(authority.as_str()).await?;
+    let stream = timeout(PATIENCE, TcpStream::connect(authority.as_str())).await??;
     stream.set_nodelay(true)?;
     let (mut sender, connection) =
         hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
@@ -90,11 +110,12 @@ async fn caller(uri: Uri, stop: Instant) -> Result<Seen, BoxError> {
             .header(header::HOST, authority.as_str())
             .body(Body::empty())?;
         let started = Instant::now();
-        let response = sender.send_request(request).await?;
+        let response = timeout(PATIENCE, sender.send_request(request)).await??;
         let took = started.elapsed();
         let status = response.status();
         let retry_after = response.headers().contains_key(header::RETRY_AFTER);
-        response.into_body().collect().await?;
+        let body = Limited::new(response.into_body(), LARGEST_BODY);
+        timeout(PATIENCE, body.collect()).await??;
         match status {
             StatusCode::OK => seen.admitted.push(took),
             StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE if retry_after => {

@@ -127,7 +127,8 @@
 //!   overloaded backend does. In front of it, one adaptive concurrency
 //!   limit for the whole route (Gradient2, this instance's own) with a
 //!   short LIFO queue (16 callers, 10 ms): beyond what the backend holds,
-//!   calls are refused at once with 503 and `Retry-After: 1`, and the
+//!   calls are refused within that wait with 503 and `Retry-After: 1`
+//!   (and with 503 alone once its workers are booked 30 s ahead), and the
 //!   admitted ones keep the backend's own latency. The limit is
 //!   `fleetgate_concurrency_limit{policy="adaptive"}` in `/metrics` and on
 //!   the dashboard; `examples/adaptive_load.rs` drives the route.
@@ -933,7 +934,13 @@ fn adaptive_routes() -> Result<Router, BoxError> {
                             return (StatusCode::BAD_REQUEST, "ms must be a number\n".to_owned());
                         }
                     };
-                    tokio::time::sleep_until(workers.serve(Duration::from_millis(ms))).await;
+                    let Some(ends) = workers.serve(Duration::from_millis(ms)) else {
+                        return (
+                            StatusCode::SERVICE_UNAVAILABLE,
+                            "backend backlog full\n".to_owned(),
+                        );
+                    };
+                    tokio::time::sleep_until(ends).await;
                     (StatusCode::OK, format!("adaptive {ms} ms\n"))
                 }
             }),
@@ -967,18 +974,21 @@ impl Workers {
     }
 
     /// Books the first free worker for `took`; returns when the call
-    /// ends. A call whose client leaves keeps its worker busy to the end,
-    /// as a backend that cannot cancel work does.
-    fn serve(&self, took: Duration) -> tokio::time::Instant {
+    /// ends, or `None` when even that worker is booked for longer than
+    /// `BACKLOG` (a call whose client leaves keeps its worker busy to the
+    /// end, as a backend that cannot cancel work does, so clients that
+    /// leave could otherwise book it without end).
+    fn serve(&self, took: Duration) -> Option<tokio::time::Instant> {
+        const BACKLOG: Duration = Duration::from_secs(30);
         let mut free_at = self.free_at.lock().unwrap_or_else(|e| e.into_inner());
         let now = tokio::time::Instant::now();
-        match free_at.iter_mut().min() {
-            Some(first) => {
-                *first = (*first).max(now) + took;
-                *first
-            }
-            None => now + took,
+        let first = free_at.iter_mut().min()?;
+        let starts = (*first).max(now);
+        if starts > now + BACKLOG {
+            return None;
         }
+        *first = starts + took;
+        Some(*first)
     }
 }
 

@@ -29,7 +29,7 @@ fi
 tmp=$(mktemp -d)
 demo_pid=""
 cleanup() {
-  [ -n "$demo_pid" ] && kill "$demo_pid" 2>/dev/null
+  if [ -n "$demo_pid" ]; then kill "$demo_pid" 2>/dev/null || true; fi
   wait 2>/dev/null || true
   rm -rf "$tmp"
 }
@@ -45,8 +45,8 @@ done
 [ -n "$url" ] || { echo "demo did not start" >&2; cat "$tmp/demo.log" >&2; exit 1; }
 
 status=0
-line=$("target/$profile/examples/adaptive_load" "$url/api/adaptive" "${bounds[@]}" 2>"$tmp/load.err") || status=$?
-limit=$(curl -s "$url/metrics" | awk '/^fleetgate_concurrency_limit\{policy="adaptive"\}/ { print $2 }')
+line=$(timeout 60 "target/$profile/examples/adaptive_load" "$url/api/adaptive" "${bounds[@]}" 2>"$tmp/load.err") || status=$?
+limit=$(curl -s -m 5 "$url/metrics" | awk '/^fleetgate_concurrency_limit\{policy="adaptive"\}/ { print $2 }' || true)
 echo "$line limit=${limit:-none}"
 cat "$tmp/load.err" >&2
 if ! [[ "$limit" =~ ^[0-9]+$ ]] || [ "$limit" -lt 4 ] || [ "$limit" -gt 32 ]; then
