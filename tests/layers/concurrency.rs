@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
-use crate::handlers::{self, Started, quiet_deliberate_panics};
+use crate::handlers::{self, InFlight, Started, quiet_deliberate_panics};
 use axum::Router;
 use axum::body::Body;
 use axum::routing::get;
@@ -30,28 +30,6 @@ use tower::{Service, ServiceBuilder, ServiceExt, service_fn};
 
 // ---------------------------------------------------------------------------
 // Helpers.
-
-/// Requests inside the handler right now, and the most ever seen at once.
-#[derive(Default)]
-struct InFlight {
-    now: AtomicUsize,
-    max: AtomicUsize,
-}
-
-impl InFlight {
-    fn enter(&self) {
-        let now = self.now.fetch_add(1, Ordering::SeqCst) + 1;
-        self.max.fetch_max(now, Ordering::SeqCst);
-    }
-
-    fn leave(&self) {
-        self.now.fetch_sub(1, Ordering::SeqCst);
-    }
-
-    fn max(&self) -> usize {
-        self.max.load(Ordering::SeqCst)
-    }
-}
 
 /// A body that yields `left` chunks, one every `every`.
 struct SlowBody {
@@ -241,7 +219,7 @@ async fn cap_holds(limiters: Vec<ConcurrencyLimiter>, cap: usize) {
                 .expect("admitted callers never reached the handler")
                 .unwrap();
         }
-        assert_eq!(inflight.now.load(Ordering::SeqCst), cap, "round {round}");
+        assert_eq!(inflight.now(), cap, "round {round}");
         assert!(entered.try_recv().is_err(), "more than {cap} entered");
         let _ = open.send(true);
         for _ in 0..cap {

@@ -1,8 +1,9 @@
 //! Pieces for tests that follow a request through a router: a signal that
-//! the handler started, handlers that wait at a gate, hang or panic, and
-//! quiet deliberate panics.
+//! the handler started, handlers that wait at a gate, hang or panic, a
+//! count of the calls inside a handler, and quiet deliberate panics.
 
 use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Once};
 
 use axum::extract::Extension;
@@ -78,4 +79,32 @@ pub async fn panic() -> &'static str {
         panic!("deliberate panic in a handler");
     }
     "never"
+}
+
+/// Calls inside a handler right now, and the most seen at once.
+#[derive(Default)]
+pub struct InFlight {
+    now: AtomicUsize,
+    max: AtomicUsize,
+}
+
+impl InFlight {
+    pub fn enter(&self) {
+        let now = self.now.fetch_add(1, Ordering::SeqCst) + 1;
+        self.max.fetch_max(now, Ordering::SeqCst);
+    }
+
+    pub fn leave(&self) {
+        self.now.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// The most inside at once.
+    pub fn max(&self) -> usize {
+        self.max.load(Ordering::SeqCst)
+    }
+
+    /// How many are inside now.
+    pub fn now(&self) -> usize {
+        self.now.load(Ordering::SeqCst)
+    }
 }

@@ -46,7 +46,7 @@ use tokio::task::{JoinError, JoinHandle, JoinSet};
 use tokio::time::Instant;
 use tower::ServiceExt;
 
-use crate::handlers::quiet_deliberate_panics;
+use crate::handlers::{InFlight, quiet_deliberate_panics};
 
 // ---------------------------------------------------------------------------
 // Helpers.
@@ -754,24 +754,6 @@ async fn a_dropped_response_body_hands_its_slot_to_a_waiter() {
 // ---------------------------------------------------------------------------
 // Many tasks on the multi-thread runtime.
 
-/// Calls inside the handler right now, and the most seen at once.
-#[derive(Default)]
-struct InFlight {
-    now: AtomicUsize,
-    max: AtomicUsize,
-}
-
-impl InFlight {
-    fn enter(&self) {
-        let now = self.now.fetch_add(1, Ordering::SeqCst) + 1;
-        self.max.fetch_max(now, Ordering::SeqCst);
-    }
-
-    fn leave(&self) {
-        self.now.fetch_sub(1, Ordering::SeqCst);
-    }
-}
-
 const TASKS: usize = 200;
 const CALLS: usize = 5;
 
@@ -849,7 +831,7 @@ async fn many_callers(limiter: ConcurrencyLimiter, bound: u64) -> u64 {
 
     let (ok, refused) = (ok.load(Ordering::SeqCst), refused.load(Ordering::SeqCst));
     assert_eq!(ok + refused, TASKS * CALLS);
-    let peak = inflight.max.load(Ordering::SeqCst);
+    let peak = inflight.max();
     assert!(
         peak as u64 <= bound,
         "{peak} inside at once, limit at most {bound}"
@@ -860,7 +842,7 @@ async fn many_callers(limiter: ConcurrencyLimiter, bound: u64) -> u64 {
         (1..=bound).contains(&seen),
         "the limit reached {seen}, bound {bound}"
     );
-    assert_eq!(inflight.now.load(Ordering::SeqCst), 0);
+    assert_eq!(inflight.now(), 0);
 
     limiter.releases_settled().await;
     let state = queue(&limiter);
