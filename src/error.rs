@@ -224,6 +224,13 @@ pub enum ConfigError {
         /// What is wrong.
         detail: String,
     },
+    /// An [`AdaptiveThrottle`](crate::rate_limit::AdaptiveThrottle) whose
+    /// settings make no sense.
+    #[error("invalid adaptive throttle: {detail}")]
+    AdaptiveThrottle {
+        /// What is wrong.
+        detail: String,
+    },
     /// A [`WaitQueue`](crate::concurrency::WaitQueue) of no room or no
     /// time, or past its bounds.
     #[error("invalid wait queue: {detail}")]
@@ -370,6 +377,13 @@ pub enum RateLimitError {
     /// The store failed and the layer fails closed.
     #[error("rate limiter unavailable: {0}")]
     Unavailable(String),
+    /// An [`AdaptiveThrottleLayer`](crate::rate_limit::AdaptiveThrottleLayer)
+    /// refused the call locally, without sending it: the upstream has
+    /// been refusing or failing most calls.
+    /// [`AdaptiveThrottle::rejection_probability`](crate::rate_limit::AdaptiveThrottle::rejection_probability)
+    /// says how likely that is now.
+    #[error("throttled locally: the upstream has accepted too few of this client's calls")]
+    Throttled,
     /// A waiting layer ([`RateLimitLayer::wait_up_to`](crate::RateLimitLayer::wait_up_to))
     /// refused the call at once because its slot was further away than the
     /// layer may wait; nothing was reserved.

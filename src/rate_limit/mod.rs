@@ -182,6 +182,7 @@ mod quota;
 mod retry_after;
 mod routes;
 mod service;
+mod throttle;
 mod trailers;
 mod upstream;
 
@@ -197,6 +198,10 @@ pub use self::layer::RateLimitLayer;
 pub use self::quota::UpstreamQuota;
 pub use self::routes::RoutePolicies;
 pub use self::service::RateLimit;
+pub use self::throttle::{
+    Accepts, AdaptiveThrottle, AdaptiveThrottleBuilder, AdaptiveThrottleLayer, HttpAccepts,
+    Throttled, ThrottledFuture,
+};
 pub use self::upstream::within_window;
 
 pub(crate) use self::cost::Cost;

@@ -19,6 +19,7 @@ mod live;
 mod outbound;
 mod per_route;
 mod shedding;
+mod throttle;
 mod upstream_headers;
 mod utilization_shedding;
 mod wait_queue;
