@@ -186,6 +186,12 @@ impl Gradient {
             }
             return None;
         }
+        // Due on any call, not only when a window closes: a window of a
+        // slow traffic can take far longer than `probe_every`.
+        if now >= self.next_probe {
+            self.start_probe(now);
+            return None;
+        }
         // Calls admitted before the window began (during a probe, say)
         // say nothing about the limit of this one.
         if sample.started < self.window.started {
@@ -232,7 +238,7 @@ impl Gradient {
         let moved = self
             .shrinking
             .is_some_and(|(limit, _)| self.limit <= (0.8 * limit).max(self.min));
-        if moved || now >= self.next_probe {
+        if moved {
             self.start_probe(now);
         }
         Some(gradient)
@@ -388,11 +394,9 @@ mod tests {
     #[test]
     fn a_probe_whose_calls_do_not_come_ends() {
         let (mut g, at) = measured(10);
-        // Far past the periodic probe's time; then only calls admitted
-        // before it end (long streams), none under it.
-        // The window (begun 80 s ago) closes at its 80th call, and the
-        // periodic probe starts.
-        let at = run(&mut g, at + Duration::from_secs(80), 90, 20, 10);
+        // 80 s on, past the periodic probe's time: the next call starts
+        // it; then only calls admitted before it end (long streams).
+        let at = run(&mut g, at + Duration::from_secs(80), 1, 20, 10);
         assert!(g.probing());
         let rtt = Duration::from_secs(100);
         let mut ended = at;
@@ -460,5 +464,26 @@ mod tests {
             g.sample(&sample, ended);
         }
         assert_eq!(g.limit(), 10.0);
+    }
+
+    #[test]
+    fn a_slow_traffic_is_probed_on_time() {
+        // One call a second: a window of 80 calls takes 80 s, longer than
+        // the latest periodic probe (75 s).
+        let (mut g, mut at) = measured(10);
+        let started = at;
+        let mut probed_at = None;
+        for _ in 0..100 {
+            at = run(&mut g, at, 1, 20, 10) + Duration::from_millis(999);
+            if g.probing() {
+                probed_at = Some(at - started);
+                break;
+            }
+        }
+        let probed_at = probed_at.expect("no periodic probe in 100 s");
+        assert!(
+            probed_at <= Duration::from_secs(76),
+            "probed after {probed_at:?}"
+        );
     }
 }
