@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
-use crate::handlers::{self, InFlight, Started, quiet_deliberate_panics};
+use crate::handlers::{self, EndlessBody, InFlight, Started, quiet_deliberate_panics};
 use axum::Router;
 use axum::body::Body;
 use axum::routing::get;
@@ -61,29 +61,6 @@ impl http_body::Body for SlowBody {
 
     fn is_end_stream(&self) -> bool {
         self.left == 0
-    }
-}
-
-/// An endless body that is always ready, and says when it is dropped.
-struct EndlessBody(Option<mpsc::UnboundedSender<()>>);
-
-impl http_body::Body for EndlessBody {
-    type Data = Bytes;
-    type Error = Infallible;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        _cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
-        Poll::Ready(Some(Ok(Frame::data(Bytes::from_static(b"data\n")))))
-    }
-}
-
-impl Drop for EndlessBody {
-    fn drop(&mut self) {
-        if let Some(tx) = self.0.take() {
-            let _ = tx.send(());
-        }
     }
 }
 

@@ -2,11 +2,16 @@
 //! the handler started, handlers that wait at a gate, hang or panic, a
 //! count of the calls inside a handler, and quiet deliberate panics.
 
+use std::convert::Infallible;
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Once};
+use std::task::{Context, Poll};
 
 use axum::extract::Extension;
+use bytes::Bytes;
+use http_body::Frame;
 use tokio::sync::{mpsc, oneshot, watch};
 
 /// Tells the test that the handler has started (per request, through an
@@ -106,5 +111,29 @@ impl InFlight {
     /// How many are inside now.
     pub fn now(&self) -> usize {
         self.now.load(Ordering::SeqCst)
+    }
+}
+
+/// An endless body that is always ready, and says when it is dropped
+/// (if given a sender).
+pub struct EndlessBody(pub Option<mpsc::UnboundedSender<()>>);
+
+impl http_body::Body for EndlessBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        Poll::Ready(Some(Ok(Frame::data(Bytes::from_static(b"data\n")))))
+    }
+}
+
+impl Drop for EndlessBody {
+    fn drop(&mut self) {
+        if let Some(tx) = self.0.take() {
+            let _ = tx.send(());
+        }
     }
 }

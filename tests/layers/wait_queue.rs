@@ -18,7 +18,6 @@
 //! timer by the paused clock: a caller let in by a release must come in
 //! without the clock moving.
 
-use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -30,7 +29,6 @@ use axum::Router;
 use axum::body::Body;
 use axum::extract::Extension;
 use axum::routing::get;
-use bytes::Bytes;
 use fleetgate::concurrency::{
     AdaptiveLimit, Admission, ConcurrencyLimitLayer, ConcurrencyLimiter, ConcurrencyPolicy,
     QueueState, WaitQueue,
@@ -39,14 +37,13 @@ use fleetgate::key::GlobalKey;
 use fleetgate::{Key, MemoryStore};
 use http::header::RETRY_AFTER;
 use http::{Request, Response, StatusCode};
-use http_body::Frame;
 use http_body_util::BodyExt;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::{JoinError, JoinHandle, JoinSet};
 use tokio::time::Instant;
 use tower::ServiceExt;
 
-use crate::handlers::{InFlight, quiet_deliberate_panics};
+use crate::handlers::{EndlessBody, InFlight, quiet_deliberate_panics};
 
 // ---------------------------------------------------------------------------
 // Helpers.
@@ -86,21 +83,6 @@ fn scripted(name: &'static str, then: Then) -> (Request<Body>, oneshot::Sender<(
     (req, let_go)
 }
 
-/// A body that is always ready with more.
-struct Endless;
-
-impl http_body::Body for Endless {
-    type Data = Bytes;
-    type Error = Infallible;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        _cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
-        Poll::Ready(Some(Ok(Frame::data(Bytes::from_static(b"data\n")))))
-    }
-}
-
 /// A router whose `/` handler reports its caller's name on `entered`,
 /// waits to be let go, then does what the request's script says; behind
 /// `layer`.
@@ -122,7 +104,7 @@ fn app(
             match plan.then {
                 Then::Answer => Response::new(Body::from(plan.name)),
                 Then::Panic => panic!("deliberate panic in a handler"),
-                Then::Stream => Response::new(Body::new(Endless)),
+                Then::Stream => Response::new(Body::new(EndlessBody(None))),
             }
         }
     };
