@@ -189,7 +189,7 @@ impl RetryAfter {
 /// Whether `headers` (a trailers-only response's, or trailers) end a gRPC
 /// call with `RESOURCE_EXHAUSTED` (8) or `UNAVAILABLE` (14), gRPC's 429
 /// and 503.
-fn grpc_refusal(headers: &HeaderMap) -> bool {
+pub(super) fn grpc_refusal(headers: &HeaderMap) -> bool {
     headers
         .get("grpc-status")
         .is_some_and(|code| code == "8" || code == "14")

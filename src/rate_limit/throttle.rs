@@ -13,6 +13,7 @@ use tokio::time::Instant;
 use tower_layer::Layer;
 use tower_service::Service;
 
+use super::feedback::grpc_refusal;
 use crate::error::{BoxError, ConfigError, RateLimitError};
 
 /// How many buckets the window is counted in: the counts age out a
@@ -176,9 +177,7 @@ impl Sent {
     /// The upstream's answer: accepted or not.
     pub(crate) fn answered(self, accepted: bool) {
         if accepted {
-            let shared = &self.throttle.shared;
-            let mut counts = shared.lock_counts();
-            counts.advance(shared.bucket());
+            let mut counts = self.throttle.shared.counts_now();
             let slot = counts.slot();
             counts.accepts[slot] += 1;
         }
@@ -186,8 +185,11 @@ impl Sent {
 }
 
 impl Shared {
-    fn lock_counts(&self) -> MutexGuard<'_, Counts> {
-        self.counts.lock().unwrap_or_else(|e| e.into_inner())
+    /// The counts, their window moved to now.
+    fn counts_now(&self) -> MutexGuard<'_, Counts> {
+        let mut counts = self.counts.lock().unwrap_or_else(|e| e.into_inner());
+        counts.advance(self.bucket());
+        counts
     }
 
     /// The bucket index now.
@@ -219,19 +221,14 @@ impl AdaptiveThrottle {
 
     /// The probability a call made now is refused locally.
     pub fn rejection_probability(&self) -> f64 {
-        let shared = &self.shared;
-        let mut counts = shared.lock_counts();
-        counts.advance(shared.bucket());
-        shared.probability(&counts)
+        self.shared.probability(&self.shared.counts_now())
     }
 
     /// Counts a call about to be made: `None` when it is refused
     /// locally, else what to tell once the upstream answered.
     pub(crate) fn admit(&self) -> Option<Sent> {
-        let shared = &self.shared;
-        let mut counts = shared.lock_counts();
-        counts.advance(shared.bucket());
-        let p = shared.probability(&counts);
+        let mut counts = self.shared.counts_now();
+        let p = self.shared.probability(&counts);
         let slot = counts.slot();
         counts.requests[slot] += 1;
         drop(counts);
@@ -274,12 +271,10 @@ pub struct HttpAccepts;
 impl<B, E> Accepts<http::Response<B>, E> for HttpAccepts {
     fn accepted(&self, result: &Result<http::Response<B>, E>) -> bool {
         let Ok(response) = result else { return false };
-        let grpc_refused = response
-            .headers()
-            .get("grpc-status")
-            .is_some_and(|code| matches!(code.as_bytes(), b"8" | b"14"));
         let status = response.status();
-        !status.is_server_error() && status != http::StatusCode::TOO_MANY_REQUESTS && !grpc_refused
+        !status.is_server_error()
+            && status != http::StatusCode::TOO_MANY_REQUESTS
+            && !grpc_refusal(response.headers())
     }
 }
 
@@ -367,7 +362,6 @@ where
         let sent = self.throttle.admit();
         ThrottledFuture {
             inner: sent.is_some().then(|| self.inner.call(req)),
-            refused: sent.is_none(),
             sent,
             accepts: self.accepts.clone(),
         }
@@ -377,10 +371,10 @@ where
 pin_project! {
     /// The future of a [`Throttled`] call.
     pub struct ThrottledFuture<F, A> {
+        // `None`: refused locally.
         #[pin]
         inner: Option<F>,
         sent: Option<Sent>,
-        refused: bool,
         accepts: A,
     }
 }
@@ -395,14 +389,8 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
-        if std::mem::take(this.refused) {
-            return Poll::Ready(Err(RateLimitError::Throttled.into()));
-        }
         let Some(inner) = this.inner.as_pin_mut() else {
-            return Poll::Ready(Err(RateLimitError::Unavailable(
-                "throttled call polled after completion".into(),
-            )
-            .into()));
+            return Poll::Ready(Err(RateLimitError::Throttled.into()));
         };
         let result = ready!(inner.poll(cx));
         if let Some(sent) = this.sent.take() {
