@@ -150,6 +150,19 @@ impl Gradient {
         });
     }
 
+    /// Ends the probe: `measured` (if any) is the new minimum, the limit
+    /// goes back to `resume`, and the next probe is due in `probe_every`,
+    /// jittered.
+    fn end_probe(&mut self, measured: Option<f64>, resume: f64, now: Instant) {
+        self.min_rtt = measured.or(self.min_rtt);
+        self.limit = resume;
+        self.probe = None;
+        let every = self.config.probe_every.as_secs_f64();
+        let jitter = every * (self.rng.f64() - 0.5) / 2.0;
+        self.next_probe = now + Duration::from_secs_f64(every + jitter);
+        self.window = Window::new(now);
+    }
+
     /// Takes one call's sample; returns the gradient when a window closed.
     pub(super) fn sample(&mut self, sample: &Sample, now: Instant) -> Option<f64> {
         if sample.verdict == Verdict::Ignore {
@@ -171,18 +184,10 @@ impl Gradient {
             // on what it measured, or keeps the minimum it had.
             let overdue =
                 now.saturating_duration_since(probe.started) >= self.config.window * PROBE_WINDOWS;
-            if probe.count >= PROBE_SAMPLES
-                || overdue && (probe.count > 0 || self.min_rtt.is_some())
-            {
-                if probe.count > 0 {
-                    self.min_rtt = Some(probe.sum / f64::from(probe.count));
-                }
-                self.limit = probe.resume;
-                self.probe = None;
-                let every = self.config.probe_every.as_secs_f64();
-                let jitter = every * (self.rng.f64() - 0.5) / 2.0;
-                self.next_probe = now + Duration::from_secs_f64(every + jitter);
-                self.window = Window::new(now);
+            let measured = (probe.count > 0).then(|| probe.sum / f64::from(probe.count));
+            if probe.count >= PROBE_SAMPLES || overdue && measured.or(self.min_rtt).is_some() {
+                let resume = probe.resume;
+                self.end_probe(measured, resume, now);
             }
             return None;
         }
