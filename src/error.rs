@@ -231,6 +231,15 @@ pub enum ConfigError {
         /// What is wrong.
         detail: String,
     },
+    /// A [`RetryBudget`](crate::rate_limit::RetryBudget) whose settings
+    /// make no sense.
+    #[error("invalid retry budget {name:?}: {detail}")]
+    RetryBudget {
+        /// The budget's name.
+        name: String,
+        /// What is wrong.
+        detail: String,
+    },
     /// A [`WaitQueue`](crate::concurrency::WaitQueue) of no room or no
     /// time, or past its bounds.
     #[error("invalid wait queue: {detail}")]

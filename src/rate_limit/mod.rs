@@ -173,12 +173,15 @@
 //! for it.
 
 mod after;
+mod budget;
 mod cost;
 mod feedback;
 mod future;
 mod layer;
 mod live;
 mod quota;
+#[cfg(feature = "retry")]
+mod retry;
 mod retry_after;
 mod routes;
 mod service;
@@ -193,9 +196,12 @@ use bytes::Bytes;
 use http::Response;
 
 pub use self::after::ResponseCost;
+pub use self::budget::{RetryBudget, RetryBudgetBuilder, RetryBudgetStats};
 pub use self::feedback::{RetryAfter, UpstreamFeedback, UpstreamHeaders};
 pub use self::layer::RateLimitLayer;
 pub use self::quota::UpstreamQuota;
+#[cfg(feature = "retry")]
+pub use self::retry::RetryPolicy;
 pub use self::routes::RoutePolicies;
 pub use self::service::RateLimit;
 pub use self::throttle::{

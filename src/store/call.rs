@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 use super::{LeaseCall, LeaseGrant, Store, StoreFuture};
+use crate::algorithm::budget;
 use crate::decision::Decision;
 use crate::error::StoreError;
 use crate::key::Key;
@@ -108,6 +109,26 @@ impl LeaseAnswer {
             )),
         }
     }
+}
+
+/// A retry budget's one operation (see `src/algorithm/budget.rs`):
+/// report `deposits` first attempts of the budget `name` and take up to
+/// `want` tokens. One round trip in Redis.
+#[derive(Clone, Copy, Debug)]
+pub struct BudgetCall<'a> {
+    pub(crate) name: &'a str,
+    pub(crate) params: budget::Params,
+    pub(crate) deposits: u64,
+    pub(crate) want: u64,
+}
+
+/// What a store answers a [`BudgetCall`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BudgetTake {
+    /// Tokens granted, at most those wanted.
+    pub(crate) granted: u64,
+    /// Whole tokens the budget holds after the call.
+    pub(crate) left: u64,
 }
 
 // Read by the stores that send a call's figures (Redis).

@@ -1,3 +1,4 @@
+use std::collections::HashMap;
 use std::collections::hash_map::RandomState;
 use std::fmt;
 use std::hash::{BuildHasher, Hasher};
@@ -9,7 +10,11 @@ mod run;
 mod slot;
 mod window;
 
-use super::{Answer, Call, LeaseAnswer, LeaseCall, LeaseOp, Store, StoreFuture, StoreOps};
+use super::{
+    Answer, BudgetCall, BudgetTake, Call, LeaseAnswer, LeaseCall, LeaseOp, Store, StoreFuture,
+    StoreOps,
+};
+use crate::algorithm::budget;
 use crate::clock::{Clock, FastClock};
 use crate::error::ConfigError;
 use crate::key::Key;
@@ -146,6 +151,9 @@ struct Inner {
     evictions: AtomicU64,
     /// Lease acquires refused because their shard was full of held leases.
     lease_refusals: AtomicU64,
+    /// Each retry budget's state, by name: as many as the program builds
+    /// budgets, a few (names are the program's, never a caller's).
+    budgets: Mutex<HashMap<String, budget::State>>,
 }
 
 /// Which shard is swept next, and when.
@@ -565,6 +573,21 @@ impl StoreOps for MemoryStore {
         self.remove(name, key);
         StoreFuture::ready(Ok(()))
     }
+
+    fn budget(&self, call: BudgetCall<'_>) -> StoreFuture<BudgetTake> {
+        let now = self.inner.clock.now_micros();
+        let mut budgets = self.inner.budgets.lock().unwrap_or_else(|e| e.into_inner());
+        let state = budgets.get(call.name).copied();
+        let (state, granted, left) =
+            budget::take(state, now, call.params, call.deposits, call.want);
+        match budgets.get_mut(call.name) {
+            Some(stored) => *stored = state,
+            None => {
+                budgets.insert(call.name.to_owned(), state);
+            }
+        }
+        StoreFuture::ready(Ok(BudgetTake { granted, left }))
+    }
 }
 
 /// What a [`MemoryStore`]'s bound has cost, read with
@@ -678,6 +701,7 @@ impl MemoryStoreBuilder {
                 max_keys,
                 evictions: AtomicU64::new(0),
                 lease_refusals: AtomicU64::new(0),
+                budgets: Mutex::new(HashMap::new()),
             }),
         }
     }

@@ -23,8 +23,8 @@ use std::task::{Context, Poll, ready};
 use std::time::{Duration, Instant};
 
 pub(crate) use self::call::{
-    Answer, Call, LeaseAnswer, LeaseOp, Op, adjust, decide, decide_now, decision, lease_acquire,
-    lease_held, micros, never,
+    Answer, BudgetCall, BudgetTake, Call, LeaseAnswer, LeaseOp, Op, adjust, decide, decide_now,
+    decision, lease_acquire, lease_held, micros, never,
 };
 pub use self::lease::LeaseGrant;
 pub(crate) use self::lease::{LeaseCall, LeaseId, ReleaseWatch};
@@ -92,6 +92,10 @@ mod sealed {
         /// that name (a concurrency policy's name). The next call is
         /// decided as if the identity were new. One round trip in Redis.
         fn reset(&self, name: &str, key: &Key) -> StoreFuture<()>;
+
+        /// Reports first attempts to a retry budget and takes retry
+        /// tokens from it (see [`BudgetCall`]). One round trip in Redis.
+        fn budget(&self, call: BudgetCall<'_>) -> StoreFuture<BudgetTake>;
 
         /// Forgets the denials this instance remembers (the Redis store's
         /// deny cache), so that the next calls go to the store; stores that

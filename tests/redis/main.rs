@@ -14,6 +14,7 @@ mod response_cost;
 mod adjust;
 mod after;
 mod batching;
+mod budget;
 mod cluster;
 mod hot_keys;
 mod leases;

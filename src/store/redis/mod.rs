@@ -29,7 +29,8 @@ use self::deny_cache::RealClock;
 pub use self::topology::Topology;
 
 use super::{
-    Answer, Call, LeaseAnswer, LeaseCall, LeaseOp, ReleaseWatch, Store, StoreFuture, StoreOps,
+    Answer, BudgetCall, BudgetTake, Call, LeaseAnswer, LeaseCall, LeaseOp, ReleaseWatch, Store,
+    StoreFuture, StoreOps,
 };
 use crate::algorithm::Algorithm;
 use crate::clock::{Clock, SystemClock};
@@ -827,6 +828,10 @@ impl StoreOps for RedisStore {
 
     fn reset(&self, name: &str, key: &Key) -> StoreFuture<()> {
         self.run_reset(name, key)
+    }
+
+    fn budget(&self, call: BudgetCall<'_>) -> StoreFuture<BudgetTake> {
+        self.run_budget(call)
     }
 
     fn forget_denials(&self) {

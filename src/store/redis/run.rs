@@ -10,13 +10,14 @@ use redis::{Cmd, Value};
 use tokio::runtime::Handle;
 
 use super::owed::{Claim, Sending, ran};
-use super::{RedisStore, TimeSource, decode_decision, limit_key, one_reply};
+use super::{RedisStore, TimeSource, decode_decision, hash_tag, limit_key, one_reply};
 use crate::algorithm::Algorithm;
 use crate::decision::Decision;
 use crate::error::StoreError;
 use crate::key::Key;
 use crate::policy::{MAX_LIMITS_PER_POLICY, Policy};
-use crate::store::{Answer, Call, Op, StoreFuture, micros};
+use crate::store::{Answer, BudgetCall, BudgetTake, Call, Op, StoreFuture, micros};
+use crate::text::concat;
 
 impl RedisStore {
     /// Runs `call`: the one place that dispatches an operation.
@@ -530,10 +531,73 @@ impl RedisStore {
     }
 }
 
+// ------------------------------------------------------------------------
+// Retry budgets: `take` of `lua/budget.lua`, one round trip.
+
+impl RedisStore {
+    /// The key of the retry budget `name`: `<prefix>:budget:{<name>}`.
+    pub(super) fn budget_key(&self, name: &str) -> String {
+        concat(&[&self.inner.prefix, ":budget:{", &hash_tag(name), "}"])
+    }
+
+    pub(super) fn run_budget(&self, call: BudgetCall<'_>) -> StoreFuture<BudgetTake> {
+        let keys = [self.budget_key(call.name)];
+        let now = match &self.inner.time {
+            TimeSource::Server => String::new(),
+            TimeSource::Client(clock) => clock.now_micros().to_string(),
+        };
+        let args = [
+            now,
+            call.params.ratio_milli.to_string(),
+            call.params.min_milli_per_slot.to_string(),
+            call.params.slot_us.max(1).to_string(),
+            call.deposits.to_string(),
+            call.want.to_string(),
+        ];
+        let store = self.clone();
+        StoreFuture::pending(async move {
+            let reply = store
+                .eval(&store.inner.scripts.budget, &keys, &args)
+                .await?;
+            decode_budget(&reply)
+        })
+    }
+}
+
+/// Decodes `{granted, left}`, both counts of tokens.
+fn decode_budget(reply: &Value) -> Result<BudgetTake, StoreError> {
+    if let Value::Array(items) = reply
+        && let [Value::Int(granted), Value::Int(left)] = items.as_slice()
+        && let (Ok(granted), Ok(left)) = (u64::try_from(*granted), u64::try_from(*left))
+    {
+        return Ok(BudgetTake { granted, left });
+    }
+    Err(StoreError::UnexpectedReply(format!("{reply:?}")))
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::tests::array;
     use super::*;
+
+    #[test]
+    fn odd_budget_replies_are_errors() {
+        assert_eq!(
+            decode_budget(&array(&[3, 7])).unwrap(),
+            BudgetTake { granted: 3, left: 7 }
+        );
+        for reply in [
+            Value::Nil,
+            array(&[]),
+            array(&[1]),
+            array(&[1, 2, 3]),
+            array(&[-1, 2]),
+            array(&[1, -2]),
+            Value::Array(vec![Value::Int(1), Value::Nil]),
+        ] {
+            assert!(decode_budget(&reply).is_err(), "{reply:?}");
+        }
+    }
 
     #[test]
     fn odd_window_replies_are_errors() {

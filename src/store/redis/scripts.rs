@@ -1,7 +1,7 @@
 //! Every Lua script the Redis store runs, in one registry.
 //!
 //! A script is `lua/prelude.lua`, one file of `lua/` (an algorithm's,
-//! `lease.lua`, `live.lua` or `reset.lua`) and one line that calls an
+//! `budget.lua`, `lease.lua`, `live.lua` or `reset.lua`) and one line that calls an
 //! operation of that file, such as `return charge(KEYS, ARGV,
 //! clock(ARGV[1]))`, less the definitions that line does not reach
 //! ([`prune`]). Each file says what its operations take (KEYS, ARGV) and
@@ -69,6 +69,7 @@ pub(crate) struct Scripts {
     fixed_window: Operations,
     pub(super) gcra_defer: LuaScript,
     pub(super) reset: LuaScript,
+    pub(super) budget: LuaScript,
     pub(super) lease_acquire: LuaScript,
     pub(super) lease_renew: LuaScript,
     pub(super) lease_release: LuaScript,
@@ -108,6 +109,7 @@ impl Scripts {
             fixed_window: operations!("fixed_window", "fixed_window.lua", windowed("fixed_window")),
             gcra_defer: script!("gcra_defer", "gcra.lua", own("defer")),
             reset: script!("reset", "reset.lua", "reset(KEYS, ARGV)"),
+            budget: script!("budget", "budget.lua", own("take")),
             lease_acquire: script!("lease_acquire", "lease.lua", own("acquire")),
             lease_renew: script!("lease_renew", "lease.lua", own("renew")),
             lease_release: script!("lease_release", "lease.lua", "release(KEYS, ARGV)"),
@@ -146,6 +148,7 @@ impl Scripts {
         all.extend([
             &self.gcra_defer,
             &self.reset,
+            &self.budget,
             &self.lease_acquire,
             &self.lease_renew,
             &self.lease_release,
@@ -169,11 +172,11 @@ mod tests {
         let mut shas: Vec<&str> = scripts.all().iter().map(|s| s.sha).collect();
         shas.sort_unstable();
         shas.dedup();
-        assert_eq!(shas.len(), 30);
+        assert_eq!(shas.len(), 31);
         let mut names: Vec<&str> = scripts.all().iter().map(|s| s.name).collect();
         names.sort_unstable();
         names.dedup();
-        assert_eq!(names.len(), 30);
+        assert_eq!(names.len(), 31);
     }
 
     /// The functions a script defines, in order.
