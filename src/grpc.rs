@@ -241,3 +241,108 @@
 //! let _client = tonic::client::Grpc::new(limited);
 //! # Ok(()) }
 //! ```
+//!
+//! To retry failed calls without multiplying a failing server's load,
+//! [`retry`] (feature `grpc`) runs a call through a fleet-wide
+//! [`RetryBudget`](crate::rate_limit::RetryBudget), following the
+//! server's pushback.
+
+#[cfg(feature = "grpc")]
+use std::future::Future;
+#[cfg(feature = "grpc")]
+use std::time::Duration;
+
+#[cfg(feature = "grpc")]
+use crate::rate_limit::RetryBudget;
+
+/// The longest pushback [`retry`] waits for: a server that asks for more
+/// is not asking for a retry.
+#[cfg(feature = "grpc")]
+const MOST_PUSHBACK: Duration = Duration::from_secs(10);
+
+/// Makes a gRPC call with `call`, retrying it up to `max_retries` times
+/// while `budget` allows, as gRPC's own retry policy (gRFC A6) would:
+///
+/// - `UNAVAILABLE` is retried, and `RESOURCE_EXHAUSTED` when the server
+///   says when (`grpc-retry-pushback-ms`); other statuses are returned;
+/// - a pushback of `N` ms waits `N` ms before the retry; a negative or
+///   unreadable one, or one above 10 s, means "do not retry"; without
+///   one, a random delay up to 50 ms, doubled at each retry;
+/// - each first call deposits in the budget, and each retry withdraws a
+///   token from it first ([`RetryBudget::withdraw`], which asks the store
+///   when this instance holds none): without one, the last status is
+///   returned.
+///
+/// Only retry calls that are safe to make twice.
+///
+/// ```no_run
+/// use std::sync::Arc;
+/// use fleetgate::MemoryStore;
+/// use fleetgate::rate_limit::RetryBudget;
+/// use tonic::transport::Channel;
+///
+/// # async fn client(channel: Channel) -> Result<(), Box<dyn std::error::Error>> {
+/// let budget = RetryBudget::new(Arc::new(MemoryStore::new())).build("greeter")?;
+/// let mut grpc = tonic::client::Grpc::new(channel);
+/// let answer = fleetgate::grpc::retry(&budget, 3, || {
+///     // A generated client's call: `client.say_hello(request.clone())`.
+///     let mut grpc = grpc.clone();
+///     async move {
+///         grpc.ready().await.map_err(|e| tonic::Status::unavailable(e.to_string()))?;
+///         Ok::<_, tonic::Status>(())
+///     }
+/// })
+/// .await?;
+/// # let _ = answer;
+/// # Ok(()) }
+/// ```
+#[cfg(feature = "grpc")]
+pub async fn retry<T, F, Fut>(
+    budget: &RetryBudget,
+    max_retries: u32,
+    mut call: F,
+) -> Result<T, tonic::Status>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, tonic::Status>>,
+{
+    budget.deposit();
+    let mut retries = 0;
+    loop {
+        let status = match call().await {
+            Ok(answer) => return Ok(answer),
+            Err(status) => status,
+        };
+        if retries >= max_retries {
+            return Err(status);
+        }
+        let pushback = status
+            .metadata()
+            .get("grpc-retry-pushback-ms")
+            .map(|value| {
+                value
+                    .to_str()
+                    .ok()
+                    .and_then(|text| text.trim().parse::<i64>().ok())
+            });
+        let delay = match (status.code(), pushback) {
+            (_, Some(Some(ms))) if ms >= 0 => Duration::from_millis(ms.unsigned_abs()),
+            // Negative or unreadable: the server says not to retry.
+            (_, Some(_)) => return Err(status),
+            (tonic::Code::Unavailable, None) => {
+                Duration::from_millis(50 << retries.min(16)).mul_f64(fastrand::f64())
+            }
+            _ => return Err(status),
+        };
+        if !matches!(
+            status.code(),
+            tonic::Code::Unavailable | tonic::Code::ResourceExhausted
+        ) || delay > MOST_PUSHBACK
+            || !budget.withdraw().await
+        {
+            return Err(status);
+        }
+        retries += 1;
+        tokio::time::sleep(delay).await;
+    }
+}

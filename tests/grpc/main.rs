@@ -9,6 +9,7 @@ mod common;
 mod methods;
 mod outbound;
 mod refusals;
+mod retry;
 mod streams;
 
 use std::net::SocketAddr;

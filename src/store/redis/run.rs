@@ -584,7 +584,10 @@ mod tests {
     fn odd_budget_replies_are_errors() {
         assert_eq!(
             decode_budget(&array(&[3, 7])).unwrap(),
-            BudgetTake { granted: 3, left: 7 }
+            BudgetTake {
+                granted: 3,
+                left: 7
+            }
         );
         for reply in [
             Value::Nil,
