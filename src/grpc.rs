@@ -244,7 +244,7 @@
 //!
 //! To retry failed calls without multiplying a failing server's load,
 //! [`retry`] (feature `grpc`) runs a call through a fleet-wide
-//! [`RetryBudget`](crate::rate_limit::RetryBudget), following the
+//! [`rate_limit::RetryBudget`](crate::rate_limit::RetryBudget), following the
 //! server's pushback.
 
 #[cfg(feature = "grpc")]

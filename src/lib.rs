@@ -237,3 +237,9 @@ pub use crate::shed::{
 #[cfg(all(doctest, feature = "redis"))]
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
+
+/// Compiles the examples of docs/outbound.md as doc tests (they use
+/// `RetryPolicy`: with the `retry` feature).
+#[cfg(all(doctest, feature = "retry"))]
+#[doc = include_str!("../docs/outbound.md")]
+pub struct OutboundDoctests;
