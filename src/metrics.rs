@@ -15,6 +15,10 @@
 //! | `fleetgate_concurrency_queue_waiting` | gauge | `policy` | concurrency limits with a wait queue: callers waiting now in this process |
 //! | `fleetgate_concurrency_queue_total` | counter | `policy`, `result` | callers that left a wait queue: `admitted`, `timed_out`, `overflowed` (refused for a full queue) |
 //! | `fleetgate_concurrency_queue_wait_seconds` | histogram | `policy` | how long the admitted callers waited |
+//! | `fleetgate_throttle_calls_total` | counter | `throttle`, `result` | client-side adaptive throttles: calls `sent`, `accepted` by the upstream, `refused` locally |
+//! | `fleetgate_throttle_rejection_probability` | gauge | `throttle` | the probability a call is refused now (set at each call) |
+//! | `fleetgate_throttle_accept_ratio` | gauge | `throttle` | accepted over sent in the throttle's window (set at each call) |
+//! | `fleetgate_retry_budget_total` | counter | `budget`, `result` | retry budgets: `first_attempt` deposited, `retry` allowed, `refused` for want of a token |
 //! | `fleetgate_store_duration_seconds` | histogram | `store`, `op` | one Redis round trip, timeouts and errors included |
 //! | `fleetgate_store_errors_total` | counter | `store`, `op`, `error` | Redis calls that failed: `timeout`, `redis`, `reply` |
 //! | `fleetgate_memory_evictions_total` | counter | `state` | [`MemoryStore`](crate::MemoryStore): live entries evicted to stay within its bound; `state` is `gcra` or `window` |
@@ -193,6 +197,39 @@ impl LimitMetrics {
                 ::metrics::histogram!("fleetgate_concurrency_queue_wait_seconds", "policy" => policy)
                     .record(waited.as_secs_f64());
             }
+        }
+    }
+}
+
+/// Counts one call of the throttle `name`: `sent`, `accepted` or
+/// `refused` (resolved per call: each is an outbound call's, far costlier
+/// than the lookup).
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+pub(crate) fn throttle_call(name: &Arc<str>, result: &'static str) {
+    #[cfg(feature = "metrics")]
+    ::metrics::counter!("fleetgate_throttle_calls_total", "throttle" => name.clone(), "result" => result)
+        .increment(1);
+}
+
+/// Counts one event of the retry budget `name`: `first_attempt`, `retry`
+/// or `refused`.
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+pub(crate) fn budget_event(name: &Arc<str>, result: &'static str) {
+    #[cfg(feature = "metrics")]
+    ::metrics::counter!("fleetgate_retry_budget_total", "budget" => name.clone(), "result" => result)
+        .increment(1);
+}
+
+/// Sets a throttle's gauges.
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+pub(crate) fn throttle_gauges(name: &Arc<str>, probability: f64, accept_ratio: Option<f64>) {
+    #[cfg(feature = "metrics")]
+    {
+        ::metrics::gauge!("fleetgate_throttle_rejection_probability", "throttle" => name.clone())
+            .set(probability);
+        if let Some(ratio) = accept_ratio {
+            ::metrics::gauge!("fleetgate_throttle_accept_ratio", "throttle" => name.clone())
+                .set(ratio);
         }
     }
 }

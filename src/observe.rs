@@ -80,6 +80,51 @@ pub struct Snapshot {
     pub policies: Vec<PolicySnapshot>,
     /// The Redis store's round trips (zero on a memory store).
     pub store: StoreSnapshot,
+    /// Client-side adaptive throttles built so far, by name.
+    pub throttles: Vec<ThrottleSnapshot>,
+    /// Retry budgets built so far, by name.
+    pub retry_budgets: Vec<RetryBudgetSnapshot>,
+}
+
+/// A client-side adaptive throttle
+/// ([`AdaptiveThrottle`](crate::rate_limit::AdaptiveThrottle)): the
+/// throttles of one name share these counters.
+#[derive(Clone, Debug, Default, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[non_exhaustive]
+pub struct ThrottleSnapshot {
+    /// The throttle's name.
+    pub name: String,
+    /// Calls sent to the upstream so far.
+    pub sent: u64,
+    /// Calls the upstream accepted so far.
+    pub accepted: u64,
+    /// Calls refused locally so far.
+    pub refused: u64,
+    /// The probability a call is refused now (of the throttle built
+    /// last).
+    pub rejection_probability: f64,
+    /// Accepted over sent, in the throttle's window (of the throttle built
+    /// last); `None` with nothing sent in it.
+    pub accept_ratio: Option<f64>,
+}
+
+/// A retry budget ([`RetryBudget`](crate::rate_limit::RetryBudget)), as
+/// this process spent it: the budgets of one name share these counters.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[non_exhaustive]
+pub struct RetryBudgetSnapshot {
+    /// The budget's name.
+    pub name: String,
+    /// First attempts deposited so far.
+    pub first_attempts: u64,
+    /// Retries allowed so far.
+    pub retries: u64,
+    /// Retries refused for want of a token so far.
+    pub refused: u64,
+    /// Calls to the store that failed so far.
+    pub store_errors: u64,
 }
 
 /// One policy as the layers deciding it saw it (layers of the same kind
@@ -263,6 +308,14 @@ pub fn snapshot() -> Snapshot {
         instances: crate::share::counted_fleet_size(),
         policies,
         store: STORE.snapshot(),
+        throttles: lock(&THROTTLES)
+            .iter()
+            .map(|stats| stats.throttle_snapshot())
+            .collect(),
+        retry_budgets: lock(&BUDGETS)
+            .iter()
+            .map(|stats| stats.budget_snapshot())
+            .collect(),
     }
 }
 
@@ -544,6 +597,99 @@ impl PolicyStats {
         if let Some((tiers, capacity)) = self.shed_state() {
             to.tiers = tiers;
             to.capacity = capacity;
+        }
+    }
+}
+
+/// Where a throttle's state now is read from, at snapshot time
+/// (registered weakly, as a [`LimitSource`] is).
+pub(crate) trait ThrottleSource: Send + Sync {
+    /// The rejection probability and the accept ratio of the window.
+    fn now(&self) -> (f64, Option<f64>);
+}
+
+/// The throttles and retry budgets ever built, by name, sorted by it
+/// (bounded by the configuration, as [`REGISTRY`] is).
+static THROTTLES: Mutex<Vec<Arc<OutboundStats>>> = Mutex::new(Vec::new());
+static BUDGETS: Mutex<Vec<Arc<OutboundStats>>> = Mutex::new(Vec::new());
+
+/// The counters of one throttle or retry budget name: a throttle's sent,
+/// accepted and refused calls; a budget's first attempts, retries,
+/// refusals and store errors.
+pub(crate) struct OutboundStats {
+    name: Arc<str>,
+    counts: [AtomicU64; 4],
+    live: Mutex<Option<Weak<dyn ThrottleSource>>>,
+}
+
+impl OutboundStats {
+    pub(crate) const SENT: usize = 0;
+    pub(crate) const ACCEPTED: usize = 1;
+    pub(crate) const REFUSED: usize = 2;
+    pub(crate) const FIRST: usize = 0;
+    pub(crate) const RETRIES: usize = 1;
+    pub(crate) const STORE_ERRORS: usize = 3;
+
+    /// The counters of the throttles named `name`.
+    pub(crate) fn throttle(name: &str) -> Arc<Self> {
+        Self::register(&THROTTLES, name)
+    }
+
+    /// The counters of the retry budgets named `name`.
+    pub(crate) fn budget(name: &str) -> Arc<Self> {
+        Self::register(&BUDGETS, name)
+    }
+
+    fn register(registry: &Mutex<Vec<Arc<Self>>>, name: &str) -> Arc<Self> {
+        let mut registry = lock(registry);
+        match registry.binary_search_by(|s| (*s.name).cmp(name)) {
+            Ok(at) => registry[at].clone(),
+            Err(at) => {
+                let stats = Arc::new(OutboundStats {
+                    name: name.into(),
+                    counts: Default::default(),
+                    live: Mutex::new(None),
+                });
+                registry.insert(at, stats.clone());
+                stats
+            }
+        }
+    }
+
+    #[inline]
+    pub(crate) fn add(&self, counter: usize) {
+        self.counts[counter].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The throttle built last, read while it lives.
+    pub(crate) fn live(&self, source: Weak<dyn ThrottleSource>) {
+        *lock(&self.live) = Some(source);
+    }
+
+    fn count(&self, counter: usize) -> u64 {
+        self.counts[counter].load(Ordering::Relaxed)
+    }
+
+    fn throttle_snapshot(&self) -> ThrottleSnapshot {
+        let live = lock(&self.live).as_ref().and_then(Weak::upgrade);
+        let (rejection_probability, accept_ratio) = live.map_or((0.0, None), |t| t.now());
+        ThrottleSnapshot {
+            name: self.name.to_string(),
+            sent: self.count(Self::SENT),
+            accepted: self.count(Self::ACCEPTED),
+            refused: self.count(Self::REFUSED),
+            rejection_probability,
+            accept_ratio,
+        }
+    }
+
+    fn budget_snapshot(&self) -> RetryBudgetSnapshot {
+        RetryBudgetSnapshot {
+            name: self.name.to_string(),
+            first_attempts: self.count(Self::FIRST),
+            retries: self.count(Self::RETRIES),
+            refused: self.count(Self::REFUSED),
+            store_errors: self.count(Self::STORE_ERRORS),
         }
     }
 }

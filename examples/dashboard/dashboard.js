@@ -134,6 +134,27 @@ function render(event) {
       cell(row, who.denials);
     }
   }
+  const outbound = document.querySelector("#outbound tbody");
+  outbound.replaceChildren();
+  for (const t of event.throttles || []) {
+    const row = outbound.insertRow();
+    cell(row, "throttle");
+    cell(row, t.name);
+    cell(row, t.sent);
+    cell(row, t.accepted);
+    cell(row, t.refused, "throttle-" + t.name + "-refused");
+    const ratio = t.accept_ratio === null ? "–" : Math.round(t.accept_ratio * 100) + "%";
+    cell(row, "refusing " + Math.round(t.rejection_probability * 100) + "%, accepted " + ratio);
+  }
+  for (const b of event.retry_budgets || []) {
+    const row = outbound.insertRow();
+    cell(row, "retry budget");
+    cell(row, b.name);
+    cell(row, b.first_attempts);
+    cell(row, b.retries, "budget-" + b.name + "-retries");
+    cell(row, b.refused);
+    cell(row, b.store_errors ? b.store_errors + " store errors" : "–");
+  }
   document.body.dataset.events = String(Number(document.body.dataset.events || 0) + 1);
 }
 

@@ -202,5 +202,7 @@ fn tick(
             "errors": per_s(now.store.errors, before.store.errors),
         },
         "policies": policies,
+        "throttles": now.throttles,
+        "retry_budgets": now.retry_budgets,
     })
 }

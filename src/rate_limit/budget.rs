@@ -10,6 +10,8 @@ use tokio::time::Instant;
 
 use crate::algorithm::budget::{Params, SLOTS};
 use crate::error::{ConfigError, StoreError};
+use crate::metrics;
+use crate::observe::OutboundStats;
 use crate::policy::check_name;
 use crate::store::{BudgetCall, BudgetTake, Store};
 
@@ -83,7 +85,7 @@ pub struct RetryBudget {
 }
 
 struct Shared {
-    name: String,
+    name: Arc<str>,
     store: Arc<dyn Store>,
     params: Params,
     ratio: f64,
@@ -98,6 +100,17 @@ struct Shared {
     immediate: bool,
     local: Mutex<Local>,
     stats: Counters,
+    /// The counters of every budget of this name, for `observe`.
+    observed: Arc<OutboundStats>,
+}
+
+/// What a budget counts.
+#[derive(Clone, Copy)]
+enum Event {
+    First,
+    Retry,
+    Refused,
+    StoreError,
 }
 
 /// What this instance holds between two calls to the store.
@@ -229,7 +242,7 @@ impl RetryBudgetBuilder {
         let immediate = self.store.kind() == "memory";
         Ok(RetryBudget {
             shared: Arc::new(Shared {
-                name: name.to_owned(),
+                name: name.into(),
                 params: Params {
                     ratio_milli,
                     min_milli_per_slot: u64::from(self.min_per_second) * slot_us / 1000,
@@ -252,6 +265,7 @@ impl RetryBudgetBuilder {
                     wanted_until: None,
                 }),
                 stats: Counters::default(),
+                observed: OutboundStats::budget(name),
             }),
         })
     }
@@ -266,7 +280,7 @@ impl RetryBudget {
     /// Counts a first attempt: credits `ratio` of a token (reported to
     /// the store with the next lease, or within a tenth of the `ttl`).
     pub fn deposit(&self) {
-        self.shared.stats.first.fetch_add(1, Ordering::Relaxed);
+        self.shared.count(Event::First);
         let mut local = self.shared.local();
         local.pending += 1;
         self.maybe_sync(local, Instant::now());
@@ -291,9 +305,9 @@ impl RetryBudget {
         let allowed = local.tokens > 0;
         if allowed {
             local.tokens -= 1;
-            shared.stats.spent.fetch_add(1, Ordering::Relaxed);
+            shared.count(Event::Retry);
         } else {
-            shared.stats.refused.fetch_add(1, Ordering::Relaxed);
+            shared.count(Event::Refused);
         }
         self.maybe_sync(local, now);
         allowed
@@ -315,7 +329,7 @@ impl RetryBudget {
             }
             if local.tokens > 0 {
                 local.tokens -= 1;
-                shared.stats.spent.fetch_add(1, Ordering::Relaxed);
+                shared.count(Event::Retry);
                 return true;
             }
             let want = shared.lease;
@@ -329,9 +343,9 @@ impl RetryBudget {
         let allowed = local.tokens > 0;
         if allowed {
             local.tokens -= 1;
-            shared.stats.spent.fetch_add(1, Ordering::Relaxed);
+            shared.count(Event::Retry);
         } else {
-            shared.stats.refused.fetch_add(1, Ordering::Relaxed);
+            shared.count(Event::Refused);
         }
         allowed
     }
@@ -399,6 +413,21 @@ impl RetryBudget {
 }
 
 impl Shared {
+    fn count(&self, event: Event) {
+        let (own, observed, result) = match event {
+            Event::First => (&self.stats.first, OutboundStats::FIRST, "first_attempt"),
+            Event::Retry => (&self.stats.spent, OutboundStats::RETRIES, "retry"),
+            Event::Refused => (&self.stats.refused, OutboundStats::REFUSED, "refused"),
+            Event::StoreError => (&self.stats.store_errors, OutboundStats::STORE_ERRORS, ""),
+        };
+        own.fetch_add(1, Ordering::Relaxed);
+        self.observed.add(observed);
+        // Store errors are the store's metric (`op` = `budget`).
+        if !result.is_empty() {
+            metrics::budget_event(&self.name, result);
+        }
+    }
+
     fn local(&self) -> MutexGuard<'_, Local> {
         self.local.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -451,7 +480,7 @@ impl Shared {
                 }
             }
             Err(err) => {
-                self.stats.store_errors.fetch_add(1, Ordering::Relaxed);
+                self.count(Event::StoreError);
                 local.quiet_until = Some(now + self.slot);
                 tracing::warn!(budget = %self.name, error = %err, "retry budget: the store failed; no retries until it answers");
             }

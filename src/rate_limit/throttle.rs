@@ -4,7 +4,7 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
@@ -15,6 +15,9 @@ use tower_service::Service;
 
 use super::feedback::grpc_refusal;
 use crate::error::{BoxError, ConfigError, RateLimitError};
+use crate::metrics;
+use crate::observe::{OutboundStats, ThrottleSource};
+use crate::policy::check_name;
 
 /// How many buckets the window is counted in: the counts age out a
 /// bucket (a 60th of the window) at a time.
@@ -68,6 +71,8 @@ pub struct AdaptiveThrottle {
 }
 
 struct Shared {
+    name: Arc<str>,
+    stats: Arc<OutboundStats>,
     k: f64,
     window: Duration,
     max_rejection: f64,
@@ -106,11 +111,13 @@ impl Counts {
     }
 }
 
-/// Builds an [`AdaptiveThrottle`]: `K` (default 2, at least 1), the
-/// window (default 2 minutes, from 1 s to 1 hour) and the highest
-/// rejection probability (default 0.9, from 0 to 1).
-#[derive(Clone, Copy, Debug)]
+/// Builds an [`AdaptiveThrottle`]: its name (default `upstream`), `K`
+/// (default 2, at least 1), the window (default 2 minutes, from 1 s to 1
+/// hour) and the highest rejection probability (default 0.9, from 0 to
+/// 1).
+#[derive(Clone, Debug)]
 pub struct AdaptiveThrottleBuilder {
+    name: String,
     k: f64,
     window: Duration,
     max_rejection: f64,
@@ -118,6 +125,15 @@ pub struct AdaptiveThrottleBuilder {
 }
 
 impl AdaptiveThrottleBuilder {
+    /// The name the throttle is observed by (the upstream's, say): the
+    /// `throttle` label of its metrics, its entry in
+    /// [`observe`](crate::observe) snapshots (throttles of one name share
+    /// their counters there).
+    pub fn name(mut self, name: &str) -> Self {
+        self.name = name.to_owned();
+        self
+    }
+
     /// The multiplier `K`: how many times what the upstream accepts an
     /// instance may send (2: the SRE book's default; lower refuses
     /// sooner).
@@ -151,6 +167,7 @@ impl AdaptiveThrottleBuilder {
     /// Checks the settings and builds the throttle.
     pub fn build(self) -> Result<AdaptiveThrottle, ConfigError> {
         let invalid = |detail: String| Err(ConfigError::AdaptiveThrottle { detail });
+        check_name(&self.name)?;
         if !(self.k.is_finite() && self.k >= 1.0) {
             return invalid(format!("K {} must be a number of at least 1", self.k));
         }
@@ -163,20 +180,24 @@ impl AdaptiveThrottleBuilder {
                 self.max_rejection
             ));
         }
-        Ok(AdaptiveThrottle {
-            shared: Arc::new(Shared {
-                k: self.k,
-                window: self.window,
-                max_rejection: self.max_rejection,
-                count_refused: self.count_refused,
-                origin: Instant::now(),
-                counts: Mutex::new(Counts {
-                    requests: [0; BUCKETS],
-                    accepts: [0; BUCKETS],
-                    newest: 0,
-                }),
+        let stats = OutboundStats::throttle(&self.name);
+        let shared = Arc::new(Shared {
+            name: self.name.as_str().into(),
+            stats: stats.clone(),
+            k: self.k,
+            window: self.window,
+            max_rejection: self.max_rejection,
+            count_refused: self.count_refused,
+            origin: Instant::now(),
+            counts: Mutex::new(Counts {
+                requests: [0; BUCKETS],
+                accepts: [0; BUCKETS],
+                newest: 0,
             }),
-        })
+        });
+        let source: Weak<dyn ThrottleSource> = Arc::downgrade(&shared) as Weak<_>;
+        stats.live(source);
+        Ok(AdaptiveThrottle { shared })
     }
 }
 
@@ -189,9 +210,13 @@ impl Sent {
     /// The upstream's answer: accepted or not.
     pub(crate) fn answered(self, accepted: bool) {
         if accepted {
-            let mut counts = self.throttle.shared.counts_now();
+            let shared = &self.throttle.shared;
+            let mut counts = shared.counts_now();
             let slot = counts.slot();
             counts.accepts[slot] += 1;
+            drop(counts);
+            shared.stats.add(OutboundStats::ACCEPTED);
+            metrics::throttle_call(&shared.name, "accepted");
         }
     }
 }
@@ -214,10 +239,23 @@ impl Shared {
     }
 
     fn probability(&self, counts: &Counts) -> f64 {
+        self.figures(counts).0
+    }
+
+    /// The rejection probability, and accepts over requests (`None`
+    /// without requests).
+    fn figures(&self, counts: &Counts) -> (f64, Option<f64>) {
         let requests: u64 = counts.requests.iter().sum();
         let accepts: u64 = counts.accepts.iter().sum();
         let (requests, accepts) = (requests as f64, accepts as f64);
-        ((requests - self.k * accepts) / (requests + 1.0)).clamp(0.0, self.max_rejection)
+        let p = ((requests - self.k * accepts) / (requests + 1.0)).clamp(0.0, self.max_rejection);
+        (p, (requests > 0.0).then(|| (accepts / requests).min(1.0)))
+    }
+}
+
+impl ThrottleSource for Shared {
+    fn now(&self) -> (f64, Option<f64>) {
+        self.figures(&self.counts_now())
     }
 }
 
@@ -225,6 +263,7 @@ impl AdaptiveThrottle {
     /// Starts building a throttle.
     pub fn builder() -> AdaptiveThrottleBuilder {
         AdaptiveThrottleBuilder {
+            name: "upstream".to_owned(),
             k: 2.0,
             window: Duration::from_secs(120),
             max_rejection: 0.9,
@@ -240,14 +279,23 @@ impl AdaptiveThrottle {
     /// Counts a call about to be made: `None` when it is refused
     /// locally, else what to tell once the upstream answered.
     pub(crate) fn admit(&self) -> Option<Sent> {
-        let mut counts = self.shared.counts_now();
-        let p = self.shared.probability(&counts);
+        let shared = &*self.shared;
+        let mut counts = shared.counts_now();
+        let (p, accept_ratio) = shared.figures(&counts);
         let sent = fastrand::f64() >= p;
-        if sent || self.shared.count_refused {
+        if sent || shared.count_refused {
             let slot = counts.slot();
             counts.requests[slot] += 1;
         }
         drop(counts);
+        let (counter, result) = if sent {
+            (OutboundStats::SENT, "sent")
+        } else {
+            (OutboundStats::REFUSED, "refused")
+        };
+        shared.stats.add(counter);
+        metrics::throttle_call(&shared.name, result);
+        metrics::throttle_gauges(&shared.name, p, accept_ratio);
         sent.then(|| Sent {
             throttle: self.clone(),
         })
@@ -257,6 +305,7 @@ impl AdaptiveThrottle {
 impl fmt::Debug for AdaptiveThrottle {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("AdaptiveThrottle")
+            .field("name", &self.shared.name)
             .field("k", &self.shared.k)
             .field("window", &self.shared.window)
             .field("rejection_probability", &self.rejection_probability())

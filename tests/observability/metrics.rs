@@ -595,3 +595,99 @@ async fn local_fallback_decisions_are_counted_apart() {
     assert_eq!(take().counters.get(&low), Some(&1));
     assert_eq!(shedder.state().tier("low").unwrap().shed(), 1);
 }
+
+#[tokio::test]
+async fn throttles_and_retry_budgets_are_counted_and_observed() {
+    use std::sync::Arc;
+
+    use fleetgate::clock::ManualClock;
+    use fleetgate::rate_limit::{AdaptiveThrottle, AdaptiveThrottleLayer, RetryBudget};
+    use tower::{Layer, Service};
+
+    drop(take()); // the recorder, installed before the first call
+    // An upstream that fails everything, behind a throttle.
+    let throttle = AdaptiveThrottle::builder()
+        .name("m-throttle")
+        .build()
+        .unwrap();
+    let mut client = AdaptiveThrottleLayer::new(throttle.clone()).layer(tower::service_fn(
+        |_req: Request<()>| async {
+            let res = http::Response::builder().status(503).body(()).unwrap();
+            Ok::<_, std::convert::Infallible>(res)
+        },
+    ));
+    let mut refused = 0;
+    for _ in 0..40 {
+        if client.call(Request::new(())).await.is_err() {
+            refused += 1;
+        }
+    }
+    assert!(refused > 0, "the throttle refused nothing");
+    let calls = |result: &str| {
+        let id = series(
+            "fleetgate_throttle_calls_total",
+            &[("throttle", "m-throttle"), ("result", result)],
+        );
+        take().counters.get(&id).copied().unwrap_or(0)
+    };
+    assert_eq!(calls("refused"), refused);
+    assert_eq!(calls("sent"), 40 - refused);
+    assert_eq!(calls("accepted"), 0);
+    let p = series(
+        "fleetgate_throttle_rejection_probability",
+        &[("throttle", "m-throttle")],
+    );
+    assert!(take().gauges.get(&p).is_some_and(|&p| p > 0.5), "{p}");
+
+    let snapshot = fleetgate::observe::snapshot();
+    let seen = snapshot
+        .throttles
+        .iter()
+        .find(|t| t.name == "m-throttle")
+        .expect("the throttle in the snapshot");
+    assert_eq!(
+        (seen.sent, seen.refused, seen.accepted),
+        (40 - refused, refused, 0)
+    );
+    assert_eq!(seen.accept_ratio, Some(0.0));
+    assert_eq!(seen.rejection_probability, throttle.rejection_probability());
+
+    // A budget of 2 retries (its clock stands still) for 5 first attempts.
+    let clock = ManualClock::new(Duration::from_secs(100));
+    let store = MemoryStore::builder().clock(clock).build();
+    let budget = RetryBudget::new(Arc::new(store))
+        .ratio(0.0)
+        .min_per_second(2)
+        .build("m-budget")
+        .unwrap();
+    for _ in 0..5 {
+        budget.deposit();
+    }
+    while budget.try_withdraw() {}
+    let spent = |result: &str| {
+        let id = series(
+            "fleetgate_retry_budget_total",
+            &[("budget", "m-budget"), ("result", result)],
+        );
+        take().counters.get(&id).copied().unwrap_or(0)
+    };
+    assert_eq!(
+        (spent("first_attempt"), spent("retry"), spent("refused")),
+        (5, 2, 1)
+    );
+    let snapshot = fleetgate::observe::snapshot();
+    let seen = snapshot
+        .retry_budgets
+        .iter()
+        .find(|b| b.name == "m-budget")
+        .expect("the budget in the snapshot");
+    assert_eq!(
+        (
+            seen.first_attempts,
+            seen.retries,
+            seen.refused,
+            seen.store_errors
+        ),
+        (5, 2, 1, 0)
+    );
+}
