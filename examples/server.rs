@@ -204,6 +204,7 @@ POST /api/complete?tokens=N&ms=M  answers after M ms (default 0, at most 10000) 
 POST /api/login?ok=1|0  200 when ok=1, else 401; per x-api-key (or client IP): only 401s count, 5/15min
 GET /api/flaky?fail=1|0  500 when fail=1, else 200; per x-api-key (or client IP): 3/min burst 3, 5xx refunded
 GET /api/adaptive?ms=N  a backend of FLEETGATE_ADAPTIVE_POOL (8) workers, N ms a call (default 20); an adaptive limit for the route, 503 beyond it
+GET /api/outbound?fail=1|0  calls this demo's /api/flaky as an upstream, through a client-side adaptive throttle and a retry budget (2 retries); its answer, or 503 when throttled locally
 /admin/...  only with FLEETGATE_ADMIN_TOKEN, each call with Authorization: Bearer <token>:
   GET /admin/policies  every policy and its limits now (JSON)
   PUT /admin/policies/{policy}  body: new limits (1/s burst 5); DELETE: back to the defaults
@@ -508,6 +509,7 @@ async fn run() -> Result<(), BoxError> {
         .merge(shed_routes(fleet.clone(), local, failure)?)
         .merge(after_routes(&live, api_key_after, failure)?)
         .merge(adaptive_routes()?)
+        .merge(outbound_routes(bound, store.clone())?)
         .merge(dashboard::routes(live.clone()))
         .route("/", get(|| async { ROUTES }))
         .route("/healthz", get(|| async { "ok\n" }))
@@ -910,6 +912,67 @@ fn slow_routes(slow: ConcurrencyLimiter, api_key: ApiKey, failure: FailurePolicy
 /// `GET /api/adaptive?ms=N`: a backend of `FLEETGATE_ADAPTIVE_POOL`
 /// workers that queues what it cannot serve, behind an adaptive limit
 /// for the whole route that finds how many it can.
+/// `GET /api/outbound`: this demo's own `/api/flaky` as an upstream,
+/// called through a retry budget (ratio 0.1, at least 1 retry a second,
+/// shared by the fleet on Redis) and an adaptive throttle (K = 2), both
+/// named `flaky-upstream`: what the dashboard's Outbound table and the
+/// `fleetgate_throttle_*` and `fleetgate_retry_budget_total` metrics show.
+fn outbound_routes(bound: SocketAddr, store: Arc<dyn Store>) -> Result<Router, BoxError> {
+    use fleetgate::rate_limit::{
+        AdaptiveThrottle, AdaptiveThrottleLayer, RetryBudget, RetryPolicy,
+    };
+    use http_body_util::Empty;
+    use hyper_util::client::legacy::Client;
+    use hyper_util::rt::TokioExecutor;
+    use tower::ServiceExt;
+
+    let budget = RetryBudget::new(store)
+        .ratio(0.1)
+        .min_per_second(1)
+        .build("flaky-upstream")?;
+    let throttle = AdaptiveThrottle::builder().name("flaky-upstream").build()?;
+    let client = tower::ServiceBuilder::new()
+        .layer(tower::retry::RetryLayer::new(RetryPolicy::new(budget, 2)))
+        .layer(AdaptiveThrottleLayer::new(throttle))
+        .service(Client::builder(TokioExecutor::new()).build_http::<Empty<bytes::Bytes>>());
+    // A listener on every address is called on loopback.
+    let host = if bound.ip().is_unspecified() {
+        SocketAddr::new(std::net::Ipv4Addr::LOCALHOST.into(), bound.port())
+    } else {
+        bound
+    };
+    Ok(Router::new().route(
+        "/api/outbound",
+        get(move |q: Query<HashMap<String, String>>| {
+            let client = client.clone();
+            async move {
+                let fail = q.get("fail").is_some_and(|f| f == "1");
+                let uri = format!("http://{host}/api/flaky?fail={}", u8::from(fail));
+                let Ok(request) = http::Request::get(uri)
+                    .header("x-api-key", "outbound-demo")
+                    .body(Empty::new())
+                else {
+                    return (
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        "bad request\n".to_owned(),
+                    );
+                };
+                match client.oneshot(request).await {
+                    Ok(res) => (
+                        res.status(),
+                        format!("upstream answered {}\n", res.status()),
+                    ),
+                    Err(err) if err.is::<fleetgate::RateLimitError>() => (
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "throttled locally: the upstream fails too often\n".to_owned(),
+                    ),
+                    Err(err) => (StatusCode::BAD_GATEWAY, format!("upstream failed: {err}\n")),
+                }
+            }
+        }),
+    ))
+}
+
 fn adaptive_routes() -> Result<Router, BoxError> {
     let pool = env_number("FLEETGATE_ADAPTIVE_POOL", 8, 1..=10_000)?;
     // At least 4 (or the pool): a probe of the minimum RTT at 4 takes a

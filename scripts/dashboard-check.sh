@@ -87,7 +87,17 @@ for _ in 1 2 3; do
   calls+=($!)
 done
 for call in "${calls[@]}"; do wait "$call" || true; done
-echo "sent: ping $admitted admitted, $denied denied; 3 slow; 3 reports"
+# outbound: an upstream that fails every call, behind a throttle that
+# soon refuses most of them locally (503).
+throttled=0
+for _ in $(seq 10); do
+  case $(curl -s -o /dev/null -w '%{http_code}' "$url/api/outbound?fail=1") in
+    503) throttled=$((throttled + 1)) ;;
+    500) ;;
+    *) echo "FAIL: /api/outbound?fail=1 answered neither 500 nor 503" >&2; exit 1 ;;
+  esac
+done
+echo "sent: ping $admitted admitted, $denied denied; 3 slow; 3 reports; 10 outbound, $throttled throttled"
 
 # Events are parsed as JSON (python3), whatever the order of their keys.
 events_py() { # python code run with `events`, the complete events of $1 -> its output
@@ -193,6 +203,13 @@ if [ -z "$limit" ]; then
   exit 1
 fi
 echo "page: adaptive limit ${limit#*>})"
+# The outbound throttle, with the calls it refused locally.
+refused=$(grep -oE 'id="throttle-flaky-upstream-refused">[0-9]+' "$tmp/page.html" | grep -oE '[0-9]+$' || true)
+if [ "$refused" != "$throttled" ]; then
+  echo "FAIL: the page shows ${refused:-no} calls refused by the flaky-upstream throttle; $throttled were" >&2
+  exit 1
+fi
+echo "page: throttle flaky-upstream refused $refused"
 mkdir -p target
 timeout 120 "${chrome[@]}" --window-size=1200,900 --screenshot="$PWD/target/dashboard.png" "$page" \
   >/dev/null 2>>"$tmp/chromium.log" || {
