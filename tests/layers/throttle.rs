@@ -86,3 +86,54 @@ async fn an_upstream_that_accepts_is_never_throttled() {
     assert_eq!(reached.load(Ordering::Relaxed), 50 * 60);
     assert_eq!(throttle.rejection_probability(), 0.0);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_throttled_call_never_waits_for_a_slot() {
+    use fleetgate::key::GlobalKey;
+    use fleetgate::{Limit, Limiter, MemoryStore, Policy, Rate, RateLimitLayer};
+    use futures_util::FutureExt;
+
+    // In front of a waiting layer of one call a second: once the
+    // throttle refuses, a refused call fails at the first poll, taking no
+    // slot, while a sent one waits its turn.
+    let throttle = AdaptiveThrottle::builder().build().unwrap();
+    let clock = fleetgate::clock::MonotonicClock::new();
+    let store = MemoryStore::builder().clock(clock).build();
+    let policy = Policy::single("upstream", Limit::new(Rate::per_second(1)).unwrap()).unwrap();
+    let reached = Arc::new(AtomicU64::new(0));
+    let counted = reached.clone();
+    let mut client = ServiceBuilder::new()
+        .layer(AdaptiveThrottleLayer::new(throttle.clone()))
+        .layer(
+            RateLimitLayer::new(Limiter::new(policy, store))
+                .key(GlobalKey::new())
+                .typed_errors()
+                .wait_up_to(Duration::from_secs(3600)),
+        )
+        .service(service_fn(move |_req: Request<()>| {
+            counted.fetch_add(1, Ordering::Relaxed);
+            async {
+                let mut response = Response::new(());
+                *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+                Ok::<_, std::convert::Infallible>(response)
+            }
+        }));
+    let (mut refused, mut waited) = (0, 0);
+    for _ in 0..200 {
+        let call = client.ready().await.unwrap().call(Request::new(()));
+        match call.now_or_never() {
+            Some(Err(e)) => {
+                let e = e.downcast::<RateLimitError>().expect("a RateLimitError");
+                assert_eq!(*e, RateLimitError::Throttled);
+                refused += 1;
+            }
+            Some(Ok(_)) => {}
+            None => waited += 1,
+        }
+    }
+    // Pending calls were dropped: the waiting layer never called the
+    // upstream for them. Only the first call went at once.
+    assert!(refused > 0, "nothing throttled");
+    assert_eq!(refused + waited + reached.load(Ordering::Relaxed), 200);
+    assert!(throttle.rejection_probability() > 0.0);
+}
