@@ -302,13 +302,7 @@ impl RetryBudget {
             self.sync(local, now, 1);
             local = shared.local();
         }
-        let allowed = local.tokens > 0;
-        if allowed {
-            local.tokens -= 1;
-            shared.count(Event::Retry);
-        } else {
-            shared.count(Event::Refused);
-        }
+        let allowed = shared.spend(&mut local);
         self.maybe_sync(local, now);
         allowed
     }
@@ -328,9 +322,7 @@ impl RetryBudget {
                 local.tokens = 0;
             }
             if local.tokens > 0 {
-                local.tokens -= 1;
-                shared.count(Event::Retry);
-                return true;
+                return shared.spend(&mut local);
             }
             let want = shared.lease;
             let deposits = std::mem::take(&mut local.pending);
@@ -340,14 +332,7 @@ impl RetryBudget {
         let result = future.await;
         let mut local = shared.local();
         shared.apply(&mut local, result, Instant::now(), want);
-        let allowed = local.tokens > 0;
-        if allowed {
-            local.tokens -= 1;
-            shared.count(Event::Retry);
-        } else {
-            shared.count(Event::Refused);
-        }
-        allowed
+        shared.spend(&mut local)
     }
 
     /// What this process has counted.
@@ -426,6 +411,19 @@ impl Shared {
         if !result.is_empty() {
             metrics::budget_event(&self.name, result);
         }
+    }
+
+    /// Spends a held token, if there is one, and counts the retry or the
+    /// refusal.
+    fn spend(&self, local: &mut Local) -> bool {
+        let allowed = local.tokens > 0;
+        if allowed {
+            local.tokens -= 1;
+            self.count(Event::Retry);
+        } else {
+            self.count(Event::Refused);
+        }
+        allowed
     }
 
     fn local(&self) -> MutexGuard<'_, Local> {

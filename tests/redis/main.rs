@@ -20,6 +20,7 @@ mod hot_keys;
 mod leases;
 mod live;
 mod local_fallback;
+mod outbound_fleet;
 mod private_server;
 mod redis_down;
 mod refused_writes;
