@@ -276,6 +276,11 @@ async fn main() -> Result<(), BoxError> {
     if failed > 0 {
         return Err(format!("{failed} workers failed").into());
     }
+    // Against an upstream that never fails, every call must succeed.
+    let failed_calls = count(&outcomes.failed);
+    if failed_calls > 0 && options.fail_for.is_zero() && options.throttle.is_none() {
+        return Err(format!("{failed_calls} calls failed").into());
+    }
     Ok(())
 }
 

@@ -909,9 +909,6 @@ fn slow_routes(slow: ConcurrencyLimiter, api_key: ApiKey, failure: FailurePolicy
         )
 }
 
-/// `GET /api/adaptive?ms=N`: a backend of `FLEETGATE_ADAPTIVE_POOL`
-/// workers that queues what it cannot serve, behind an adaptive limit
-/// for the whole route that finds how many it can.
 /// `GET /api/outbound`: this demo's own `/api/flaky` as an upstream,
 /// called through a retry budget (ratio 0.1, at least 1 retry a second,
 /// shared by the fleet on Redis) and an adaptive throttle (K = 2), both
@@ -973,6 +970,9 @@ fn outbound_routes(bound: SocketAddr, store: Arc<dyn Store>) -> Result<Router, B
     ))
 }
 
+/// `GET /api/adaptive?ms=N`: a backend of `FLEETGATE_ADAPTIVE_POOL`
+/// workers that queues what it cannot serve, behind an adaptive limit
+/// for the whole route that finds how many it can.
 fn adaptive_routes() -> Result<Router, BoxError> {
     let pool = env_number("FLEETGATE_ADAPTIVE_POOL", 8, 1..=10_000)?;
     // At least 4 (or the pool): a probe of the minimum RTT at 4 takes a

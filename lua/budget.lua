@@ -25,7 +25,7 @@ local function take(keys, argv, now, slack_ms)
     end
   end
   -- Lua's tables count from 1: slot s of the Rust code is tokens[s + 1].
-  if newest == nil or #tokens ~= 10 or current >= newest + 10 then
+  if newest == nil or #tokens ~= 10 or current >= newest + 10 or newest > current + 10 then
     newest = current
     for i = 1, 10 do tokens[i] = 0 end
     tokens[current % 10 + 1] = minimum

@@ -408,3 +408,13 @@ pub enum RateLimitError {
         max_wait: Duration,
     },
 }
+
+/// Whether `err` is one of fleetgate's own refusals ([`RateLimitError`]),
+/// bare or boxed: a call that never reached the upstream.
+pub(crate) fn is_refusal<E: 'static>(err: &E) -> bool {
+    let any = err as &dyn std::any::Any;
+    any.is::<RateLimitError>()
+        || any
+            .downcast_ref::<BoxError>()
+            .is_some_and(|boxed| boxed.is::<RateLimitError>())
+}

@@ -95,7 +95,7 @@ pub struct Snapshot {
 pub struct ThrottleSnapshot {
     /// The throttle's name.
     pub name: String,
-    /// Calls sent to the upstream so far.
+    /// Calls passed on to the inner service so far.
     pub sent: u64,
     /// Calls the upstream accepted so far.
     pub accepted: u64,
@@ -104,8 +104,9 @@ pub struct ThrottleSnapshot {
     /// The probability a call is refused now (of the throttle built
     /// last).
     pub rejection_probability: f64,
-    /// Accepted over sent, in the throttle's window (of the throttle built
-    /// last); `None` with nothing sent in it.
+    /// Accepts over requests in the throttle's window (of the throttle
+    /// built last; requests count the refused calls too under
+    /// `count_refused(true)`); `None` without requests in it.
     pub accept_ratio: Option<f64>,
 }
 

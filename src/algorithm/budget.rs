@@ -35,7 +35,9 @@ pub(crate) struct State {
 /// Reports `deposits` first attempts and takes up to `want` tokens at
 /// `now_us`: the new state, the tokens granted and the whole tokens left.
 /// A state older than every slot (or none) starts afresh with the current
-/// slot's minimum; a clock behind the state's counts as the state's time.
+/// slot's minimum, and so does one more than every slot ahead (a clock
+/// far behind, another `ttl`'s slots, a corrupt value); a clock a little
+/// behind the state's counts as the state's time.
 pub(crate) fn take(
     state: Option<State>,
     now_us: u64,
@@ -45,7 +47,12 @@ pub(crate) fn take(
 ) -> (State, u64, u64) {
     let current = now_us / params.slot_us.max(1);
     let mut state = match state {
-        Some(state) if current < state.newest + SLOTS as u64 => state,
+        Some(state)
+            if current < state.newest.saturating_add(SLOTS as u64)
+                && state.newest <= current.saturating_add(SLOTS as u64) =>
+        {
+            state
+        }
         _ => State {
             newest: current,
             tokens: {
@@ -132,6 +139,13 @@ mod tests {
         let (state, _, _) = take(None, 5_000_000, PARAMS, 0, 1);
         let (state, granted, _) = take(Some(state), 1_000_000, PARAMS, 30, 10);
         assert_eq!((state.newest, granted), (5, 3));
+        // Far ahead of the clock: afresh.
+        let ahead = State {
+            newest: 1_000_000,
+            tokens: [5000; SLOTS],
+        };
+        let (state, granted, _) = take(Some(ahead), 1_000_000, PARAMS, 0, 10);
+        assert_eq!((state.newest, granted), (1, 1));
     }
 
     #[test]

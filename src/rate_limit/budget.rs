@@ -35,17 +35,23 @@ use crate::store::{BudgetCall, BudgetTake, Store};
 /// fleet's, and no retry waits for Redis: each instance reports its first
 /// attempts and leases tokens in batches ([`lease`](RetryBudgetBuilder::lease),
 /// 10 by default) in one script, at most once a tenth of the `ttl` while
-/// it only reports, and as soon as its tokens run low while it retries. A
-/// retry is decided at once from the tokens it holds: the first retry of
-/// an instance that holds none is refused, and asks for a lease. Leased
+/// it only reports, and as soon as its tokens run low for a `ttl` after a
+/// retry was wanted. [`try_withdraw`](Self::try_withdraw) decides at once
+/// from the tokens held: the first retry of an instance that holds none
+/// is refused, and asks for a lease;
+/// [`withdraw`](Self::withdraw) waits for that lease instead. Leased
 /// tokens come out of the shared count, so leasing adds nothing to the
-/// bound; they expire a tenth of the `ttl` after the lease.
+/// bound (at most one lease an instance holds may expire unspent); held
+/// tokens expire a `ttl` after the last lease. Instances that share a
+/// budget should agree on its settings: the `ttl` sets the unit of the
+/// stored slots (a state from another `ttl` far ahead of the clock starts
+/// afresh).
 ///
 /// When the store fails (Redis gone or slow past its timeout), the first
 /// attempts being reported are dropped and the instance spends what it
 /// holds, then retries nothing until the store answers again, a tenth of
-/// the `ttl` later at the earliest: a fleet that cannot count its retries
-/// does not retry.
+/// the `ttl` later at the earliest (without a round trip meanwhile): a
+/// fleet that cannot count its retries does not retry.
 ///
 /// Use it through [`RetryPolicy`](crate::rate_limit::RetryPolicy) (a
 /// `tower::retry::Policy`, feature `retry`), through
@@ -90,9 +96,12 @@ struct Shared {
     params: Params,
     ratio: f64,
     min_per_second: u32,
-    /// A tenth of the ttl: how long leased tokens live, and how often
-    /// first attempts are reported at most.
+    /// A tenth of the ttl: how often first attempts are reported at
+    /// most.
     slot: Duration,
+    /// How long held tokens live after the last lease, and how long
+    /// after a retry the tokens are kept topped up.
+    ttl: Duration,
     /// Tokens asked for at a time (1 where the store answers at once).
     lease: u64,
     /// The store answers without I/O (the memory store): every call goes
@@ -123,9 +132,12 @@ struct Local {
     /// A call to the store is on its way.
     syncing: bool,
     last_sync: Instant,
-    /// Asks for no tokens before then: the store had too few, or failed.
+    /// Asks for no tokens in the background before then: the store had
+    /// too few, or failed.
     quiet_until: Option<Instant>,
-    /// Tops the tokens up while retries were wanted lately.
+    /// The store failed: no call to it before then.
+    failed_until: Option<Instant>,
+    /// Tops the tokens up while retries were wanted lately (a ttl).
     wanted_until: Option<Instant>,
 }
 
@@ -227,7 +239,8 @@ impl RetryBudgetBuilder {
                 self.min_per_second
             ));
         }
-        let ratio_milli = (self.ratio * 1000.0).round() as u64;
+        // Thousandths, rounded down: never more than the ratio asked for.
+        let ratio_milli = (self.ratio * 1000.0).floor() as u64;
         if ratio_milli == 0 && self.min_per_second == 0 {
             return invalid("a ratio of 0 and no minimum never allow a retry".into());
         }
@@ -252,6 +265,7 @@ impl RetryBudgetBuilder {
                 ratio: self.ratio,
                 min_per_second: self.min_per_second,
                 slot,
+                ttl: slot * SLOTS as u32,
                 lease: if immediate { 1 } else { self.lease.into() },
                 immediate,
                 local: Mutex::new(Local {
@@ -262,6 +276,7 @@ impl RetryBudgetBuilder {
                     // The first report comes a slot after the build.
                     last_sync: Instant::now(),
                     quiet_until: None,
+                    failed_until: None,
                     wanted_until: None,
                 }),
                 stats: Counters::default(),
@@ -294,10 +309,7 @@ impl RetryBudget {
         let shared = &*self.shared;
         let now = Instant::now();
         let mut local = shared.local();
-        local.wanted_until = Some(now + shared.slot);
-        if local.tokens_until <= now {
-            local.tokens = 0;
-        }
+        shared.wanted(&mut local, now);
         if shared.immediate && local.tokens == 0 {
             self.sync(local, now, 1);
             local = shared.local();
@@ -314,22 +326,32 @@ impl RetryBudget {
     /// store failed.
     pub async fn withdraw(&self) -> bool {
         let shared = &*self.shared;
-        let (future, want) = {
+        let (future, want, guard) = {
             let now = Instant::now();
             let mut local = shared.local();
-            local.wanted_until = Some(now + shared.slot);
-            if local.tokens_until <= now {
-                local.tokens = 0;
-            }
-            if local.tokens > 0 {
+            shared.wanted(&mut local, now);
+            // Held tokens; or none while the store is failing: no round
+            // trip then.
+            if local.tokens > 0 || local.failed_until.is_some_and(|until| now < until) {
                 return shared.spend(&mut local);
             }
-            let want = shared.lease;
+            // A batch already on its way is this instance's: ask for one.
+            let (want, guard) = if local.syncing {
+                (1, None)
+            } else {
+                local.syncing = true;
+                (shared.lease, Some(Syncing(self.shared.clone())))
+            };
             let deposits = std::mem::take(&mut local.pending);
             local.last_sync = now;
-            (shared.store.budget(shared.call(deposits, want)), want)
+            (
+                shared.store.budget(shared.call(deposits, want)),
+                want,
+                guard,
+            )
         };
         let result = future.await;
+        drop(guard);
         let mut local = shared.local();
         shared.apply(&mut local, result, Instant::now(), want);
         shared.spend(&mut local)
@@ -388,16 +410,37 @@ impl RetryBudget {
         local.last_sync = now;
         drop(local);
         let shared = self.shared.clone();
+        // Cleared however the task ends: a runtime that shuts down drops
+        // it unfinished.
+        let guard = Syncing(shared.clone());
         runtime.spawn(async move {
             let result = future.await;
+            drop(guard);
             let mut local = shared.local();
-            local.syncing = false;
             shared.apply(&mut local, result, Instant::now(), want);
         });
     }
 }
 
+/// A call to the store on its way: `syncing` until dropped.
+struct Syncing(Arc<Shared>);
+
+impl Drop for Syncing {
+    fn drop(&mut self) {
+        self.0.local().syncing = false;
+    }
+}
+
 impl Shared {
+    /// A retry is wanted now: keeps the tokens topped up for a ttl, and
+    /// drops the held ones that have expired.
+    fn wanted(&self, local: &mut Local, now: Instant) {
+        local.wanted_until = Some(now + self.ttl);
+        if local.tokens_until <= now {
+            local.tokens = 0;
+        }
+    }
+
     fn count(&self, event: Event) {
         let (own, observed, result) = match event {
             Event::First => (&self.stats.first, OutboundStats::FIRST, "first_attempt"),
@@ -470,8 +513,8 @@ impl Shared {
                     if local.tokens_until <= now {
                         local.tokens = 0;
                     }
-                    local.tokens += take.granted;
-                    local.tokens_until = now + self.slot;
+                    local.tokens = local.tokens.saturating_add(take.granted);
+                    local.tokens_until = now + self.ttl;
                 }
                 if take.granted < want {
                     local.quiet_until = Some(now + self.slot / 4);
@@ -480,6 +523,7 @@ impl Shared {
             Err(err) => {
                 self.count(Event::StoreError);
                 local.quiet_until = Some(now + self.slot);
+                local.failed_until = local.quiet_until;
                 tracing::warn!(budget = %self.name, error = %err, "retry budget: the store failed; no retries until it answers");
             }
         }
@@ -494,7 +538,7 @@ impl fmt::Debug for RetryBudget {
             .field("store", &shared.store.kind())
             .field("ratio", &shared.ratio)
             .field("min_per_second", &shared.min_per_second)
-            .field("ttl", &(shared.slot * SLOTS as u32))
+            .field("ttl", &shared.ttl)
             .field("lease", &shared.lease)
             .finish()
     }

@@ -1,13 +1,12 @@
 //! A `tower::retry::Policy` that spends a [`RetryBudget`].
 
-use std::any::Any;
 use std::time::Duration;
 
 use tokio::time::Sleep;
 
 use super::budget::RetryBudget;
 use super::throttle::{Accepts, HttpAccepts};
-use crate::error::{BoxError, RateLimitError};
+use crate::error::is_refusal;
 
 /// A [`tower::retry::Policy`] for HTTP clients that retries a failed call
 /// up to `max_retries` times, each retry paid from a [`RetryBudget`]
@@ -17,10 +16,17 @@ use crate::error::{BoxError, RateLimitError};
 /// What failed is what the classifier does not accept (by default
 /// [`HttpAccepts`]: a 5xx, a 429, a gRPC `UNAVAILABLE` or
 /// `RESOURCE_EXHAUSTED` in the head, or an error such as a timeout).
-/// fleetgate's own refusals ([`RateLimitError`], such as a call the
+/// fleetgate's own refusals ([`RateLimitError`](crate::RateLimitError),
+/// such as a call the
 /// [`AdaptiveThrottleLayer`](super::AdaptiveThrottleLayer) refused, or one
-/// a waiting layer could not fit) are never retried. Only retry what is
-/// safe to send twice. Requests are cloned for each attempt, so their
+/// a waiting layer could not fit) are never retried, and a first attempt
+/// refused that way credits the budget nothing: the ratio is of the first
+/// attempts that reached the upstream. A retry refused that way has spent
+/// its token, and the call ends with that refusal. A 429 is retried after
+/// the backoff, not its `Retry-After`: put a waiting layer with
+/// [`upstream_feedback`](crate::RateLimitLayer::upstream_feedback) inside,
+/// and the retry waits for the pause. Only retry what is safe to send
+/// twice. Requests are cloned for each attempt, so their
 /// bodies must be `Clone` (`Full<Bytes>`, `String`, `Empty`).
 ///
 /// Put it outside the [`AdaptiveThrottleLayer`](super::AdaptiveThrottleLayer)
@@ -94,15 +100,6 @@ impl<A> RetryPolicy<A> {
     }
 }
 
-/// Whether `err` is one of fleetgate's own refusals, bare or boxed.
-fn is_refusal<E: 'static>(err: &E) -> bool {
-    let any = err as &dyn Any;
-    any.is::<RateLimitError>()
-        || any
-            .downcast_ref::<BoxError>()
-            .is_some_and(|boxed| boxed.is::<RateLimitError>())
-}
-
 impl<B, Res, E, A> tower::retry::Policy<http::Request<B>, Res, E> for RetryPolicy<A>
 where
     B: Clone,
@@ -116,12 +113,13 @@ where
         _req: &mut http::Request<B>,
         result: &mut Result<Res, E>,
     ) -> Option<Self::Future> {
-        if self.retries >= self.max_retries || self.accepts.accepted(result) {
-            return None;
+        let refused = result.as_ref().err().is_some_and(is_refusal);
+        // A first attempt the upstream answered (not one refused on the
+        // way) credits the budget: once per call, at its first result.
+        if self.retries == 0 && !refused {
+            self.budget.deposit();
         }
-        if let Err(err) = result
-            && is_refusal(err)
-        {
+        if refused || self.retries >= self.max_retries || self.accepts.accepted(result) {
             return None;
         }
         if !self.budget.try_withdraw() {
@@ -132,9 +130,6 @@ where
     }
 
     fn clone_request(&mut self, req: &http::Request<B>) -> Option<http::Request<B>> {
-        if self.retries == 0 {
-            self.budget.deposit();
-        }
         let mut clone = http::Request::new(req.body().clone());
         *clone.method_mut() = req.method().clone();
         *clone.uri_mut() = req.uri().clone();
@@ -142,5 +137,115 @@ where
         *clone.headers_mut() = req.headers().clone();
         *clone.extensions_mut() = req.extensions().clone();
         Some(clone)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    use tower::retry::Retry;
+    use tower::{Service, ServiceExt, service_fn};
+
+    use super::*;
+    use crate::MemoryStore;
+    use crate::clock::ManualClock;
+    use crate::error::{BoxError, RateLimitError};
+
+    /// A budget of `min` retries and no more: its store's clock stands
+    /// still, and first attempts credit nothing.
+    fn budget(min: u32) -> RetryBudget {
+        let clock = ManualClock::new(Duration::from_secs(100));
+        let store = MemoryStore::builder().clock(clock).build();
+        RetryBudget::new(Arc::new(store))
+            .ratio(0.0)
+            .min_per_second(min)
+            .build("retry-test")
+            .unwrap()
+    }
+
+    /// Calls a service answering `answer` through a retry policy: how
+    /// many times the service was called.
+    async fn attempts(
+        policy: RetryPolicy,
+        answer: fn() -> Result<http::Response<()>, BoxError>,
+    ) -> u32 {
+        let calls = Arc::new(AtomicU32::new(0));
+        let counted = calls.clone();
+        let inner = service_fn(move |_req: http::Request<String>| {
+            counted.fetch_add(1, Ordering::SeqCst);
+            async move { answer() }
+        });
+        let mut retry = Retry::new(policy.backoff(Duration::ZERO), inner);
+        let request = http::Request::new("body".to_owned());
+        let _ = retry.ready().await.unwrap().call(request).await;
+        calls.load(Ordering::SeqCst)
+    }
+
+    fn unavailable() -> Result<http::Response<()>, BoxError> {
+        Ok(http::Response::builder().status(503).body(()).unwrap())
+    }
+
+    #[tokio::test]
+    async fn failures_are_retried_while_the_budget_and_the_cap_allow() {
+        // The budget allows 2 of the 3 retries asked for.
+        let b = budget(2);
+        assert_eq!(
+            attempts(RetryPolicy::new(b.clone(), 3), unavailable).await,
+            3
+        );
+        let stats = b.stats();
+        assert_eq!(
+            (stats.first_attempts, stats.retries, stats.refused),
+            (1, 2, 1)
+        );
+        // The cap: 1 retry asked for, from a budget of 10.
+        let b = budget(10);
+        assert_eq!(
+            attempts(RetryPolicy::new(b.clone(), 1), unavailable).await,
+            2
+        );
+        assert_eq!(b.stats().retries, 1);
+    }
+
+    #[tokio::test]
+    async fn successes_and_fleetgates_refusals_are_not_retried() {
+        let b = budget(10);
+        let ok = || Ok(http::Response::new(()));
+        assert_eq!(attempts(RetryPolicy::new(b.clone(), 3), ok).await, 1);
+        assert_eq!((b.stats().first_attempts, b.stats().retries), (1, 0));
+        // A call refused on the way never reached the upstream: no
+        // retry, and no credit.
+        let b = budget(10);
+        let throttled = || Err(BoxError::from(RateLimitError::Throttled));
+        assert_eq!(attempts(RetryPolicy::new(b.clone(), 3), throttled).await, 1);
+        assert_eq!((b.stats().first_attempts, b.stats().retries), (0, 0));
+        // Any other error is retried.
+        let b = budget(10);
+        let broken = || Err(BoxError::from("connection reset"));
+        assert_eq!(attempts(RetryPolicy::new(b.clone(), 2), broken).await, 3);
+    }
+
+    #[tokio::test]
+    async fn a_custom_classifier_decides_what_failed() {
+        let b = budget(10);
+        // 503 accepted: nothing to retry.
+        let policy =
+            RetryPolicy::new(b, 3).accepts(|_: &Result<http::Response<()>, BoxError>| true);
+        let calls = Arc::new(AtomicU32::new(0));
+        let counted = calls.clone();
+        let inner = service_fn(move |_req: http::Request<String>| {
+            counted.fetch_add(1, Ordering::SeqCst);
+            async { unavailable() }
+        });
+        let mut retry = Retry::new(policy, inner);
+        let _ = retry
+            .ready()
+            .await
+            .unwrap()
+            .call(http::Request::new(String::new()))
+            .await;
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
     }
 }

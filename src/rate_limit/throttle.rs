@@ -14,7 +14,7 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 use super::feedback::grpc_refusal;
-use crate::error::{BoxError, ConfigError, RateLimitError};
+use crate::error::{BoxError, ConfigError, RateLimitError, is_refusal};
 use crate::metrics;
 use crate::observe::{OutboundStats, ThrottleSource};
 use crate::policy::check_name;
@@ -51,7 +51,10 @@ const BUCKETS: usize = 60;
 /// takes about two windows.
 ///
 /// The state is this process's own (no store, no round trip); clones
-/// share it. What counts as accepted is the layer's classifier
+/// share it. A call that a layer inside refused (a [`RateLimitError`],
+/// such as a waiting layer's) never reached the upstream and is not
+/// counted; a call dropped before its answer (a timeout layer outside,
+/// a caller gone) counts as sent and not accepted. What counts as accepted is the layer's classifier
 /// ([`AdaptiveThrottleLayer`]: by default [`HttpAccepts`], neither 5xx
 /// nor 429, nor gRPC `UNAVAILABLE`/`RESOURCE_EXHAUSTED`, nor an error
 /// such as a timeout).
@@ -204,6 +207,8 @@ impl AdaptiveThrottleBuilder {
 /// What a call the throttle let through should report.
 pub(crate) struct Sent {
     throttle: AdaptiveThrottle,
+    /// The bucket it was counted in.
+    bucket: u64,
 }
 
 impl Sent {
@@ -217,6 +222,16 @@ impl Sent {
             drop(counts);
             shared.stats.add(OutboundStats::ACCEPTED);
             metrics::throttle_call(&shared.name, "accepted");
+        }
+    }
+
+    /// The call never reached the upstream (a layer inside refused it):
+    /// it is no request.
+    fn withdrawn(self) {
+        let mut counts = self.throttle.shared.counts_now();
+        if counts.newest - self.bucket < BUCKETS as u64 {
+            let slot = (self.bucket % BUCKETS as u64) as usize;
+            counts.requests[slot] = counts.requests[slot].saturating_sub(1);
         }
     }
 }
@@ -287,6 +302,7 @@ impl AdaptiveThrottle {
             let slot = counts.slot();
             counts.requests[slot] += 1;
         }
+        let bucket = counts.newest;
         drop(counts);
         let (counter, result) = if sent {
             (OutboundStats::SENT, "sent")
@@ -298,6 +314,7 @@ impl AdaptiveThrottle {
         metrics::throttle_gauges(&shared.name, p, accept_ratio);
         sent.then(|| Sent {
             throttle: self.clone(),
+            bucket,
         })
     }
 }
@@ -412,7 +429,7 @@ pub struct Throttled<S, A = HttpAccepts> {
 impl<S, A, Req> Service<Req> for Throttled<S, A>
 where
     S: Service<Req>,
-    S::Error: Into<BoxError>,
+    S::Error: Into<BoxError> + 'static,
     A: Accepts<S::Response, S::Error> + Clone,
 {
     type Response = S::Response;
@@ -447,7 +464,7 @@ pin_project! {
 impl<F, A, Res, E> Future for ThrottledFuture<F, A>
 where
     F: Future<Output = Result<Res, E>>,
-    E: Into<BoxError>,
+    E: Into<BoxError> + 'static,
     A: Accepts<Res, E>,
 {
     type Output = Result<Res, BoxError>;
@@ -459,7 +476,10 @@ where
         };
         let result = ready!(inner.poll(cx));
         if let Some(sent) = this.sent.take() {
-            sent.answered(this.accepts.accepted(&result));
+            match &result {
+                Err(err) if is_refusal(err) => sent.withdrawn(),
+                _ => sent.answered(this.accepts.accepted(&result)),
+            }
         }
         Poll::Ready(result.map_err(Into::into))
     }

@@ -555,20 +555,23 @@ impl RedisStore {
             call.want.to_string(),
         ];
         let store = self.clone();
+        let want = call.want;
         StoreFuture::pending(async move {
             let reply = store
                 .eval(&store.inner.scripts.budget, &keys, &args)
                 .await?;
-            decode_budget(&reply)
+            decode_budget(&reply, want)
         })
     }
 }
 
-/// Decodes `{granted, left}`, both counts of tokens.
-fn decode_budget(reply: &Value) -> Result<BudgetTake, StoreError> {
+/// Decodes `{granted, left}`, both counts of tokens, no more granted than
+/// `want`.
+fn decode_budget(reply: &Value, want: u64) -> Result<BudgetTake, StoreError> {
     if let Value::Array(items) = reply
         && let [Value::Int(granted), Value::Int(left)] = items.as_slice()
         && let (Ok(granted), Ok(left)) = (u64::try_from(*granted), u64::try_from(*left))
+        && granted <= want
     {
         return Ok(BudgetTake { granted, left });
     }
@@ -583,7 +586,7 @@ mod tests {
     #[test]
     fn odd_budget_replies_are_errors() {
         assert_eq!(
-            decode_budget(&array(&[3, 7])).unwrap(),
+            decode_budget(&array(&[3, 7]), 3).unwrap(),
             BudgetTake {
                 granted: 3,
                 left: 7
@@ -596,9 +599,12 @@ mod tests {
             array(&[1, 2, 3]),
             array(&[-1, 2]),
             array(&[1, -2]),
+            // More than was asked for.
+            array(&[4, 0]),
+            array(&[i64::MAX, 0]),
             Value::Array(vec![Value::Int(1), Value::Nil]),
         ] {
-            assert!(decode_budget(&reply).is_err(), "{reply:?}");
+            assert!(decode_budget(&reply, 3).is_err(), "{reply:?}");
         }
     }
 
