@@ -7,8 +7,10 @@
 //! the newest (`ratio` per first attempt reported, and `min_per_second`
 //! for the slot's length, credited when the slot begins), and its tokens
 //! expire with it. A take spends the oldest tokens first. So the tokens
-//! ever credited, and the retries ever taken, are at most `ratio × first
-//! attempts reported + min_per_second × (seconds elapsed + one slot)`.
+//! ever credited, and the retries ever taken, over any stretch of time
+//! are at most `ratio × first attempts reported + min_per_second ×
+//! (its seconds + two slots)`: the slots it touches, the first and the
+//! last perhaps in part.
 
 /// How many slots the time to live is cut into.
 pub(crate) const SLOTS: usize = 10;

@@ -23,12 +23,14 @@ use crate::store::{BudgetCall, BudgetTake, Store};
 /// retries stay at or below
 ///
 /// ```text
-/// ratio × first attempts + min_per_second × (seconds + ttl / 10)
+/// ratio × first attempts + min_per_second × (seconds + 2 × ttl / 10)
 /// ```
 ///
-/// (the minimum of the current tenth of the `ttl` is credited when it
-/// begins), however many instances and callers there are: retries stop
-/// multiplying the load just when the upstream can least take it.
+/// over any stretch of `seconds` (the minimum of each tenth of the `ttl`
+/// is credited when it begins, the first one's whole wherever the
+/// stretch starts in it), however many instances and callers there are:
+/// retries stop multiplying the load just when the upstream can least
+/// take it.
 ///
 /// On a [`MemoryStore`](crate::MemoryStore) the budget is this process's,
 /// decided at each call. On a [`RedisStore`](crate::RedisStore) it is the

@@ -51,10 +51,12 @@ const BUCKETS: usize = 60;
 /// takes about two windows.
 ///
 /// The state is this process's own (no store, no round trip); clones
-/// share it. A call that a layer inside refused (a [`RateLimitError`],
-/// such as a waiting layer's) never reached the upstream and is not
-/// counted; a call dropped before its answer (a timeout layer outside,
-/// a caller gone) counts as sent and not accepted. What counts as accepted is the layer's classifier
+/// share it. A call is counted when it ends, so that calls in flight
+/// (a burst to a fresh throttle) refuse nothing; a call that a layer
+/// inside refused (a [`RateLimitError`], such as a waiting layer's) never
+/// reached the upstream and is not counted; a call dropped before its
+/// answer (a timeout layer outside, a caller gone) counts as a request
+/// not accepted. What counts as accepted is the layer's classifier
 /// ([`AdaptiveThrottleLayer`]: by default [`HttpAccepts`], neither 5xx
 /// nor 429, nor gRPC `UNAVAILABLE`/`RESOURCE_EXHAUSTED`, nor an error
 /// such as a timeout).
@@ -204,34 +206,53 @@ impl AdaptiveThrottleBuilder {
     }
 }
 
-/// What a call the throttle let through should report.
+/// What a call the throttle let through should report. It is counted
+/// when it ends: as a request, accepted or not, once answered; as a
+/// request not accepted when dropped unanswered (a timeout outside, a
+/// caller gone); as nothing when a layer inside refused it. Calls in
+/// flight are in neither count, so that a burst to a fresh throttle is
+/// not refused before any answer.
 pub(crate) struct Sent {
-    throttle: AdaptiveThrottle,
-    /// The bucket it was counted in.
-    bucket: u64,
+    throttle: Option<AdaptiveThrottle>,
 }
 
 impl Sent {
     /// The upstream's answer: accepted or not.
-    pub(crate) fn answered(self, accepted: bool) {
-        if accepted {
-            let shared = &self.throttle.shared;
-            let mut counts = shared.counts_now();
-            let slot = counts.slot();
-            counts.accepts[slot] += 1;
-            drop(counts);
-            shared.stats.add(OutboundStats::ACCEPTED);
-            metrics::throttle_call(&shared.name, "accepted");
+    pub(crate) fn answered(mut self, accepted: bool) {
+        if let Some(throttle) = self.throttle.take() {
+            throttle.ended(accepted);
         }
     }
 
     /// The call never reached the upstream (a layer inside refused it):
     /// it is no request.
-    fn withdrawn(self) {
-        let mut counts = self.throttle.shared.counts_now();
-        if counts.newest - self.bucket < BUCKETS as u64 {
-            let slot = (self.bucket % BUCKETS as u64) as usize;
-            counts.requests[slot] = counts.requests[slot].saturating_sub(1);
+    fn withdrawn(mut self) {
+        self.throttle = None;
+    }
+}
+
+impl Drop for Sent {
+    fn drop(&mut self) {
+        if let Some(throttle) = self.throttle.take() {
+            throttle.ended(false);
+        }
+    }
+}
+
+impl AdaptiveThrottle {
+    /// Counts a sent call that ended: a request, accepted or not.
+    fn ended(&self, accepted: bool) {
+        let shared = &*self.shared;
+        let mut counts = shared.counts_now();
+        let slot = counts.slot();
+        counts.requests[slot] += 1;
+        if accepted {
+            counts.accepts[slot] += 1;
+        }
+        drop(counts);
+        if accepted {
+            shared.stats.add(OutboundStats::ACCEPTED);
+            metrics::throttle_call(&shared.name, "accepted");
         }
     }
 }
@@ -298,11 +319,11 @@ impl AdaptiveThrottle {
         let mut counts = shared.counts_now();
         let (p, accept_ratio) = shared.figures(&counts);
         let sent = fastrand::f64() >= p;
-        if sent || shared.count_refused {
+        // A sent call is counted when it ends (see `Sent`).
+        if !sent && shared.count_refused {
             let slot = counts.slot();
             counts.requests[slot] += 1;
         }
-        let bucket = counts.newest;
         drop(counts);
         let (counter, result) = if sent {
             (OutboundStats::SENT, "sent")
@@ -313,8 +334,7 @@ impl AdaptiveThrottle {
         metrics::throttle_call(&shared.name, result);
         metrics::throttle_gauges(&shared.name, p, accept_ratio);
         sent.then(|| Sent {
-            throttle: self.clone(),
-            bucket,
+            throttle: Some(self.clone()),
         })
     }
 }
@@ -509,6 +529,26 @@ mod tests {
     async fn nothing_is_refused_while_the_upstream_accepts_one_in_k() {
         let t = throttle();
         assert_eq!(calls(&t, 10_000, |i| i % 2 == 0), 0);
+        assert_eq!(t.rejection_probability(), 0.0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn calls_in_flight_refuse_nothing() {
+        // A burst to a fresh throttle, none answered yet: all sent.
+        let t = throttle();
+        let burst: Vec<Sent> = (0..50).map(|_| t.admit().expect("sent")).collect();
+        assert_eq!(t.rejection_probability(), 0.0);
+        for sent in burst {
+            sent.answered(true);
+        }
+        assert_eq!(t.rejection_probability(), 0.0);
+        // A dropped call is a request not accepted; a withdrawn one
+        // nothing.
+        let t = throttle();
+        drop(t.admit().expect("sent"));
+        assert!((t.rejection_probability() - 0.5).abs() < 1e-9);
+        let t = throttle();
+        t.admit().expect("sent").withdrawn();
         assert_eq!(t.rejection_probability(), 0.0);
     }
 
