@@ -19,7 +19,7 @@
 //! processes would. It ends with one line on stdout:
 //!
 //! ```text
-//! calls=40 upstream_429=0 achieved_per_s=4.90 allowed_per_s=5.00 attempts=40 retries=0 throttled=0 failed=0 failed_after_recovery=0 run_s=7.8
+//! calls=40 upstream_429=0 achieved_per_s=4.90 allowed_per_s=5.00 attempts=40 retries=0 throttled=0 failed=0 failed_after_recovery=0 run_s=8.0
 //! ```
 //!
 //! `calls` counts the calls the workers made, `upstream_429` the requests
