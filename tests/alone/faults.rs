@@ -242,7 +242,10 @@ impl Load {
 /// What every fault test asserts on the whole run; returns the slowest
 /// request's time.
 fn check_run(records: &[Record]) -> Duration {
-    assert!(records.len() > 500, "only {} requests", records.len());
+    // Enough requests for the checks below to mean something: a quiet
+    // machine makes 800 to 1100 in these runs, a busy CI machine half
+    // that; this is no throughput floor.
+    assert!(records.len() > 100, "only {} requests", records.len());
     let slowest = records.iter().map(Record::took).max().unwrap();
     assert!(
         slowest <= TIMEOUT + MARGIN,
