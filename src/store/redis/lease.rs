@@ -32,7 +32,9 @@ impl RedisStore {
         [set, marker]
     }
 
-    fn now_arg(&self) -> String {
+    /// A script's ARGV[1]: now on the caller's clock, or "" to read
+    /// the server's (see `clock` in lua/prelude.lua).
+    pub(super) fn now_arg(&self) -> String {
         match &self.inner.time {
             TimeSource::Server => String::new(),
             TimeSource::Client(clock) => clock.now_micros().to_string(),

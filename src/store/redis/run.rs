@@ -445,10 +445,7 @@ impl RedisStore {
             return StoreFuture::ready(Ok(()));
         };
         let limits = call.policy.limits();
-        let now = match &self.inner.time {
-            TimeSource::Server => String::new(),
-            TimeSource::Client(clock) => clock.now_micros().to_string(),
-        };
+        let now = self.now_arg();
         let mut args: Vec<String> = Vec::with_capacity(4 + 2 * limits.len());
         args.push(now);
         args.push(micros(pause).to_string());
@@ -542,10 +539,7 @@ impl RedisStore {
 
     pub(super) fn run_budget(&self, call: BudgetCall<'_>) -> StoreFuture<BudgetTake> {
         let keys = [self.budget_key(call.name)];
-        let now = match &self.inner.time {
-            TimeSource::Server => String::new(),
-            TimeSource::Client(clock) => clock.now_micros().to_string(),
-        };
+        let now = self.now_arg();
         let args = [
             now,
             call.params.ratio_milli.to_string(),
