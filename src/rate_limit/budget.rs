@@ -96,13 +96,9 @@ struct Shared {
     name: Arc<str>,
     store: Arc<dyn Store>,
     params: Params,
-    ratio: f64,
-    min_per_second: u32,
-    /// A tenth of the ttl: how often first attempts are reported at
-    /// most.
-    slot: Duration,
     /// How long held tokens live after the last lease, and how long
-    /// after a retry the tokens are kept topped up.
+    /// after a retry the tokens are kept topped up; a tenth of it (a
+    /// slot) is how often first attempts are reported at most.
     ttl: Duration,
     /// Tokens asked for at a time (1 where the store answers at once).
     lease: u64,
@@ -264,10 +260,7 @@ impl RetryBudgetBuilder {
                     slot_us,
                 },
                 store: self.store,
-                ratio: self.ratio,
-                min_per_second: self.min_per_second,
-                slot,
-                ttl: slot * SLOTS as u32,
+                ttl: self.ttl,
                 lease: if immediate { 1 } else { self.lease.into() },
                 immediate,
                 local: Mutex::new(Local {
@@ -387,7 +380,7 @@ impl RetryBudget {
         }
         let want = shared.want(&local, now);
         let report_due =
-            local.pending > 0 && now.saturating_duration_since(local.last_sync) >= shared.slot;
+            local.pending > 0 && now.saturating_duration_since(local.last_sync) >= shared.slot();
         if want > 0 || report_due {
             self.sync(local, now, want);
         }
@@ -433,14 +426,28 @@ impl Drop for Syncing {
     }
 }
 
+impl Local {
+    /// The tokens held now.
+    fn held(&self, now: Instant) -> u64 {
+        if self.tokens_until > now {
+            self.tokens
+        } else {
+            0
+        }
+    }
+}
+
 impl Shared {
+    /// A tenth of the ttl: the store's slot.
+    fn slot(&self) -> Duration {
+        self.ttl / SLOTS as u32
+    }
+
     /// A retry is wanted now: keeps the tokens topped up for a ttl, and
     /// drops the held ones that have expired.
     fn wanted(&self, local: &mut Local, now: Instant) {
         local.wanted_until = Some(now + self.ttl);
-        if local.tokens_until <= now {
-            local.tokens = 0;
-        }
+        local.tokens = local.held(now);
     }
 
     fn count(&self, event: Event) {
@@ -490,11 +497,7 @@ impl Shared {
     fn want(&self, local: &Local, now: Instant) -> u64 {
         let wanted = local.wanted_until.is_some_and(|until| now < until);
         let quiet = local.quiet_until.is_some_and(|until| now < until);
-        let held = if local.tokens_until > now {
-            local.tokens
-        } else {
-            0
-        };
+        let held = local.held(now);
         if wanted && !quiet && held * 2 < self.lease.max(2) {
             self.lease - held.min(self.lease)
         } else {
@@ -512,19 +515,16 @@ impl Shared {
         match result {
             Ok(take) => {
                 if take.granted > 0 {
-                    if local.tokens_until <= now {
-                        local.tokens = 0;
-                    }
-                    local.tokens = local.tokens.saturating_add(take.granted);
+                    local.tokens = local.held(now).saturating_add(take.granted);
                     local.tokens_until = now + self.ttl;
                 }
                 if take.granted < want {
-                    local.quiet_until = Some(now + self.slot / 4);
+                    local.quiet_until = Some(now + self.slot() / 4);
                 }
             }
             Err(err) => {
                 self.count(Event::StoreError);
-                local.quiet_until = Some(now + self.slot);
+                local.quiet_until = Some(now + self.slot());
                 local.failed_until = local.quiet_until;
                 tracing::warn!(budget = %self.name, error = %err, "retry budget: the store failed; no retries until it answers");
             }
@@ -538,8 +538,11 @@ impl fmt::Debug for RetryBudget {
         f.debug_struct("RetryBudget")
             .field("name", &shared.name)
             .field("store", &shared.store.kind())
-            .field("ratio", &shared.ratio)
-            .field("min_per_second", &shared.min_per_second)
+            .field("ratio", &(shared.params.ratio_milli as f64 / 1000.0))
+            .field(
+                "min_per_second",
+                &(shared.params.min_milli_per_slot * 1000 / shared.params.slot_us.max(1)),
+            )
             .field("ttl", &shared.ttl)
             .field("lease", &shared.lease)
             .finish()
