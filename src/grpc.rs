@@ -254,6 +254,8 @@ use std::time::Duration;
 
 #[cfg(feature = "grpc")]
 use crate::rate_limit::RetryBudget;
+#[cfg(feature = "grpc")]
+use crate::rate_limit::budget::backoff;
 
 /// The longest pushback [`retry`] waits for: a server that asks for more
 /// is not asking for a retry.
@@ -325,21 +327,17 @@ where
                     .ok()
                     .and_then(|text| text.trim().parse::<i64>().ok())
             });
+        use tonic::Code::{ResourceExhausted, Unavailable};
         let delay = match (status.code(), pushback) {
-            (_, Some(Some(ms))) if ms >= 0 => Duration::from_millis(ms.unsigned_abs()),
-            // Negative or unreadable: the server says not to retry.
-            (_, Some(_)) => return Err(status),
-            (tonic::Code::Unavailable, None) => {
-                Duration::from_millis(50 << retries.min(16)).mul_f64(fastrand::f64())
+            (Unavailable | ResourceExhausted, Some(Some(ms))) if ms >= 0 => {
+                Duration::from_millis(ms.unsigned_abs())
             }
+            (Unavailable, None) => backoff(Duration::from_millis(50), retries),
+            // Another status, RESOURCE_EXHAUSTED without a pushback, or a
+            // negative or unreadable one: the server says not to retry.
             _ => return Err(status),
         };
-        if !matches!(
-            status.code(),
-            tonic::Code::Unavailable | tonic::Code::ResourceExhausted
-        ) || delay > MOST_PUSHBACK
-            || !budget.withdraw().await
-        {
+        if delay > MOST_PUSHBACK || !budget.withdraw().await {
             return Err(status);
         }
         retries += 1;

@@ -532,6 +532,14 @@ impl Shared {
     }
 }
 
+/// The delay before retry `nth` (0 for the first): drawn at random below
+/// `base · 2^nth` (full jitter, so that retries of many callers spread).
+#[cfg(any(feature = "retry", feature = "grpc"))]
+pub(crate) fn backoff(base: Duration, nth: u32) -> Duration {
+    base.saturating_mul(1 << nth.min(16))
+        .mul_f64(fastrand::f64())
+}
+
 impl fmt::Debug for RetryBudget {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let shared = &*self.shared;

@@ -173,7 +173,7 @@
 //! for it.
 
 mod after;
-mod budget;
+pub(crate) mod budget;
 mod cost;
 mod feedback;
 mod future;

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use tokio::time::Sleep;
 
-use super::budget::RetryBudget;
+use super::budget::{RetryBudget, backoff};
 use super::throttle::{Accepts, HttpAccepts};
 use crate::error::is_refusal;
 
@@ -91,13 +91,6 @@ impl<A> RetryPolicy<A> {
         self.backoff = backoff;
         self
     }
-
-    fn delay(&self) -> Duration {
-        let ceiling = self
-            .backoff
-            .saturating_mul(1 << self.retries.saturating_sub(1).min(16));
-        ceiling.mul_f64(fastrand::f64())
-    }
 }
 
 impl<B, Res, E, A> tower::retry::Policy<http::Request<B>, Res, E> for RetryPolicy<A>
@@ -126,7 +119,7 @@ where
             return None;
         }
         self.retries += 1;
-        Some(tokio::time::sleep(self.delay()))
+        Some(tokio::time::sleep(backoff(self.backoff, self.retries - 1)))
     }
 
     fn clone_request(&mut self, req: &http::Request<B>) -> Option<http::Request<B>> {
