@@ -345,18 +345,17 @@ impl Upstream {
 
 impl UpstreamState {
     fn admit_at(&mut self, now: Instant) -> Result<(), Duration> {
-        let s = self;
-        let longest = s.limits.iter().map(|l| l.1).max().unwrap_or_default();
-        while s
+        let longest = self.limits.iter().map(|l| l.1).max().unwrap_or_default();
+        while self
             .accepted
             .front()
             .is_some_and(|&t| now.duration_since(t) >= longest)
         {
-            s.accepted.pop_front();
+            self.accepted.pop_front();
         }
         let mut retry = None;
-        for &(count, window) in &s.limits {
-            let inside: Vec<Instant> = s
+        for &(count, window) in &self.limits {
+            let inside: Vec<Instant> = self
                 .accepted
                 .iter()
                 .copied()
@@ -369,13 +368,13 @@ impl UpstreamState {
             }
         }
         if let Some(wait) = retry {
-            s.refused += 1;
+            self.refused += 1;
             return Err(wait);
         }
-        s.accepted.push_back(now);
-        s.accepted_total += 1;
-        s.first.get_or_insert(now);
-        s.last = Some(now);
+        self.accepted.push_back(now);
+        self.accepted_total += 1;
+        self.first.get_or_insert(now);
+        self.last = Some(now);
         Ok(())
     }
 }
