@@ -49,6 +49,6 @@ local function take(keys, argv, now, slack_ms)
   end
   local parts = {string.format('%d', newest)}
   for i = 1, 10 do parts[i + 1] = string.format('%d', tokens[i]) end
-  put(keys[1], table.concat(parts, ":"), (newest + 10) * slot_us, now, slack_ms)
+  put(keys[1], table.concat(parts, ":"), (newest + 10) * slot_us, nil, now, slack_ms)
   return {granted, whole - granted}
 end

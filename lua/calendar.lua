@@ -87,7 +87,8 @@ local function store(keys, argv, n, now, slack_ms, cost, w)
   for i = 1, n do
     if w.count[i] then
       local tally = math.min(w.count[i] + cost, most)
-      put(keys[i], string.format('%d:%d:%d', w.start[i], w.stop[i], tally), w.stop[i], now, slack_ms)
+      local value = string.format('%d:%d:%d', w.start[i], w.stop[i], tally)
+      put(keys[i], value, w.stop[i], nil, now, slack_ms)
     end
   end
 end

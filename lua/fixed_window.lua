@@ -64,7 +64,7 @@ local function store(keys, argv, n, now, slack_ms, cost, w)
   for i = 1, n do
     if w.count[i] then
       local value = string.format('%d:%d', w.start[i], math.min(w.count[i] + cost, most))
-      put(keys[i], value, w.start[i] + tonumber(argv[1 + 2 * i]), now, slack_ms)
+      put(keys[i], value, w.start[i] + tonumber(argv[1 + 2 * i]), nil, now, slack_ms)
     end
   end
 end

@@ -2,42 +2,57 @@
 -- passes only if every limit admits it, and a denied call stores nothing.
 -- Transcribes src/algorithm/gcra.rs function by function (check, peek,
 -- charge, refund, defer); keep the two in step. Runs after
--- lua/prelude.lua, whose clock and idiv it uses.
+-- lua/prelude.lua, whose clock, idiv and put it uses.
 --
 -- A limit's state is its TAT (theoretical arrival time) in one key; a key
--- expires once its TAT has passed (and slack_ms: see clock in the
--- prelude). Arithmetic in doubles stays exact: times are below 2^53, and
+-- expires once its TAT has passed, at the whole second after it (see
+-- tat_until; and slack_ms past that with the caller's clock: see clock in
+-- the prelude). Arithmetic in doubles stays exact: times are below 2^53, and
 -- a TAT at most 2^50 past now (gcra::MAX_DEBT).
+
+-- Until when a key holding `tat` matters: the whole second after it (see
+-- put in the prelude: a busy identity's TAT moves on with every call, and
+-- so its key keeps one expiry for a second of calls).
+local function tat_until(tat)
+  return (math.floor(tat / 1000000) + 1) * 1000000
+end
+
+-- The until the TAT read from a key implies (see put in the prelude), or
+-- nil for a key that held none.
+local function tat_kept(stored)
+  if stored > 0 then return tat_until(stored) end
+end
 
 -- gcra::check of one call: the limits `set` (emission interval T and
 -- tolerance of each in turn, in microseconds) whose TAT keys follow
 -- keys[k], for a call of `cost` that may wait up to max_wait. Each key is
 -- read at most once per script: known[key] is its TAT as the calls before
--- left it, and an admitted call moves it there and marks it in dirty, for
--- check to write once. `tats` is scratch, reused by every call. A key
--- that cannot be read (it holds another type) fails the call alone.
+-- left it, first[key] what it held when read (0 for nothing), and an
+-- admitted call moves known[key] and marks the key in dirty, for check to
+-- write once. `tats` is scratch, reused by every call. A key that cannot
+-- be read (it holds another type) fails the call alone.
 --
 -- Returns allowed (1/0), the deciding limit (1-based), remaining,
 -- reset_us, and retry_after_us when denied / wait_us when allowed; or the
 -- text of the error that failed the call, and four zeros.
-local function decide(keys, k, set, cost, max_wait, now, known, dirty, tats)
+local function decide(keys, k, set, cost, max_wait, now, known, first, dirty, tats)
   local n = #set / 2
   local worst, worst_delay = 0, -1
   local tight, tight_remaining = 1, -1
   local wait = 0
   for i = 1, n do
-    local emission, tolerance = set[2 * i - 1], set[2 * i]
+    local emission = set[2 * i - 1]
     local key = keys[k + i]
     local tat = known[key]
     if tat == nil then
       local stored = redis.pcall('GET', key)
       if type(stored) == 'table' and stored.err then return stored.err, 0, 0, 0, 0 end
       tat = tonumber(stored or 0) or 0
-      known[key] = tat
+      known[key], first[key] = tat, tat
     end
     if tat < now then tat = now end
     tats[i] = tat
-    local allow_at = tat + cost * emission - tolerance
+    local allow_at = tat + cost * emission - set[2 * i]
     if allow_at > now then
       local delay = allow_at - now
       if delay > max_wait then
@@ -63,15 +78,12 @@ local function decide(keys, k, set, cost, max_wait, now, known, dirty, tats)
     return 0, worst, remaining, tat - now, worst_delay
   end
 
-  local reset = 0
   for i = 1, n do
     local key = keys[k + i]
-    local new_tat = tats[i] + cost * set[2 * i - 1]
     dirty[key] = true
-    known[key] = new_tat
-    if i == tight then reset = new_tat - now end
+    known[key] = tats[i] + cost * set[2 * i - 1]
   end
-  return 1, tight, tight_remaining, reset, wait
+  return 1, tight, tight_remaining, known[keys[k + tight]] - now, wait
 end
 
 -- gcra::peek of every call of the script, in order, at one instant: what
@@ -98,9 +110,10 @@ end
 -- list per call costs Redis a table each; a string, not an error reply,
 -- for a call that failed alone: one error inside the list would fail the
 -- whole reply in clients). Then, for check (a script's reply is its first
--- value), the TATs the admitted calls left and the keys they moved.
+-- value), the TATs the admitted calls left, what their keys held, and the
+-- keys they moved.
 local function peek(keys, argv, now)
-  local known, dirty, tats, replies = {}, {}, {}, {}
+  local known, first, dirty, tats, replies = {}, {}, {}, {}, {}
   local sets, a = {}, 3
   for s = 1, tonumber(argv[2]) do
     local set = {}
@@ -111,24 +124,22 @@ local function peek(keys, argv, now)
   local k, r = 0, 0
   for c = a, #argv, 3 do
     local set = sets[tonumber(argv[c])]
-    replies[r + 1], replies[r + 2], replies[r + 3], replies[r + 4], replies[r + 5] =
-      decide(keys, k, set, tonumber(argv[c + 1]), tonumber(argv[c + 2]), now, known, dirty, tats)
+    replies[r + 1], replies[r + 2], replies[r + 3], replies[r + 4], replies[r + 5] = decide(
+      keys, k, set, tonumber(argv[c + 1]), tonumber(argv[c + 2]), now, known, first, dirty, tats)
     k = k + #set / 2
     r = r + 5
   end
-  return replies, known, dirty
+  return replies, known, first, dirty
 end
 
 -- gcra::check of every call of the script: what peek answers, then every
 -- TAT an admitted call moved stored, each key written once. KEYS, ARGV
 -- and the reply as peek has them.
 local function check(keys, argv, now, slack_ms)
-  local replies, known, dirty = peek(keys, argv, now)
+  local replies, known, first, dirty = peek(keys, argv, now)
   for key in pairs(dirty) do
     local tat = known[key]
-    local ttl_ms = math.ceil((tat - now) / 1000)
-    if ttl_ms < 1 then ttl_ms = 1 end
-    redis.call('SET', key, string.format('%d', tat), 'PX', ttl_ms + slack_ms)
+    put(key, string.format('%d', tat), tat_until(tat), tat_kept(first[key]), now, slack_ms)
   end
   return replies
 end
@@ -163,22 +174,21 @@ end
 -- allowed, the limit with the least remaining.
 local function charge(keys, argv, now, slack_ms)
   local cost, n = tonumber(argv[2]), #keys
-  local tats = {}
+  local tats, stored = {}, {}
   for i = 1, n do
     local emission = tonumber(argv[1 + 2 * i])
     local horizon = tonumber(argv[2 + 2 * n + i])
-    local stored = tonumber(redis.call('GET', keys[i]) or 0) or 0
-    local tat = stored
+    local old = tonumber(redis.call('GET', keys[i]) or 0) or 0
+    local tat = old
     if tat < now then tat = now end
     local charged = tat + cost * emission
     if charged > now + horizon then charged = now + horizon end
-    if charged < stored then charged = stored end
-    tats[i] = charged
+    if charged < old then charged = old end
+    tats[i], stored[i] = charged, old
   end
   for i = 1, n do
-    local ttl_ms = math.ceil((tats[i] - now) / 1000)
-    if ttl_ms < 1 then ttl_ms = 1 end
-    redis.call('SET', keys[i], string.format('%d', tats[i]), 'PX', ttl_ms + slack_ms)
+    put(keys[i], string.format('%d', tats[i]), tat_until(tats[i]), tat_kept(stored[i]), now,
+      slack_ms)
   end
 
   local worst, worst_retry = 0, -1
@@ -209,10 +219,10 @@ end
 -- Returns how many limits were moved.
 local function refund(keys, argv, now, slack_ms)
   local cost = tonumber(argv[2])
-  local tats, moved = {}, 0
+  local tats, stored, moved = {}, {}, 0
   for i = 1, #keys do
     local tat = tonumber(redis.call('GET', keys[i]) or 0) or 0
-    tats[i] = false
+    tats[i], stored[i] = false, tat
     if tat > now then
       tat = tat - cost * tonumber(argv[1 + 2 * i])
       if tat < now then tat = now end
@@ -223,9 +233,7 @@ local function refund(keys, argv, now, slack_ms)
   for i = 1, #keys do
     local tat = tats[i]
     if tat and tat > now then
-      local ttl_ms = math.ceil((tat - now) / 1000)
-      if ttl_ms < 1 then ttl_ms = 1 end
-      redis.call('SET', keys[i], string.format('%d', tat), 'PX', ttl_ms + slack_ms)
+      put(keys[i], string.format('%d', tat), tat_until(tat), tat_kept(stored[i]), now, slack_ms)
     elseif tat then
       redis.call('DEL', keys[i])
     end
@@ -289,10 +297,8 @@ local function defer(keys, argv, now, slack_ms)
       settled = 0
     end
     if floor > now and tat < floor then
-      local ttl_ms = math.ceil((floor - now) / 1000)
-      if ttl_ms < 1 then ttl_ms = 1 end
-      redis.call('SET', keys[i], string.format('%d', floor), 'PX', ttl_ms + slack_ms)
-      redis.call('SET', keys[n + i], string.format('%d', floor - settled), 'PX', ttl_ms + slack_ms)
+      put(keys[i], string.format('%d', floor), tat_until(floor), tat_kept(tat), now, slack_ms)
+      put(keys[n + i], string.format('%d', floor - settled), tat_until(floor), nil, now, slack_ms)
       moved = moved + 1
     end
   end

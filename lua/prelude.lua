@@ -61,9 +61,30 @@ local function held_to_reset(keys, argv, i, now, w)
   return w.reset[i]
 end
 
--- Stores `value` at `key` until `until_us` (then slack_ms on), at least a
--- millisecond.
-local function put(key, value, until_us, now, slack_ms)
+-- Stores `value` at `key` until `until_us`. `kept_us` is the until the
+-- value read from the key implies, or nil: when it is `until_us`, the key
+-- already carries its expiry. Only a state whose until follows from its
+-- value alone can say so: GCRA's (its TAT rounded up to a whole second, so
+-- that a busy identity's key keeps one expiry for a second of calls); a
+-- window's until depends on its length too, which a live change of the
+-- policy may have changed since the key was written.
+--
+-- With Redis' clock (slack_ms 0) the expiry is absolute, on that clock,
+-- and a key that already carries it keeps it (KEEPTTL): a write that sets
+-- no expiry costs Redis markedly less than one that does (BENCHMARKS.md).
+-- With the caller's clock the expiry is relative, slack_ms past until_us
+-- on the caller's clock, at least a millisecond.
+local function put(key, value, until_us, kept_us, now, slack_ms)
+  if slack_ms == 0 then
+    if until_us == kept_us then
+      redis.call('SET', key, value, 'KEEPTTL')
+    else
+      local at_ms = math.ceil(until_us / 1000)
+      if at_ms * 1000 <= now then at_ms = math.floor(now / 1000) + 1 end
+      redis.call('SET', key, value, 'PXAT', at_ms)
+    end
+    return
+  end
   local ttl_ms = math.ceil((until_us - now) / 1000)
   if ttl_ms < 1 then ttl_ms = 1 end
   redis.call('SET', key, value, 'PX', ttl_ms + slack_ms)

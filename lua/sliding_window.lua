@@ -118,10 +118,9 @@ local function store(keys, argv, n, now, slack_ms, cost, w)
   for i = 1, n do
     local count = w.count[i]
     if count then
-      local ttl_ms = math.ceil((w.start[i] + 2 * tonumber(argv[1 + 2 * i]) - now) / 1000)
-      if ttl_ms < 1 then ttl_ms = 1 end
+      local until_us = w.start[i] + 2 * tonumber(argv[1 + 2 * i])
       local value = string.format('%d:%d:%d', w.start[i], math.min(count + cost, most), w.prev[i])
-      redis.call('SET', keys[i], value, 'PX', ttl_ms + slack_ms)
+      put(keys[i], value, until_us, nil, now, slack_ms)
     end
   end
 end

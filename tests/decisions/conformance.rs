@@ -469,9 +469,10 @@ async fn get(conn: &mut MultiplexedConnection, key: &str) -> Option<String> {
     redis::cmd("GET").arg(key).query_async(conn).await.unwrap()
 }
 
-/// Keys are `prefix:policy:{identity}:limit`, live exactly as long as the
-/// state matters (`new TAT − now`, at most burst × T), and a denied call
-/// writes nothing.
+/// Keys are `prefix:policy:{tag}` (then `:limit` past the first), the tag
+/// being the identity hashed; they live as long as the state matters (`new
+/// TAT − now`, at most burst × T, rounded up to the whole second), and a
+/// denied call writes nothing.
 #[tokio::test]
 async fn redis_keys_are_named_and_carry_a_ttl() {
     let server = RedisServer::start();
@@ -481,12 +482,18 @@ async fn redis_keys_are_named_and_carry_a_ttl() {
     let l = Limiter::new(single("ttl", Rate::new(1, 10 * S), 3), store.clone());
     let who = Key::new("user:1");
     assert!(l.check(&who, 1).await.unwrap().is_allowed());
-    let key = "fg-keys:ttl:{user:1}:0";
-    assert_eq!(store.gcra_key(&l.policy(), &who, 0), key);
+    // The identity hashed into 12 characters, never itself.
+    let key = store.gcra_key(&l.policy(), &who, 0);
+    let tag = key
+        .strip_prefix("fg-keys:ttl:{")
+        .and_then(|k| k.strip_suffix('}'));
+    assert_eq!(tag.map(str::len), Some(12), "{key}");
+    let key = key.as_str();
     assert_eq!(keys(&mut conn, "*").await, [key]);
+    // Until the TAT, rounded up to the whole second (lua/gcra.lua).
     let ttl = pttl(&mut conn, key).await;
     assert!(
-        (8_000..=10_000).contains(&ttl),
+        (8_000..=11_000).contains(&ttl),
         "PTTL after one call: {ttl}"
     );
 
@@ -494,7 +501,7 @@ async fn redis_keys_are_named_and_carry_a_ttl() {
     assert!(l.check(&who, 1).await.unwrap().is_allowed());
     let ttl = pttl(&mut conn, key).await;
     assert!(
-        (27_000..=30_000).contains(&ttl),
+        (27_000..=31_000).contains(&ttl),
         "PTTL after a full burst should be close to burst × T = 30 s: {ttl}"
     );
     let tat = get(&mut conn, key).await.expect("state stored");
@@ -512,14 +519,61 @@ async fn redis_keys_are_named_and_carry_a_ttl() {
         .limit(limit(Rate::per_minute(1), 5, "b"))
         .build()
         .unwrap();
-    let l = Limiter::new(two, store);
+    let l = Limiter::new(two, store.clone());
     assert!(l.check(&Key::new("u2"), 2).await.unwrap().is_allowed());
     let names = keys(&mut conn, "fg-keys:two:*").await;
-    assert_eq!(names, ["fg-keys:two:{u2}:0", "fg-keys:two:{u2}:1"]);
+    let first = store.gcra_key(&l.policy(), &Key::new("u2"), 0);
+    assert_eq!(names, [first.clone(), format!("{first}:1")]);
     let ttl = pttl(&mut conn, &names[0]).await;
-    assert!((18_000..=20_000).contains(&ttl), "limit a: {ttl}");
+    assert!((18_000..=21_000).contains(&ttl), "limit a: {ttl}");
     let ttl = pttl(&mut conn, &names[1]).await;
-    assert!((117_000..=120_000).contains(&ttl), "limit b: {ttl}");
+    assert!((117_000..=121_000).contains(&ttl), "limit b: {ttl}");
+}
+
+/// With the server's clock a key expires at the whole second after its
+/// TAT, and a write whose TAT stays in the same second keeps the key's
+/// expiry instead of setting one (lua/gcra.lua): an expiry moved by hand
+/// survives such a write, and is set anew by one that moves the second.
+#[tokio::test]
+async fn redis_keys_keep_their_expiry_within_a_second() {
+    let server = RedisServer::start();
+    let mut conn = inspector(&server).await;
+    let store = server_store(&server, "fg-keep").await;
+    // T = 1 ms: a call moves the TAT by a millisecond.
+    let l = Limiter::new(single("keep", Rate::per_second(1000), 1000), store.clone());
+    let who = Key::new("k");
+    let key = store.gcra_key(&l.policy(), &who, 0);
+    let until_ms = |tat: u64| (tat / 1_000_000 + 1) * 1000;
+    assert!(l.check(&who, 1).await.unwrap().is_allowed());
+    let mut tat: u64 = get(&mut conn, &key).await.unwrap().parse().unwrap();
+    let at: u64 = query_int(&mut conn, &["PEXPIRETIME", &key]).await;
+    assert_eq!(at, until_ms(tat), "the first write: TAT {tat}");
+    let (mut kept, mut moved) = (0, 0);
+    for _ in 0..200 {
+        // A later expiry than the rule's, set by hand.
+        let by_hand = until_ms(tat) + 5000;
+        let _: i64 = query_int(&mut conn, &["PEXPIREAT", &key, &by_hand.to_string()]).await;
+        assert!(l.check(&who, 1).await.unwrap().is_allowed());
+        let next: u64 = get(&mut conn, &key).await.unwrap().parse().unwrap();
+        let at: u64 = query_int(&mut conn, &["PEXPIRETIME", &key]).await;
+        if until_ms(next) == until_ms(tat) {
+            assert_eq!(at, by_hand, "kept: TAT {tat} then {next}");
+            kept += 1;
+        } else {
+            assert_eq!(at, until_ms(next), "moved: TAT {tat} then {next}");
+            moved += 1;
+        }
+        tat = next;
+    }
+    assert!(kept > 0, "no write kept its expiry ({moved} moved)");
+}
+
+async fn query_int<T: redis::FromRedisValue>(conn: &mut MultiplexedConnection, args: &[&str]) -> T {
+    let mut cmd = redis::cmd(args[0]);
+    for arg in &args[1..] {
+        cmd.arg(*arg);
+    }
+    cmd.query_async(conn).await.unwrap()
 }
 
 /// A short window's key is gone from Redis once the window has passed, and
@@ -532,14 +586,15 @@ async fn redis_keys_expire_after_their_window() {
     // 2 per 200 ms, burst 2: T = 100 ms, window 200 ms.
     let l = Limiter::new(
         single("short", Rate::new(2, Duration::from_millis(200)), 2),
-        store,
+        store.clone(),
     );
     let who = Key::new("k");
     assert!(l.check(&who, 1).await.unwrap().is_allowed());
     assert!(l.check(&who, 1).await.unwrap().is_allowed());
-    let key = "fg-exp:short:{k}:0";
+    let key = store.gcra_key(&l.policy(), &who, 0);
+    let key = key.as_str();
     let ttl = pttl(&mut conn, key).await;
-    assert!((1..=200).contains(&ttl), "PTTL {ttl}");
+    assert!((1..=1_200).contains(&ttl), "PTTL {ttl}");
     let deadline = Instant::now() + Duration::from_secs(5);
     let mut exists = 1;
     while Instant::now() < deadline {

@@ -44,8 +44,16 @@ async fn exhaust(limiter: &Limiter, key: &Key, count: u64) {
 /// (the store's default prefix), sorted.
 async fn keys_of(server: &RedisServer, name: &str, key: &str) -> Vec<String> {
     let mut conn = server.admin().await;
+    // Every key of the identity starts with its first GCRA key (the
+    // identity's hashed tag), whatever the algorithm.
+    let namer = RedisStore::builder(server.url())
+        .lazy()
+        .connect()
+        .await
+        .unwrap();
+    let base = namer.gcra_key(&policy(name, Algorithm::Gcra, 1, 0), &Key::new(key), 0);
     let mut keys: Vec<String> = redis::cmd("KEYS")
-        .arg(format!("fleetgate:{name}:{{{key}}}*"))
+        .arg(format!("{base}*"))
         .query_async(&mut conn)
         .await
         .expect("KEYS");

@@ -193,10 +193,11 @@ impl TimeSource {
 /// load, checks made together while the connection's script slots are busy
 /// share one script ([`RedisStoreBuilder::max_in_flight`]).
 ///
-/// Keys look like `{prefix}:{policy}:{{identity}}:{limit}`; the braces are a
-/// Redis Cluster hash tag, so all keys of one identity live in one slot and
-/// a multi-limit script touches a single node. Each key expires once its
-/// limit has refilled, so idle identities cost nothing.
+/// Keys look like `{prefix}:{policy}:{{tag}}`, the tag being the identity
+/// hashed; the braces are a Redis Cluster hash tag, so all keys of one
+/// identity live in one slot and a multi-limit script touches a single
+/// node. Each key expires once its limit has refilled, so idle identities
+/// cost nothing (`docs/operating.md`, "Redis keys and versions").
 ///
 /// Scripts are sent by SHA (`EVALSHA`); when Redis answers `NOSCRIPT` (at
 /// the first calls, after a restart or `SCRIPT FLUSH`) the script is loaded
@@ -302,7 +303,9 @@ impl RedisStore {
     }
 
     /// The Redis key that holds the GCRA state of limit number `limit` of
-    /// `policy` for `key`: `{prefix}:{policy}:{{key}}:{limit}`.
+    /// `policy` for `key`: `{prefix}:{policy}:{{tag}}` for the first limit,
+    /// `{prefix}:{policy}:{{tag}}:{limit}` for the others, where `tag` is
+    /// the identity hashed ([`key_base`](Self::key_base)).
     pub fn gcra_key(&self, policy: &Policy, key: &Key, limit: usize) -> String {
         limit_key(&self.key_base(policy.name(), key), limit)
     }
@@ -315,12 +318,13 @@ impl RedisStore {
         (0..policy.limits().len()).map(move |limit| limit_key(&base, limit))
     }
 
-    /// `{prefix}:{name}:{{key}}`, the start of every Redis key that one
-    /// identity uses under one policy name. The identity is the cluster hash
-    /// tag, so all of its keys share a slot; see [`hash_tag`].
+    /// `{prefix}:{name}:{{tag}}`, the start of every Redis key that one
+    /// identity uses under one policy name, where `tag` is the identity
+    /// hashed ([`identity_tag`]): Redis never holds the identity itself, and
+    /// every key is short. The tag is the cluster hash tag, so all of an
+    /// identity's keys share a slot.
     pub(crate) fn key_base(&self, name: &str, key: &Key) -> String {
-        let text = key.text();
-        let tag = hash_tag(&text);
+        let tag = identity_tag(&key.text());
         concat(&[&self.inner.prefix, ":", name, ":{", &tag, "}"])
     }
 
@@ -665,12 +669,38 @@ pub(crate) fn hash_tag(identity: &str) -> std::borrow::Cow<'_, str> {
     }
 }
 
-/// `{base}:{limit}`: the Redis key of one limit's GCRA state, after
-/// [`RedisStore::key_base`]. Made on every call: joined from its pieces,
-/// not by `format!`.
+/// The Redis key of one limit's GCRA state, after
+/// [`RedisStore::key_base`]: the base itself for the first limit (most
+/// policies have one), `{base}:{limit}` for the others. Made on every
+/// call: joined from its pieces, not by `format!`.
 fn limit_key(base: &str, limit: usize) -> String {
+    if limit == 0 {
+        return base.to_owned();
+    }
     let mut digits = itoa::Buffer::new();
     concat(&[base, ":", digits.format(limit)])
+}
+
+/// An identity as it appears in Redis keys: the first 72 bits of its
+/// SHA-256 in 12 characters of URL-safe base64. Short, because Redis keeps
+/// a key of up to 30 bytes in its smallest string and every byte past that
+/// costs each identity's every key (BENCHMARKS.md, memory per identity);
+/// 72 bits, so that ten million identities share a tag with a chance of
+/// about one in ten million; a digest, so that the identity (an address,
+/// a user id) is never stored, and no identity, however hostile, can
+/// choose its tag. The same on every instance: no secret is involved.
+pub(crate) fn identity_tag(identity: &str) -> String {
+    use sha2::{Digest, Sha256};
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    let digest = Sha256::digest(identity.as_bytes());
+    let mut tag = String::with_capacity(12);
+    for chunk in digest[..9].chunks_exact(3) {
+        let n = u32::from(chunk[0]) << 16 | u32::from(chunk[1]) << 8 | u32::from(chunk[2]);
+        for shift in [18, 12, 6, 0] {
+            tag.push(char::from(ALPHABET[(n >> shift & 63) as usize]));
+        }
+    }
+    tag
 }
 
 /// How many values GCRA's check script answers per call (see

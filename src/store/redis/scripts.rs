@@ -192,7 +192,16 @@ mod tests {
         assert_eq!(functions(&scripts.lease_release), ["release"]);
         assert_eq!(
             functions(&scripts.gcra.check),
-            ["clock", "idiv", "decide", "peek", "check"]
+            [
+                "clock",
+                "idiv",
+                "put",
+                "tat_until",
+                "tat_kept",
+                "decide",
+                "peek",
+                "check"
+            ]
         );
         assert_eq!(
             functions(&scripts.fixed_window.refund),
