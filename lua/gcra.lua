@@ -23,74 +23,24 @@ local function tat_kept(stored)
   if stored > 0 then return tat_until(stored) end
 end
 
--- gcra::check of one call: the limits `set` (emission interval T and
--- tolerance of each in turn, in microseconds) whose TAT keys follow
--- keys[k], for a call of `cost` that may wait up to max_wait. Each key is
--- read at most once per script: known[key] is its TAT as the calls before
--- left it, first[key] what it held when read (0 for nothing), and an
--- admitted call moves known[key] and marks the key in dirty, for check to
--- write once. `tats` is scratch, reused by every call. A key that cannot
--- be read (it holds another type) fails the call alone.
+-- gcra::check of every call of the script, in order, at one instant
+-- (calls queued behind a busy connection travel together; see
+-- src/store/redis/batch.rs), each as a script of its own would decide it.
+-- With `store` false, gcra::peek of each: what a check would answer,
+-- storing nothing (a denied check stores nothing either, so a peek's
+-- denial is exactly the check's).
 --
--- Returns allowed (1/0), the deciding limit (1-based), remaining,
--- reset_us, and retry_after_us when denied / wait_us when allowed; or the
--- text of the error that failed the call, and four zeros.
-local function decide(keys, k, set, cost, max_wait, now, known, first, dirty, tats)
-  local n = #set / 2
-  local worst, worst_delay = 0, -1
-  local tight, tight_remaining = 1, -1
-  local wait = 0
-  for i = 1, n do
-    local emission = set[2 * i - 1]
-    local key = keys[k + i]
-    local tat = known[key]
-    if tat == nil then
-      local stored = redis.pcall('GET', key)
-      if type(stored) == 'table' and stored.err then return stored.err, 0, 0, 0, 0 end
-      tat = tonumber(stored or 0) or 0
-      known[key], first[key] = tat, tat
-    end
-    if tat < now then tat = now end
-    tats[i] = tat
-    local allow_at = tat + cost * emission - set[2 * i]
-    if allow_at > now then
-      local delay = allow_at - now
-      if delay > max_wait then
-        if delay > worst_delay then worst, worst_delay = i, delay end
-      else
-        if delay > wait then wait = delay end
-        if tight_remaining ~= 0 then tight, tight_remaining = i, 0 end
-      end
-    else
-      local remaining = idiv(now - allow_at, emission)
-      if tight_remaining < 0 or remaining < tight_remaining then
-        tight, tight_remaining = i, remaining
-      end
-    end
-  end
-
-  if worst > 0 then
-    -- Whole calls of cost 1 that would pass now.
-    local tat = tats[worst]
-    local room = now + set[2 * worst] - tat
-    local remaining = 0
-    if room > 0 then remaining = idiv(room, set[2 * worst - 1]) end
-    return 0, worst, remaining, tat - now, worst_delay
-  end
-
-  for i = 1, n do
-    local key = keys[k + i]
-    dirty[key] = true
-    known[key] = tats[i] + cost * set[2 * i - 1]
-  end
-  return 1, tight, tight_remaining, known[keys[k + tight]] - now, wait
-end
-
--- gcra::peek of every call of the script, in order, at one instant: what
--- a check of them would answer, storing nothing (a denied check stores
--- nothing either, so a peek's denial is exactly the check's). One script
--- decides one or more calls (calls queued behind a busy connection travel
--- together; see src/store/redis/batch.rs).
+-- A call's limits are the set (emission interval T and tolerance of each
+-- in turn, in microseconds) whose TAT keys follow keys[k]. An admitted
+-- call's TATs are stored at once. A shared call's keys (keys another call
+-- of the script has too: a busy identity) are read once per script, kept
+-- in `known` as the calls before left them (`first`: what the key held),
+-- and stored once each at the end, after every call that moved them: one
+-- GET and one SET per identity, and for the other calls no table of keys.
+-- A key that cannot be read (it holds another type) fails its call alone.
+-- Everything is in this one function, as a loop rather than calls of
+-- smaller ones: it runs for every decision, and Redis' Lua pays for each
+-- call and each value returned (BENCHMARKS.md, Redis CPU per decision).
 --
 -- ARGV[1]        now in microseconds, or "" to read the server clock
 -- ARGV[2]        number of limit sets (a batch's distinct policies, each
@@ -100,48 +50,111 @@ end
 --   n pairs      emission interval T and tolerance (burst * T) of each
 --                limit, in microseconds
 -- then, for each call in order, to the end of ARGV:
---   set          its limit set (1-based)
+--   set          its limit set (1-based), negated for a shared call
 --   cost         never above the smallest burst: checked by the caller
 --   max wait     in microseconds (0 outside reserve mode)
 -- KEYS           each call's n TAT keys in order (one call's keys share
 --                one hash tag)
 --
--- Returns five values per call (see decide), one list for all of them (a
--- list per call costs Redis a table each; a string, not an error reply,
--- for a call that failed alone: one error inside the list would fail the
--- whole reply in clients). Then, for check (a script's reply is its first
--- value), the TATs the admitted calls left, what their keys held, and the
--- keys they moved.
-local function peek(keys, argv, now)
-  local known, first, dirty, tats, replies = {}, {}, {}, {}, {}
+-- Returns five values per call, one list for all of them (a list per call
+-- costs Redis a table each): allowed (1/0), the deciding limit (1-based),
+-- remaining, reset_us, and retry_after_us when denied / wait_us when
+-- allowed; or, for a call that failed alone, the text of its error (a
+-- string, not an error reply: one error inside the list would fail the
+-- whole reply in clients) and four zeros.
+local function decide_all(keys, argv, now, slack_ms, store)
   local sets, a = {}, 3
-  for s = 1, tonumber(argv[2]) do
+  for i = 1, tonumber(argv[2]) do
     local set = {}
-    for i = 1, 2 * tonumber(argv[a]) do set[i] = tonumber(argv[a + i]) end
-    sets[s] = set
+    for j = 1, 2 * tonumber(argv[a]) do set[j] = tonumber(argv[a + j]) end
+    sets[i] = set
     a = a + 1 + #set
   end
-  local k, r = 0, 0
+  local tats, stored, known, first, dirty = {}, {}, {}, {}, {}
+  local replies, k, r = {}, 0, 0
   for c = a, #argv, 3 do
-    local set = sets[tonumber(argv[c])]
-    replies[r + 1], replies[r + 2], replies[r + 3], replies[r + 4], replies[r + 5] = decide(
-      keys, k, set, tonumber(argv[c + 1]), tonumber(argv[c + 2]), now, known, first, dirty, tats)
-    k = k + #set / 2
+    local index, cost, max_wait = tonumber(argv[c]), tonumber(argv[c + 1]), tonumber(argv[c + 2])
+    local shared = index < 0
+    local set = sets[shared and -index or index]
+    local n = #set / 2
+    local worst, worst_delay, tight, tight_remaining, wait = 0, -1, 1, -1, 0
+    local failed
+    for i = 1, n do
+      local emission = set[2 * i - 1]
+      local key = keys[k + i]
+      local tat = shared and known[key]
+      if not tat then
+        local value = redis.pcall('GET', key)
+        if type(value) == 'table' and value.err then
+          failed = value.err
+          break
+        end
+        tat = tonumber(value or 0) or 0
+        if shared then known[key], first[key] = tat, tat end
+      end
+      stored[i] = tat
+      if tat < now then tat = now end
+      tats[i] = tat
+      local allow_at = tat + cost * emission - set[2 * i]
+      if allow_at > now then
+        local delay = allow_at - now
+        if delay > max_wait then
+          if delay > worst_delay then worst, worst_delay = i, delay end
+        else
+          if delay > wait then wait = delay end
+          if tight_remaining ~= 0 then tight, tight_remaining = i, 0 end
+        end
+      else
+        local remaining = idiv(now - allow_at, emission)
+        if tight_remaining < 0 or remaining < tight_remaining then
+          tight, tight_remaining = i, remaining
+        end
+      end
+    end
+
+    if failed then
+      replies[r + 1], replies[r + 2], replies[r + 3], replies[r + 4], replies[r + 5] =
+        failed, 0, 0, 0, 0
+    elseif worst > 0 then
+      -- Whole calls of cost 1 that would pass now.
+      local tat = tats[worst]
+      local room = now + set[2 * worst] - tat
+      local remaining = 0
+      if room > 0 then remaining = idiv(room, set[2 * worst - 1]) end
+      replies[r + 1], replies[r + 2], replies[r + 3], replies[r + 4], replies[r + 5] =
+        0, worst, remaining, tat - now, worst_delay
+    else
+      local reset
+      for i = 1, n do
+        local key, tat = keys[k + i], tats[i] + cost * set[2 * i - 1]
+        if i == tight then reset = tat - now end
+        if shared then
+          known[key], dirty[key] = tat, true
+        elseif store then
+          put(key, string.format('%d', tat), tat_until(tat), tat_kept(stored[i]), now, slack_ms)
+        end
+      end
+      replies[r + 1], replies[r + 2], replies[r + 3], replies[r + 4], replies[r + 5] =
+        1, tight, tight_remaining, reset, wait
+    end
+    k = k + n
     r = r + 5
   end
-  return replies, known, first, dirty
-end
-
--- gcra::check of every call of the script: what peek answers, then every
--- TAT an admitted call moved stored, each key written once. KEYS, ARGV
--- and the reply as peek has them.
-local function check(keys, argv, now, slack_ms)
-  local replies, known, first, dirty = peek(keys, argv, now)
-  for key in pairs(dirty) do
-    local tat = known[key]
-    put(key, string.format('%d', tat), tat_until(tat), tat_kept(first[key]), now, slack_ms)
+  if store then
+    for key in pairs(dirty) do
+      local tat = known[key]
+      put(key, string.format('%d', tat), tat_until(tat), tat_kept(first[key]), now, slack_ms)
+    end
   end
   return replies
+end
+
+local function peek(keys, argv, now)
+  return decide_all(keys, argv, now, 0, false)
+end
+
+local function check(keys, argv, now, slack_ms)
+  return decide_all(keys, argv, now, slack_ms, true)
 end
 
 -- The KEYS and ARGV of charge and refund:

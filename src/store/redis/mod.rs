@@ -1,3 +1,4 @@
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -474,11 +475,17 @@ impl RedisStore {
         let mut cmd = self
             .check_script(Algorithm::Gcra)
             .call(keys, 2 + set_args + 3 * set_of.len());
-        // Each call's keys, one per limit.
-        for (policy, key, ..) in calls.clone() {
-            for name in self.gcra_keys(policy, key) {
-                cmd.arg(name);
-            }
+        // Each call's keys, one per limit; a call that shares one with
+        // another call of the script is marked (its set negated), so that
+        // the script reads and writes such keys once and keeps no table of
+        // the others (lua/gcra.lua).
+        let names: Vec<Vec<String>> = calls
+            .clone()
+            .map(|(policy, key, ..)| self.gcra_keys(policy, key).collect())
+            .collect();
+        let shared = shared_calls(&names);
+        for name in names.into_iter().flatten() {
+            cmd.arg(name);
         }
         // "Now": empty for the server's clock; with the caller's, `sent_at`.
         let sent_at = self.sent_at();
@@ -496,8 +503,11 @@ impl RedisStore {
             }
         }
         // Each call: its set, cost and longest wait.
-        for ((_, _, cost, max_wait_us), set) in calls.zip(set_of) {
-            cmd.arg(set).arg(cost).arg(max_wait_us);
+        for (((_, _, cost, max_wait_us), set), shared) in calls.zip(set_of).zip(shared) {
+            let set = i64::try_from(set).unwrap_or(i64::MAX);
+            cmd.arg(if shared { -set } else { set })
+                .arg(cost)
+                .arg(max_wait_us);
         }
         (cmd, sent_at)
     }
@@ -701,6 +711,26 @@ pub(crate) fn identity_tag(identity: &str) -> String {
         }
     }
     tag
+}
+
+/// Whether each call (its keys) has a key that another call has too.
+fn shared_calls(names: &[Vec<String>]) -> Vec<bool> {
+    if names.len() < 2 {
+        return vec![false; names.len()];
+    }
+    let mut seen: HashMap<&str, usize> = HashMap::with_capacity(names.len());
+    for keys in names {
+        for key in keys {
+            *seen.entry(key.as_str()).or_default() += 1;
+        }
+    }
+    names
+        .iter()
+        .map(|keys| {
+            keys.iter()
+                .any(|key| seen.get(key.as_str()).is_some_and(|n| *n > 1))
+        })
+        .collect()
 }
 
 /// How many values GCRA's check script answers per call (see

@@ -198,8 +198,7 @@ mod tests {
                 "put",
                 "tat_until",
                 "tat_kept",
-                "decide",
-                "peek",
+                "decide_all",
                 "check"
             ]
         );
