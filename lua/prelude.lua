@@ -196,8 +196,8 @@ end
 
 -- check of one call: what peek answers, then the call stored if every
 -- window admits it.
-local function check_one(alg, keys, argv, now, slack_ms, w)
-  local n, cost = (#argv - 2) / 2, tonumber(argv[2])
+local function check_one(alg, keys, argv, n, now, slack_ms, w)
+  local cost = tonumber(argv[2])
   local err = alg.read(keys, argv, n, now, w) or alg.verdicts(keys, argv, n, now, cost, w)
   if err then return err end
   local out, admitted = combine(alg, keys, argv, n, now, w, false)
@@ -225,13 +225,16 @@ end
 local function window_check(alg, keys, argv, now, slack_ms)
   local w, replies = alg.lists(), {}
   local k, a = 0, 3
+  -- Each call's own KEYS and ARGV, "now" first as a window call has it,
+  -- written over the last call's: entries past a call's own are an
+  -- earlier call's, which its windows (1..n) never reach.
+  local call_keys, call_argv = {}, {argv[1]}
   for c = 1, tonumber(argv[2]) do
     local nk, na = tonumber(argv[a]), tonumber(argv[a + 1])
-    -- The call's own KEYS and ARGV, "now" first as a window call has it.
-    local call_keys, call_argv = {}, {argv[1]}
     for i = 1, nk do call_keys[i] = keys[k + i] end
     for i = 1, na do call_argv[i + 1] = argv[a + 1 + i] end
-    local ok, reply = pcall(check_one, alg, call_keys, call_argv, now, slack_ms, w)
+    local n = (na - 1) / 2
+    local ok, reply = pcall(check_one, alg, call_keys, call_argv, n, now, slack_ms, w)
     if not ok then
       -- A key of another type fails its call alone; what the call wrote
       -- before failing stays, as for a script of its own. Any other
