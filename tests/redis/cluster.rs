@@ -106,6 +106,14 @@ async fn cluster_decides_like_the_memory_store() {
             .unwrap(),
     ];
     let mut logs: Vec<Vec<Decision>> = Vec::new();
+    for node in cluster.masters() {
+        let mut conn = node
+            .client()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        common::stats::reset_stats(&mut conn).await;
+    }
     for on_cluster in [false, true] {
         let clock = ManualClock::new(start);
         let store: Arc<dyn Store> = if on_cluster {
@@ -143,6 +151,24 @@ async fn cluster_decides_like_the_memory_store() {
     }
     let sizes = keys_per_node(&cluster).await;
     assert!(sizes.iter().all(|&n| n > 0), "keys per master: {sizes:?}");
+    // One script a decision at most, on the one master that owns the
+    // identity's slot, however many limits its policy has (the deny cache
+    // answers some denials with none): the scale sheet in BENCHMARKS.md.
+    let mut scripts = 0;
+    for node in cluster.masters() {
+        let mut conn = node
+            .client()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        let calls = common::stats::command_calls(&mut conn).await;
+        scripts +=
+            calls.get("evalsha").copied().unwrap_or(0) + calls.get("eval").copied().unwrap_or(0);
+    }
+    assert!(
+        (allowed as u64..=1500).contains(&scripts),
+        "{scripts} scripts for 1500 decisions"
+    );
 }
 
 /// 4 store instances (separate cluster connections), 32 tasks, 24
