@@ -26,9 +26,9 @@ end
 -- gcra::check of every call of the script, in order, at one instant
 -- (calls queued behind a busy connection travel together; see
 -- src/store/redis/batch.rs), each as a script of its own would decide it.
--- With `store` false, gcra::peek of each: what a check would answer,
--- storing nothing (a denied check stores nothing either, so a peek's
--- denial is exactly the check's).
+-- With `store` false, gcra::peek: what a check would answer, storing
+-- nothing (a denied check stores nothing either, so a peek's denial is
+-- exactly the check's); the store sends one call a peek.
 --
 -- A call's limits are the set (emission interval T and tolerance of each
 -- in turn, in microseconds) whose TAT keys follow keys[k]. An admitted

@@ -10,18 +10,31 @@ use std::time::{Duration, Instant};
 
 use common::RedisServer;
 use fleetgate::concurrency::{Admission, ConcurrencyLimiter, ConcurrencyPolicy};
-use fleetgate::{Algorithm, Key, Limit, Limiter, Policy, Rate, RedisStore, StoreError, Topology};
+use fleetgate::{
+    Algorithm, Calendar, Key, Limit, Limiter, Policy, Rate, RedisStore, StoreError, Topology,
+};
 
-const ALL: [Algorithm; 4] = [
+const ALL: [Algorithm; 5] = [
     Algorithm::Gcra,
     Algorithm::SlidingLog,
     Algorithm::FixedWindow,
     Algorithm::SlidingWindow,
+    Algorithm::Calendar,
 ];
 
 /// `count` an hour, plus `extra` more limits (a day each, ten times as
 /// many), under `algorithm`.
 fn policy(name: &str, algorithm: Algorithm, count: u64, extra: usize) -> Policy {
+    if algorithm == Algorithm::Calendar {
+        // `count` a day, and the extra limits a month each.
+        let mut builder =
+            Policy::builder(name).limit(Limit::calendar(count, Calendar::daily()).unwrap());
+        for i in 0..extra {
+            let quota = Limit::calendar(10 * count + i as u64, Calendar::monthly()).unwrap();
+            builder = builder.limit(quota);
+        }
+        return builder.build().unwrap();
+    }
     let mut builder = Policy::builder(name)
         .algorithm(algorithm)
         .limit(Limit::new(Rate::per_hour(count)).unwrap());
@@ -131,9 +144,9 @@ async fn reset_clears_state_of_more_limits_and_every_algorithm() {
     let Admission::Acquired(guard) = leases.acquire(&who).await.unwrap() else {
         panic!("the first lease is free");
     };
-    // 16 GCRA keys, the log, 16 + 16 counters, the lease set.
+    // 16 GCRA keys, the log, 16 + 16 counters, 16 quotas, the lease set.
     let before = keys_of(&server, "api", "user:1").await;
-    assert_eq!(before.len(), 16 + 1 + 16 + 16 + 1, "{before:?}");
+    assert_eq!(before.len(), 16 + 1 + 16 + 16 + 16 + 1, "{before:?}");
 
     // Reset through a one-limit policy of the name.
     Limiter::new(policy("api", Algorithm::Gcra, 3, 0), store.clone())

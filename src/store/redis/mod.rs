@@ -695,10 +695,9 @@ fn limit_key(base: &str, limit: usize) -> String {
 /// SHA-256 in 12 characters of URL-safe base64. Short, because Redis keeps
 /// a key of up to 30 bytes in its smallest string and every byte past that
 /// costs each identity's every key (BENCHMARKS.md, memory per identity);
-/// 72 bits, so that ten million identities share a tag with a chance of
-/// about one in ten million; a digest, so that the identity (an address,
-/// a user id) is never stored, and no identity, however hostile, can
-/// choose its tag. The same on every instance: no secret is involved.
+/// a digest, so that the identity (an address, a user id) is never stored;
+/// the same on every instance, as no secret is involved. What sharing a
+/// tag takes, by chance or on purpose, is in docs/operating.md.
 pub(crate) fn identity_tag(identity: &str) -> String {
     use sha2::{Digest, Sha256};
     const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";

@@ -56,9 +56,10 @@ fn done((): ()) -> Result<Answer, StoreError> {
 
 impl RedisStore {
     /// The Redis keys that hold the window state of `policy` for `key`:
-    /// `{prefix}:{policy}:{{key}}:log` for the sliding log (one sorted set
-    /// for every window), `…:sw:{i}` and `…:fw:{i}` (one per window) for the
-    /// sliding-window counter and the fixed window. Empty for GCRA; see
+    /// `{prefix}:{policy}:{{tag}}:log` for the sliding log (one sorted set
+    /// for every window), `…:sw:{i}`, `…:fw:{i}` and `…:cq:{i}` (one per
+    /// window) for the sliding-window counter, the fixed window and the
+    /// calendar quota, `tag` being the identity hashed. Empty for GCRA; see
     /// [`gcra_key`](Self::gcra_key).
     pub fn window_keys(&self, policy: &Policy, key: &Key) -> Vec<String> {
         let base = self.key_base(policy.name(), key);
@@ -482,16 +483,17 @@ pub(super) fn hold_key(tat_key: &str) -> String {
 impl RedisStore {
     /// Every key `key` may hold under the name `name`, for a policy of any
     /// algorithm and as many limits as a policy may hold (its limits may
-    /// have changed since the state was written): `{base}:{i}` (GCRA),
-    /// `{base}:sw:{i}` and `{base}:fw:{i}` (window counters) for `i` up to
-    /// the most limits a policy may hold, `{base}:log` (sliding log) and
-    /// `{base}:lease` (concurrency leases).
+    /// have changed since the state was written): GCRA's (`{base}`, then
+    /// `{base}:{i}`) and their holds, `{base}:sw:{i}`, `{base}:fw:{i}` and
+    /// `{base}:cq:{i}` (window counters and calendar quotas) for `i` up to
+    /// the most limits a policy may hold, `{base}:log` (sliding log),
+    /// `{base}:lease` (concurrency leases) and its wait marker.
     pub(crate) fn reset_keys(&self, name: &str, key: &Key) -> Vec<String> {
         let base = self.key_base(name, key);
-        let mut keys = Vec::with_capacity(4 * MAX_LIMITS_PER_POLICY + 2);
+        let mut keys = Vec::with_capacity(5 * MAX_LIMITS_PER_POLICY + 3);
         keys.extend((0..MAX_LIMITS_PER_POLICY).map(|i| limit_key(&base, i)));
         keys.extend((0..MAX_LIMITS_PER_POLICY).map(|i| hold_key(&limit_key(&base, i))));
-        for tag in [":sw:", ":fw:"] {
+        for tag in [":sw:", ":fw:", ":cq:"] {
             let mut digits = itoa::Buffer::new();
             keys.extend(
                 (0..MAX_LIMITS_PER_POLICY)
@@ -500,6 +502,7 @@ impl RedisStore {
         }
         keys.push(crate::text::concat(&[&base, ":log"]));
         keys.push(crate::text::concat(&[&base, ":lease"]));
+        keys.push(crate::text::concat(&[&base, ":lease:w"]));
         keys
     }
 
