@@ -181,13 +181,13 @@ async fn leases_on(cluster: &RedisCluster, index: usize) -> usize {
     cluster.nodes()[index].leases_held().await
 }
 
-/// Leases of `keys` (policy `lease`, prefix `fo`) held in node `index`.
+/// Leases held in node `index` in the lease sets named `keys`.
 async fn held_on(cluster: &RedisCluster, index: usize, keys: &[String]) -> u64 {
     let mut conn = cluster.nodes()[index].admin().await;
     let mut total = 0;
     for key in keys {
         let n: u64 = redis::cmd("ZCARD")
-            .arg(format!("fo:lease:{{{key}}}:lease"))
+            .arg(key)
             .query_async(&mut conn)
             .await
             .expect("ZCARD");
@@ -280,7 +280,6 @@ async fn cluster_master_killed_under_load_its_replica_takes_over() {
     // 6 identities hold 2 leases each through the failover; 4 more keep
     // taking and giving back leases, 2 on the victim's slots, 2 elsewhere.
     let mut lease_keys = Vec::new();
-    let mut lease_names = Vec::new();
     let mut busy_elsewhere = Vec::new();
     for n in 0.. {
         if lease_keys.len() == 8 && busy_elsewhere.len() == 2 {
@@ -290,13 +289,15 @@ async fn cluster_master_killed_under_load_its_replica_takes_over() {
         if on_victim(&key) {
             if lease_keys.len() < 8 {
                 lease_keys.push(key);
-                lease_names.push(format!("lease-{n}"));
             }
         } else if busy_elsewhere.len() < 2 {
             busy_elsewhere.push(key);
         }
     }
-    let held_names: Vec<String> = (0..6).map(|i| lease_names[i].clone()).collect();
+    // The lease sets of the first six (policy `lease`), as Redis names them.
+    let held_names: Vec<String> = (0..6)
+        .map(|i| store.lease_key("lease", &lease_keys[i]))
+        .collect();
     let mut held = Vec::new();
     for key in &lease_keys[..6] {
         for _ in 0..2 {
