@@ -306,7 +306,8 @@ impl RedisStore {
     /// The Redis key that holds the GCRA state of limit number `limit` of
     /// `policy` for `key`: `{prefix}:{policy}:{{tag}}` for the first limit,
     /// `{prefix}:{policy}:{{tag}}:{limit}` for the others, where `tag` is
-    /// the identity hashed ([`key_base`](Self::key_base)).
+    /// the identity hashed: 12 characters of its SHA-256, the same on
+    /// every instance.
     pub fn gcra_key(&self, policy: &Policy, key: &Key, limit: usize) -> String {
         limit_key(&self.key_base(policy.name(), key), limit)
     }
