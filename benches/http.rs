@@ -63,6 +63,7 @@ use axum::Router;
 use axum::extract::{ConnectInfo, Request, State};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use fleetgate::concurrency::{ConcurrencyLimitLayer, ConcurrencyLimiter, ConcurrencyPolicy};
 use fleetgate::key::HeaderKey;
 use fleetgate::{
     HeaderStyle, HotKeys, Limit, Limiter, MemoryStore, Policy, Rate, RateLimitLayer, RedisStore,
@@ -93,6 +94,9 @@ enum Variant {
     /// The Redis layer with hot keys (`Limiter::hot_keys`): the one key
     /// is decided from leases of its tokens.
     RedisHot,
+    /// `ConcurrencyLimitLayer` on Redis (a lease per request, capacity
+    /// far above the load): what a request costs in lease scripts.
+    RedisConcurrency,
     Evalsha,
 }
 
@@ -107,6 +111,7 @@ impl Variant {
             Variant::Redis => "RateLimitLayer, Redis",
             Variant::RedisNoHeaders => "RateLimitLayer, Redis, no headers",
             Variant::RedisHot => "RateLimitLayer, Redis, hot keys",
+            Variant::RedisConcurrency => "ConcurrencyLimitLayer, Redis",
             Variant::Evalsha => "EVALSHA middleware (floor)",
         }
     }
@@ -251,7 +256,7 @@ struct Row {
     p99: Duration,
 }
 
-const CASES: [(Variant, Load, Runtime); 20] = [
+const CASES: [(Variant, Load, Runtime); 21] = [
     (Variant::Bare, Load::Admitted, Runtime::Current),
     (Variant::Memory, Load::Admitted, Runtime::Current),
     (Variant::Memory, Load::Rejected, Runtime::Current),
@@ -274,6 +279,7 @@ const CASES: [(Variant, Load, Runtime); 20] = [
     (Variant::RedisHot, Load::Admitted, Runtime::Current),
     (Variant::RedisHot, Load::NearLimit, Runtime::Current),
     (Variant::Redis, Load::NearLimit, Runtime::Current),
+    (Variant::RedisConcurrency, Load::Admitted, Runtime::Current),
 ];
 
 fn main() -> Result<(), BoxError> {
@@ -558,6 +564,17 @@ async fn app(
             } else {
                 router.layer(layer)
             }
+        }
+        Variant::RedisConcurrency => {
+            let store = RedisStore::builder(redis_url)
+                .prefix("bench")
+                .timeout(Duration::from_secs(1))
+                .connect()
+                .await?;
+            let policy = ConcurrencyPolicy::new(format!("bench{index}"), 10_000)?;
+            router.layer(ConcurrencyLimitLayer::new(ConcurrencyLimiter::new(
+                policy, store,
+            )))
         }
         Variant::Governor => routers::with_governor(router, rejected, false)?,
         Variant::GovernorHeaders => routers::with_governor(router, rejected, true)?,
@@ -927,6 +944,12 @@ fn print_table(rows: &[Row], plan: &Plan, redis_version: &str) {
         ));
     }
     targets.push(at_least(
+        (Variant::RedisConcurrency, a),
+        (evalsha, a),
+        0.9,
+        "HTTP: Redis ConcurrencyLimitLayer / EVALSHA middleware, admitted".into(),
+    ));
+    targets.push(at_least(
         (Variant::RedisNoHeaders, a),
         (evalsha, a),
         1.0,
@@ -970,6 +993,18 @@ fn print_table(rows: &[Row], plan: &Plan, redis_version: &str) {
     for v in [memory, redis] {
         let name = format!("HTTP: {}, rejected / admitted", v.name());
         targets.push(at_least((v, r), (v, a), 0.9, name));
+    }
+    if let Some(row) = find(Variant::RedisConcurrency, a) {
+        let per_request = row.median.scripts as f64 / row.median.requests.max(1) as f64;
+        targets.push(target_row(
+            "HTTP: Redis ConcurrencyLimitLayer, admitted: Redis scripts per request",
+            "≤ 1",
+            &format!(
+                "{per_request:.3} ({} in {} requests)",
+                row.median.scripts, row.median.requests
+            ),
+            per_request <= 1.0,
+        ));
     }
     // Hot keys: one identity decided from leases, against the memory
     // layer and the one-EVALSHA floor, in Redis calls per request.
