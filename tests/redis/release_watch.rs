@@ -213,6 +213,7 @@ async fn on_a_cluster_every_node_hears_a_release() {
     for node in cluster.nodes() {
         subscribers.push(subscriber(node, &channel).await);
     }
+    bus_carries_every_master(&cluster, &channel, &mut subscribers).await;
     let limiter = ConcurrencyLimiter::new(
         ConcurrencyPolicy::builder("slots", 1).build().unwrap(),
         store.clone(),
@@ -247,10 +248,57 @@ async fn on_a_cluster_every_node_hears_a_release() {
     sets.sort();
     for (_, heard) in &mut subscribers {
         let mut got = Vec::new();
-        for _ in keys {
-            got.push(next(heard).await);
+        while got.len() < keys.len() {
+            let set = next(heard).await;
+            if !set.starts_with("probe ") {
+                got.push(set);
+            }
         }
         got.sort();
         assert_eq!(got, sets);
     }
+}
+
+/// Waits until a message published on any master reaches every node's
+/// subscriber: a cluster forwards it over the links between nodes, which
+/// `RedisCluster::start` does not wait for (a node can know another while
+/// their link is still being set up). Each round every master publishes
+/// `probe <round> <master>`; a round whose probes do not all arrive within
+/// a second is lost on some link, and the next is sent.
+async fn bus_carries_every_master(
+    cluster: &common::redis_cluster::RedisCluster,
+    channel: &str,
+    subscribers: &mut [(MultiplexedConnection, mpsc::UnboundedReceiver<String>)],
+) {
+    let masters = cluster.masters();
+    for round in 0..30 {
+        for (m, master) in masters.iter().enumerate() {
+            let _: i64 = redis::cmd("PUBLISH")
+                .arg(channel)
+                .arg(format!("probe {round} {m}"))
+                .query_async(&mut master.admin().await)
+                .await
+                .unwrap();
+        }
+        let mut all = true;
+        for (_, heard) in subscribers.iter_mut() {
+            let mut seen = std::collections::HashSet::new();
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(1);
+            while seen.len() < masters.len() {
+                match tokio::time::timeout_at(deadline, heard.recv()).await {
+                    Ok(Some(probe)) => {
+                        if let Some(m) = probe.strip_prefix(&format!("probe {round} ")) {
+                            seen.insert(m.to_owned());
+                        }
+                    }
+                    _ => break,
+                }
+            }
+            all &= seen.len() == masters.len();
+        }
+        if all {
+            return;
+        }
+    }
+    panic!("a publish on some master never reached every node");
 }
