@@ -156,18 +156,10 @@ fn bytes_field(out: &mut Vec<u8>, field: u64, bytes: &[u8]) {
 
 /// Standard base64 without padding, as gRPC asks binary headers to be sent.
 fn base64(bytes: &[u8]) -> String {
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
-    for chunk in bytes.chunks(3) {
-        let n = chunk
-            .iter()
-            .enumerate()
-            .fold(0u32, |n, (i, &b)| n | u32::from(b) << (16 - 8 * i));
-        for i in 0..=chunk.len() {
-            out.push(char::from(ALPHABET[(n >> (18 - 6 * i)) as usize & 63]));
-        }
-    }
-    out
+    crate::text::base64(
+        bytes,
+        b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/",
+    )
 }
 
 /// The gRPC status for a refusal whose HTTP status is `status` (a

@@ -701,16 +701,11 @@ fn limit_key(base: &str, limit: usize) -> String {
 /// tag takes, by chance or on purpose, is in docs/operating.md.
 pub(crate) fn identity_tag(identity: &str) -> String {
     use sha2::{Digest, Sha256};
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
     let digest = Sha256::digest(identity.as_bytes());
-    let mut tag = String::with_capacity(12);
-    for chunk in digest[..9].chunks_exact(3) {
-        let n = u32::from(chunk[0]) << 16 | u32::from(chunk[1]) << 8 | u32::from(chunk[2]);
-        for shift in [18, 12, 6, 0] {
-            tag.push(char::from(ALPHABET[(n >> shift & 63) as usize]));
-        }
-    }
-    tag
+    crate::text::base64(
+        &digest[..9],
+        b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_",
+    )
 }
 
 /// Whether each call (its keys) has a key that another call has too.
