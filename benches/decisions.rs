@@ -164,6 +164,12 @@ impl Row {
         self.decisions as f64 / self.elapsed.as_secs_f64()
     }
 
+    /// Redis CPU per decision counted, in µs.
+    fn redis_cpu_us(&self) -> Option<f64> {
+        self.redis_cpu
+            .map(|cpu| micros(cpu) / self.counted.max(1) as f64)
+    }
+
     fn p50(&self) -> Duration {
         self.reported
             .map_or_else(|| percentile(&self.latencies, 0.50), |(p50, _)| p50)
@@ -858,9 +864,7 @@ fn print_tables(
     // Redis 7.0 µs a decision (GCRA 3.5, fixed window and sliding-window
     // counter 4, sliding log 7); hosts of this kind differ in speed from
     // day to day, so each bound is that share of this run's loop.
-    let redis_cpu = |subject: Subject| {
-        at(subject, 64).and_then(|r| r.redis_cpu.map(|cpu| micros(cpu) / r.counted.max(1) as f64))
-    };
+    let redis_cpu = |subject: Subject| at(subject, 64).and_then(Row::redis_cpu_us);
     if let Some(floor) = redis_cpu(Subject::Floor) {
         for (algorithm, share) in [
             (Algorithm::Gcra, 3.5 / 7.0),
@@ -886,7 +890,7 @@ fn print_tables(
     );
     if let (Some(ours), Some(theirs)) = (
         redis_cpu(Subject::Store("redis", Algorithm::Gcra)),
-        peer.and_then(|r| r.redis_cpu.map(|cpu| micros(cpu) / r.counted.max(1) as f64)),
+        peer.and_then(Row::redis_cpu_us),
     ) {
         let ratio = theirs / ours;
         println!(

@@ -118,8 +118,8 @@ local function store(keys, argv, n, now, slack_ms, cost, w)
   -- alone.) Entries that have left every window count for nothing (every
   -- read above starts after now - length), so a busy log is trimmed once
   -- an eighth of its longest window at most, when a call is the first of
-  -- such a slot: what has left lingers no longer than that, an eighth
-  -- more memory at most, and most calls spare Redis the command.
+  -- such a slot: what has left lingers no longer than that (a slot's worth
+  -- of entries more, at most), and most calls spare Redis the command.
   local slot = math.max(math.floor(longest / 8), 1)
   if last[2] and idiv(now, slot) ~= idiv(tonumber(last[2]), slot) then
     redis.call('ZREMRANGEBYSCORE', key, '-inf', fmt(now - longest - slack_ms * 1000))

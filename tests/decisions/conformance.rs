@@ -7,6 +7,7 @@
 //! real time: key names, expiry, the script cache, and one round trip per
 //! decision.
 use crate::common;
+use crate::conformance_windows::query;
 use crate::harness::{S, Sut, UNIX_NOW, US, allowed, conformance, denied, inspector, reserved};
 
 use std::collections::HashMap;
@@ -546,16 +547,16 @@ async fn redis_keys_keep_their_expiry_within_a_second() {
     let until_ms = |tat: u64| (tat / 1_000_000 + 1) * 1000;
     assert!(l.check(&who, 1).await.unwrap().is_allowed());
     let mut tat: u64 = get(&mut conn, &key).await.unwrap().parse().unwrap();
-    let at: u64 = query_int(&mut conn, &["PEXPIRETIME", &key]).await;
+    let at: u64 = query(&mut conn, &["PEXPIRETIME", &key]).await;
     assert_eq!(at, until_ms(tat), "the first write: TAT {tat}");
     let (mut kept, mut moved) = (0, 0);
     for _ in 0..200 {
         // A later expiry than the rule's, set by hand.
         let by_hand = until_ms(tat) + 5000;
-        let _: i64 = query_int(&mut conn, &["PEXPIREAT", &key, &by_hand.to_string()]).await;
+        let _: i64 = query(&mut conn, &["PEXPIREAT", &key, &by_hand.to_string()]).await;
         assert!(l.check(&who, 1).await.unwrap().is_allowed());
         let next: u64 = get(&mut conn, &key).await.unwrap().parse().unwrap();
-        let at: u64 = query_int(&mut conn, &["PEXPIRETIME", &key]).await;
+        let at: u64 = query(&mut conn, &["PEXPIRETIME", &key]).await;
         if until_ms(next) == until_ms(tat) {
             assert_eq!(at, by_hand, "kept: TAT {tat} then {next}");
             kept += 1;
@@ -566,14 +567,6 @@ async fn redis_keys_keep_their_expiry_within_a_second() {
         tat = next;
     }
     assert!(kept > 0, "no write kept its expiry ({moved} moved)");
-}
-
-async fn query_int<T: redis::FromRedisValue>(conn: &mut MultiplexedConnection, args: &[&str]) -> T {
-    let mut cmd = redis::cmd(args[0]);
-    for arg in &args[1..] {
-        cmd.arg(*arg);
-    }
-    cmd.query_async(conn).await.unwrap()
 }
 
 /// A short window's key is gone from Redis once the window has passed, and

@@ -533,7 +533,12 @@ async fn http_headers_and_429_for_windows() {
 // ---------------------------------------------------------------------------
 // Redis only.
 
-async fn query<T: redis::FromRedisValue>(conn: &mut MultiplexedConnection, args: &[&str]) -> T {
+/// The reply to one command (`args[0]` and its arguments), for the tests
+/// that read Redis as an operator would.
+pub(super) async fn query<T: redis::FromRedisValue>(
+    conn: &mut MultiplexedConnection,
+    args: &[&str],
+) -> T {
     let mut cmd = redis::cmd(args[0]);
     for arg in &args[1..] {
         cmd.arg(*arg);

@@ -40,11 +40,7 @@ async fn cluster_store(cluster: &RedisCluster, time: TimeSource) -> RedisStore {
 async fn keys_per_node(cluster: &RedisCluster) -> Vec<u64> {
     let mut sizes = Vec::new();
     for node in cluster.masters() {
-        let mut conn = node
-            .client()
-            .get_multiplexed_async_connection()
-            .await
-            .unwrap();
+        let mut conn = node.admin().await;
         sizes.push(redis::cmd("DBSIZE").query_async(&mut conn).await.unwrap());
     }
     sizes
@@ -54,11 +50,7 @@ async fn keys_per_node(cluster: &RedisCluster) -> Vec<u64> {
 async fn matching_per_node(cluster: &RedisCluster, pattern: &str) -> Vec<usize> {
     let mut counts = Vec::new();
     for node in cluster.masters() {
-        let mut conn = node
-            .client()
-            .get_multiplexed_async_connection()
-            .await
-            .unwrap();
+        let mut conn = node.admin().await;
         let keys: Vec<String> = redis::cmd("KEYS")
             .arg(pattern)
             .query_async(&mut conn)
@@ -107,11 +99,7 @@ async fn cluster_decides_like_the_memory_store() {
     ];
     let mut logs: Vec<Vec<Decision>> = Vec::new();
     for node in cluster.masters() {
-        let mut conn = node
-            .client()
-            .get_multiplexed_async_connection()
-            .await
-            .unwrap();
+        let mut conn = node.admin().await;
         common::stats::reset_stats(&mut conn).await;
     }
     for on_cluster in [false, true] {
@@ -156,14 +144,8 @@ async fn cluster_decides_like_the_memory_store() {
     // answers some denials with none): the scale sheet in BENCHMARKS.md.
     let mut scripts = 0;
     for node in cluster.masters() {
-        let mut conn = node
-            .client()
-            .get_multiplexed_async_connection()
-            .await
-            .unwrap();
-        let calls = common::stats::command_calls(&mut conn).await;
-        scripts +=
-            calls.get("evalsha").copied().unwrap_or(0) + calls.get("eval").copied().unwrap_or(0);
+        let mut conn = node.admin().await;
+        scripts += common::stats::scripts_in(&common::stats::command_calls(&mut conn).await);
     }
     assert!(
         (allowed as u64..=1500).contains(&scripts),
@@ -262,11 +244,7 @@ async fn cluster_survives_resharding_and_script_flush() {
         })
     };
     for node in cluster.nodes() {
-        let mut conn = node
-            .client()
-            .get_multiplexed_async_connection()
-            .await
-            .unwrap();
+        let mut conn = node.admin().await;
         let () = redis::cmd("SCRIPT")
             .arg("FLUSH")
             .query_async(&mut conn)
@@ -294,11 +272,7 @@ async fn cluster_survives_resharding_and_script_flush() {
 
     // Each master answered NOSCRIPT, and was sent the script's source.
     for node in cluster.masters() {
-        let mut conn = node
-            .client()
-            .get_multiplexed_async_connection()
-            .await
-            .unwrap();
+        let mut conn = node.admin().await;
         let calls = common::stats::command_calls(&mut conn).await;
         assert!(calls.get("eval").copied().unwrap_or(0) >= 1, "{calls:?}");
     }
