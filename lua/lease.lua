@@ -2,14 +2,25 @@
 -- id, score = expiry in microseconds. Follows the rules in
 -- src/store/lease.rs, as the memory store does (src/store/memory/lease.rs);
 -- keep them in step. Runs after lua/prelude.lua, whose clock acquire and
--- renew read.
+-- renew read (release only when it leaves a tombstone).
+--
+-- A release can reach Redis before the acquire it undoes: a caller that
+-- gives up on an acquire (or sees it fail) releases its lease at once, and
+-- the acquire may still be sent again after that release (its script was
+-- missing from Redis' cache: `SCRIPT LOAD`, then the call again). So such
+-- a release (an undo: its acquire was never answered) that finds no lease
+-- leaves a tombstone, the id scored minus the instant it may go, for as
+-- long as such an acquire may still come (a few store timeouts, passed by
+-- the caller); an acquire that finds its id's tombstone is refused and
+-- takes nothing. Tombstones score below zero: never counted as held, and
+-- trimmed, once past, by the same ZREMRANGEBYSCORE as expired leases.
 --
 -- KEYS[1]        the key's lease set
 -- KEYS[2]        the set's wait marker, `<KEYS[1]>:w` (acquire and release;
 --                the same hash tag, so a script stays in one cluster slot):
 --                present while a refused caller waits for a slot
 -- ARGV[1]        now in microseconds, or "" to read the server clock (not
---                for release, which reads no clock)
+--                for release)
 --
 -- Times stay integral microseconds below 2^53, exact in Lua's doubles and
 -- in ZSET scores, written with %d to keep every digit. The set lives as
@@ -34,8 +45,7 @@
 --
 -- Returns {acquired (1/0), leases held after the call,
 --          microseconds until the oldest lease expires (when refused, else 0)}.
-local function acquire(keys, argv, now, slack_ms)
-  local key, capacity, ttl = keys[1], tonumber(argv[2]), tonumber(argv[3])
+local function take(key, marker, capacity, ttl, id, wait_ms, now, slack_ms)
   -- Only unexpired leases count: an expired one's holder vanished.
   local after = '(' .. string.format('%d', now)
   local held = redis.call('ZCOUNT', key, after, '+inf')
@@ -43,26 +53,42 @@ local function acquire(keys, argv, now, slack_ms)
     local oldest = redis.call('ZRANGEBYSCORE', key, after, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
     local wait = 0
     if oldest[2] then wait = tonumber(oldest[2]) - now end
-    local wait_ms = argv[5] and tonumber(argv[5])
+    local wait_for = wait_ms and tonumber(wait_ms)
     -- The marker lives until the last waiter's wait ends: never shortened
     -- (a PTTL of -2, no marker, or -1, none set, is always shorter).
-    if wait_ms and wait_ms > 0 and redis.call('PTTL', keys[2]) < wait_ms then
-      redis.call('SET', keys[2], '1', 'PX', argv[5])
+    if wait_for and wait_for > 0 and redis.call('PTTL', marker) < wait_for then
+      redis.call('SET', marker, '1', 'PX', wait_ms)
     end
     return {0, held, wait}
   end
   -- The ZADD is the first write: on a master past maxmemory Redis refuses
   -- a script's first write only if it is one that takes memory, and lets
   -- every later write through, so the trim must not come first. Leases
-  -- whose holder vanished are dropped here, in the same call: no separate
-  -- trimming round trip.
-  redis.call('ZADD', key, string.format('%d', now + ttl), argv[4])
-  redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%d', now))
+  -- whose holder vanished, and tombstones past, are dropped here, in the
+  -- same call: no separate trimming round trip.
+  if redis.call('ZADD', key, 'NX', string.format('%d', now + ttl), id) == 0 then
+    local score = tonumber(redis.call('ZSCORE', key, id))
+    if score < 0 and -score > now then
+      -- Released already, by a caller that gave up on it.
+      redis.call('ZREM', key, id)
+      return {0, held, 0}
+    end
+    -- A tombstone past, or held by this id already (an acquire sent
+    -- twice): taken anew.
+    redis.call('ZADD', key, string.format('%d', now + ttl), id)
+    if score > now then held = held - 1 end
+  end
+  redis.call('ZREMRANGEBYSCORE', key, string.format('%d', -now), string.format('%d', now))
   local ttl_ms = math.ceil(ttl / 1000) + slack_ms
   if redis.call('PTTL', key) < ttl_ms then
     redis.call('PEXPIRE', key, ttl_ms)
   end
   return {1, held + 1, 0}
+end
+
+local function acquire(keys, argv, now, slack_ms)
+  return take(keys[1], keys[2], tonumber(argv[2]), tonumber(argv[3]), argv[4], argv[5], now,
+    slack_ms)
 end
 
 -- Extends a lease that is still held and unexpired to now + ttl. An
@@ -72,7 +98,8 @@ end
 -- ARGV[2]        lease TTL in microseconds
 -- ARGV[3]        the lease id
 --
--- Returns 1 if renewed, 0 if the lease is not held (any more).
+-- Returns 1 if renewed, 0 if the lease is not held (any more; a
+-- tombstone, scored below zero, counts as expired and goes).
 local function renew(keys, argv, now, slack_ms)
   local key, ttl, id = keys[1], tonumber(argv[2]), argv[3]
   local expiry = redis.call('ZSCORE', key, id)
@@ -90,9 +117,10 @@ local function renew(keys, argv, now, slack_ms)
 end
 
 -- Gives a lease back. Releasing a lease that is not held (released
--- already, expired, never acquired) does nothing. An emptied set
--- disappears with its last member. A release that frees a slot of a set
--- some refused caller waits for (its marker, KEYS[2], exists) is
+-- already, expired, never acquired) changes nothing, but for an undo's
+-- tombstone (see the top of this file). An emptied set disappears with
+-- its last member. A release that frees a slot of a set some refused
+-- caller waits for (its marker, KEYS[2], exists) is
 -- announced: `PUBLISH <ARGV[2]> <KEYS[1]>`, which every instance's
 -- subscriber hears (on a Redis Cluster, through any node). The
 -- announcement is best effort: a PUBLISH the server refuses (an ACL user
@@ -100,14 +128,105 @@ end
 -- Leases that expire, or that a renewal finds expired, are announced by
 -- nobody: the waiters also try again when the oldest lease expires.
 --
--- ARGV[1]        the lease id (release reads no clock)
+-- ARGV[1]        the lease id
 -- ARGV[2]        the channel releases are announced on
+-- ARGV[3]        now in microseconds, or "" to read the server clock (read
+--                by an undo only)
+-- ARGV[4]        for an undo, how long its tombstone lasts, in
+--                milliseconds; "" or absent for the release of a granted
+--                lease, which leaves none
 --
 -- Returns 1 if the lease was held, else 0.
-local function release(keys, argv)
-  local held = redis.call('ZREM', keys[1], argv[1])
-  if held == 1 and argv[2] and redis.call('EXISTS', keys[2]) == 1 then
-    redis.pcall('PUBLISH', argv[2], keys[1])
+local function give_back(key, marker, id, channel)
+  local held = redis.call('ZREM', key, id)
+  if held == 1 and channel and redis.call('EXISTS', marker) == 1 then
+    redis.pcall('PUBLISH', channel, key)
   end
   return held
+end
+
+-- Leaves the tombstone of lease `id`, not held, for `life_ms`. Best
+-- effort, and the script's first write when it runs alone: a master past
+-- maxmemory refuses it, and the release is done and answered all the
+-- same.
+local function bury(key, id, now, slack_ms, life_ms)
+  local life = tonumber(life_ms)
+  local added = redis.pcall('ZADD', key, string.format('%d', -(now + life * 1000)), id)
+  if added == 1 then
+    local key_ms = life + slack_ms
+    if redis.call('PTTL', key) < key_ms then
+      redis.call('PEXPIRE', key, key_ms)
+    end
+  end
+end
+
+-- An undo: gives the lease back if it is held, else leaves its tombstone
+-- (a tombstone already there stays as it is).
+local function undo(key, marker, id, channel, now, slack_ms, life_ms)
+  local score = redis.call('ZSCORE', key, id)
+  if not score then
+    bury(key, id, now, slack_ms, life_ms)
+    return 0
+  end
+  if tonumber(score) < 0 then return 0 end
+  return give_back(key, marker, id, channel)
+end
+
+local function release(keys, argv)
+  if argv[4] and argv[4] ~= '' then
+    local now, slack_ms = clock(argv[3])
+    return undo(keys[1], keys[2], argv[1], argv[2], now, slack_ms, argv[4])
+  end
+  return give_back(keys[1], keys[2], argv[1], argv[2])
+end
+
+-- Acquires and releases queued together (src/store/redis/batch.rs), in
+-- order, each as a script of its own would run it: a release queued
+-- before an acquire of the same set frees its slot for it.
+--
+-- KEYS           each operation's set and wait marker, in order
+-- ARGV[1]        now in microseconds, or "" to read the server clock (read
+--                once, whatever the operations)
+-- ARGV[2]        the channel releases are announced on
+-- then, for each operation in order:
+--   "a"          an acquire, followed by its capacity, TTL, id and wait
+--                (ARGV[2..5] of acquire)
+--   "r"          a release, followed by its lease id and tombstone life
+--                (ARGV[1] and ARGV[4] of release)
+--
+-- Returns one reply per operation: acquire's list or release's number;
+-- or, for an operation whose set holds another type, the text of that
+-- error (a string, not an error reply: one error inside the list would
+-- fail the whole reply in clients). Any other error (READONLY, OOM) is
+-- the server's and fails the script, as it would a script of one call.
+-- As there, an acquire's ZADD or marker is the script's first write
+-- unless an operation before it wrote; the first write Redis refuses for
+-- want of memory fails them all, a write already made lets the later ones
+-- through (a tombstone too).
+local function batch(keys, argv, now, slack_ms)
+  local replies, channel, a = {}, argv[2], 3
+  for c = 1, #keys / 2 do
+    local key, marker = keys[2 * c - 1], keys[2 * c]
+    local ok, reply
+    if argv[a] == 'a' then
+      ok, reply = pcall(take, key, marker, tonumber(argv[a + 1]), tonumber(argv[a + 2]),
+        argv[a + 3], argv[a + 4], now, slack_ms)
+      a = a + 5
+    else
+      local id, life_ms = argv[a + 1], argv[a + 2]
+      if life_ms ~= '' then
+        ok, reply = pcall(undo, key, marker, id, channel, now, slack_ms, life_ms)
+      else
+        ok, reply = pcall(give_back, key, marker, id, channel)
+      end
+      a = a + 3
+    end
+    if not ok then
+      local text = type(reply) == 'table' and reply.err or tostring(reply)
+      if not string.find(text, 'WRONGTYPE', 1, true) then error(reply) end
+      reply = text
+    end
+    replies[c] = reply
+  end
+  return replies
 end

@@ -586,10 +586,10 @@ case "$got" in
   *) echo "FAIL: every route must answer again once Redis resumes" >&2; exit 1 ;;
 esac
 
-leases_held() { # redis port: members of every lease set
+leases_held() { # redis port: leases in every lease set (not tombstones)
   local n=0 k c
-  for k in $("${REDIS_CLI:-redis-cli}" -p "$1" --scan --pattern '*lease*'); do
-    c=$("${REDIS_CLI:-redis-cli}" -p "$1" zcard "$k")
+  for k in $("${REDIS_CLI:-redis-cli}" -p "$1" --scan --pattern '*:lease'); do
+    c=$("${REDIS_CLI:-redis-cli}" -p "$1" zcount "$k" '(0' +inf)
     n=$((n + c))
   done
   echo "$n"

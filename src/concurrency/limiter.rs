@@ -395,10 +395,15 @@ impl Acquire {
             ));
         };
         match result {
-            Ok(grant) if grant.is_acquired() => Ok(Admission::Acquired(match &self.renewer {
-                Some(renewer) => guard.renewed_by(renewer),
-                None => guard,
-            })),
+            Ok(grant) if grant.is_acquired() => {
+                if let Some(lease) = guard.lease() {
+                    lease.granted();
+                }
+                Ok(Admission::Acquired(match &self.renewer {
+                    Some(renewer) => guard.renewed_by(renewer),
+                    None => guard,
+                }))
+            }
             Ok(grant) => {
                 guard.disarm();
                 Ok(Admission::Refused(grant))
@@ -466,6 +471,7 @@ impl Attempt {
             capacity: self.capacity.get(),
             ttl: self.ttl,
             wait: Some(wait),
+            undo: false,
         };
         store::lease_acquire(&*self.store, call).await
     }

@@ -3,7 +3,9 @@
 //!
 //! Each admitted request holds a lease in the store (a Redis sorted set per
 //! identity, or the in-process [`MemoryStore`](crate::MemoryStore)): one
-//! round trip to take it, one to give it back. The lease is held until the
+//! script to take it, one to give it back, which under load go together
+//! with other requests' in one script (see
+//! [`RedisStoreBuilder::max_in_flight`](crate::RedisStoreBuilder::max_in_flight)). The lease is held until the
 //! response body has been sent to its end or dropped, not merely until the
 //! handler returns, so a streaming response counts for as long as it
 //! streams. It is also given back when the request future is dropped (the

@@ -1,5 +1,5 @@
 use std::fmt;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -25,6 +25,9 @@ pub struct StoreLease {
     /// Told once a release that may have freed a slot has reached the
     /// store: wakes the callers queued for a slot of this key.
     on_release: Option<OnRelease>,
+    /// The store answered that it holds the lease: its release undoes no
+    /// acquire still on its way ([`LeaseCall::undo`]).
+    granted: AtomicBool,
 }
 
 /// What a lease tells its limiter once released.
@@ -55,7 +58,13 @@ impl StoreLease {
             pending,
             held: OnceLock::new(),
             on_release: None,
+            granted: AtomicBool::new(false),
         }
+    }
+
+    /// Records that the store answered it holds the lease.
+    pub(crate) fn granted(&self) {
+        self.granted.store(true, Ordering::Relaxed);
     }
 
     /// Tells `on_release` once this lease's release has reached the store.
@@ -109,6 +118,7 @@ impl StoreLease {
             capacity,
             ttl: self.ttl,
             wait,
+            undo: !self.granted.load(Ordering::Relaxed),
         }
     }
 }

@@ -38,6 +38,12 @@ pub struct LeaseCall<'a> {
     /// waits.
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) wait: Option<Duration>,
+    /// On release: the lease's acquire was never answered (its caller gave
+    /// up, or it failed), so it may still reach the store after this
+    /// release (Redis: the release leaves a tombstone that refuses it; see
+    /// `lua/lease.lua`).
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) undo: bool,
 }
 
 impl LeaseCall<'_> {

@@ -934,6 +934,7 @@ mod tests {
                     capacity: 1,
                     ttl: Duration::from_secs(30),
                     wait: None,
+                    undo: false,
                 };
                 let _ = store.lease(call, LeaseOp::Acquire).take_ready();
             }

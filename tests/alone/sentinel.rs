@@ -250,8 +250,11 @@ async fn leases_held(conn: &mut redis::aio::MultiplexedConnection, pattern: &str
         .unwrap();
     let mut total = 0;
     for key in keys {
-        let n: usize = redis::cmd("ZCARD")
+        // Tombstones (scored below zero, lua/lease.lua) are no leases.
+        let n: usize = redis::cmd("ZCOUNT")
             .arg(&key)
+            .arg("(0")
+            .arg("+inf")
             .query_async(conn)
             .await
             .unwrap();

@@ -150,7 +150,8 @@ impl RedisServer {
     }
 
     /// Concurrency leases held in the server: the members of every lease
-    /// set.
+    /// set, less the tombstones of releases that found no lease (scored
+    /// below zero; see lua/lease.lua).
     pub async fn leases_held(&self) -> usize {
         let mut conn = self.admin().await;
         let keys: Vec<String> = redis::cmd("KEYS")
@@ -160,11 +161,13 @@ impl RedisServer {
             .expect("KEYS");
         let mut total = 0;
         for key in keys {
-            let n: usize = redis::cmd("ZCARD")
+            let n: usize = redis::cmd("ZCOUNT")
                 .arg(&key)
+                .arg("(0")
+                .arg("+inf")
                 .query_async(&mut conn)
                 .await
-                .expect("ZCARD");
+                .expect("ZCOUNT");
             total += n;
         }
         total

@@ -7,11 +7,13 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::RedisServer;
+use common::stats::{command_calls, reset_stats, scripts_in};
 use fleetgate::clock::ManualClock;
 use fleetgate::concurrency::{Admission, ConcurrencyLimiter, ConcurrencyPolicy};
 use fleetgate::lease::{Lease, LeaseGuard, StoreLease};
 use fleetgate::store::LeaseGrant;
 use fleetgate::{Key, MemoryStore, RedisStore, Store, TimeSource};
+use futures_util::future::join_all;
 
 const S: Duration = Duration::from_secs(1);
 const UNIX_NOW: Duration = Duration::from_secs(1_700_000_000);
@@ -490,67 +492,182 @@ fn the_memory_store_sweeps_expired_leases() {
     assert_eq!(store.lease_count(), 0);
 }
 
+/// A store on the test's server with one script slot: every lease
+/// operation made while one is in flight is queued for a batch. Its
+/// scripts are loaded, alone and batched, so that no NOSCRIPT fallback
+/// muddies a count of scripts.
+async fn one_slot_store(server: &RedisServer) -> RedisStore {
+    let store = RedisStore::builder(server.url())
+        .timeout(Duration::from_secs(5))
+        .max_in_flight(1)
+        .connect()
+        .await
+        .unwrap();
+    let limiter = unrenewed("warm-up", 2, Duration::from_secs(60), store.clone());
+    let key = Key::new("warm-up");
+    drop(join_all([limiter.acquire(&key), limiter.acquire(&key)]).await);
+    limiter.releases_settled().await;
+    store
+}
+
+/// Acquires and releases that find the store's script slots taken go
+/// together, in the order they were made, and decide as one by one: of 20
+/// acquires at once on a capacity of 5, exactly the first 5 are granted,
+/// in two scripts; 5 releases and 5 acquires made together then cost two
+/// scripts, and every acquire finds the slot a release before it freed.
+#[tokio::test]
+async fn lease_operations_travel_together_and_decide_in_order() {
+    let server = RedisServer::start();
+    let store = one_slot_store(&server).await;
+    let limiter = unrenewed("together", 5, Duration::from_secs(60), store.clone());
+    let key = Key::new("k");
+    let mut admin = server.admin().await;
+    reset_stats(&mut admin).await;
+
+    let admissions = join_all((0..20).map(|_| limiter.acquire(&key))).await;
+    let granted: Vec<usize> = admissions
+        .iter()
+        .enumerate()
+        .filter(|(_, a)| matches!(a, Ok(Admission::Acquired(_))))
+        .map(|(i, _)| i)
+        .collect();
+    assert_eq!(granted, [0, 1, 2, 3, 4], "{admissions:?}");
+    for refused in &admissions[5..] {
+        let Ok(Admission::Refused(grant)) = refused else {
+            panic!("{refused:?}");
+        };
+        assert_eq!(grant.in_flight(), 5);
+    }
+    let calls = command_calls(&mut admin).await;
+    assert_eq!(scripts_in(&calls), 2, "one alone, 19 together: {calls:?}");
+
+    reset_stats(&mut admin).await;
+    // Dropped here, before the acquires below are made: their releases
+    // are queued first.
+    drop(admissions);
+    let again = join_all((0..5).map(|_| limiter.acquire(&key))).await;
+    assert!(
+        again
+            .iter()
+            .all(|a| matches!(a, Ok(Admission::Acquired(_)))),
+        "{again:?}"
+    );
+    let calls = command_calls(&mut admin).await;
+    assert_eq!(scripts_in(&calls), 2, "one alone, 9 together: {calls:?}");
+    assert_eq!(server.leases_held().await, 5);
+    drop(again);
+    limiter.releases_settled().await;
+    assert_eq!(server.leases_held().await, 0);
+}
+
+/// In a batch, a lease set of another type fails its own operation only:
+/// the acquires beside it are granted.
+#[tokio::test]
+async fn a_lease_set_of_another_type_fails_only_its_own_batched_call() {
+    let server = RedisServer::start();
+    let store = one_slot_store(&server).await;
+    let limiter = unrenewed("typed", 1, Duration::from_secs(60), store.clone());
+    let bad = Key::new("bad");
+    let mut admin = server.admin().await;
+    let () = redis::cmd("SET")
+        .arg(store.lease_key("typed", &bad))
+        .arg("not a lease set")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    reset_stats(&mut admin).await;
+    let keys = [Key::new("a"), bad, Key::new("c"), Key::new("d")];
+    let admissions = join_all(keys.iter().map(|key| limiter.acquire(key))).await;
+    assert!(matches!(admissions[0], Ok(Admission::Acquired(_))));
+    let Err(error) = &admissions[1] else {
+        panic!("{:?}", admissions[1]);
+    };
+    assert!(error.to_string().contains("WRONGTYPE"), "{error}");
+    assert!(matches!(admissions[2], Ok(Admission::Acquired(_))));
+    assert!(matches!(admissions[3], Ok(Admission::Acquired(_))));
+    // The first alone, the others together, and the release of the lease
+    // the failed acquire may have taken.
+    let calls = command_calls(&mut admin).await;
+    assert_eq!(scripts_in(&calls), 3, "{calls:?}");
+}
+
 /// A release cut off by a reset of the store's connection (Redis staying
 /// up) still reaches Redis once the store has reconnected: the slot is free
-/// again long before the lease's TTL.
+/// again long before the lease's TTL. Alone, and three releases of which
+/// two went together in one script.
 #[tokio::test]
 async fn a_release_on_a_killed_connection_still_frees_the_slot() {
     let server = RedisServer::start();
-    let store = store_timing_out_after(&server, Duration::from_secs(5)).await;
-    let limiter = unrenewed("killed", 1, Duration::from_secs(60), store.clone());
-    let key = Key::new("k");
-    let mut admin = server.admin().await;
-    let Admission::Acquired(guard) = limiter.acquire(&key).await.unwrap() else {
-        panic!("refused");
-    };
-    // Writes are held at the server while it is paused for them: the
-    // release is sent and waits there, on the connection about to die.
-    let () = redis::cmd("CLIENT")
-        .arg(&["PAUSE", "60000", "WRITE"])
-        .query_async(&mut admin)
-        .await
-        .unwrap();
-    drop(guard);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let clients: String = redis::cmd("CLIENT")
-            .arg("LIST")
+    for held in [1, 3] {
+        // Made here: the kill below ends every connection open then.
+        let store = match held {
+            1 => store_timing_out_after(&server, Duration::from_secs(5)).await,
+            _ => one_slot_store(&server).await,
+        };
+        let limiter = unrenewed("killed", held, Duration::from_secs(60), store.clone());
+        let key = Key::new("k");
+        let mut admin = server.admin().await;
+        let guards = join_all((0..held).map(|_| limiter.acquire(&key))).await;
+        assert!(
+            guards
+                .iter()
+                .all(|a| matches!(a, Ok(Admission::Acquired(_)))),
+            "{guards:?}"
+        );
+        // Writes are held at the server while it is paused for them: the
+        // releases are sent and wait there, on the connection about to die.
+        let () = redis::cmd("CLIENT")
+            .arg(&["PAUSE", "60000", "WRITE"])
             .query_async(&mut admin)
             .await
             .unwrap();
-        if clients.lines().any(|c| c.contains(" flags=b ")) {
-            break;
+        drop(guards);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let clients: String = redis::cmd("CLIENT")
+                .arg("LIST")
+                .query_async(&mut admin)
+                .await
+                .unwrap();
+            if clients.lines().any(|c| c.contains(" flags=b ")) {
+                break;
+            }
+            assert!(Instant::now() < deadline, "release never reached Redis");
+            tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        assert!(Instant::now() < deadline, "release never reached Redis");
-        tokio::time::sleep(Duration::from_millis(10)).await;
+        // Every connection but the admin's own.
+        let killed: u64 = redis::cmd("CLIENT")
+            .arg(&["KILL", "TYPE", "normal"])
+            .query_async(&mut admin)
+            .await
+            .unwrap();
+        assert!(killed >= 1);
+        let () = redis::cmd("CLIENT")
+            .arg("UNPAUSE")
+            .query_async(&mut admin)
+            .await
+            .unwrap();
+        let killed_at = Instant::now();
+        tokio::time::timeout(Duration::from_secs(20), limiter.releases_settled())
+            .await
+            .expect("the releases settle");
+        let settled = killed_at.elapsed();
+        assert_eq!(
+            server.leases_held().await,
+            0,
+            "{held}: a release was lost with its connection"
+        );
+        let again = join_all((0..held).map(|_| limiter.acquire(&key))).await;
+        assert!(
+            again
+                .iter()
+                .all(|a| matches!(a, Ok(Admission::Acquired(_)))),
+            "{held}: slot still taken: {again:?}"
+        );
+        drop(again);
+        limiter.releases_settled().await;
+        eprintln!("{held} releases landed {settled:?} after the connection was killed");
     }
-    // Every connection but the admin's own.
-    let killed: u64 = redis::cmd("CLIENT")
-        .arg(&["KILL", "TYPE", "normal"])
-        .query_async(&mut admin)
-        .await
-        .unwrap();
-    assert!(killed >= 1);
-    let () = redis::cmd("CLIENT")
-        .arg("UNPAUSE")
-        .query_async(&mut admin)
-        .await
-        .unwrap();
-    let killed_at = Instant::now();
-    tokio::time::timeout(Duration::from_secs(20), limiter.releases_settled())
-        .await
-        .expect("the release settles");
-    let settled = killed_at.elapsed();
-    assert_eq!(
-        server.leases_held().await,
-        0,
-        "the release was lost with its connection"
-    );
-    assert!(
-        matches!(limiter.acquire(&key).await, Ok(Admission::Acquired(_))),
-        "slot still taken"
-    );
-    eprintln!("release landed {settled:?} after the connection was killed");
 }
 
 /// A release that Redis answers with an error of the call's own (here the
@@ -584,7 +701,7 @@ async fn a_release_redis_refuses_is_given_up_at_once() {
 /// A user who may not load scripts (`SCRIPT` denied by an ACL): the first
 /// calls find their script missing, loading it fails, and they are
 /// answered with the script's source (`EVAL`) within their timeout. One
-/// load is tried for all the calls that found the script missing together,
+/// load is tried for all the calls that found a script missing together,
 /// not one per call.
 #[tokio::test]
 async fn calls_are_answered_when_the_script_cannot_be_loaded() {
@@ -630,8 +747,10 @@ async fn calls_are_answered_when_the_script_cannot_be_loaded() {
         .and_then(|l| l.split(',').find_map(|f| f.strip_prefix("rejected_calls=")))
         .and_then(|n| n.parse::<usize>().ok())
         .unwrap_or_else(|| panic!("no rejected SCRIPT LOAD in {stats}"));
+    // One for the 8 calls sent alone (the store's script slots), one for
+    // the 12 queued behind them, which went together in another script.
     assert_eq!(
-        loads, 1,
+        loads, 2,
         "SCRIPT LOAD tried {loads} times for {CALLS} calls"
     );
 }

@@ -2,19 +2,23 @@
 //!
 //! A store lets a few scripts be in flight on its connection at once
 //! ([`RedisStoreBuilder::max_in_flight`](super::RedisStoreBuilder::max_in_flight)).
-//! A check (GCRA or a window algorithm) that finds them all taken (or
-//! earlier calls still queued) joins a queue, and the queue goes at the end
+//! A check (GCRA or a window algorithm), lease acquire or lease release
+//! that finds them all taken (or earlier calls still queued) joins a
+//! queue, and the queue goes at the end
 //! of the runtime's current turn: a task spawned by the first call queued
 //! yields once, so that every task ready to run makes its calls first, and
 //! then sends everything queued (up to
 //! [`max_batch`](super::RedisStoreBuilder::max_batch) calls a script, the
-//! calls of one algorithm to a script) in one `EVALSHA` that decides each
-//! call in order, as if they had reached Redis back to back. Below that
+//! checks of one algorithm, or leases, to a script) in one `EVALSHA` that
+//! decides each call in order, as if they had reached Redis back to back:
+//! a release queued before an acquire frees its slot for it. Below that
 //! many calls in flight nothing waits and each call is its own script, so
 //! a lightly loaded service pays nothing for this; under load Redis runs
 //! one script for many calls instead of one each (and one `TIME` for them
 //! all; for GCRA also each policy's limits sent once, and one `GET` and
-//! one `SET` per identity).
+//! one `SET` per identity). A concurrency-limited request, whose acquire
+//! and release each used to be a script of its own, so costs well under
+//! one script. Renewals, rare, always go alone.
 //!
 //! Queued calls wait for the end of the turn, never for a script in flight
 //! to come back: waiting for a free slot, as this once did, made batches
@@ -36,10 +40,10 @@ use std::future::Future;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll, Waker};
 
-use redis::Value;
+use redis::{Cmd, Value};
 use tokio::sync::oneshot;
 
-use super::{RedisStore, split_replies};
+use super::{Failure, RedisStore, split_replies};
 use crate::algorithm::Algorithm;
 use crate::error::StoreError;
 use crate::key::Key;
@@ -65,13 +69,70 @@ struct State {
 /// A call waiting for a script, with everything needed to write it into one.
 #[derive(Debug)]
 pub(super) struct Queued {
-    /// Whose check script decides it (one script a batch).
-    algorithm: Algorithm,
-    policy: Policy,
-    key: Key,
-    cost: u64,
-    max_wait_us: u64,
-    answer: oneshot::Sender<Result<Answer, StoreError>>,
+    job: Job,
+    answer: oneshot::Sender<Result<Answer, Failure>>,
+}
+
+/// What a queued call asks of Redis.
+#[derive(Debug)]
+pub(super) enum Job {
+    /// A check of GCRA or a window algorithm, decided by that algorithm's
+    /// check script.
+    Check {
+        algorithm: Algorithm,
+        policy: Policy,
+        key: Key,
+        cost: u64,
+        max_wait_us: u64,
+    },
+    /// A lease acquire or release, by `lua/lease.lua`'s batch.
+    Lease(LeaseJob),
+}
+
+/// A lease operation, as `lua/lease.lua`'s batch takes it.
+#[derive(Debug, Clone)]
+pub(super) enum LeaseJob {
+    /// `acquire`'s arguments: the set, capacity, TTL in µs, lease id and
+    /// wait in whole milliseconds ("" for none).
+    Acquire {
+        set: String,
+        capacity: u64,
+        ttl_us: u64,
+        id: String,
+        wait_ms: String,
+    },
+    /// `release`'s: the set, the lease id and, for an undo, how long its
+    /// tombstone lasts in milliseconds ("" for the release of a granted
+    /// lease).
+    Release {
+        set: String,
+        id: String,
+        tombstone_ms: String,
+    },
+}
+
+impl LeaseJob {
+    pub(super) fn set(&self) -> &str {
+        match self {
+            LeaseJob::Acquire { set, .. } | LeaseJob::Release { set, .. } => set,
+        }
+    }
+}
+
+/// Which script decides a job: jobs of one kind share a script.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Check(Algorithm),
+    Lease,
+}
+
+impl Job {
+    fn kind(&self) -> Kind {
+        match self {
+            Job::Check { algorithm, .. } => Kind::Check(*algorithm),
+            Job::Lease(_) => Kind::Lease,
+        }
+    }
 }
 
 /// One call's part of a batch's reply.
@@ -90,7 +151,7 @@ pub(super) enum Entry {
     /// A slot was free: send alone, holding the slot until the answer.
     Send(Permit),
     /// Every slot is taken: the answer comes from a batch.
-    Wait(oneshot::Receiver<Result<Answer, StoreError>>),
+    Wait(oneshot::Receiver<Result<Answer, Failure>>),
 }
 
 /// One of the store's script slots, held while its script is in flight.
@@ -123,16 +184,8 @@ impl Batcher {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Takes a slot for the call, or queues it.
-    pub(super) fn enter(
-        &self,
-        store: &RedisStore,
-        algorithm: Algorithm,
-        policy: &Policy,
-        key: &Key,
-        cost: u64,
-        max_wait_us: u64,
-    ) -> Entry {
+    /// Takes a slot for the call, or queues the job `job` makes.
+    pub(super) fn enter(&self, store: &RedisStore, job: impl FnOnce() -> Job) -> Entry {
         let mut state = self.state();
         // A free slot and no earlier call waiting to go first; or no
         // runtime to send a batch from (a future polled outside tokio),
@@ -143,14 +196,7 @@ impl Batcher {
             return Entry::Send(Permit::new(store));
         }
         let (answer, receiver) = oneshot::channel();
-        state.queue.push_back(Queued {
-            algorithm,
-            policy: policy.clone(),
-            key: key.clone(),
-            cost,
-            max_wait_us,
-            answer,
-        });
+        state.queue.push_back(Queued { job: job(), answer });
         if !state.flush_scheduled
             && let Ok(runtime) = runtime
         {
@@ -167,8 +213,8 @@ impl Batcher {
     }
 
     /// Sends every call queued whose caller still waits, in scripts of up
-    /// to `max_batch` calls of one algorithm, each taking a slot without
-    /// waiting for one.
+    /// to `max_batch` calls of one kind (the checks of one algorithm, or
+    /// leases), each taking a slot without waiting for one.
     ///
     /// Each script is written to the connection here, under the lock (one
     /// poll of the exchange, which queues the command on the multiplexed
@@ -191,10 +237,10 @@ impl Batcher {
             // takes it again.
             let permit;
             let mut state = self.state();
-            // The first waiting call's algorithm, and every call queued for
-            // it, in order: one script decides one algorithm. Calls of
-            // others keep their places (their keys are their own policies',
-            // so the order between algorithms decides nothing).
+            // The first waiting call's kind, and every call queued of that
+            // kind, in order: one script decides one algorithm, or leases.
+            // Calls of other kinds keep their places (their keys are their
+            // own, so the order between kinds decides nothing).
             let mut batch: Vec<Queued> = Vec::new();
             let mut i = 0;
             while i < state.queue.len() && batch.len() < self.max_batch {
@@ -203,7 +249,7 @@ impl Batcher {
                     state.queue.remove(i);
                 } else if batch
                     .first()
-                    .is_some_and(|first| first.algorithm != call.algorithm)
+                    .is_some_and(|first| first.job.kind() != call.job.kind())
                 {
                     i += 1;
                 } else if let Some(call) = state.queue.remove(i) {
@@ -274,35 +320,100 @@ impl Drop for Permit {
 /// Sends one batch and hands each caller its answer. A reply that is an
 /// error for one call (its key holds another type) fails that call only.
 async fn send(store: RedisStore, batch: Vec<Queued>) {
-    let Some(algorithm) = batch.first().map(|call| call.algorithm) else {
+    let Some(kind) = batch.first().map(|call| call.job.kind()) else {
         return;
     };
-    let script = store.check_script(algorithm);
-    let (cmd, sent_at) = store.check_call(
-        algorithm,
-        batch
-            .iter()
-            .map(|c| (&c.policy, &c.key, c.cost, c.max_wait_us)),
-    );
-    let replies = store
-        .exchange(script, cmd)
-        .await
-        .and_then(|reply| split_replies(algorithm, reply, batch.len()));
+    let (script, cmd, sent_at) = match kind {
+        Kind::Check(algorithm) => {
+            let checks = batch.iter().filter_map(|call| match &call.job {
+                Job::Check {
+                    policy,
+                    key,
+                    cost,
+                    max_wait_us,
+                    ..
+                } => Some((policy, key, *cost, *max_wait_us)),
+                Job::Lease(_) => None,
+            });
+            let (cmd, sent_at) = store.check_call(algorithm, checks);
+            (store.check_script(algorithm), cmd, sent_at)
+        }
+        Kind::Lease => {
+            let leases = batch.iter().filter_map(|call| match &call.job {
+                Job::Lease(job) => Some(job),
+                Job::Check { .. } => None,
+            });
+            (&store.inner.scripts.leases, store.lease_call(leases), None)
+        }
+    };
+    let replies = store.try_exchange(script, cmd).await.and_then(|reply| {
+        let replies = match kind {
+            Kind::Check(algorithm) => split_replies(algorithm, reply, batch.len()),
+            Kind::Lease => split_lease_replies(reply, batch.len()),
+        };
+        replies.map_err(|error| Failure {
+            error,
+            transient: false,
+        })
+    });
     match replies {
         Ok(replies) => {
             for (call, reply) in batch.into_iter().zip(replies) {
                 let _ = call.answer.send(Ok(Answer { reply, sent_at }));
             }
         }
-        Err(err) => {
-            // One failure per call still waiting: a caller that gave up
-            // first has counted its own timeout.
+        Err(failure) => {
             for call in batch {
-                if !call.answer.is_closed() {
-                    script.metrics.failed(&err);
+                // One failure per check still waiting: a caller that gave
+                // up first has counted its own timeout. A lease's caller
+                // counts its own.
+                if !call.answer.is_closed() && matches!(kind, Kind::Check(_)) {
+                    script.metrics.failed(&failure.error);
                 }
-                let _ = call.answer.send(Err(err.clone()));
+                let _ = call.answer.send(Err(failure.clone()));
             }
         }
+    }
+}
+
+/// A lease batch's reply: one item per operation.
+fn split_lease_replies(reply: Value, count: usize) -> Result<Vec<Value>, StoreError> {
+    match reply {
+        Value::Array(items) if items.len() == count => Ok(items),
+        other => Err(StoreError::UnexpectedReply(format!("{other:?}"))),
+    }
+}
+
+impl RedisStore {
+    /// One call of `lua/lease.lua`'s batch running `jobs` in order.
+    pub(super) fn lease_call<'a>(&self, jobs: impl Iterator<Item = &'a LeaseJob> + Clone) -> Cmd {
+        let (mut keys, mut args) = (0, 2);
+        for job in jobs.clone() {
+            keys += 2;
+            args += match job {
+                LeaseJob::Acquire { .. } => 5,
+                LeaseJob::Release { .. } => 3,
+            };
+        }
+        let mut cmd = self.inner.scripts.leases.call(keys, args);
+        for job in jobs.clone() {
+            cmd.arg(job.set()).arg(Self::lease_marker(job.set()));
+        }
+        cmd.arg(self.now_arg()).arg(self.inner.hub.channel());
+        for job in jobs {
+            match job {
+                LeaseJob::Acquire {
+                    capacity,
+                    ttl_us,
+                    id,
+                    wait_ms,
+                    ..
+                } => cmd.arg("a").arg(capacity).arg(ttl_us).arg(id).arg(wait_ms),
+                LeaseJob::Release {
+                    id, tombstone_ms, ..
+                } => cmd.arg("r").arg(id).arg(tombstone_ms),
+            };
+        }
+        cmd
     }
 }

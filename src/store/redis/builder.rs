@@ -100,14 +100,16 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// How many checks' scripts may be in flight on the connection at once
+    /// How many scripts (checks' and leases') may be in flight on the
+    /// connection at once
     /// before calls queue (default 8). A call that finds them all in flight
     /// queues, and goes with every other call queued in the same turn of
     /// the runtime (once every task ready to run has made its calls) in
     /// one script sent at the end of that turn, without waiting for a
     /// script to come back: one `EVALSHA` per algorithm that decides them
     /// in order, exactly as if they had reached Redis back to back at one
-    /// instant.
+    /// instant. Concurrency leases' acquires and releases queue the same
+    /// way, and go together in one script of their own.
     ///
     /// Below this many calls in flight nothing waits. Under load, Redis
     /// runs one script for many calls instead of one per call (one `TIME`;
@@ -123,8 +125,8 @@ impl RedisStoreBuilder {
     /// Redis proxy), set `usize::MAX`. Zero is refused
     /// ([`ConfigError::ZeroBatch`]).
     ///
-    /// Charges, refunds, peeks, leases and upstream feedback send one
-    /// script per call always.
+    /// Charges, refunds, peeks, lease renewals and upstream feedback send
+    /// one script per call always.
     pub fn max_in_flight(mut self, scripts: usize) -> Self {
         self.max_in_flight = scripts;
         self

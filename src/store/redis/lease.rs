@@ -1,12 +1,14 @@
 //! The Redis store's leases: one sorted set per key and limit name, one
-//! script per operation (of `lua/lease.lua`), each one round trip through
-//! [`RedisStore::eval`].
+//! script per operation (of `lua/lease.lua`); acquires and releases that
+//! find every script slot taken go together in one (see
+//! [`batch`](super::batch)).
 
 use std::time::{Duration, Instant};
 
 use redis::Value;
 
-use super::{Failure, RedisStore, TimeSource};
+use super::batch::{Entry, Job, LeaseJob};
+use super::{Failure, LuaScript, RedisStore, TimeSource};
 use crate::error::StoreError;
 use crate::key::Key;
 use crate::store::{LeaseCall, LeaseGrant, StoreFuture};
@@ -24,12 +26,11 @@ impl RedisStore {
         format!("{}:lease", self.key_base(name, key))
     }
 
-    /// The keys a lease script takes: the set and its wait marker
-    /// (`<set>:w`, present while a refused caller waits; see
-    /// `lua/lease.lua`), which shares the set's hash tag.
-    fn lease_keys(set: String) -> [String; 2] {
-        let marker = concat(&[&set, ":w"]);
-        [set, marker]
+    /// The wait marker of the lease set `set`, the second key of acquire
+    /// and release: `<set>:w`, present while a refused caller waits (see
+    /// `lua/lease.lua`); it shares the set's hash tag.
+    pub(super) fn lease_marker(set: &str) -> String {
+        concat(&[set, ":w"])
     }
 
     /// A script's ARGV[1]: now on the caller's clock, or "" to read
@@ -42,21 +43,83 @@ impl RedisStore {
     }
 
     pub(super) fn run_lease_acquire(&self, call: LeaseCall<'_>) -> StoreFuture<LeaseGrant> {
-        let keys = Self::lease_keys(self.lease_key(call.name, call.key));
-        let args = [
-            self.now_arg(),
-            call.capacity.to_string(),
-            call.ttl_us().to_string(),
-            call.id.as_str().to_owned(),
-            call.wait.map(wait_ms).unwrap_or_default(),
-        ];
+        let job = LeaseJob::Acquire {
+            set: self.lease_key(call.name, call.key),
+            capacity: call.capacity,
+            ttl_us: call.ttl_us(),
+            id: call.id.as_str().to_owned(),
+            wait_ms: call.wait.map(wait_ms).unwrap_or_default(),
+        };
         let store = self.clone();
         StoreFuture::pending(async move {
-            let reply = store
-                .eval(&store.inner.scripts.lease_acquire, &keys, &args)
-                .await?;
-            decode_grant(&reply)
+            let script = &store.inner.scripts.lease_acquire;
+            let reply = store.lease_reply(script, job).await;
+            reply
+                .map_err(|failure| failure.error)
+                .and_then(|reply| decode_grant(&reply))
+                .inspect_err(|error| script.metrics.failed(error))
         })
+    }
+
+    /// A lease operation's reply: sent alone, by `script`, when the
+    /// connection has a free script slot, else in the next batch of lease
+    /// operations (see [`batch`](super::batch)). A failure is left for the
+    /// caller to count.
+    async fn lease_reply(&self, script: &LuaScript, job: LeaseJob) -> Result<Value, Failure> {
+        let permit = match &self.inner.batcher {
+            Some(batcher) => match batcher.enter(self, || Job::Lease(job.clone())) {
+                Entry::Send(permit) => Some(permit),
+                Entry::Wait(answer) => {
+                    return match self.queued(answer).await {
+                        Ok(answer) => Ok(answer.reply),
+                        Err(failure) => Err(Failure {
+                            error: failure.error,
+                            transient: failure.transient,
+                        }),
+                    };
+                }
+            },
+            None => None,
+        };
+        let (set, marker) = (job.set(), Self::lease_marker(job.set()));
+        let call = match &job {
+            LeaseJob::Acquire {
+                capacity,
+                ttl_us,
+                id,
+                wait_ms,
+                ..
+            } => script.command(
+                &[set.to_owned(), marker],
+                &[
+                    self.now_arg(),
+                    capacity.to_string(),
+                    ttl_us.to_string(),
+                    id.clone(),
+                    wait_ms.clone(),
+                ],
+            ),
+            LeaseJob::Release {
+                id, tombstone_ms, ..
+            } if tombstone_ms.is_empty() => script.command(
+                &[set, marker.as_str()],
+                &[id.as_str(), self.inner.hub.channel()],
+            ),
+            LeaseJob::Release {
+                id, tombstone_ms, ..
+            } => script.command(
+                &[set.to_owned(), marker],
+                &[
+                    id.clone(),
+                    self.inner.hub.channel().to_owned(),
+                    self.now_arg(),
+                    tombstone_ms.clone(),
+                ],
+            ),
+        };
+        let reply = self.try_exchange(script, call).await;
+        drop(permit);
+        reply
     }
 
     /// One attempt, and if that fails on the way (a reset connection, a
@@ -66,16 +129,17 @@ impl RedisStore {
     pub(super) fn run_lease_release(&self, call: LeaseCall<'_>) -> StoreFuture<bool> {
         let key = self.lease_key(call.name, call.key);
         let id = call.id.as_str().to_owned();
+        let undo = call.undo;
         let expired_at = Instant::now() + self.release_deadline(call.ttl);
         let store = self.clone();
         StoreFuture::pending(async move {
-            match store.release_once(&key, &id).await {
+            match store.release_once(&key, &id, undo).await {
                 Ok(held) => Ok(held),
                 Err(failure) => {
                     store.count_release_failure(&failure.error);
                     if failure.transient {
                         store
-                            .retry_release(key, id, expired_at, failure.error)
+                            .retry_release(key, id, undo, expired_at, failure.error)
                             .await
                     } else {
                         Err(failure.error)
@@ -83,6 +147,19 @@ impl RedisStore {
                 }
             }
         })
+    }
+
+    /// How long the tombstone of a release that found no lease lasts, in
+    /// milliseconds (see `lua/lease.lua`): an acquire that the release
+    /// overtook is sent again, if at all, within the store's timeout of its
+    /// first sending, which came before the release; twice that, and at
+    /// least a second, leaves room for a loaded machine.
+    pub(super) fn tombstone_ms(&self) -> u128 {
+        self.inner
+            .timeout
+            .saturating_mul(2)
+            .max(Duration::from_secs(1))
+            .as_millis()
     }
 
     /// How long from now a lease of `ttl` may still hold its slot, by this
@@ -110,11 +187,24 @@ impl RedisStore {
     /// failure is left for the caller to count.
     /// A release that frees a slot of a set a refused caller waits for is
     /// announced on the store's channel ([`wake`](super::wake)).
-    pub(super) async fn release_once(&self, key: &str, id: &str) -> Result<bool, Failure> {
-        let script = &self.inner.scripts.lease_release;
-        let marker = concat(&[key, ":w"]);
-        let call = script.command(&[key, marker.as_str()], &[id, self.inner.hub.channel()]);
-        let reply = self.try_exchange(script, call).await?;
+    pub(super) async fn release_once(
+        &self,
+        key: &str,
+        id: &str,
+        undo: bool,
+    ) -> Result<bool, Failure> {
+        let job = LeaseJob::Release {
+            set: key.to_owned(),
+            id: id.to_owned(),
+            tombstone_ms: if undo {
+                self.tombstone_ms().to_string()
+            } else {
+                String::new()
+            },
+        };
+        let reply = self
+            .lease_reply(&self.inner.scripts.lease_release, job)
+            .await?;
         decode_flag(&reply).map_err(|error| Failure {
             error,
             transient: false,
@@ -191,6 +281,7 @@ fn decode_flag(reply: &Value) -> Result<bool, StoreError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::LeaseId;
 
     #[test]
     fn odd_lease_replies_are_errors() {
@@ -241,6 +332,81 @@ mod tests {
         for script in [&scripts.lease_acquire, &scripts.lease_renew] {
             assert!(script.source.contains(&slack), "{}", script.name);
         }
+    }
+
+    /// A release that reaches Redis before the acquire it undoes (the
+    /// acquire sent again after `SCRIPT LOAD`, say) leaves a tombstone: the
+    /// late acquire takes nothing, and the set counts no lease. Past the
+    /// tombstone's life, on the caller's clock, the id may be taken again;
+    /// the tombstone itself is trimmed by the next acquire.
+    #[tokio::test]
+    async fn a_release_that_overtakes_its_acquire_leaves_it_nothing() {
+        let server = super::super::test_server::RedisServer::start();
+        let clock = crate::clock::ManualClock::new(Duration::from_secs(1_700_000_000));
+        let store = RedisStore::builder(server.url())
+            .timeout(Duration::from_secs(2))
+            .time_source(TimeSource::Client(std::sync::Arc::new(clock.clone())))
+            .connect()
+            .await
+            .unwrap();
+        let key = Key::new("k");
+        let (late, other) = (LeaseId::generate(), LeaseId::generate());
+        let call = |id| LeaseCall {
+            name: "slots",
+            key: &key,
+            id,
+            capacity: 1,
+            ttl: Duration::from_secs(60),
+            wait: None,
+            undo: true,
+        };
+        assert!(!store.run_lease_release(call(&late)).await.unwrap());
+        let grant = store.run_lease_acquire(call(&late)).await.unwrap();
+        assert!(!grant.is_acquired(), "{grant:?}");
+        let set = store.lease_key("slots", &key);
+        let mut admin = server.admin().await;
+        let members: Vec<String> = redis::cmd("ZRANGE")
+            .arg(&set)
+            .arg(0)
+            .arg(-1)
+            .query_async(&mut admin)
+            .await
+            .unwrap();
+        assert!(members.is_empty(), "{members:?}");
+        // A release that finds nothing: a tombstone, trimmed by the next
+        // acquire once past.
+        assert!(!store.run_lease_release(call(&late)).await.unwrap());
+        clock.advance(Duration::from_millis(
+            u64::try_from(store.tombstone_ms()).unwrap() + 1,
+        ));
+        assert!(
+            store
+                .run_lease_acquire(call(&other))
+                .await
+                .unwrap()
+                .is_acquired()
+        );
+        let members: Vec<String> = redis::cmd("ZRANGE")
+            .arg(&set)
+            .arg(0)
+            .arg(-1)
+            .query_async(&mut admin)
+            .await
+            .unwrap();
+        assert_eq!(members, [other.as_str()]);
+        assert!(store.run_lease_release(call(&other)).await.unwrap());
+        // A tombstone past no longer refuses its id.
+        assert!(!store.run_lease_release(call(&late)).await.unwrap());
+        clock.advance(Duration::from_millis(
+            u64::try_from(store.tombstone_ms()).unwrap() + 1,
+        ));
+        assert!(
+            store
+                .run_lease_acquire(call(&late))
+                .await
+                .unwrap()
+                .is_acquired()
+        );
     }
 
     /// A release is retried as long as its lease may still hold its slot:

@@ -22,6 +22,12 @@ mod sentinel;
 mod topology;
 mod wake;
 
+/// The tests' throwaway `redis-server`, shared with tests/common.
+#[cfg(test)]
+#[allow(unreachable_pub)]
+#[path = "../../../tests/common/redis_server.rs"]
+mod test_server;
+
 pub use self::builder::RedisStoreBuilder;
 use self::connection::{Conn, Refusals};
 pub(crate) use self::deny_cache::DenyCache;
@@ -385,13 +391,29 @@ impl RedisStore {
     ) -> Result<(Value, Option<u64>), StoreError> {
         let script = self.check_script(algorithm);
         let permit = match &self.inner.batcher {
-            Some(batcher) => match batcher.enter(self, algorithm, policy, key, cost, max_wait_us) {
-                batch::Entry::Send(permit) => Some(permit),
-                batch::Entry::Wait(answer) => {
-                    let answer = self.queued(script, answer).await?;
-                    return Ok((answer.reply, answer.sent_at));
+            Some(batcher) => {
+                let job = || batch::Job::Check {
+                    algorithm,
+                    policy: policy.clone(),
+                    key: key.clone(),
+                    cost,
+                    max_wait_us,
+                };
+                match batcher.enter(self, job) {
+                    batch::Entry::Send(permit) => Some(permit),
+                    batch::Entry::Wait(answer) => {
+                        let answer = self.queued(answer).await.map_err(|failure| {
+                            // Failures of the batch's script are counted
+                            // where it ran.
+                            if failure.own {
+                                script.metrics.failed(&failure.error);
+                            }
+                            failure.error
+                        })?;
+                        return Ok((answer.reply, answer.sent_at));
+                    }
                 }
-            },
+            }
             None => None,
         };
         let (cmd, sent_at) =
@@ -402,21 +424,29 @@ impl RedisStore {
     }
 
     /// A queued call's answer, within the store's timeout counted from the
-    /// moment it was queued; a failure here counts against `script`.
+    /// moment it was queued.
     async fn queued(
         &self,
-        script: &LuaScript,
-        answer: tokio::sync::oneshot::Receiver<Result<batch::Answer, StoreError>>,
-    ) -> Result<batch::Answer, StoreError> {
+        answer: tokio::sync::oneshot::Receiver<Result<batch::Answer, Failure>>,
+    ) -> Result<batch::Answer, QueuedFailure> {
         let timeout = self.inner.timeout;
         let error = match tokio::time::timeout(timeout, answer).await {
-            // Failures of the batch's script are counted where it ran.
-            Ok(Ok(answer)) => return answer,
+            Ok(Ok(Ok(answer))) => return Ok(answer),
+            Ok(Ok(Err(failure))) => {
+                return Err(QueuedFailure {
+                    error: failure.error,
+                    transient: failure.transient,
+                    own: false,
+                });
+            }
             Ok(Err(_)) => StoreError::Redis("the batch carrying this call was dropped".into()),
             Err(_) => StoreError::Timeout(timeout),
         };
-        script.metrics.failed(&error);
-        Err(error)
+        Err(QueuedFailure {
+            error,
+            transient: true,
+            own: true,
+        })
     }
 
     /// Decodes one call's reply (counting it when it failed the call) and
@@ -616,8 +646,17 @@ impl RedisStore {
     }
 }
 
+/// A queued call that failed: as [`Failure`], and whether the failure is
+/// the call's own (it timed out, or its batch was dropped) rather than its
+/// batch's script's, which checks count where the batch ran.
+struct QueuedFailure {
+    error: StoreError,
+    transient: bool,
+    own: bool,
+}
+
 /// A failed call, and whether the same call sent again may succeed.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(super) struct Failure {
     pub(super) error: StoreError,
     /// The connection failed, or the server could not run the call for now

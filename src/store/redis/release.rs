@@ -64,6 +64,9 @@ struct State {
 struct Retry {
     key: String,
     id: String,
+    /// An undo: the lease's acquire was never answered (see
+    /// `lua/lease.lua`).
+    undo: bool,
     /// When the lease has surely expired: retrying past it frees nothing.
     expired_at: Instant,
     last_error: StoreError,
@@ -164,6 +167,7 @@ impl RedisStore {
         &self,
         key: String,
         id: String,
+        undo: bool,
         expired_at: Instant,
         error: StoreError,
     ) -> Result<bool, StoreError> {
@@ -181,6 +185,7 @@ impl RedisStore {
             state.queue.push_back(Retry {
                 key,
                 id,
+                undo,
                 expired_at,
                 last_error: error.clone(),
                 done,
@@ -254,7 +259,7 @@ impl RedisStore {
             retry.give_up(self, EXPIRED);
             return Sent::Expired;
         }
-        match self.release_once(&retry.key, &retry.id).await {
+        match self.release_once(&retry.key, &retry.id, retry.undo).await {
             Err(Failure {
                 error,
                 transient: true,
@@ -317,6 +322,7 @@ mod tests {
         let retry = Retry {
             key: "k".into(),
             id: id.into(),
+            undo: false,
             expired_at,
             last_error: StoreError::Redis("broken pipe".into()),
             done,
@@ -381,6 +387,7 @@ mod tests {
             let release = store.retry_release(
                 "k".into(),
                 "a".into(),
+                false,
                 Instant::now() + Duration::from_secs(60),
                 StoreError::Timeout(Duration::from_millis(1)),
             );

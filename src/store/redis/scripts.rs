@@ -73,6 +73,8 @@ pub(crate) struct Scripts {
     pub(super) lease_acquire: LuaScript,
     pub(super) lease_renew: LuaScript,
     pub(super) lease_release: LuaScript,
+    /// Acquires and releases queued together (see [`batch`](super::batch)).
+    pub(super) leases: LuaScript,
     pub(super) live_load: LuaScript,
     pub(super) live_version: LuaScript,
     pub(super) live_write: LuaScript,
@@ -113,6 +115,7 @@ impl Scripts {
             lease_acquire: script!("lease_acquire", "lease.lua", own("acquire")),
             lease_renew: script!("lease_renew", "lease.lua", own("renew")),
             lease_release: script!("lease_release", "lease.lua", "release(KEYS, ARGV)"),
+            leases: script!("leases", "lease.lua", own("batch")),
             live_load: script!("live_load", "live.lua", "load(KEYS, ARGV)"),
             live_version: script!("live_version", "live.lua", "version(KEYS, ARGV)"),
             live_write: script!("live_write", "live.lua", "write(KEYS, ARGV)"),
@@ -152,6 +155,7 @@ impl Scripts {
             &self.lease_acquire,
             &self.lease_renew,
             &self.lease_release,
+            &self.leases,
             &self.live_load,
             &self.live_version,
             &self.live_write,
@@ -172,11 +176,11 @@ mod tests {
         let mut shas: Vec<&str> = scripts.all().iter().map(|s| s.sha).collect();
         shas.sort_unstable();
         shas.dedup();
-        assert_eq!(shas.len(), 31);
+        assert_eq!(shas.len(), 32);
         let mut names: Vec<&str> = scripts.all().iter().map(|s| s.name).collect();
         names.sort_unstable();
         names.dedup();
-        assert_eq!(names.len(), 31);
+        assert_eq!(names.len(), 32);
     }
 
     /// The functions a script defines, in order.
@@ -189,7 +193,14 @@ mod tests {
     #[test]
     fn a_script_defines_what_its_call_reaches() {
         let scripts = Scripts::new();
-        assert_eq!(functions(&scripts.lease_release), ["release"]);
+        assert_eq!(
+            functions(&scripts.lease_release),
+            ["clock", "give_back", "bury", "undo", "release"]
+        );
+        assert_eq!(
+            functions(&scripts.leases),
+            ["clock", "take", "give_back", "bury", "undo", "batch"]
+        );
         assert_eq!(
             functions(&scripts.gcra.check),
             [

@@ -496,12 +496,6 @@ impl Shared {
 /// and with it a wake of every watch.
 const PING_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// The tests' throwaway `redis-server`, shared with tests/common.
-#[cfg(test)]
-#[allow(unreachable_pub)]
-#[path = "../../../tests/common/redis_server.rs"]
-mod test_server;
-
 #[cfg(test)]
 mod tests {
     use std::future::Future;
@@ -583,7 +577,7 @@ mod tests {
         assert!(backoff(10) >= Duration::from_millis(1500));
     }
 
-    use super::test_server::RedisServer as Server;
+    use super::super::test_server::RedisServer as Server;
 
     /// A sentinel (quorum 1) of the master `master` on a free port, once it
     /// monitors it; killed, and its config file removed, when dropped.
@@ -599,7 +593,7 @@ mod tests {
         fn start(master: &Server) -> Sentinel {
             use std::io::{BufRead, BufReader};
             let binary = std::env::var("REDIS_SERVER").unwrap_or_else(|_| "redis-server".into());
-            let port = super::test_server::free_port();
+            let port = super::super::test_server::free_port();
             let conf = std::env::temp_dir().join(format!(
                 "fleetgate-wake-sentinel-{}-{port}.conf",
                 std::process::id()
@@ -678,6 +672,7 @@ mod tests {
             capacity: 1,
             ttl: Duration::from_secs(60),
             wait,
+            undo: false,
         }
     }
 
