@@ -65,6 +65,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use fleetgate::concurrency::{ConcurrencyLimitLayer, ConcurrencyLimiter, ConcurrencyPolicy};
 use fleetgate::key::HeaderKey;
+use fleetgate::shed::{FleetShedLayer, FleetShedPolicy, FleetShedder};
 use fleetgate::{
     HeaderStyle, HotKeys, Limit, Limiter, MemoryStore, Policy, Rate, RateLimitLayer, RedisStore,
 };
@@ -97,6 +98,9 @@ enum Variant {
     /// `ConcurrencyLimitLayer` on Redis (a lease per request, capacity
     /// far above the load): what a request costs in lease scripts.
     RedisConcurrency,
+    /// `FleetShedLayer` on Redis (every request in the default tier,
+    /// capacity far above the load): its lease per request, as above.
+    RedisFleetShed,
     Evalsha,
 }
 
@@ -112,6 +116,7 @@ impl Variant {
             Variant::RedisNoHeaders => "RateLimitLayer, Redis, no headers",
             Variant::RedisHot => "RateLimitLayer, Redis, hot keys",
             Variant::RedisConcurrency => "ConcurrencyLimitLayer, Redis",
+            Variant::RedisFleetShed => "FleetShedLayer, Redis",
             Variant::Evalsha => "EVALSHA middleware (floor)",
         }
     }
@@ -256,7 +261,7 @@ struct Row {
     p99: Duration,
 }
 
-const CASES: [(Variant, Load, Runtime); 21] = [
+const CASES: [(Variant, Load, Runtime); 22] = [
     (Variant::Bare, Load::Admitted, Runtime::Current),
     (Variant::Memory, Load::Admitted, Runtime::Current),
     (Variant::Memory, Load::Rejected, Runtime::Current),
@@ -280,6 +285,7 @@ const CASES: [(Variant, Load, Runtime); 21] = [
     (Variant::RedisHot, Load::NearLimit, Runtime::Current),
     (Variant::Redis, Load::NearLimit, Runtime::Current),
     (Variant::RedisConcurrency, Load::Admitted, Runtime::Current),
+    (Variant::RedisFleetShed, Load::Admitted, Runtime::Current),
 ];
 
 fn main() -> Result<(), BoxError> {
@@ -575,6 +581,15 @@ async fn app(
             router.layer(ConcurrencyLimitLayer::new(ConcurrencyLimiter::new(
                 policy, store,
             )))
+        }
+        Variant::RedisFleetShed => {
+            let store = RedisStore::builder(redis_url)
+                .prefix("bench")
+                .timeout(Duration::from_secs(1))
+                .connect()
+                .await?;
+            let policy = FleetShedPolicy::new(format!("bench{index}"), 10_000)?;
+            router.layer(FleetShedLayer::new(FleetShedder::new(policy, store)))
         }
         Variant::Governor => routers::with_governor(router, rejected, false)?,
         Variant::GovernorHeaders => routers::with_governor(router, rejected, true)?,
@@ -943,12 +958,17 @@ fn print_table(rows: &[Row], plan: &Plan, redis_version: &str) {
             format!("HTTP: Redis RateLimitLayer p99 vs EVALSHA middleware, {load_name}"),
         ));
     }
-    targets.push(at_least(
-        (Variant::RedisConcurrency, a),
-        (evalsha, a),
-        0.9,
-        "HTTP: Redis ConcurrencyLimitLayer / EVALSHA middleware, admitted".into(),
-    ));
+    for (variant, name) in [
+        (Variant::RedisConcurrency, "ConcurrencyLimitLayer"),
+        (Variant::RedisFleetShed, "FleetShedLayer"),
+    ] {
+        targets.push(at_least(
+            (variant, a),
+            (evalsha, a),
+            0.9,
+            format!("HTTP: Redis {name} / EVALSHA middleware, admitted"),
+        ));
+    }
     targets.push(at_least(
         (Variant::RedisNoHeaders, a),
         (evalsha, a),
@@ -994,10 +1014,16 @@ fn print_table(rows: &[Row], plan: &Plan, redis_version: &str) {
         let name = format!("HTTP: {}, rejected / admitted", v.name());
         targets.push(at_least((v, r), (v, a), 0.9, name));
     }
-    if let Some(row) = find(Variant::RedisConcurrency, a) {
+    for (variant, name) in [
+        (Variant::RedisConcurrency, "ConcurrencyLimitLayer"),
+        (Variant::RedisFleetShed, "FleetShedLayer"),
+    ] {
+        let Some(row) = find(variant, a) else {
+            continue;
+        };
         let per_request = row.median.scripts as f64 / row.median.requests.max(1) as f64;
         targets.push(target_row(
-            "HTTP: Redis ConcurrencyLimitLayer, admitted: Redis scripts per request",
+            &format!("HTTP: Redis {name}, admitted: Redis scripts per request"),
             "≤ 1",
             &format!(
                 "{per_request:.3} ({} in {} requests)",
