@@ -329,7 +329,12 @@ mod tests {
     fn the_client_clock_slack_is_the_scripts_own() {
         let slack = format!("slack_ms = {}", CLIENT_CLOCK_SLACK.as_millis());
         let scripts = super::super::scripts::Scripts::new();
-        for script in [&scripts.lease_acquire, &scripts.lease_renew] {
+        for script in [
+            &scripts.lease_acquire,
+            &scripts.lease_renew,
+            &scripts.lease_release,
+            &scripts.leases,
+        ] {
             assert!(script.source.contains(&slack), "{}", script.name);
         }
     }
@@ -360,53 +365,39 @@ mod tests {
             wait: None,
             undo: true,
         };
-        assert!(!store.run_lease_release(call(&late)).await.unwrap());
-        let grant = store.run_lease_acquire(call(&late)).await.unwrap();
-        assert!(!grant.is_acquired(), "{grant:?}");
         let set = store.lease_key("slots", &key);
         let mut admin = server.admin().await;
-        let members: Vec<String> = redis::cmd("ZRANGE")
-            .arg(&set)
-            .arg(0)
-            .arg(-1)
-            .query_async(&mut admin)
-            .await
-            .unwrap();
-        assert!(members.is_empty(), "{members:?}");
+        let mut members = async || -> Vec<String> {
+            redis::cmd("ZRANGE")
+                .arg(&set)
+                .arg(0)
+                .arg(-1)
+                .query_async(&mut admin)
+                .await
+                .unwrap()
+        };
+        let past_tombstones = || {
+            let life = u64::try_from(store.tombstone_ms()).unwrap();
+            clock.advance(Duration::from_millis(life + 1));
+        };
+        let acquired = async |id| {
+            let grant = store.run_lease_acquire(call(id)).await.unwrap();
+            grant.is_acquired()
+        };
+        assert!(!store.run_lease_release(call(&late)).await.unwrap());
+        assert!(!acquired(&late).await);
+        assert_eq!(members().await, Vec::<String>::new());
         // A release that finds nothing: a tombstone, trimmed by the next
         // acquire once past.
         assert!(!store.run_lease_release(call(&late)).await.unwrap());
-        clock.advance(Duration::from_millis(
-            u64::try_from(store.tombstone_ms()).unwrap() + 1,
-        ));
-        assert!(
-            store
-                .run_lease_acquire(call(&other))
-                .await
-                .unwrap()
-                .is_acquired()
-        );
-        let members: Vec<String> = redis::cmd("ZRANGE")
-            .arg(&set)
-            .arg(0)
-            .arg(-1)
-            .query_async(&mut admin)
-            .await
-            .unwrap();
-        assert_eq!(members, [other.as_str()]);
+        past_tombstones();
+        assert!(acquired(&other).await);
+        assert_eq!(members().await, [other.as_str()]);
         assert!(store.run_lease_release(call(&other)).await.unwrap());
         // A tombstone past no longer refuses its id.
         assert!(!store.run_lease_release(call(&late)).await.unwrap());
-        clock.advance(Duration::from_millis(
-            u64::try_from(store.tombstone_ms()).unwrap() + 1,
-        ));
-        assert!(
-            store
-                .run_lease_acquire(call(&late))
-                .await
-                .unwrap()
-                .is_acquired()
-        );
+        past_tombstones();
+        assert!(acquired(&late).await);
     }
 
     /// A release is retried as long as its lease may still hold its slot:
