@@ -21,8 +21,9 @@ use crate::store::MemoryStore;
 /// Caps the requests in flight per identity with a [`ConcurrencyLimiter`].
 ///
 /// Defaults: key = [`PeerIp`], requests without a key refused with 400,
-/// refusals `429` with `Retry-After: 1`, fail open when the store fails,
-/// HTTP responses for rejections. Each is changed by one method; see the
+/// refusals `429` with `Retry-After: 1`, enforcing (not
+/// [shadow](Self::shadow)), fail open when the store fails, HTTP responses
+/// for rejections. Each is changed by one method; see the
 /// [module docs](crate::concurrency) for an example.
 #[must_use]
 pub struct ConcurrencyLimitLayer<K = PeerIp, M = mode::Http> {
@@ -37,6 +38,7 @@ pub struct ConcurrencyLimitLayer<K = PeerIp, M = mode::Http> {
     retry_after: Duration,
     rejection: Option<RejectFn>,
     grpc: bool,
+    shadow: bool,
     _mode: PhantomData<fn() -> M>,
 }
 
@@ -53,6 +55,7 @@ impl ConcurrencyLimitLayer {
             retry_after: Duration::from_secs(1),
             rejection: None,
             grpc: false,
+            shadow: false,
             _mode: PhantomData,
         }
     }
@@ -72,6 +75,25 @@ impl<K, M> ConcurrencyLimitLayer<K, M> {
     /// What to do with requests that carry no key (default: refuse with 400).
     pub fn on_missing_key(mut self, action: OnMissingKey) -> Self {
         self.on_missing = action;
+        self
+    }
+
+    /// Shadow mode: decide and count, but never refuse or queue, for
+    /// trying a new cap on live traffic before enforcing it. A request
+    /// with a free slot takes its lease and holds it as usual, so the
+    /// counts in flight stay true; one the limit would refuse goes on at
+    /// once without a lease (never into the limiter's
+    /// [`WaitQueue`](super::WaitQueue)), counted as `shadow_denied` in
+    /// [metrics](crate::metrics) and [`observe`](crate::observe) (and among
+    /// the identities most denied), with a `debug` event named
+    /// `shadow-denied`. Whatever [`on_missing_key`](Self::on_missing_key)
+    /// and [`on_store_error`](Self::on_store_error) say, a request without
+    /// a key goes on too (counted `shadow_denied`), and so does one the
+    /// store failed on (`fail_open`; under [`FailurePolicy::Local`] it
+    /// takes a local lease if the local limiter has room, and is
+    /// `shadow_denied` if not).
+    pub fn shadow(mut self, shadow: bool) -> Self {
+        self.shadow = shadow;
         self
     }
 
@@ -157,6 +179,7 @@ impl<K, M> ConcurrencyLimitLayer<K, M> {
             retry_after: self.retry_after,
             rejection: self.rejection,
             grpc: self.grpc,
+            shadow: self.shadow,
             _mode: PhantomData,
         }
     }
@@ -174,6 +197,7 @@ impl<K: Clone, M> Clone for ConcurrencyLimitLayer<K, M> {
             retry_after: self.retry_after,
             rejection: self.rejection.clone(),
             grpc: self.grpc,
+            shadow: self.shadow,
             _mode: PhantomData,
         }
     }
@@ -188,6 +212,7 @@ impl<K, M> fmt::Debug for ConcurrencyLimitLayer<K, M> {
             .field("status", &self.status)
             .field("retry_after", &self.retry_after)
             .field("grpc", &self.grpc)
+            .field("shadow", &self.shadow)
             .finish_non_exhaustive()
     }
 }
@@ -216,6 +241,7 @@ impl<K, M> ConcurrencyLimitLayer<K, M> {
             retry_after: self.retry_after,
             rejection: self.rejection.clone(),
             grpc: self.grpc,
+            shadow: self.shadow,
             metrics,
             fallback,
             local,

@@ -170,21 +170,33 @@ impl ConcurrencyLimiter {
     /// With a [`queue`](Self::queue), a call refused for want of a slot
     /// waits in it for one (see [`WaitQueue`]) before it resolves.
     pub fn acquire(&self, key: &Key) -> Acquire {
-        let capacity = match &self.adaptive {
-            Some(adaptive) => Capacity::Adaptive(adaptive.clone()),
-            None => Capacity::Fixed(self.policy.max_in_flight()),
-        };
-        self.acquire_with(key, capacity)
+        self.acquire_with(key, self.capacity(), true)
+    }
+
+    /// [`acquire`](Self::acquire) that never waits in the queue: refused
+    /// at once when every slot is taken (a layer in shadow mode, which
+    /// queues nothing).
+    pub(crate) fn acquire_now(&self, key: &Key) -> Acquire {
+        self.acquire_with(key, self.capacity(), false)
     }
 
     /// [`acquire`](Self::acquire) with a capacity other than the policy's:
     /// the fleet load shedder admits each tier up to its own share of one
     /// lease set.
     pub(crate) fn acquire_up_to(&self, key: &Key, capacity: u64) -> Acquire {
-        self.acquire_with(key, Capacity::Fixed(capacity))
+        self.acquire_with(key, Capacity::Fixed(capacity), true)
     }
 
-    fn acquire_with(&self, key: &Key, capacity: Capacity) -> Acquire {
+    fn capacity(&self) -> Capacity {
+        match &self.adaptive {
+            Some(adaptive) => Capacity::Adaptive(adaptive.clone()),
+            None => Capacity::Fixed(self.policy.max_in_flight()),
+        }
+    }
+
+    /// Takes a lease up to `capacity`; refused, waits in the queue (if
+    /// any) only when `queued`.
+    fn acquire_with(&self, key: &Key, capacity: Capacity, queued: bool) -> Acquire {
         let lease = StoreLease::new(
             self.store.clone(),
             self.policy.name_arc(),
@@ -196,7 +208,7 @@ impl ConcurrencyLimiter {
         // Asking for no room is asking how many are in flight: it never
         // waits.
         let queue = match &self.queue {
-            Some((waiters, _)) if capacity.get() > 0 => Some(waiters.clone()),
+            Some((waiters, _)) if queued && capacity.get() > 0 => Some(waiters.clone()),
             _ => None,
         };
         let wait = queue.as_ref().map(|w| w.config().max_wait());

@@ -60,6 +60,7 @@
 //! | client disconnects, timeout layer outside, handler panics | the request future or body is dropped and the lease released |
 //! | long response (stream, SSE) | the lease is renewed every TTL/3 ([`ConcurrencyPolicyBuilder::renew_every`], [`ConcurrencyPolicyBuilder::no_renewal`]) until the body ends |
 //! | instance crashes | its leases expire after the TTL (default 30 s) |
+//! | shadow mode ([`.shadow(true)`](ConcurrencyLimitLayer::shadow)) | nothing is refused or queued: an admitted request takes its lease as above, one that would be refused goes on without one, counted as `shadow_denied` (metrics, [`observe`](crate::observe)) |
 //! | Redis slow or down at release, connection reset | the release is sent when the body ends and awaited on a spawned task, never delaying the response; a failed release is retried until it lands or the lease's TTL passes (see [`lease`](crate::lease)); [`ConcurrencyLimiter::releases_settled`] waits for pending releases (on shutdown) |
 //!
 //! # Adaptive limits and waiting for a slot
@@ -170,6 +171,9 @@ pub(crate) struct ConcurrencySettings {
     pub(crate) rejection: Option<RejectFn>,
     /// Refusals are gRPC statuses ([`ConcurrencyLimitLayer::grpc`]).
     pub(crate) grpc: bool,
+    /// Shadow mode ([`ConcurrencyLimitLayer::shadow`]): a request the
+    /// limit refuses goes on without a lease, only counted.
+    pub(crate) shadow: bool,
     pub(crate) metrics: LayerMetrics,
     /// With [`FailurePolicy::Local`]: the settings of the local limiter
     /// that decides the requests the store failed on.
@@ -215,7 +219,8 @@ impl ConcurrencySettings {
     }
 
     /// What to do with the store's answer: pass (holding the lease, if one
-    /// was taken) or refuse.
+    /// was taken) or refuse. In shadow mode nothing is refused: a request
+    /// the limit refuses, or the store failed on, passes without a lease.
     /// `latency` is the store's, when it did I/O; a refusal is counted
     /// against `key` in `observe`'s most denied.
     pub(crate) fn judge(
@@ -237,26 +242,30 @@ impl ConcurrencySettings {
                 return Ok(Some(guard));
             }
             Ok(Admission::Refused(grant)) => {
-                tracing::debug!(
-                    policy = self.limiter.policy().name(),
-                    in_flight = grant.in_flight(),
-                    "too many in flight"
-                );
                 if let Some(key) = key {
                     self.metrics.denied(key);
                 }
-                let outcome = Outcome::Denied.by_fallback(self.local);
-                (outcome, Err(ConcurrencyRejectionKind::InFlight(grant)))
+                let policy = self.limiter.policy().name();
+                let in_flight = grant.in_flight();
+                if self.shadow {
+                    tracing::debug!(policy, in_flight, "shadow-denied");
+                    (Outcome::ShadowDenied, Ok(None))
+                } else {
+                    tracing::debug!(policy, in_flight, "too many in flight");
+                    let outcome = Outcome::Denied.by_fallback(self.local);
+                    (outcome, Err(ConcurrencyRejectionKind::InFlight(grant)))
+                }
             }
             Err(err) => {
                 self.log_failure(&err);
                 match self.failure {
-                    FailurePolicy::Closed => (
+                    FailurePolicy::Closed if !self.shadow => (
                         Outcome::FailClosed,
                         Err(ConcurrencyRejectionKind::Unavailable(err)),
                     ),
-                    // `Local` reaches here only if its own store failed.
-                    FailurePolicy::Open | FailurePolicy::Local(_) => (Outcome::FailOpen, Ok(None)),
+                    // `Local` reaches here only if its own store failed;
+                    // shadow mode fails open whatever the policy.
+                    _ => (Outcome::FailOpen, Ok(None)),
                 }
             }
         };
@@ -265,13 +274,26 @@ impl ConcurrencySettings {
         verdict
     }
 
-    pub(crate) fn missing_key(&self, status: StatusCode) -> ConcurrencyRejectionKind {
-        let span = decision_span("concurrency", self.limiter.policy().name(), None, None);
+    /// A request without a key, refused with `status` (or, in shadow mode,
+    /// let through without a lease: `None`), in a decision span of its own.
+    pub(crate) fn missing_key(&self, status: StatusCode) -> Option<ConcurrencyRejectionKind> {
+        let policy = self.limiter.policy().name();
+        let span = decision_span("concurrency", policy, None, None);
         let _entered = span.enter();
-        span.record("outcome", Outcome::MissingKey.as_str());
-        warn_missing_key("concurrency-limit", self.limiter.policy().name());
-        self.metrics.decided(Outcome::MissingKey, false);
-        ConcurrencyRejectionKind::MissingKey(status)
+        warn_missing_key("concurrency-limit", policy);
+        let outcome = if self.shadow {
+            Outcome::ShadowDenied
+        } else {
+            Outcome::MissingKey
+        };
+        span.record("outcome", outcome.as_str());
+        self.metrics.decided(outcome, false);
+        let kind = ConcurrencyRejectionKind::MissingKey(status);
+        if self.shadow {
+            tracing::debug!(policy, reason = ?kind, "shadow-denied");
+            return None;
+        }
+        Some(kind)
     }
 
     pub(crate) fn rejection(&self, kind: ConcurrencyRejectionKind) -> Response<Bytes> {

@@ -61,8 +61,12 @@ impl<S, K, M> ConcurrencyLimit<S, K, M> {
             Some(key) => key,
             None => match &settings.on_missing {
                 OnMissingKey::Reject(status) => {
-                    let kind = settings.missing_key(*status);
-                    return ResponseFuture::new(Admitting::rejected(settings, kind));
+                    if let Some(kind) = settings.missing_key(*status) {
+                        return ResponseFuture::new(Admitting::rejected(settings, kind));
+                    }
+                    // Shadow mode: on without a lease.
+                    let fut = self.inner.call(req);
+                    return ResponseFuture::new(Admitting::calling(settings, fut, None));
                 }
                 OnMissingKey::Fallback(key) => key.clone(),
                 OnMissingKey::Allow => {
@@ -71,7 +75,12 @@ impl<S, K, M> ConcurrencyLimit<S, K, M> {
                 }
             },
         };
-        let acquire = settings.limiter.acquire(&key);
+        // Shadow mode queues nothing: a refused request goes on at once.
+        let acquire = if settings.shadow {
+            settings.limiter.acquire_now(&key)
+        } else {
+            settings.limiter.acquire(&key)
+        };
         // Kept to count a refusal against, and for the local fallback.
         let key = Some(key);
         ResponseFuture::new(Admitting::start(
