@@ -12,13 +12,16 @@ use crate::layer::mode;
 /// What both shed layers ([`FleetShedLayer`](super::FleetShedLayer) and
 /// [`UtilizationShedLayer`](super::UtilizationShedLayer)) hold besides
 /// their shedder: the classifier, how a shed request is answered, and
-/// whether as an HTTP response or a typed error (`M`). Each layer's
+/// whether as an HTTP response or a typed error (`M`), or in shadow mode
+/// not at all. Each layer's
 /// builder methods forward here.
 pub(crate) struct ShedLayerSettings<C, M> {
     pub(crate) classify: C,
     pub(crate) retry_after: Duration,
     rejection: Option<ShedRejectFn>,
     grpc: bool,
+    /// Shadow mode: what would be shed is only counted.
+    pub(crate) shadow: bool,
     _mode: PhantomData<fn() -> M>,
 }
 
@@ -30,6 +33,7 @@ impl ShedLayerSettings<(), mode::Http> {
             retry_after,
             rejection: None,
             grpc: false,
+            shadow: false,
             _mode: PhantomData,
         }
     }
@@ -59,6 +63,11 @@ impl<C, M> ShedLayerSettings<C, M> {
         self
     }
 
+    pub(crate) fn shadow(mut self, shadow: bool) -> Self {
+        self.shadow = shadow;
+        self
+    }
+
     pub(crate) fn typed_errors(self) -> ShedLayerSettings<C, mode::TypedErrors> {
         self.rebuild(|classify| classify)
     }
@@ -69,6 +78,7 @@ impl<C, M> ShedLayerSettings<C, M> {
             retry_after: self.retry_after,
             rejection: self.rejection,
             grpc: self.grpc,
+            shadow: self.shadow,
             _mode: PhantomData,
         }
     }
@@ -92,6 +102,7 @@ impl<C: Clone, M> Clone for ShedLayerSettings<C, M> {
             retry_after: self.retry_after,
             rejection: self.rejection.clone(),
             grpc: self.grpc,
+            shadow: self.shadow,
             _mode: PhantomData,
         }
     }

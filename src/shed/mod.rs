@@ -21,6 +21,7 @@
 //! | cost | one round trip to admit, one to release (the concurrency limiter's leases: held until the body ends, released on cancel or panic, expiring after the TTL if an instance crashes) | none: a few atomics, no I/O |
 //! | answer | `503`, `Retry-After: 1` (`.retry_after(..)`, `.rejection(..)`, `.typed_errors()` for [`ShedError`]) | `503`, `Retry-After: 5` (same settings) |
 //! | store down | its [`FailurePolicy`](crate::FailurePolicy): open (default), closed, or `local(share)`, an in-memory shedder of this process with that share of the capacity and of each tier's limit; the most important tier passes whatever the policy | not involved |
+//! | shadow mode (`.shadow(true)`) | nothing is shed: a request that would be is let through without a lease, counted `shadow_denied`, not `shed` | nothing is shed: a request that would be is let through, counted `shadow_denied`; the drop probability moves as ever (see [`UtilizationShedLayer::shadow`]) |
 //! | configured by | [`FleetShedPolicy::builder`]`(name, capacity).share(tier, f).lease_ttl(..)` | [`UtilizationShedder::workers`]`(n)` or `::gauge(f)`, then `.thresholds(0.7, 0.8).delay(..).ramp(..)`, `.sample_every(..)`, `.clock(..)`, `.random(..)`, `.build()?` |
 //!
 //! `share(tier, f)` sets one tier's share; the tiers you leave out keep
@@ -69,7 +70,10 @@
 //! in `fleetgate_decisions_total` with the outcome `shed` (or, for requests
 //! the fleet shedder's local fallback decided while the store was down,
 //! `fallback_denied`; its sheds count in `fleetgate_shed_total` all the
-//! same). [`FleetShedLayer::typed_errors`] and
+//! same); in shadow mode ([`FleetShedLayer::shadow`],
+//! [`UtilizationShedLayer::shadow`]) what they would shed is let through
+//! and counts as `shadow_denied` instead, never as shed.
+//! [`FleetShedLayer::typed_errors`] and
 //! [`UtilizationShedLayer::typed_errors`] refuse with a [`ShedError`] for
 //! services that are not HTTP.
 //!

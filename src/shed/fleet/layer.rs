@@ -20,7 +20,8 @@ use crate::shed::rejection::ShedRejection;
 /// Defaults: every request in the default tier until
 /// [`classify`](Self::classify) says otherwise (`C = ()` classifies
 /// nothing), `Retry-After: 1` (a slot frees up as soon as any request
-/// ends), fail open when the store fails, HTTP responses for rejections
+/// ends), enforcing (not [shadow](Self::shadow)), fail open when the store
+/// fails, HTTP responses for rejections
 /// (`M` is [`mode::Http`], or [`mode::TypedErrors`] after
 /// [`typed_errors`](Self::typed_errors)). See the
 /// [module docs](crate::shed) for an example.
@@ -107,6 +108,26 @@ impl<C, M> FleetShedLayer<C, M> {
         }
     }
 
+    /// Shadow mode: decide and count, but never shed, for trying a new
+    /// capacity or share on live traffic before enforcing it. A request
+    /// its tier's share admits takes its fleet lease and holds it as
+    /// usual, so the fleet's count in flight stays true; one that would be
+    /// shed goes on without a lease, counted as `shadow_denied` in
+    /// [metrics](crate::metrics) and [`observe`](crate::observe), with a
+    /// `debug` event named `shadow-denied`. Nothing counts as shed: the
+    /// tier's state ([`FleetShedder::state`]) counts such a request as
+    /// admitted, and neither its shed fraction (the share of recent
+    /// requests really shed) nor `fleetgate_shed_total` counts it as shed;
+    /// read the would-be sheds from `shadow_denied`. A request the
+    /// store failed on goes on whatever
+    /// [`on_store_error`](Self::on_store_error) says (`fail_open`; under
+    /// [`FailurePolicy::Local`] with a local lease if its share has room,
+    /// `shadow_denied` if not).
+    pub fn shadow(mut self, shadow: bool) -> Self {
+        self.settings = self.settings.shadow(shadow);
+        self
+    }
+
     /// What to do when the store fails (default: let requests through).
     /// Failing closed refuses every tier but the most important, which
     /// this layer never refuses.
@@ -146,6 +167,7 @@ impl<C, M> fmt::Debug for FleetShedLayer<C, M> {
             .field("shedder", &self.shedder)
             .field("on_store_error", &self.on_store_error)
             .field("retry_after", &self.settings.retry_after)
+            .field("shadow", &self.settings.shadow)
             .finish_non_exhaustive()
     }
 }
@@ -169,6 +191,7 @@ impl<S, C: Clone, M> Layer<S> for FleetShedLayer<C, M> {
                 } else {
                     self.on_store_error
                 },
+                shadow: self.settings.shadow,
                 metrics: metrics.clone(),
                 local,
             })

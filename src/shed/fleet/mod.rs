@@ -45,6 +45,9 @@ pub(crate) struct FleetShedSettings {
     pub(crate) shedder: FleetShedder,
     pub(crate) answer: ShedAnswer,
     pub(crate) failure: FailurePolicy,
+    /// Shadow mode ([`FleetShedLayer::shadow`]): a request the shedder
+    /// would shed goes on without a lease, only counted.
+    pub(crate) shadow: bool,
     pub(crate) metrics: LayerMetrics,
     /// Whether these are a local fallback's settings: outcomes are counted
     /// as `fallback_*`.
@@ -137,31 +140,34 @@ impl Gate for TierGate {
             (Ok(Admission::Refused(grant)), Some(limit)) => {
                 // A capacity that follows the fleet's limits moves.
                 let limit = settings.shedder.tier_limit(self.tier).unwrap_or(limit);
-                tracing::debug!(
-                    policy = &*settings.answer.policy,
-                    tier = tier_name,
-                    in_flight = grant.in_flight(),
-                    limit,
-                    "shed"
-                );
+                let policy = &*settings.answer.policy;
+                let in_flight = grant.in_flight();
+                if settings.shadow {
+                    // On without a lease, counted as admitted in the
+                    // tier's state: nothing was shed.
+                    tracing::debug!(policy, tier = tier_name, in_flight, limit, "shadow-denied");
+                    self.pass(Outcome::ShadowDenied, &span);
+                    return Ok(None);
+                }
+                tracing::debug!(policy, tier = tier_name, in_flight, limit, "shed");
                 let outcome = Outcome::Shed.by_fallback(settings.local);
                 settings.metrics.decided(outcome, false);
                 span.record("outcome", outcome.as_str());
                 settings.shedder.counters().decided(self.tier, true);
                 Err(Refusal {
                     tier: self.tier,
-                    kind: ShedRejectionKind::OverLimit {
-                        in_flight: grant.in_flight(),
-                        limit,
-                    },
+                    kind: ShedRejectionKind::OverLimit { in_flight, limit },
                 })
             }
             (Err(err), limit) => {
                 self.log_failure(&err);
                 // The most important tier passes whatever the policy: this
-                // shedder never refuses it. `Local` reaches here only if
-                // its own store failed.
-                if limit.is_some() && matches!(settings.failure, FailurePolicy::Closed) {
+                // shedder never refuses it; nor does shadow mode refuse
+                // any. `Local` reaches here only if its own store failed.
+                if limit.is_some()
+                    && !settings.shadow
+                    && matches!(settings.failure, FailurePolicy::Closed)
+                {
                     settings.metrics.decided(Outcome::FailClosed, false);
                     span.record("outcome", Outcome::FailClosed.as_str());
                     return Err(self.broken(err));

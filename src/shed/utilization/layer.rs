@@ -20,7 +20,8 @@ use crate::shed::rejection::ShedRejection;
 /// Defaults: every request in the default tier until
 /// [`classify`](Self::classify) says otherwise (`C = ()` classifies
 /// nothing), `Retry-After: 5` (shedding lasts tens of seconds at least, so
-/// a quick retry would only be shed again), HTTP responses for rejections
+/// a quick retry would only be shed again), enforcing (not
+/// [shadow](Self::shadow)), HTTP responses for rejections
 /// (`M` is [`mode::Http`], or [`mode::TypedErrors`] after
 /// [`typed_errors`](Self::typed_errors)). See the
 /// [module docs](crate::shed) for an example.
@@ -86,6 +87,26 @@ impl<C, M> UtilizationShedLayer<C, M> {
         self
     }
 
+    /// Shadow mode: decide and count, but never shed, for trying new
+    /// thresholds on live traffic before enforcing them. The shedder
+    /// samples and moves its shed amount as usual, and flips its coin for
+    /// every request; one it would drop goes on, counted in flight and as
+    /// admitted in the tier's state (as `shadow_denied`, not `shed`, in
+    /// [metrics](crate::metrics) and [`observe`](crate::observe)), with a
+    /// `debug` event named `shadow-denied`.
+    ///
+    /// The shed fraction ([`TierState::shed_fraction`](crate::shed::TierState::shed_fraction),
+    /// `fleetgate_shed_fraction`) stays the shedder's drop probability:
+    /// what it would drop now, not what it drops. Since nothing is shed,
+    /// the load it measures is the whole load, which enforcing would
+    /// relieve: it rises sooner and further, and recovers later, than it
+    /// would while enforcing. Read it as an upper bound; the shadow
+    /// denials count what would have been dropped at it.
+    pub fn shadow(mut self, shadow: bool) -> Self {
+        self.settings = self.settings.shadow(shadow);
+        self
+    }
+
     /// Refuse with a [`ShedError`](crate::shed::ShedError) instead of an
     /// HTTP response; works around any `tower::Service`. An admitted call
     /// then holds its place in the in-flight count until the response
@@ -112,6 +133,7 @@ impl<C, M> fmt::Debug for UtilizationShedLayer<C, M> {
         f.debug_struct("UtilizationShedLayer")
             .field("shedder", &self.shedder)
             .field("retry_after", &self.settings.retry_after)
+            .field("shadow", &self.settings.shadow)
             .finish_non_exhaustive()
     }
 }
@@ -125,6 +147,7 @@ impl<S, C: Clone, M> Layer<S> for UtilizationShedLayer<C, M> {
         let settings = Arc::new(UtilizationSettings {
             shedder: self.shedder.clone(),
             answer: self.settings.answer(name, self.shedder.tiers()),
+            shadow: self.settings.shadow,
             metrics,
         });
         // Read by `observe` while the service built here lives.

@@ -35,6 +35,9 @@ pub(crate) type UtilizationShedBody<B> = GuardedBody<ResponseBody<B>, TierSlot>;
 pub(crate) struct UtilizationSettings {
     pub(crate) shedder: UtilizationShedder,
     pub(crate) answer: ShedAnswer,
+    /// Shadow mode ([`UtilizationShedLayer::shadow`]): a request the
+    /// shedder would drop goes on, only counted.
+    pub(crate) shadow: bool,
     pub(crate) metrics: LayerMetrics,
 }
 
@@ -53,25 +56,24 @@ impl crate::observe::ShedSource for UtilizationSettings {
 }
 
 impl UtilizationSettings {
-    /// Admits a request of `tier` (holding its slot) or sheds it. Counts
-    /// and traces the decision.
+    /// Admits a request of `tier` (of the shedder's set; holding its slot)
+    /// or sheds it; in shadow mode admits it all the same. Counts and
+    /// traces the decision.
     pub(crate) fn decide(&self, tier: Tier) -> Result<LeaseGuard<TierSlot>, Refusal> {
-        let span = decision_span(
-            "utilization_shed",
-            &self.answer.policy,
-            Some(self.answer.tiers.name(tier)),
-            None,
-        );
+        let policy = &*self.answer.policy;
+        let tier_name = self.answer.tiers.name(tier);
+        let span = decision_span("utilization_shed", policy, Some(tier_name), None);
         let _entered = span.enter();
-        let (outcome, verdict) = match self.shedder.admit(tier) {
-            Ok(slot) => (Outcome::Allowed, Ok(slot)),
-            Err(probability) => {
-                tracing::debug!(
-                    policy = &*self.answer.policy,
-                    tier = self.answer.tiers.name(tier),
-                    probability,
-                    "shed"
-                );
+        let (outcome, verdict) = match self.shedder.would_drop(tier) {
+            None => (Outcome::Allowed, Ok(self.shedder.enter(tier))),
+            Some(probability) if self.shadow => {
+                tracing::debug!(policy, tier = tier_name, probability, "shadow-denied");
+                // In flight as any admitted request: it loads the process.
+                (Outcome::ShadowDenied, Ok(self.shedder.enter(tier)))
+            }
+            Some(probability) => {
+                tracing::debug!(policy, tier = tier_name, probability, "shed");
+                self.shedder.shed(tier);
                 let kind = ShedRejectionKind::Dropped { probability };
                 (Outcome::Shed, Err(Refusal { tier, kind }))
             }

@@ -142,18 +142,42 @@ impl UtilizationShedder {
     /// counts the request in flight until dropped; shed, the probability
     /// its tier is dropped with.
     pub fn admit(&self, tier: Tier) -> Result<LeaseGuard<TierSlot>, f64> {
-        let inner = &self.inner;
         let tier = self.tiers().clamp(tier);
+        match self.would_drop(tier) {
+            Some(p) => {
+                self.shed(tier);
+                Err(p)
+            }
+            None => Ok(self.enter(tier)),
+        }
+    }
+
+    /// Samples utilization if a sample is due, then flips the coin for a
+    /// request of `tier` (of this shedder's set): the probability its tier
+    /// is dropped with if the request is to be dropped, `None` if not.
+    /// Counts nothing: [`admit`](Self::admit) does.
+    pub(crate) fn would_drop(&self, tier: Tier) -> Option<f64> {
+        let inner = &self.inner;
         self.sample(inner.clock.now_micros());
         let amount = f64::from_bits(inner.amount.load(Ordering::Relaxed));
         let p = drop_probability(amount, tier, self.tiers());
         // A coin outside [0, 1), or NaN, cannot admit at full shedding.
         if p >= 1.0 || (p > 0.0 && inner.random.next_f64() < p) {
-            inner.counters.shed(tier);
-            return Err(p);
+            return Some(p);
         }
-        inner.counters.admitted(tier);
-        Ok(inner.counters.enter(tier))
+        None
+    }
+
+    /// Counts a request of `tier` (of this shedder's set) admitted, and in
+    /// flight until the returned guard drops.
+    pub(crate) fn enter(&self, tier: Tier) -> LeaseGuard<TierSlot> {
+        self.inner.counters.admitted(tier);
+        self.inner.counters.enter(tier)
+    }
+
+    /// Counts a request of `tier` shed.
+    pub(crate) fn shed(&self, tier: Tier) {
+        self.inner.counters.shed(tier);
     }
 
     /// Samples utilization and moves the amount, if a sample is due at
