@@ -1,8 +1,9 @@
 //! The tower layers as a service sees them: rate limiting over HTTP (per
 //! route, outbound), concurrency limiting, load shedding (by tier and by
-//! utilization), and the lease guard that holds a slot until a response's
-//! body ends; all on the memory store, but for the response-cost scenarios
-//! (`after`), which run on both stores, Redis on a private redis-server.
+//! utilization), shadow mode on each, and the lease guard that holds a
+//! slot until a response's body ends; on the memory store, and for some
+//! scenarios (response cost, leases, shadow mode) on both stores, Redis on
+//! a private redis-server.
 #[path = "../common/mod.rs"]
 mod common;
 /// The app behind the response-cost tests (after).
@@ -18,6 +19,7 @@ mod lease_guard;
 mod live;
 mod outbound;
 mod per_route;
+mod shadow;
 mod shedding;
 mod throttle;
 mod upstream_headers;
