@@ -90,6 +90,8 @@ function render(event) {
       rate(r.allowed ?? 0, d.allowed, "total-" + id + "-allowed"),
       rate(r.denied ?? 0, d.denied, "total-" + id + "-denied"),
       rate(r.shed ?? 0, d.shed, "total-" + id + "-shed"),
+      // Shadow mode (any layer): what it would have refused, let through.
+      rate(r.shadow_denied ?? 0, d.shadow_denied, "total-" + id + "-shadow_denied"),
       rate(r.fail_open ?? 0, d.fail_open, "total-" + id + "-fail_open"),
       rate(r.fail_closed ?? 0, d.fail_closed, "total-" + id + "-fail_closed"),
       rate(((r.fallback_allowed ?? 0) + (r.fallback_denied ?? 0)).toFixed(2) * 1,
