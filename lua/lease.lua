@@ -2,7 +2,7 @@
 -- id, score = expiry in microseconds. Follows the rules in
 -- src/store/lease.rs, as the memory store does (src/store/memory/lease.rs);
 -- keep them in step. Runs after lua/prelude.lua, whose clock acquire and
--- renew read (release only when it leaves a tombstone).
+-- renew read (release only for an undo, below).
 --
 -- A release can reach Redis before the acquire it undoes: a caller that
 -- gives up on an acquire (or sees it fail) releases its lease at once, and
@@ -119,7 +119,7 @@ end
 -- Gives a lease back. Releasing a lease that is not held (released
 -- already, expired, never acquired) changes nothing, but for an undo's
 -- tombstone (see the top of this file). An emptied set disappears with
--- its last member. A release that frees a slot of a set some refused
+-- its last member; a set left with tombstones only expires by itself. A release that frees a slot of a set some refused
 -- caller waits for (its marker, KEYS[2], exists) is
 -- announced: `PUBLISH <ARGV[2]> <KEYS[1]>`, which every instance's
 -- subscriber hears (on a Redis Cluster, through any node). The
@@ -146,14 +146,22 @@ local function give_back(key, marker, id, channel)
 end
 
 -- Leaves the tombstone of lease `id`, not held, for `life_ms`. Best
--- effort, and the script's first write when it runs alone: a master past
--- maxmemory refuses it, and the release is done and answered all the
--- same.
+-- effort against memory, and the script's first write when it runs alone:
+-- a master past maxmemory refuses it, and the release is done and
+-- answered all the same.
 local function bury(key, id, now, slack_ms, life_ms)
-  local life = tonumber(life_ms)
+  -- With the caller's clock, another instance's may run ahead of it by up
+  -- to slack_ms: the tombstone lasts that much longer, so that such an
+  -- instance's acquire does not trim it early.
+  local life = tonumber(life_ms) + slack_ms
   local added = redis.pcall('ZADD', key, string.format('%d', -(now + life * 1000)), id)
+  if type(added) == 'table' and added.err and string.sub(added.err, 1, 4) ~= 'OOM ' then
+    -- Not for want of memory (READONLY on a demoted master, a set of
+    -- another type): the server's or the call's, as for any write.
+    error(added)
+  end
   if added == 1 then
-    local key_ms = life + slack_ms
+    local key_ms = life
     if redis.call('PTTL', key) < key_ms then
       redis.call('PEXPIRE', key, key_ms)
     end
@@ -195,14 +203,16 @@ end
 --                (ARGV[1] and ARGV[4] of release)
 --
 -- Returns one reply per operation: acquire's list or release's number;
--- or, for an operation whose set holds another type, the text of that
+-- or, for an operation whose set holds another type or whose first write
+-- a master past maxmemory refused (it wrote nothing), the text of that
 -- error (a string, not an error reply: one error inside the list would
--- fail the whole reply in clients). Any other error (READONLY, OOM) is
--- the server's and fails the script, as it would a script of one call.
--- As there, an acquire's ZADD or marker is the script's first write
--- unless an operation before it wrote; the first write Redis refuses for
--- want of memory fails them all, a write already made lets the later ones
--- through (a tombstone too).
+-- fail the whole reply in clients), so that the releases beside it still
+-- land (a release only deletes, which such a master takes). Any other
+-- error (READONLY, NOREPLICAS) is the server's and fails the script, as
+-- it would a script of one call, so that the store sees it and acts. A
+-- write already made lets later ones through past maxmemory, as in any
+-- script: an acquire behind a release may then be granted where alone
+-- it would have been refused.
 local function batch(keys, argv, now, slack_ms)
   local replies, channel, a = {}, argv[2], 3
   for c = 1, #keys / 2 do
@@ -223,7 +233,9 @@ local function batch(keys, argv, now, slack_ms)
     end
     if not ok then
       local text = type(reply) == 'table' and reply.err or tostring(reply)
-      if not string.find(text, 'WRONGTYPE', 1, true) then error(reply) end
+      if not (string.find(text, 'WRONGTYPE', 1, true) or string.sub(text, 1, 4) == 'OOM ') then
+        error(reply)
+      end
       reply = text
     end
     replies[c] = reply

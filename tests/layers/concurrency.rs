@@ -419,7 +419,11 @@ async fn no_lease_is_lost_on_redis() {
             .query_async(&mut conn)
             .await
             .unwrap();
-        assert!(ttl > 0 && ttl <= 60_000, "{key} expires in {ttl} ms");
+        // -2: it expired since it was listed.
+        assert!(
+            ttl == -2 || (ttl > 0 && ttl <= 120_000),
+            "{key} expires in {ttl} ms"
+        );
     }
 }
 

@@ -309,3 +309,56 @@ async fn a_reset_forgets_an_owed_charge() {
     limiter.reset(&k).await.unwrap();
     assert_eq!(call(&svc, "/complete?tokens=400", "k").await.status(), 200);
 }
+
+/// On a master past `maxmemory`, an acquire queued in a batch before a
+/// release fails alone: the release behind it (a delete, which such a
+/// master takes) still lands, as it would sent by itself, and frees its
+/// slot at once rather than after the lease's TTL.
+#[tokio::test]
+async fn a_release_batched_behind_a_refused_acquire_still_lands() {
+    use std::future::Future;
+    use std::task::{Context, Waker};
+
+    let server = RedisServer::start();
+    let store = fleetgate::RedisStore::builder(server.url())
+        .timeout(Duration::from_secs(5))
+        .max_in_flight(1)
+        .connect()
+        .await
+        .unwrap();
+    let leases = ConcurrencyLimiter::new(
+        ConcurrencyPolicy::builder("slots", 5)
+            .lease_ttl(Duration::from_secs(120))
+            .no_renewal()
+            .build()
+            .unwrap(),
+        store,
+    );
+    // Both lease scripts loaded (alone and batched), and one lease held.
+    let mut warm: Vec<_> = (0..3)
+        .map(|_| Box::pin(leases.acquire(&Key::new("held"))))
+        .collect();
+    let mut held = Vec::new();
+    for acquire in &mut warm {
+        held.push(acquire.as_mut().await);
+    }
+    let guard = held.pop().unwrap().unwrap();
+    drop(held);
+    leases.releases_settled().await;
+    assert_eq!(server.leases_held().await, 1);
+
+    refuse_writes(&server, Refusal::OutOfMemory).await;
+    // The first goes alone; the second queues, and the release behind it.
+    let mut cx = Context::from_waker(Waker::noop());
+    let mut alone = Box::pin(leases.acquire(&Key::new("a")));
+    let mut queued = Box::pin(leases.acquire(&Key::new("b")));
+    assert!(alone.as_mut().poll(&mut cx).is_pending());
+    assert!(queued.as_mut().poll(&mut cx).is_pending());
+    drop(guard);
+    assert!(alone.await.is_err());
+    assert!(queued.await.is_err());
+    tokio::time::timeout(Duration::from_secs(20), leases.releases_settled())
+        .await
+        .expect("the release settles");
+    assert_eq!(server.leases_held().await, 0, "the release was lost");
+}

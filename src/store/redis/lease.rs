@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use redis::Value;
 
-use super::batch::{Entry, Job, LeaseJob};
+use super::batch::{self, Entry, Job, LeaseJob};
 use super::{Failure, LuaScript, RedisStore, TimeSource};
 use crate::error::StoreError;
 use crate::key::Key;
@@ -71,6 +71,15 @@ impl RedisStore {
                 Entry::Send(permit) => Some(permit),
                 Entry::Wait(answer) => {
                     return match self.queued(answer).await {
+                        // The text of an error that failed this call alone
+                        // (see `batch` in lua/lease.lua): as if sent alone.
+                        Ok(batch::Answer {
+                            reply: Value::BulkString(text),
+                            ..
+                        }) => Err(Failure {
+                            error: StoreError::Redis(String::from_utf8_lossy(&text).into_owned()),
+                            transient: false,
+                        }),
                         Ok(answer) => Ok(answer.reply),
                         Err(failure) => Err(Failure {
                             error: failure.error,
@@ -376,9 +385,11 @@ mod tests {
                 .await
                 .unwrap()
         };
+        // With the caller's clock a tombstone lasts the scripts' slack
+        // longer.
         let past_tombstones = || {
             let life = u64::try_from(store.tombstone_ms()).unwrap();
-            clock.advance(Duration::from_millis(life + 1));
+            clock.advance(CLIENT_CLOCK_SLACK + Duration::from_millis(life + 1));
         };
         let acquired = async |id| {
             let grant = store.run_lease_acquire(call(id)).await.unwrap();
