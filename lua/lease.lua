@@ -119,9 +119,9 @@ end
 -- Gives a lease back. Releasing a lease that is not held (released
 -- already, expired, never acquired) changes nothing, but for an undo's
 -- tombstone (see the top of this file). An emptied set disappears with
--- its last member; a set left with tombstones only expires by itself. A release that frees a slot of a set some refused
--- caller waits for (its marker, KEYS[2], exists) is
--- announced: `PUBLISH <ARGV[2]> <KEYS[1]>`, which every instance's
+-- its last member; a set left with tombstones only expires by itself. A
+-- release that frees a slot of a set some refused caller waits for (its
+-- marker, KEYS[2], exists) is announced: `PUBLISH <ARGV[2]> <KEYS[1]>`, which every instance's
 -- subscriber hears (on a Redis Cluster, through any node). The
 -- announcement is best effort: a PUBLISH the server refuses (an ACL user
 -- without the channel) leaves the release as it is, done and answered.

@@ -40,7 +40,7 @@ use std::future::Future;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll, Waker};
 
-use redis::{Cmd, Value};
+use redis::Value;
 use tokio::sync::oneshot;
 
 use super::{Failure, RedisStore, split_replies};
@@ -101,14 +101,10 @@ pub(super) enum LeaseJob {
         id: String,
         wait_ms: String,
     },
-    /// `release`'s: the set, the lease id and, for an undo, how long its
-    /// tombstone lasts in milliseconds ("" for the release of a granted
-    /// lease).
-    Release {
-        set: String,
-        id: String,
-        tombstone_ms: String,
-    },
+    /// `release`'s: the set, the lease id, and whether it is an undo
+    /// ([`LeaseCall::undo`](crate::store::LeaseCall)), which leaves a
+    /// tombstone if it finds no lease.
+    Release { set: String, id: String, undo: bool },
 }
 
 impl LeaseJob {
@@ -343,7 +339,7 @@ async fn send(store: RedisStore, batch: Vec<Queued>) {
                 Job::Lease(job) => Some(job),
                 Job::Check { .. } => None,
             });
-            (&store.inner.scripts.leases, store.lease_call(leases), None)
+            (&store.inner.scripts.leases, store.lease_batch(leases), None)
         }
     };
     let replies = store.try_exchange(script, cmd).await.and_then(|reply| {
@@ -363,13 +359,9 @@ async fn send(store: RedisStore, batch: Vec<Queued>) {
             }
         }
         Err(failure) => {
+            // Each caller still waiting counts the failure as its own; one
+            // that gave up first has counted its timeout.
             for call in batch {
-                // One failure per check still waiting: a caller that gave
-                // up first has counted its own timeout. A lease's caller
-                // counts its own.
-                if !call.answer.is_closed() && matches!(kind, Kind::Check(_)) {
-                    script.metrics.failed(&failure.error);
-                }
                 let _ = call.answer.send(Err(failure.clone()));
             }
         }
@@ -381,39 +373,5 @@ fn split_lease_replies(reply: Value, count: usize) -> Result<Vec<Value>, StoreEr
     match reply {
         Value::Array(items) if items.len() == count => Ok(items),
         other => Err(StoreError::UnexpectedReply(format!("{other:?}"))),
-    }
-}
-
-impl RedisStore {
-    /// One call of `lua/lease.lua`'s batch running `jobs` in order.
-    pub(super) fn lease_call<'a>(&self, jobs: impl Iterator<Item = &'a LeaseJob> + Clone) -> Cmd {
-        let (mut keys, mut args) = (0, 2);
-        for job in jobs.clone() {
-            keys += 2;
-            args += match job {
-                LeaseJob::Acquire { .. } => 5,
-                LeaseJob::Release { .. } => 3,
-            };
-        }
-        let mut cmd = self.inner.scripts.leases.call(keys, args);
-        for job in jobs.clone() {
-            cmd.arg(job.set()).arg(Self::lease_marker(job.set()));
-        }
-        cmd.arg(self.now_arg()).arg(self.inner.hub.channel());
-        for job in jobs {
-            match job {
-                LeaseJob::Acquire {
-                    capacity,
-                    ttl_us,
-                    id,
-                    wait_ms,
-                    ..
-                } => cmd.arg("a").arg(capacity).arg(ttl_us).arg(id).arg(wait_ms),
-                LeaseJob::Release {
-                    id, tombstone_ms, ..
-                } => cmd.arg("r").arg(id).arg(tombstone_ms),
-            };
-        }
-        cmd
     }
 }

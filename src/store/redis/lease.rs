@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use redis::Value;
 
-use super::batch::{self, Entry, Job, LeaseJob};
-use super::{Failure, LuaScript, RedisStore, TimeSource};
+use super::batch::{Entry, Job, LeaseJob};
+use super::{Failure, RedisStore, TimeSource};
 use crate::error::StoreError;
 use crate::key::Key;
 use crate::store::{LeaseCall, LeaseGrant, StoreFuture};
@@ -52,83 +52,102 @@ impl RedisStore {
         };
         let store = self.clone();
         StoreFuture::pending(async move {
-            let script = &store.inner.scripts.lease_acquire;
-            let reply = store.lease_reply(script, job).await;
+            let reply = store.lease_reply(job).await;
             reply
                 .map_err(|failure| failure.error)
                 .and_then(|reply| decode_grant(&reply))
-                .inspect_err(|error| script.metrics.failed(error))
+                .inspect_err(|error| store.inner.scripts.lease_acquire.metrics.failed(error))
         })
     }
 
-    /// A lease operation's reply: sent alone, by `script`, when the
+    /// A lease operation's reply: sent alone, by its own script, when the
     /// connection has a free script slot, else in the next batch of lease
     /// operations (see [`batch`](super::batch)). A failure is left for the
     /// caller to count.
-    async fn lease_reply(&self, script: &LuaScript, job: LeaseJob) -> Result<Value, Failure> {
+    async fn lease_reply(&self, job: LeaseJob) -> Result<Value, Failure> {
         let permit = match &self.inner.batcher {
             Some(batcher) => match batcher.enter(self, || Job::Lease(job.clone())) {
                 Entry::Send(permit) => Some(permit),
                 Entry::Wait(answer) => {
-                    return match self.queued(answer).await {
+                    return match self.queued(answer).await?.reply {
                         // The text of an error that failed this call alone
                         // (see `batch` in lua/lease.lua): as if sent alone.
-                        Ok(batch::Answer {
-                            reply: Value::BulkString(text),
-                            ..
-                        }) => Err(Failure {
+                        Value::BulkString(text) => Err(Failure {
                             error: StoreError::Redis(String::from_utf8_lossy(&text).into_owned()),
                             transient: false,
                         }),
-                        Ok(answer) => Ok(answer.reply),
-                        Err(failure) => Err(Failure {
-                            error: failure.error,
-                            transient: failure.transient,
-                        }),
+                        reply => Ok(reply),
                     };
                 }
             },
             None => None,
         };
-        let (set, marker) = (job.set(), Self::lease_marker(job.set()));
-        let call = match &job {
+        let script = match job {
+            LeaseJob::Acquire { .. } => &self.inner.scripts.lease_acquire,
+            LeaseJob::Release { .. } => &self.inner.scripts.lease_release,
+        };
+        let mut call = script.call(2, 5);
+        call.arg(job.set()).arg(Self::lease_marker(job.set()));
+        match &job {
             LeaseJob::Acquire {
                 capacity,
                 ttl_us,
                 id,
                 wait_ms,
                 ..
-            } => script.command(
-                &[set.to_owned(), marker],
-                &[
-                    self.now_arg(),
-                    capacity.to_string(),
-                    ttl_us.to_string(),
-                    id.clone(),
-                    wait_ms.clone(),
-                ],
-            ),
-            LeaseJob::Release {
-                id, tombstone_ms, ..
-            } if tombstone_ms.is_empty() => script.command(
-                &[set, marker.as_str()],
-                &[id.as_str(), self.inner.hub.channel()],
-            ),
-            LeaseJob::Release {
-                id, tombstone_ms, ..
-            } => script.command(
-                &[set.to_owned(), marker],
-                &[
-                    id.clone(),
-                    self.inner.hub.channel().to_owned(),
-                    self.now_arg(),
-                    tombstone_ms.clone(),
-                ],
-            ),
+            } => call
+                .arg(self.now_arg())
+                .arg(capacity)
+                .arg(ttl_us)
+                .arg(id)
+                .arg(wait_ms),
+            LeaseJob::Release { id, undo, .. } => {
+                call.arg(id).arg(self.inner.hub.channel());
+                if *undo {
+                    call.arg(self.now_arg()).arg(self.tombstone_ms());
+                }
+                &mut call
+            }
         };
         let reply = self.try_exchange(script, call).await;
         drop(permit);
         reply
+    }
+
+    /// One call of `lua/lease.lua`'s batch running `jobs` in order.
+    pub(super) fn lease_batch<'a>(
+        &self,
+        jobs: impl Iterator<Item = &'a LeaseJob> + Clone,
+    ) -> redis::Cmd {
+        let (mut keys, mut args) = (0, 2);
+        for job in jobs.clone() {
+            keys += 2;
+            args += match job {
+                LeaseJob::Acquire { .. } => 5,
+                LeaseJob::Release { .. } => 3,
+            };
+        }
+        let mut cmd = self.inner.scripts.leases.call(keys, args);
+        for job in jobs.clone() {
+            cmd.arg(job.set()).arg(Self::lease_marker(job.set()));
+        }
+        cmd.arg(self.now_arg()).arg(self.inner.hub.channel());
+        for job in jobs {
+            match job {
+                LeaseJob::Acquire {
+                    capacity,
+                    ttl_us,
+                    id,
+                    wait_ms,
+                    ..
+                } => cmd.arg("a").arg(capacity).arg(ttl_us).arg(id).arg(wait_ms),
+                LeaseJob::Release { id, undo, .. } if *undo => {
+                    cmd.arg("r").arg(id).arg(self.tombstone_ms())
+                }
+                LeaseJob::Release { id, .. } => cmd.arg("r").arg(id).arg(""),
+            };
+        }
+        cmd
     }
 
     /// One attempt, and if that fails on the way (a reset connection, a
@@ -205,15 +224,9 @@ impl RedisStore {
         let job = LeaseJob::Release {
             set: key.to_owned(),
             id: id.to_owned(),
-            tombstone_ms: if undo {
-                self.tombstone_ms().to_string()
-            } else {
-                String::new()
-            },
+            undo,
         };
-        let reply = self
-            .lease_reply(&self.inner.scripts.lease_release, job)
-            .await?;
+        let reply = self.lease_reply(job).await?;
         decode_flag(&reply).map_err(|error| Failure {
             error,
             transient: false,

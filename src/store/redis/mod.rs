@@ -403,11 +403,7 @@ impl RedisStore {
                     batch::Entry::Send(permit) => Some(permit),
                     batch::Entry::Wait(answer) => {
                         let answer = self.queued(answer).await.map_err(|failure| {
-                            // Failures of the batch's script are counted
-                            // where it ran.
-                            if failure.own {
-                                script.metrics.failed(&failure.error);
-                            }
+                            script.metrics.failed(&failure.error);
                             failure.error
                         })?;
                         return Ok((answer.reply, answer.sent_at));
@@ -424,28 +420,20 @@ impl RedisStore {
     }
 
     /// A queued call's answer, within the store's timeout counted from the
-    /// moment it was queued.
+    /// moment it was queued. A failure is left for the caller to count.
     async fn queued(
         &self,
         answer: tokio::sync::oneshot::Receiver<Result<batch::Answer, Failure>>,
-    ) -> Result<batch::Answer, QueuedFailure> {
+    ) -> Result<batch::Answer, Failure> {
         let timeout = self.inner.timeout;
         let error = match tokio::time::timeout(timeout, answer).await {
-            Ok(Ok(Ok(answer))) => return Ok(answer),
-            Ok(Ok(Err(failure))) => {
-                return Err(QueuedFailure {
-                    error: failure.error,
-                    transient: failure.transient,
-                    own: false,
-                });
-            }
+            Ok(Ok(answer)) => return answer,
             Ok(Err(_)) => StoreError::Redis("the batch carrying this call was dropped".into()),
             Err(_) => StoreError::Timeout(timeout),
         };
-        Err(QueuedFailure {
+        Err(Failure {
             error,
             transient: true,
-            own: true,
         })
     }
 
@@ -644,15 +632,6 @@ impl RedisStore {
         script.metrics.timed(started.elapsed());
         result
     }
-}
-
-/// A queued call that failed: as [`Failure`], and whether the failure is
-/// the call's own (it timed out, or its batch was dropped) rather than its
-/// batch's script's, which checks count where the batch ran.
-struct QueuedFailure {
-    error: StoreError,
-    transient: bool,
-    own: bool,
 }
 
 /// A failed call, and whether the same call sent again may succeed.
