@@ -46,29 +46,42 @@ end
 -- ARGV[2]        number of limit sets (a batch's distinct policies, each
 --                sent once however many of its calls travel together)
 -- then, for each limit set:
---   n            number of limits
+--   n            number of limits, negated for a set with a penalty box
 --   n pairs      emission interval T and tolerance (burst * T) of each
 --                limit, in microseconds
+--   n blocks     (a set with a penalty box only) each limit's block in
+--                microseconds, 0 for none (see blocked and block in the
+--                prelude)
 -- then, for each call in order, to the end of ARGV:
 --   set          its limit set (1-based), negated for a shared call
 --   cost         never above the smallest burst: checked by the caller
 --   max wait     in microseconds (0 outside reserve mode)
--- KEYS           each call's n TAT keys in order (one call's keys share
---                one hash tag)
+-- KEYS           each call's n TAT keys in order, then, for a set with a
+--                penalty box, its box's key (one call's keys share one
+--                hash tag)
 --
 -- Returns five values per call, one list for all of them (a list per call
--- costs Redis a table each): allowed (1/0), the deciding limit (1-based),
--- remaining, reset_us, and retry_after_us when denied / wait_us when
--- allowed; or, for a call that failed alone, the text of its error (a
--- string, not an error reply: one error inside the list would fail the
--- whole reply in clients) and four zeros.
+-- costs Redis a table each): allowed (1/0, or 2 for a refusal by the
+-- penalty box), the deciding limit (1-based), remaining, reset_us, and
+-- retry_after_us when denied / wait_us when allowed; or, for a call that
+-- failed alone, the text of its error (a string, not an error reply: one
+-- error inside the list would fail the whole reply in clients) and four
+-- zeros. A blocked call reads none of its TATs; a refusal by a limit with
+-- a block, a peek's too, stores the box.
 local function decide_all(keys, argv, now, slack_ms, store)
   local sets, a = {}, 3
   for i = 1, tonumber(argv[2]) do
-    local set = {}
-    for j = 1, 2 * tonumber(argv[a]) do set[j] = tonumber(argv[a + j]) end
+    local set, n = {}, tonumber(argv[a])
+    local has_box = n < 0
+    if has_box then n = -n end
+    for j = 1, 2 * n do set[j] = tonumber(argv[a + j]) end
+    a = a + 1 + 2 * n
+    if has_box then
+      local blocks = {}
+      for j = 1, n do blocks[j] = tonumber(argv[a + j - 1]) end
+      set.blocks, a = blocks, a + n
+    end
     sets[i] = set
-    a = a + 1 + #set
   end
   local tats, stored, known, first, dirty = {}, {}, {}, {}, {}
   local replies, k, r = {}, 0, 0
@@ -78,8 +91,19 @@ local function decide_all(keys, argv, now, slack_ms, store)
     local set = sets[shared and -index or index]
     local n = #set / 2
     local worst, worst_delay, tight, tight_remaining, wait = 0, -1, 1, -1, 0
-    local failed
-    for i = 1, n do
+    local failed, held, held_limit
+    local blocks = set.blocks
+    local box = blocks and keys[k + n + 1]
+    if box then
+      local ok, until_us, limit = pcall(blocked, box, now)
+      if not ok then
+        failed = type(until_us) == 'table' and until_us.err or tostring(until_us)
+      end
+      held, held_limit = ok and until_us, limit
+    end
+    local reads = n
+    if failed or held then reads = 0 end
+    for i = 1, reads do
       local emission = set[2 * i - 1]
       local key = keys[k + i]
       local tat = shared and known[key]
@@ -115,6 +139,13 @@ local function decide_all(keys, argv, now, slack_ms, store)
     if failed then
       replies[r + 1], replies[r + 2], replies[r + 3], replies[r + 4], replies[r + 5] =
         failed, 0, 0, 0, 0
+    elseif held then
+      replies[r + 1], replies[r + 2], replies[r + 3], replies[r + 4], replies[r + 5] =
+        2, held_limit, 0, held - now, held - now
+    elseif worst > 0 and blocks and blocks[worst] > 0 then
+      local until_us = block(box, worst, blocks[worst], worst_delay, now, slack_ms)
+      replies[r + 1], replies[r + 2], replies[r + 3], replies[r + 4], replies[r + 5] =
+        2, worst, 0, until_us - now, until_us - now
     elseif worst > 0 then
       -- Whole calls of cost 1 that would pass now.
       local tat = tats[worst]
@@ -138,6 +169,7 @@ local function decide_all(keys, argv, now, slack_ms, store)
         1, tight, tight_remaining, reset, wait
     end
     k = k + n
+    if box then k = k + 1 end
     r = r + 5
   end
   if store then

@@ -90,6 +90,28 @@ local function put(key, value, until_us, kept_us, now, slack_ms)
   redis.call('SET', key, value, 'PX', ttl_ms + slack_ms)
 end
 
+-- The penalty box (src/algorithm/block.rs): one key per identity and
+-- policy, holding the block's end in microseconds, a multiple of 16, plus
+-- the index (0-based) of the limit that started it; it expires at the
+-- end. `blocked` answers the block the box at `key` holds now: its end
+-- and limit (1-based), or nil. A key of another type is an error, as for
+-- the algorithm's own keys.
+local function blocked(key, now)
+  local value = tonumber(redis.call('GET', key) or 0) or 0
+  local slot = value % 16
+  local until_us = value - slot
+  if until_us > now then return until_us, slot + 1 end
+end
+
+-- block::start: after a refusal by limit i (1-based) whose block is
+-- `block_us` and whose own retry is `retry_us`, stores the box and
+-- returns the block's end: now + max(block, retry), rounded up to 16.
+local function block(key, i, block_us, retry_us, now, slack_ms)
+  local until_us = math.ceil((now + math.max(block_us, retry_us)) / 16) * 16
+  put(key, string.format('%d', until_us + i - 1), until_us, nil, now, slack_ms)
+  return until_us
+end
+
 -- What the window algorithms (sliding_log.lua, sliding_window.lua,
 -- fixed_window.lua, calendar.lua) share: their check, peek and charge,
 -- made from an algorithm's own parts, and the counter algorithms' refund
@@ -194,35 +216,67 @@ local function combine(alg, keys, argv, n, now, w, standing)
   return out, allowed == 1
 end
 
--- check of one call: what peek answers, then the call stored if every
--- window admits it.
-local function check_one(alg, keys, argv, n, now, slack_ms, w)
+-- A refusal by the penalty box, as a window call's reply (see combine):
+-- nothing remains of any window until the block's end, `left` from now.
+local function boxed(n, i, left)
+  if n == 1 then return {2, i, 0, left, left, left} end
+  local out = {2, i, 0, left, left}
+  for j = 1, n do
+    out[#out + 1] = 0
+    out[#out + 1] = left
+  end
+  out[#out + 1] = left
+  return out
+end
+
+-- check of one call: what peek answers, then (with `store`) the call
+-- stored if every window admits it. With a penalty box (its key `box`,
+-- each window's block in `blocks`), a blocked call is refused without
+-- reading its windows, and a refusal by a window with a block stores the
+-- box, a peek's too (see block in src/algorithm/block.rs).
+local function check_one(alg, keys, argv, n, now, slack_ms, w, store, box, blocks)
+  if box then
+    local until_us, limit = blocked(box, now)
+    if until_us then return boxed(n, limit, until_us - now) end
+  end
   local cost = tonumber(argv[2])
   local err = alg.read(keys, argv, n, now, w) or alg.verdicts(keys, argv, n, now, cost, w)
   if err then return err end
   local out, admitted = combine(alg, keys, argv, n, now, w, false)
-  if admitted then alg.store(keys, argv, n, now, slack_ms, cost, w) end
+  if admitted then
+    if store then alg.store(keys, argv, n, now, slack_ms, cost, w) end
+  elseif box and blocks[out[2]] > 0 then
+    local until_us = block(box, out[2], blocks[out[2]], out[5], now, slack_ms)
+    return boxed(n, out[2], until_us - now)
+  end
   return out
 end
 
 -- The check: one or more calls decided in order (calls queued behind a
 -- busy connection travel together; see src/store/redis/batch.rs), each
 -- as a script of its own would decide it, as if they had reached Redis
--- back to back at one instant.
+-- back to back at one instant. With `store` false, the peek: what a
+-- check would answer, storing nothing but a penalty box's block (a
+-- denied check stores nothing else either, so a peek's denial is exactly
+-- the check's); the store sends one call a peek.
 --
 -- ARGV[1]        now in microseconds, or "" to read the server clock
 -- ARGV[2]        number of calls
 -- then, for each call in order:
---   keys         how many keys the call has
+--   keys         how many keys the call has, negated for a call with a
+--                penalty box: then its last key is the box's
 --   arguments    how many arguments it has, then those arguments: a
---                window call's ARGV, less its first (now)
+--                window call's ARGV, less its first (now), then, with a
+--                penalty box, each window's block in microseconds (0 for
+--                none)
 -- KEYS           each call's keys in order (one call's keys share one
 --                hash tag)
 --
 -- Returns one reply (a list) per call, or the text of the error that
 -- failed it (a string, not an error reply: one error inside the list
--- would fail the whole reply in clients).
-local function window_check(alg, keys, argv, now, slack_ms)
+-- would fail the whole reply in clients). A refusal by the penalty box
+-- says 2 where a reply says allowed.
+local function window_decide(alg, keys, argv, now, slack_ms, store)
   local w, replies = alg.lists(), {}
   local k, a = 0, 3
   -- Each call's own KEYS and ARGV, "now" first as a window call has it,
@@ -231,10 +285,19 @@ local function window_check(alg, keys, argv, now, slack_ms)
   local call_keys, call_argv = {}, {argv[1]}
   for c = 1, tonumber(argv[2]) do
     local nk, na = tonumber(argv[a]), tonumber(argv[a + 1])
-    for i = 1, nk do call_keys[i] = keys[k + i] end
-    for i = 1, na do call_argv[i + 1] = argv[a + 1 + i] end
+    local box, blocks
     local n = (na - 1) / 2
-    local ok, reply = pcall(check_one, alg, call_keys, call_argv, n, now, slack_ms, w)
+    if nk < 0 then
+      nk = -nk
+      box = keys[k + nk]
+      n = (na - 1) / 3
+      blocks = {}
+      for i = 1, n do blocks[i] = tonumber(argv[a + 2 + 2 * n + i]) end
+    end
+    for i = 1, nk do call_keys[i] = keys[k + i] end
+    for i = 1, 1 + 2 * n do call_argv[i + 1] = argv[a + 1 + i] end
+    local ok, reply = pcall(check_one, alg, call_keys, call_argv, n, now, slack_ms, w, store,
+      box, blocks)
     if not ok then
       -- A key of another type fails its call alone; what the call wrote
       -- before failing stays, as for a script of its own. Any other
@@ -258,14 +321,12 @@ local function window_check(alg, keys, argv, now, slack_ms)
   return replies
 end
 
--- peek: what a check of one call would answer, storing nothing. A denied
--- check stores nothing either, so a peek's denial is exactly the check's.
-local function window_peek(alg, keys, argv, now)
-  local n, w = (#argv - 2) / 2, alg.lists()
-  local err = alg.read(keys, argv, n, now, w)
-    or alg.verdicts(keys, argv, n, now, tonumber(argv[2]), w)
-  if err then return err end
-  return (combine(alg, keys, argv, n, now, w, false))
+local function window_check(alg, keys, argv, now, slack_ms)
+  return window_decide(alg, keys, argv, now, slack_ms, true)
+end
+
+local function window_peek(alg, keys, argv, now, slack_ms)
+  return window_decide(alg, keys, argv, now, slack_ms, false)
 end
 
 -- charge: takes cost from every window whatever it holds, past its count

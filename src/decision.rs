@@ -25,12 +25,22 @@ pub struct Decision {
     /// `(remaining, reset)` of every limit, by position, when the store
     /// reported them all (window algorithms, policies of several limits).
     pub(crate) each: Option<Arc<[(u64, Duration)]>>,
+    /// Refused by a penalty box ([`LimitBuilder::block_for`](crate::LimitBuilder::block_for)).
+    pub(crate) blocked: bool,
 }
 
 impl Decision {
     /// Whether the call may pass.
     pub fn is_allowed(&self) -> bool {
         self.allowed
+    }
+
+    /// Whether the call was refused by a penalty box
+    /// ([`LimitBuilder::block_for`](crate::LimitBuilder::block_for)): the
+    /// identity is refused until [`retry_after`](Self::retry_after), by the
+    /// limit [`limit_index`](Self::limit_index) names, whatever its calls.
+    pub fn is_blocked(&self) -> bool {
+        self.blocked
     }
 
     /// Index (into [`Policy::limits`](crate::Policy::limits)) of the limit
@@ -98,6 +108,7 @@ impl Decision {
             retry_us: None,
             wait_us: 0,
             each: None,
+            blocked: false,
         }
     }
 }

@@ -47,6 +47,13 @@ pub enum ConfigError {
         /// How long it would take to refill.
         window: Duration,
     },
+    /// A penalty box ([`LimitBuilder::block_for`](crate::LimitBuilder::block_for))
+    /// of zero, or longer than can be represented (about 35 years).
+    #[error("a block of {block:?} is out of range: longer than zero and at most about 35 years")]
+    BlockOutOfRange {
+        /// The offending duration.
+        block: Duration,
+    },
     /// A policy without limits.
     #[error("a policy needs at least one limit")]
     EmptyPolicy,

@@ -58,7 +58,9 @@ use crate::store::{self, Op, Store, StoreFuture, decide};
 /// window counter). The sliding log and fixed window are refused when the
 /// mode is set ([`ConfigError::HotKeysUnsupported`]); a per-identity policy
 /// ([`LivePolicies`](crate::live::LivePolicies)) on one of those is
-/// decided the ordinary way, as is a call whose cost is above the largest
+/// decided the ordinary way, as is a policy with a penalty box
+/// ([`LimitBuilder::block_for`](crate::LimitBuilder::block_for): a lease
+/// refused would start a block), a call whose cost is above the largest
 /// lease and every call in reserve mode.
 ///
 /// **Headers.** A call admitted from a lease reports as remaining the
@@ -308,6 +310,7 @@ impl Entry {
                     .map(|&(remaining, reset)| (remaining.saturating_add(self.held), reset))
                     .collect()
             }),
+            blocked: false,
         }
     }
 
@@ -329,6 +332,7 @@ impl Entry {
                     })
                     .collect()
             }),
+            blocked: false,
         }
     }
 
@@ -388,7 +392,9 @@ impl HotTable {
         cost: u64,
         counted: bool,
     ) -> Option<StoreFuture<Decision>> {
-        if !covers(policy.algorithm()) {
+        // A refused lease must not start a penalty box: such policies are
+        // decided the ordinary way.
+        if !covers(policy.algorithm()) || policy.blocks() {
             return None;
         }
         let cap = self.config.max_lease(policy);

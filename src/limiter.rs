@@ -328,6 +328,7 @@ impl Limiter {
                 retry_us: None,
                 wait_us: 0,
                 each: None,
+                blocked: false,
             }));
         }
         store::decision(&*self.store, policy, key, cost, Op::Charge)

@@ -163,6 +163,7 @@ fn decision() -> impl Strategy<Value = Decision> {
             retry_us: retry,
             wait_us: wait,
             each: None,
+            blocked: false,
         })
 }
 
@@ -197,12 +198,13 @@ proptest! {
             .map(|v| match v { Value::Int(n) => *n, _ => unreachable!() })
             .collect();
         let valid = ints.iter().all(|n| *n >= 0)
-            && ints[0] <= 1
+            && ints[0] <= 2
             && (1..=limits as i64).contains(&ints[1]);
         match decode_gcra(&reply, limits) {
             Ok(d) => {
                 prop_assert!(valid, "{:?} accepted", ints);
                 prop_assert_eq!(d.is_allowed(), ints[0] == 1);
+                prop_assert_eq!(d.is_blocked(), ints[0] == 2);
                 prop_assert_eq!(d.limit_index() as i64, ints[1] - 1);
                 prop_assert_eq!(d.remaining() as i64, ints[2]);
                 prop_assert_eq!(d.reset(), Duration::from_micros(ints[3] as u64));
@@ -403,6 +405,7 @@ proptest! {
                     retry_us: Some(micros),
                     wait_us: 0,
                     each: None,
+                    blocked: false,
                 }),
                 1 => clock.advance(d / 4),
                 _ => {

@@ -142,6 +142,7 @@ pub(crate) fn check<P: AsParams>(
             retry_us: Some(retry),
             wait_us: 0,
             each: None,
+            blocked: false,
         };
         return (decision, None);
     }
@@ -161,6 +162,7 @@ pub(crate) fn check<P: AsParams>(
         retry_us: None,
         wait_us: wait,
         each: None,
+        blocked: false,
     };
     (decision, Some(idle_at))
 }
@@ -265,6 +267,7 @@ pub(crate) fn charge<P: AsParams>(
             retry_us: Some(retry),
             wait_us: 0,
             each: None,
+            blocked: false,
         },
         None => Decision {
             allowed: true,
@@ -274,6 +277,7 @@ pub(crate) fn charge<P: AsParams>(
             retry_us: None,
             wait_us: 0,
             each: None,
+            blocked: false,
         },
     };
     (decision, idle_at)

@@ -7,6 +7,7 @@
 
 use std::fmt;
 
+pub(crate) mod block;
 pub(crate) mod budget;
 pub(crate) mod calendar;
 pub(crate) mod fixed_window;

@@ -104,6 +104,7 @@ pub(super) fn combine(windows: &[Window], verdicts: &[Verdict]) -> Decision {
                 })
                 .collect()
         }),
+        blocked: false,
     }
 }
 

@@ -59,8 +59,16 @@ impl fmt::Display for Rate {
 }
 
 fn fmt_period(period: Duration, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+    match in_unit(period) {
+        (1, unit) => f.write_str(unit),
+        (value, unit) => write!(f, "{value}{unit}"),
+    }
+}
+
+/// A duration in the largest unit that holds it whole: `(90, "s")`.
+fn in_unit(period: Duration) -> (u128, &'static str) {
     let micros = period.as_micros();
-    let (value, unit) = if !period.subsec_nanos().is_multiple_of(1000) {
+    if !period.subsec_nanos().is_multiple_of(1000) {
         (period.as_nanos(), "ns")
     } else if micros.is_multiple_of(86_400_000_000) {
         (micros / 86_400_000_000, "d")
@@ -74,10 +82,16 @@ fn fmt_period(period: Duration, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         (micros / 1_000, "ms")
     } else {
         (micros, "us")
-    };
-    if value == 1 {
-        f.write_str(unit)
-    } else {
+    }
+}
+
+/// A duration as the policy text writes it, in the largest unit that
+/// holds it whole: `1h`, `90s`, `15min`.
+pub(crate) struct DurationText(pub(crate) Duration);
+
+impl fmt::Display for DurationText {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (value, unit) = in_unit(self.0);
         write!(f, "{value}{unit}")
     }
 }

@@ -265,6 +265,7 @@ mod tests {
             retry_us: None,
             wait_us: 0,
             each: (names.len() > 1).then(|| Arc::from(vec![(remaining, reset); names.len()])),
+            blocked: false,
         };
         let mut map = HeaderMap::new();
         headers.write(&mut map, &decision);

@@ -571,6 +571,7 @@ impl StoreOps for MemoryStore {
 
     fn reset(&self, name: &str, key: &Key) -> StoreFuture<()> {
         self.remove(name, key);
+        self.remove(&Policy::penalty_box_name(name), key);
         StoreFuture::ready(Ok(()))
     }
 

@@ -11,6 +11,7 @@ mod allocations;
 mod builder;
 mod conformance;
 mod conformance_adjust;
+mod conformance_block;
 mod conformance_calendar;
 mod conformance_windows;
 mod deny_cache;

@@ -10,15 +10,46 @@
 
 use super::MemoryStore;
 use super::slot::Step;
-use crate::algorithm::gcra;
+use crate::algorithm::{block, gcra};
 use crate::decision::Decision;
-use crate::policy::Limit;
+use crate::policy::{Limit, Policy};
 use crate::store::{Answer, Call, Op, micros};
 
 impl MemoryStore {
     /// Runs `call` on this store's state, at the current time.
     #[inline(always)]
     pub(super) fn run_call(&self, call: &Call<'_>) -> Answer {
+        if let Some(penalty) = call.policy.penalty_box()
+            && matches!(call.op, Op::Check { .. } | Op::Peek)
+        {
+            return self.run_boxed(call, penalty);
+        }
+        self.run_algorithm(call)
+    }
+
+    /// A check or a peek of a policy with a penalty box (see
+    /// `algorithm::block`): refused while the identity's box holds a
+    /// block, else decided, and a refusal by a limit with a block starts
+    /// one. The box is the one state of `penalty` for the key.
+    #[inline(never)]
+    fn run_boxed(&self, call: &Call<'_>, penalty: &Policy) -> Answer {
+        let (value, now) = self.with_tats(penalty, call.key, &ReadBox);
+        if let Some((end, limit)) = block::held(value, now) {
+            return Answer::Decision(block::refusal(call.policy, end, limit, now));
+        }
+        let answer = self.run_algorithm(call);
+        if let Answer::Decision(decision) = &answer
+            && let Some((value, refusal)) = block::start(call.policy, decision, now)
+        {
+            self.with_tats(penalty, call.key, &StartBox(value));
+            return Answer::Decision(refusal);
+        }
+        answer
+    }
+
+    /// Runs `call` with its algorithm alone.
+    #[inline(always)]
+    fn run_algorithm(&self, call: &Call<'_>) -> Answer {
         let Call {
             policy, key, cost, ..
         } = *call;
@@ -139,5 +170,33 @@ impl Step for Defer {
             self.age,
         );
         ((), idle > now)
+    }
+}
+
+/// Reads a penalty box (see `algorithm::block`) and the time it was read
+/// at: never stored.
+struct ReadBox;
+
+impl Step for ReadBox {
+    type Output = (u64, u64);
+
+    fn run(&self, _: &[Limit], tats: &mut [u64], now: u64) -> ((u64, u64), bool) {
+        ((tats.first().copied().unwrap_or(0), now), false)
+    }
+}
+
+/// Starts a block: the box's new value, stored. The sweep counts the
+/// value as the time the entry falls idle, which the block's end is, to
+/// within the limit index it carries.
+struct StartBox(u64);
+
+impl Step for StartBox {
+    type Output = ();
+
+    fn run(&self, _: &[Limit], tats: &mut [u64], _: u64) -> ((), bool) {
+        if let Some(value) = tats.first_mut() {
+            *value = (*value).max(self.0);
+        }
+        ((), true)
     }
 }

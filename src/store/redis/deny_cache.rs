@@ -60,6 +60,13 @@
 //! answer runs ahead of Redis' by the call's one-way latency at most: it
 //! ends that much early, never late.
 //!
+//! A penalty box ([`LimitBuilder::block_for`](crate::LimitBuilder::block_for))
+//! is cached as any denial, until the block's end: only a reset lifts it,
+//! and every instance forgets its cached denials at the poll after a
+//! reset of [`LivePolicies`](crate::live::LivePolicies). Under such a
+//! policy no other refusal is cached (a charge's), so that the refusal
+//! that starts a block reaches the script.
+//!
 //! What is cached is one entry per (policy, identity): the cost that was
 //! denied, when it will pass, and the deciding limit's state (every
 //! window's, for a policy of several windows). Only calls of exactly that
@@ -161,6 +168,8 @@ struct Entry {
     expires: u64,
     limit: usize,
     figures: Figures,
+    /// A refusal by the penalty box.
+    blocked: bool,
 }
 
 /// What a cached denial reports, by algorithm.
@@ -260,6 +269,7 @@ impl DenyCache {
             retry_us: Some(entry.until - now),
             wait_us: 0,
             each,
+            blocked: entry.blocked,
         };
         drop(shard);
         self.hits.fetch_add(1, Ordering::Relaxed);
@@ -292,8 +302,18 @@ impl DenyCache {
         decision: &Decision,
         hold_us: u64,
     ) {
+        // Under a penalty box only blocks are cached: any other refusal
+        // (a charge's figures) must reach the script, which starts the
+        // block.
         let denial = match decision.retry_us {
-            Some(retry) if !decision.allowed && retry > 0 && hold_us > 0 => Some(retry),
+            Some(retry)
+                if !decision.allowed
+                    && retry > 0
+                    && hold_us > 0
+                    && (decision.blocked || !policy.blocks()) =>
+            {
+                Some(retry)
+            }
             _ => None,
         };
         if denial.is_none() && self.held.load(Ordering::Relaxed) == 0 {
@@ -303,7 +323,8 @@ impl DenyCache {
         let before = shard.entries;
         match denial {
             Some(denial) => {
-                let figures = if policy.algorithm().is_window() {
+                // A block's figures count down as a window's do.
+                let figures = if policy.algorithm().is_window() || decision.blocked {
                     Figures::Window {
                         remaining: decision.remaining,
                         reset_at: sent_at.saturating_add(decision.reset_us),
@@ -330,6 +351,7 @@ impl DenyCache {
                     expires: sent_at.saturating_add(hold_us).min(until),
                     limit: decision.limit,
                     figures,
+                    blocked: decision.blocked,
                 };
                 self.insert(&mut shard, key, entry);
             }
@@ -505,6 +527,7 @@ mod tests {
             retry_us: Some(retry),
             wait_us: 0,
             each: None,
+            blocked: false,
         }
     }
 

@@ -368,14 +368,34 @@ impl RedisStore {
     where
         I: Iterator<Item = (&'a Policy, &'a Key, u64, u64)> + Clone,
     {
+        self.decide_call(self.check_script(algorithm), algorithm, calls)
+    }
+
+    /// [`check_call`](Self::check_call) of `script`: the check's, or the
+    /// peek's, whose arguments are those of a check of one call.
+    pub(super) fn decide_call<'a, I>(
+        &self,
+        script: &LuaScript,
+        algorithm: Algorithm,
+        calls: I,
+    ) -> (Cmd, Option<u64>)
+    where
+        I: Iterator<Item = (&'a Policy, &'a Key, u64, u64)> + Clone,
+    {
         if algorithm.is_window() {
             self.window_script(
-                algorithm,
+                script,
                 calls.map(|(policy, key, cost, _)| (policy, key, cost)),
             )
         } else {
-            self.gcra_script(calls)
+            self.gcra_script(script, calls)
         }
+    }
+
+    /// The key of `key`'s penalty box under `policy` (see
+    /// `algorithm::block`): `{key_base}:block`.
+    pub(crate) fn box_key(&self, name: &str, key: &Key) -> String {
+        concat(&[&self.key_base(name, key), ":block"])
     }
 
     /// One check's reply, undecoded, and the instant it was sent: sent
@@ -469,7 +489,7 @@ impl RedisStore {
     /// One script that decides `calls` (policy, identity, cost, longest
     /// wait in µs) in order: alone, or queued ones together. Returns it
     /// with the instant it is sent ([`RedisStore::sent_at`]).
-    fn gcra_script<'a, I>(&self, calls: I) -> (Cmd, Option<u64>)
+    fn gcra_script<'a, I>(&self, script: &LuaScript, calls: I) -> (Cmd, Option<u64>)
     where
         I: Iterator<Item = (&'a Policy, &'a Key, u64, u64)> + Clone,
     {
@@ -480,7 +500,7 @@ impl RedisStore {
         let mut keys = 0;
         for (policy, ..) in calls.clone() {
             let limits = policy.limits();
-            keys += limits.len();
+            keys += limits.len() + usize::from(policy.blocks());
             let set = match sets.iter().position(|s| *s == limits) {
                 Some(set) => set,
                 None => {
@@ -490,17 +510,25 @@ impl RedisStore {
             };
             set_of.push(set + 1);
         }
-        let set_args: usize = sets.iter().map(|s| 1 + 2 * s.len()).sum();
-        let mut cmd = self
-            .check_script(Algorithm::Gcra)
-            .call(keys, 2 + set_args + 3 * set_of.len());
+        let boxed = |limits: &[Limit]| limits.iter().any(|l| l.block_us() > 0);
+        let set_args: usize = sets
+            .iter()
+            .map(|s| 1 + if boxed(s) { 3 } else { 2 } * s.len())
+            .sum();
+        let mut cmd = script.call(keys, 2 + set_args + 3 * set_of.len());
         // Each call's keys, one per limit; a call that shares one with
         // another call of the script is marked (its set negated), so that
         // the script reads and writes such keys once and keeps no table of
         // the others (lua/gcra.lua).
         let names: Vec<Vec<String>> = calls
             .clone()
-            .map(|(policy, key, ..)| self.gcra_keys(policy, key).collect())
+            .map(|(policy, key, ..)| {
+                let mut names: Vec<String> = self.gcra_keys(policy, key).collect();
+                if policy.blocks() {
+                    names.push(self.box_key(policy.name(), key));
+                }
+                names
+            })
             .collect();
         let shared = shared_calls(&names);
         for name in names.into_iter().flatten() {
@@ -512,13 +540,19 @@ impl RedisStore {
             (TimeSource::Client(_), Some(now)) => cmd.arg(now),
             _ => cmd.arg(""),
         };
-        // Each set: its number of limits, then each one's emission interval
-        // and tolerance.
+        // Each set: its number of limits (negated with a penalty box), then
+        // each one's emission interval and tolerance, then each one's block.
         cmd.arg(sets.len());
         for limits in sets {
-            cmd.arg(limits.len());
+            let n = i64::try_from(limits.len()).unwrap_or(i64::MAX);
+            cmd.arg(if boxed(limits) { -n } else { n });
             for limit in limits {
                 cmd.arg(limit.emission_us()).arg(limit.tolerance_us());
+            }
+            if boxed(limits) {
+                for limit in limits {
+                    cmd.arg(limit.block_us());
+                }
             }
         }
         // Each call: its set, cost and longest wait.
@@ -813,9 +847,11 @@ pub(crate) fn decode_decision(
     let [allowed, limit, remaining, reset, delay] = [0, 1, 2, 3, 4].map(|i| int(&items[i]));
     let (allowed, limit, remaining, reset, delay) = (allowed?, limit?, remaining?, reset?, delay?);
     let limit = usize::try_from(limit).map_err(|_| unexpected())?;
-    if !(1..=limits).contains(&limit) || allowed > 1 {
+    // 1 admitted, 0 refused, 2 refused by the penalty box.
+    if !(1..=limits).contains(&limit) || allowed > 2 {
         return Err(unexpected());
     }
+    let blocked = allowed == 2;
     let each = if extra > 0 {
         let pairs = items[5..]
             .chunks_exact(2)
@@ -834,6 +870,7 @@ pub(crate) fn decode_decision(
         retry_us: (!allowed).then_some(delay),
         wait_us: if allowed { delay } else { 0 },
         each,
+        blocked,
     })
 }
 
@@ -972,7 +1009,7 @@ mod tests {
             Value::Okay,
             Value::Array(vec![Value::Int(1)]),
             Value::Array(vec![Value::Int(1); 6]),
-            array(&[2, 1, 0, 0, 0]),
+            array(&[3, 1, 0, 0, 0]),
             array(&[1, 0, 0, 0, 0]),
             array(&[1, 3, 0, 0, 0]),
             array(&[1, 1, -1, 0, 0]),

@@ -10,7 +10,7 @@ use redis::{Cmd, Value};
 use tokio::runtime::Handle;
 
 use super::owed::{Claim, Sending, ran};
-use super::{RedisStore, TimeSource, decode_decision, hash_tag, limit_key, one_reply};
+use super::{LuaScript, RedisStore, TimeSource, decode_decision, hash_tag, limit_key, one_reply};
 use crate::algorithm::Algorithm;
 use crate::decision::Decision;
 use crate::error::StoreError;
@@ -98,21 +98,26 @@ impl RedisStore {
     /// One script of `algorithm` that decides `calls` (policy, identity,
     /// cost) in order: alone, or queued ones together. Returns it with the
     /// instant it is sent ([`RedisStore::sent_at`]).
-    pub(super) fn window_script<'a, I>(&self, algorithm: Algorithm, calls: I) -> (Cmd, Option<u64>)
+    pub(super) fn window_script<'a, I>(&self, script: &LuaScript, calls: I) -> (Cmd, Option<u64>)
     where
         I: Iterator<Item = (&'a Policy, &'a Key, u64)> + Clone,
     {
         let keys: Vec<Vec<String>> = calls
             .clone()
-            .map(|(policy, key, _)| self.window_keys(policy, key))
+            .map(|(policy, key, _)| {
+                let mut names = self.window_keys(policy, key);
+                if policy.blocks() {
+                    names.push(self.box_key(policy.name(), key));
+                }
+                names
+            })
             .collect();
+        let per_limit = |policy: &Policy| if policy.blocks() { 3 } else { 2 };
         let args = 2 + calls
             .clone()
-            .map(|(policy, ..)| 3 + 2 * policy.limits().len())
+            .map(|(policy, ..)| 3 + per_limit(policy) * policy.limits().len())
             .sum::<usize>();
-        let mut cmd = self
-            .check_script(algorithm)
-            .call(keys.iter().map(Vec::len).sum(), args);
+        let mut cmd = script.call(keys.iter().map(Vec::len).sum(), args);
         for names in &keys {
             cmd.arg(names);
         }
@@ -124,15 +129,24 @@ impl RedisStore {
             _ => cmd.arg(""),
         };
         cmd.arg(keys.len());
-        // Each call's keys and arguments counted, then its arguments: cost,
-        // and each window's length and count.
+        // Each call's keys (negated with a penalty box, whose key is the
+        // last) and arguments counted, then its arguments: cost, each
+        // window's length and count, and with a penalty box each one's
+        // block.
         for ((policy, _, cost), names) in calls.zip(&keys) {
             let limits = policy.limits();
-            cmd.arg(names.len()).arg(1 + 2 * limits.len());
+            let n = i64::try_from(names.len()).unwrap_or(i64::MAX);
+            cmd.arg(if policy.blocks() { -n } else { n });
+            cmd.arg(1 + per_limit(policy) * limits.len());
             cmd.arg(cost);
             for limit in limits {
                 let (length, count) = self.window_args(limit);
                 cmd.arg(length).arg(count);
+            }
+            if policy.blocks() {
+                for limit in limits {
+                    cmd.arg(limit.block_us());
+                }
             }
         }
         (cmd, sent_at)
@@ -222,11 +236,10 @@ pub(super) struct AdjustCall<'a> {
     pub(super) cost: u64,
 }
 
-/// Which operation a script runs: the arguments of a GCRA peek are those
-/// of a check of one call (`lua/gcra.lua`).
+/// Which operation a script runs (a peek's arguments are those of a check
+/// of one call: [`RedisStore::decide_call`]).
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Adjust {
-    Peek,
     Charge,
     Refund,
 }
@@ -253,18 +266,10 @@ impl RedisStore {
             let each_limit = limits
                 .iter()
                 .flat_map(|l| [l.emission_us().to_string(), l.tolerance_us().to_string()]);
-            if op == Adjust::Peek {
-                // One set of limits, counted; then one call of it: its
-                // cost, no wait.
-                args.extend(["1".to_owned(), limits.len().to_string()]);
-                args.extend(each_limit);
-                args.extend(["1".to_owned(), call.cost.to_string(), "0".to_owned()]);
-            } else {
-                args.push(call.cost.to_string());
-                args.extend(each_limit);
-                if op == Adjust::Charge {
-                    args.extend(limits.iter().map(|l| l.debt_horizon_us().to_string()));
-                }
+            args.push(call.cost.to_string());
+            args.extend(each_limit);
+            if op == Adjust::Charge {
+                args.extend(limits.iter().map(|l| l.debt_horizon_us().to_string()));
             }
             return (self.gcra_keys(policy, call.key).collect(), args, sent_at);
         }
@@ -314,16 +319,13 @@ impl RedisStore {
                     Err(_) => send.await?,
                 }
             }
-            let call = AdjustCall {
-                policy: &policy,
-                key: &key,
-                cost,
-            };
-            let (keys, args, sent_at) = store.adjust_command(&call, Adjust::Peek);
-            let script = &store.inner.scripts.of(policy.algorithm()).peek;
-            let reply = store.eval(script, &keys, &args).await?;
-            if !policy.algorithm().is_window() {
-                let reply = one_reply(Algorithm::Gcra, reply)?;
+            // A check's arguments, of one call and no wait.
+            let algorithm = policy.algorithm();
+            let script = &store.inner.scripts.of(algorithm).peek;
+            let once = std::iter::once((&policy, &key, cost, 0));
+            let (cmd, sent_at) = store.decide_call(script, algorithm, once);
+            let reply = one_reply(algorithm, store.run(script, cmd).await?)?;
+            if !algorithm.is_window() {
                 return store.decided(&reply, &policy, &key, cost, sent_at);
             }
             let (decision, hold_us) = decode_window(reply, policy.limits().len())?;
@@ -487,7 +489,8 @@ impl RedisStore {
     /// `{base}:{i}`) and their holds, `{base}:sw:{i}`, `{base}:fw:{i}` and
     /// `{base}:cq:{i}` (window counters and calendar quotas) for `i` up to
     /// the most limits a policy may hold, `{base}:log` (sliding log),
-    /// `{base}:lease` (concurrency leases) and its wait marker.
+    /// `{base}:block` (the penalty box), `{base}:lease` (concurrency leases)
+    /// and its wait marker.
     pub(crate) fn reset_keys(&self, name: &str, key: &Key) -> Vec<String> {
         let base = self.key_base(name, key);
         let mut keys = Vec::with_capacity(5 * MAX_LIMITS_PER_POLICY + 3);
@@ -501,6 +504,7 @@ impl RedisStore {
             );
         }
         keys.push(crate::text::concat(&[&base, ":log"]));
+        keys.push(crate::text::concat(&[&base, ":block"]));
         keys.push(crate::text::concat(&[&base, ":lease"]));
         keys.push(crate::text::concat(&[&base, ":lease:w"]));
         keys

@@ -207,6 +207,8 @@ mod tests {
                 "clock",
                 "idiv",
                 "put",
+                "blocked",
+                "block",
                 "tat_until",
                 "tat_kept",
                 "decide_all",
