@@ -2,8 +2,8 @@
 //! variables.
 //!
 //! A policy is one line: limits joined by `+`, each `COUNT/PERIOD`, with an
-//! optional `burst N` and `as NAME`, and optionally the algorithm at the
-//! end:
+//! optional `burst N`, `block DURATION` and `as NAME`, and optionally the
+//! algorithm at the end:
 //!
 //! | text | means |
 //! |---|---|
@@ -11,6 +11,7 @@
 //! | `100/s burst 500` | 100 per second, up to 500 at once |
 //! | `25/5s + 300/min` | both, decided together |
 //! | `25/5s as short + 300/min as long` | the same, with names for headers and errors |
+//! | `5/15min block 1h` | once refused, the identity is refused for an hour (a penalty box: [`LimitBuilder::block_for`](crate::LimitBuilder::block_for)) |
 //! | `5000/h sliding` | an exact sliding-window log of 5000 per hour |
 //! | `100/min fixed` | a fixed window of 100 per minute |
 //! | `10000/month` | a calendar quota: 10,000 per calendar month (UTC), reset on the 1st |
@@ -22,7 +23,8 @@
 //!
 //! Periods: a number (default 1) and a unit: `ms`, `s` (`sec`, `second`),
 //! `min` (`m`, `minute`), `h` (`hr`, `hour`), `d` (`day`); plurals are fine.
-//! Numbers may use `_` between digits (`5_000/h`).
+//! Numbers may use `_` between digits (`5_000/h`). A duration (`block
+//! 1h`) is one or more numbers each with its unit: `90s`, `1h30min`.
 //!
 //! Calendar quotas ([`Algorithm::Calendar`]): `COUNT/day` or `COUNT/month`
 //! (no number before the unit), reset at the start of each calendar day or
@@ -91,6 +93,7 @@ use std::time::Duration;
 use crate::algorithm::Algorithm;
 use crate::algorithm::calendar::{self, Calendar};
 use crate::error::ConfigError;
+use crate::policy::rate::DurationText;
 use crate::policy::{Limit, Policy, Rate};
 
 /// Text that does not describe a limit or policy: what is wrong, and where.
@@ -203,6 +206,9 @@ pub struct LimitSpec {
     /// The limit's name in headers and errors (default: the rate, as
     /// `25/5s`).
     pub name: Option<String>,
+    /// Its penalty box (`block 1h`): see
+    /// [`LimitBuilder::block_for`](crate::LimitBuilder::block_for).
+    pub block: Option<Duration>,
 }
 
 impl LimitSpec {
@@ -217,6 +223,9 @@ impl LimitSpec {
         }
         if let Some(name) = &self.name {
             builder = builder.name(name.clone());
+        }
+        if let Some(block) = self.block {
+            builder = builder.block_for(block);
         }
         builder.build()
     }
@@ -235,6 +244,7 @@ impl From<&Limit> for LimitSpec {
             burst: (limit.burst() != rate.count()).then_some(limit.burst()),
             name: (limit.name() != default_name).then(|| limit.name().to_owned()),
             calendar,
+            block: limit.block_for(),
         }
     }
 }
@@ -247,6 +257,9 @@ impl fmt::Display for LimitSpec {
         }
         if let Some(burst) = self.burst {
             write!(f, " burst {burst}")?;
+        }
+        if let Some(block) = self.block {
+            write!(f, " block {}", DurationText(block))?;
         }
         if let Some(name) = &self.name {
             write!(f, " as {name}")?;
@@ -369,7 +382,7 @@ impl FromStr for PolicySpec {
                 break;
             }
             let problem = format!(
-                "expected `+`, `burst`, `as` or an algorithm ({})",
+                "expected `+`, `burst`, `block`, `as` or an algorithm ({})",
                 algorithm_names()
             );
             let (word, span) = parser.word();
@@ -559,6 +572,33 @@ impl<'a> Parser<'a> {
         Ok((Rate::new(count, period), None))
     }
 
+    /// One or more numbers, each with its unit, with nothing between
+    /// them: `90s`, `1h30min`.
+    fn duration(&mut self, what: &str) -> Result<Duration, ParseError> {
+        let start = self.pos;
+        let mut total = Duration::ZERO;
+        loop {
+            let n = self.number(what)?;
+            let (unit, span) = self.word();
+            let Some(unit) = unit_of(unit) else {
+                let problem = "unknown time unit; use ms, s, min, h or d";
+                return Err(if span.is_empty() {
+                    self.error_here(problem)
+                } else {
+                    ParseError::new(self.text, span, problem)
+                });
+            };
+            total = u32::try_from(n)
+                .ok()
+                .and_then(|n| unit.checked_mul(n))
+                .and_then(|d| total.checked_add(d))
+                .ok_or_else(|| ParseError::new(self.text, start..self.pos, "duration too long"))?;
+            if !self.peek().is_some_and(|b| b.is_ascii_digit()) {
+                return Ok(total);
+            }
+        }
+    }
+
     fn limit(&mut self) -> Result<(LimitSpec, Range<usize>), ParseError> {
         let start = self.pos;
         let (rate, calendar) = self.rate()?;
@@ -567,6 +607,7 @@ impl<'a> Parser<'a> {
             calendar,
             burst: None,
             name: None,
+            block: None,
         };
         loop {
             let before = self.pos;
@@ -589,7 +630,11 @@ impl<'a> Parser<'a> {
                     spec.name = Some(rest[..len].to_owned());
                     self.pos += len;
                 }
-                "burst" | "as" => {
+                "block" if spec.block.is_none() => {
+                    self.skip_space();
+                    spec.block = Some(self.duration("a duration after `block`, such as 1h")?);
+                }
+                "burst" | "as" | "block" => {
                     return Err(ParseError::new(
                         self.text,
                         span,
@@ -606,6 +651,17 @@ impl<'a> Parser<'a> {
         }
         Ok((spec, start..self.pos))
     }
+}
+
+/// A duration alone in `text` (`10m`, `1h30min`, `90s`), as the policy
+/// text writes a block.
+pub(crate) fn parse_duration(text: &str) -> Result<Duration, ParseError> {
+    let mut parser = Parser::new(text);
+    parser.skip_space();
+    let duration = parser.duration("a duration such as 10m or 1h")?;
+    parser.skip_space();
+    parser.end()?;
+    Ok(duration)
 }
 
 fn unit_of(word: &str) -> Option<Duration> {
@@ -1021,6 +1077,9 @@ mod serde_impls {
         burst: Option<u64>,
         #[serde(default)]
         name: Option<String>,
+        /// A penalty box: a duration (`1h`).
+        #[serde(default)]
+        block: Option<String>,
     }
 
     #[derive(Deserialize)]
@@ -1060,11 +1119,16 @@ mod serde_impls {
 
         fn try_from(t: LimitTable) -> Result<Self, String> {
             let (rate, calendar) = super::rate_or_calendar(&t.rate).map_err(|e| e.to_string())?;
+            let block = match t.block {
+                Some(text) => Some(super::parse_duration(&text).map_err(|e| e.to_string())?),
+                None => None,
+            };
             let spec = LimitSpec {
                 rate,
                 calendar,
                 burst: t.burst,
                 name: t.name,
+                block,
             };
             spec.build().map_err(|e| format!("limit {spec}: {e}"))?;
             Ok(spec)

@@ -144,3 +144,59 @@ fn json_strings_and_tables() {
     let err = serde_json::from_str::<PolicySpec>(r#""25/5s +""#).unwrap_err();
     assert!(err.to_string().contains("expected a count"), "{err}");
 }
+
+#[test]
+fn penalty_boxes_parse_build_and_write_back() {
+    let spec: PolicySpec = "5/15min block 1h".parse().unwrap();
+    assert_eq!(spec.limits[0].block, Some(Duration::from_secs(3600)));
+    let policy = spec.build("login").unwrap();
+    assert_eq!(
+        policy.limits()[0].block_for(),
+        Some(Duration::from_secs(3600))
+    );
+    assert_eq!(PolicySpec::from(&policy).to_string(), "5/15min block 1h");
+    for text in [
+        "100/s burst 200 block 10min as api",
+        "25/5s block 90s + 300/min block 90min sliding-log",
+        "2/day block 1h",
+    ] {
+        let spec: PolicySpec = text.parse().unwrap();
+        assert_eq!(spec.to_string(), text);
+        let built = PolicySpec::from(&spec.build("p").unwrap()).to_string();
+        assert_eq!(built, text);
+    }
+    let spec: PolicySpec = "1/s block 1h30min".parse().unwrap();
+    assert_eq!(spec.limits[0].block, Some(Duration::from_secs(5400)));
+    // Any order of the clauses reads the same.
+    let spec: PolicySpec = "100/s as api block 10m burst 200".parse().unwrap();
+    assert_eq!(spec.to_string(), "100/s burst 200 block 10min as api");
+    for (text, says, fragment) in [
+        ("5/min block", "expected a duration", ""),
+        ("5/min block 1x", "unknown time unit", "x"),
+        ("5/min block h", "expected a duration", "h"),
+        ("5/min block 1h block 2h", "`block` given twice", "block"),
+        ("5/min block 0s", "out of range", "5/min block 0s"),
+        (
+            "5/min block 99999999999d",
+            "duration too long",
+            "99999999999d",
+        ),
+    ] {
+        let err = text.parse::<PolicySpec>().unwrap_err();
+        assert!(err.to_string().contains(says), "{text}: {err}");
+        assert_eq!(err.fragment(), fragment, "{text}");
+    }
+    let forever = fleetgate::Limit::builder(Rate::per_second(1)).block_for(Duration::MAX);
+    assert!(matches!(
+        forever.build(),
+        Err(ConfigError::BlockOutOfRange { .. })
+    ));
+    // In a table, the block is a duration.
+    let spec: PolicySpec =
+        serde_json::from_str(r#"{"limits":[{"rate":"5/15min","block":"1h"}]}"#).unwrap();
+    assert_eq!(spec.to_string(), "5/15min block 1h");
+    let err =
+        serde_json::from_str::<PolicySpec>(r#"{"limits":[{"rate":"5/15min","block":"soon"}]}"#)
+            .unwrap_err();
+    assert!(err.to_string().contains("expected a duration"), "{err}");
+}
