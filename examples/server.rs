@@ -115,9 +115,11 @@
 //!   `Retry-After` of about 13 s (the 200-token debt and one token, repaid
 //!   at 1000 a minute).
 //! - `POST /api/login?ok=1|0` answers 200 when `ok=1`, 401 otherwise: per
-//!   API key (or client IP) only the 401s count, 5 per 15 minutes (burst
-//!   5). Twenty good logins pass; after five bad ones, the next is refused
-//!   even with `ok=1`.
+//!   API key (or client IP) only the 401s count, `5/15min block 1h`.
+//!   Twenty good logins pass; after five bad ones, the next is refused
+//!   even with `ok=1`, and that refusal blocks the identity for an hour on
+//!   every instance (`Retry-After: 3600`, counting down), until
+//!   `POST /admin/reset/login/{identity}` lifts it.
 //! - `GET /api/flaky?fail=1|0` answers 500 when `fail=1`, 200 otherwise:
 //!   per API key (or client IP) 3 a minute (burst 3), each 5xx refunded, so
 //!   a failing handler does not eat its clients' budget.
@@ -201,7 +203,7 @@ GET /api/slow?ms=N  answers after N ms (default 1000); per x-api-key (or client 
 POST /api/charge?ms=N  answers after N ms (default 1000); critical: never shed
 GET /api/report?ms=N  answers after N ms (default 1000); low priority: 503 beyond 2 of the fleet's 4 in flight
 POST /api/complete?tokens=N&ms=M  answers after M ms (default 0, at most 10000) with x-tokens-used: N (default 100); per x-api-key (or client IP): 1000 tokens/min, charged after the response
-POST /api/login?ok=1|0  200 when ok=1, else 401; per x-api-key (or client IP): only 401s count, 5/15min
+POST /api/login?ok=1|0  200 when ok=1, else 401; per x-api-key (or client IP): only 401s count, 5/15min block 1h
 GET /api/flaky?fail=1|0  500 when fail=1, else 200; per x-api-key (or client IP): 3/min burst 3, 5xx refunded
 GET /api/adaptive?ms=N  a backend of FLEETGATE_ADAPTIVE_POOL (8) workers, N ms a call (default 20); an adaptive limit for the route, 503 beyond it
 GET /api/outbound?fail=1|0  calls this demo's /api/flaky as an upstream, through a client-side adaptive throttle and a retry budget (2 retries); its answer, or 503 when throttled locally
@@ -1123,6 +1125,7 @@ fn after_routes(
         "login",
         Limit::builder(Rate::new(5, Duration::from_secs(15 * 60)))
             .burst(5)
+            .block_for(Duration::from_secs(3600))
             .build()?,
     )?;
     let flaky = Policy::single(

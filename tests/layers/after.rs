@@ -178,6 +178,7 @@ on_both_stores! {
     #[tokio::test] token_budget_is_charged_from_the_header_and_refuses_in_debt;
     #[tokio::test] a_debt_is_repaid_at_exactly_the_limits_rate;
     #[tokio::test] only_failed_logins_count;
+    #[tokio::test] failed_logins_block_the_identity;
     #[tokio::test] server_errors_are_refunded;
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     concurrent_charge_after_overshoots_by_the_costs_in_flight_refund_never;
@@ -307,6 +308,39 @@ async fn only_failed_logins_count(on: OnStore) {
     assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
     assert!(retry_after(&res) > 0);
     assert_eq!(handler.calls.load(Ordering::SeqCst), 25);
+}
+
+/// `5/15min block 1h`, counting only 401s: after five failed logins the
+/// next login is refused though it would succeed, and blocks the identity
+/// for an hour (`Retry-After`); other identities pass; a reset lifts it.
+async fn failed_logins_block_the_identity(on: OnStore) {
+    let login = Limit::builder(Rate::new(5, Duration::from_secs(900)))
+        .block_for(Duration::from_secs(3600))
+        .build()
+        .unwrap();
+    let limiter = Limiter::new(policy("login", login), on.store().await);
+    let handler = Handler::default();
+    let svc = ServiceBuilder::new()
+        .layer(layer(
+            &limiter,
+            ResponseCost::count_if(|head| head.status == StatusCode::UNAUTHORIZED),
+        ))
+        .service(handler.service());
+    for left in [3, 2, 1, 0, 0] {
+        let res = call(&svc, "/login?status=401", "u").await;
+        assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
+        on.remaining(&limiter, "u", left).await;
+    }
+    for _ in 0..3 {
+        let res = call(&svc, "/login", "u").await;
+        assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+        let retry = retry_after(&res);
+        assert!((3599..=3600).contains(&retry), "{res:?}");
+    }
+    assert_eq!(handler.calls.load(Ordering::SeqCst), 5);
+    assert_eq!(call(&svc, "/login", "v").await.status(), StatusCode::OK);
+    limiter.reset(&key_of("u")).await.unwrap();
+    assert_eq!(call(&svc, "/login", "u").await.status(), StatusCode::OK);
 }
 
 /// 3 a minute, burst 3, 5xx refunded: ten 500s all reach the handler,

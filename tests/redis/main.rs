@@ -21,6 +21,7 @@ mod leases;
 mod live;
 mod local_fallback;
 mod outbound_fleet;
+mod penalty_box;
 mod private_server;
 mod redis_down;
 mod refused_writes;
