@@ -450,18 +450,15 @@ struct PolicyInner {
 
 impl PolicyInner {
     fn new(name: Arc<str>, limits: Box<[Limit]>, algorithm: Algorithm) -> Self {
-        let penalty = match limits.iter().find(|l| l.block_us > 0) {
-            Some(limit) => Some(Policy {
-                inner: Arc::new(PolicyInner {
-                    name: Arc::from(Policy::penalty_box_name(&name)),
-                    limits: Box::new([limit.clone()]),
-                    max_cost: 0,
-                    algorithm,
-                    penalty: None,
-                }),
+        let penalty = limits.iter().find(|l| l.block_us > 0).map(|limit| Policy {
+            inner: Arc::new(PolicyInner {
+                name: Arc::from(Policy::penalty_box_name(&name)),
+                limits: Box::new([limit.clone()]),
+                max_cost: 0,
+                algorithm,
+                penalty: None,
             }),
-            None => None,
-        };
+        });
         PolicyInner {
             max_cost: limits.iter().map(|l| l.burst).min().unwrap_or(0),
             name,
