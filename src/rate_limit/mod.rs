@@ -419,7 +419,8 @@ impl RateSettings {
             return None;
         }
         if let RejectionKind::Limited(d) = &kind {
-            tracing::debug!(policy, retry_after = ?d.retry_after(), "denied");
+            let blocked = d.is_blocked();
+            tracing::debug!(policy, retry_after = ?d.retry_after(), blocked, "denied");
         }
         Some(kind)
     }

@@ -441,7 +441,7 @@ async fn memory_store_sweeps_expired_state() {
 // ---------------------------------------------------------------------------
 // Redis only, with the server's clock and real time.
 
-async fn server_store(server: &RedisServer, prefix: &str) -> RedisStore {
+pub(crate) async fn server_store(server: &RedisServer, prefix: &str) -> RedisStore {
     RedisStore::builder(server.url())
         .prefix(prefix)
         .timeout(Duration::from_secs(2))
@@ -612,7 +612,7 @@ async fn redis_keys_expire_after_their_window() {
 }
 
 /// `INFO commandstats` as command name → (calls, failed calls).
-async fn command_stats(conn: &mut MultiplexedConnection) -> HashMap<String, (u64, u64)> {
+pub(crate) async fn command_stats(conn: &mut MultiplexedConnection) -> HashMap<String, (u64, u64)> {
     let info: String = redis::cmd("INFO")
         .arg("commandstats")
         .query_async(conn)
@@ -637,7 +637,7 @@ async fn command_stats(conn: &mut MultiplexedConnection) -> HashMap<String, (u64
     stats
 }
 
-async fn reset_stats(conn: &mut MultiplexedConnection) {
+pub(crate) async fn reset_stats(conn: &mut MultiplexedConnection) {
     let () = redis::cmd("CONFIG")
         .arg("RESETSTAT")
         .query_async(conn)
@@ -647,7 +647,7 @@ async fn reset_stats(conn: &mut MultiplexedConnection) {
 
 /// Commands the store caused: everything but the inspector's own. Redis
 /// counts the commands a script runs too (`time`, `get`, `set`).
-fn store_commands(stats: &HashMap<String, (u64, u64)>) -> HashMap<String, (u64, u64)> {
+pub(crate) fn store_commands(stats: &HashMap<String, (u64, u64)>) -> HashMap<String, (u64, u64)> {
     stats
         .iter()
         .filter(|(name, _)| {
@@ -659,7 +659,7 @@ fn store_commands(stats: &HashMap<String, (u64, u64)>) -> HashMap<String, (u64, 
         .collect()
 }
 
-fn stats(entries: &[(&str, u64, u64)]) -> HashMap<String, (u64, u64)> {
+pub(crate) fn stats(entries: &[(&str, u64, u64)]) -> HashMap<String, (u64, u64)> {
     entries
         .iter()
         .map(|&(name, calls, failed)| (name.to_owned(), (calls, failed)))

@@ -3,6 +3,7 @@
 //! and what only Redis shows: the box's key, its expiry, a reset deleting
 //! it, and calls batched behind a busy connection.
 use crate::common;
+use crate::conformance::{command_stats, reset_stats, server_store, stats, store_commands};
 use crate::harness::{S, Sut, UNIX_NOW, allowed, conformance, denied, inspector};
 
 use std::time::Duration;
@@ -204,4 +205,34 @@ async fn redis_box_key_expires_and_batches_decide_in_order() {
         .unwrap();
     assert_eq!(exists, 0);
     assert!(limiter.check(&who, 1).await.unwrap().is_allowed());
+}
+
+/// One round trip per decision under a penalty box too: a check reads
+/// the box with the state, a refusal writes the box instead of the state,
+/// and a blocked call reads the box alone.
+#[tokio::test]
+async fn redis_one_round_trip_per_decision_with_a_penalty_box() {
+    let server = RedisServer::start();
+    let mut conn = inspector(&server).await;
+    let store = server_store(&server, "fg-box-rt").await;
+    let policy = Policy::single("rt-box", blocking(Rate::per_hour(3), HOUR)).unwrap();
+    let limiter = Limiter::new(policy, store);
+    let warm = limiter.check(&Key::new("warm-up"), 1).await.unwrap();
+    assert!(warm.is_allowed());
+    reset_stats(&mut conn).await;
+    let who = Key::new("a");
+    for i in 0..6 {
+        let d = limiter.check(&who, 1).await.unwrap();
+        assert_eq!(d.is_allowed(), i < 3, "{i}: {d:?}");
+        assert_eq!(d.is_blocked(), i >= 3, "{i}: {d:?}");
+    }
+    // 6 scripts; box reads 6, state reads 4 (3 admitted, 1 refused), and
+    // 3 state writes and 1 box write.
+    let expected = stats(&[
+        ("evalsha", 6, 0),
+        ("time", 6, 0),
+        ("get", 10, 0),
+        ("set", 4, 0),
+    ]);
+    assert_eq!(store_commands(&command_stats(&mut conn).await), expected);
 }
