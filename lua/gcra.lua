@@ -141,7 +141,7 @@ local function decide_all(keys, argv, now, slack_ms, store)
         failed, 0, 0, 0, 0
     elseif held then
       replies[r + 1], replies[r + 2], replies[r + 3], replies[r + 4], replies[r + 5] =
-        2, held_limit, 0, held - now, held - now
+        2, math.min(held_limit, n), 0, held - now, held - now
     elseif worst > 0 and blocks and blocks[worst] > 0 then
       local until_us = block(box, worst, blocks[worst], worst_delay, now, slack_ms)
       replies[r + 1], replies[r + 2], replies[r + 3], replies[r + 4], replies[r + 5] =

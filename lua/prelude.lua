@@ -94,8 +94,9 @@ end
 -- policy, holding the block's end in microseconds, a multiple of 16, plus
 -- the index (0-based) of the limit that started it; it expires at the
 -- end. `blocked` answers the block the box at `key` holds now: its end
--- and limit (1-based), or nil. A key of another type is an error, as for
--- the algorithm's own keys.
+-- and limit (1-based; the caller keeps it within the policy's limits, which
+-- a live change may have cut), or nil. A key of another type is an error,
+-- as for the algorithm's own keys.
 local function blocked(key, now)
   local value = tonumber(redis.call('GET', key) or 0) or 0
   local slot = value % 16
@@ -237,7 +238,8 @@ end
 local function check_one(alg, keys, argv, n, now, slack_ms, w, store, box, blocks)
   if box then
     local until_us, limit = blocked(box, now)
-    if until_us then return boxed(n, limit, until_us - now) end
+    -- A policy changed since may have fewer limits than the box names.
+    if until_us then return boxed(n, math.min(limit, n), until_us - now) end
   end
   local cost = tonumber(argv[2])
   local err = alg.read(keys, argv, n, now, w) or alg.verdicts(keys, argv, n, now, cost, w)

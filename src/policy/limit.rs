@@ -287,7 +287,10 @@ impl LimitBuilder {
     /// more key of the identity (`…:block`), read and written by the same
     /// script as the decision: no extra round trip. Works with every
     /// algorithm. A block ends within 16 µs after its exact end (the
-    /// deciding limit is kept in the same number).
+    /// deciding limit is kept in the same number). A live change of the
+    /// policy ([`LivePolicies::set_policy`](crate::live::LivePolicies::set_policy))
+    /// that drops the block lifts every block of it at once: the boxes are
+    /// no longer read.
     ///
     /// Refused by the builder: a zero duration, and one longer than about
     /// 35 years ([`ConfigError::BlockOutOfRange`]).

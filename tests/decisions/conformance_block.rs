@@ -82,6 +82,15 @@ async fn gcra_block_by_one_limit(s: Sut) {
     assert!(s.check(&l, "k", 1).await.is_allowed());
     let d = s.check(&l, "k", 1).await;
     expect_blocked(&s, &d, 1, 10 * MIN);
+    // Changed to fewer limits: the block holds, naming a limit the policy
+    // still has; dropping the block lifts it.
+    let fewer = Policy::single("two", blocking(Rate::per_minute(3), 10 * MIN)).unwrap();
+    l.set_policy(fewer).unwrap();
+    let d = s.check(&l, "k", 1).await;
+    expect_blocked(&s, &d, 0, 10 * MIN);
+    let unblocked = Policy::single("two", Limit::new(Rate::per_minute(30)).unwrap()).unwrap();
+    l.set_policy(unblocked).unwrap();
+    assert!(s.check(&l, "k", 1).await.is_allowed());
 
     let short = Policy::single("short", blocking(Rate::per_hour(1), MIN)).unwrap();
     let l = s.limiter(&short);
