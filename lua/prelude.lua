@@ -106,9 +106,9 @@ end
 
 -- block::start: after a refusal by limit i (1-based) whose block is
 -- `block_us` and whose own retry is `retry_us`, stores the box and
--- returns the block's end: now + max(block, retry), rounded up to 16.
+-- returns the block's end: now + max(block, retry), rounded down to 16.
 local function block(key, i, block_us, retry_us, now, slack_ms)
-  local until_us = math.ceil((now + math.max(block_us, retry_us)) / 16) * 16
+  local until_us = math.floor((now + math.max(block_us, retry_us)) / 16) * 16
   put(key, string.format('%d', until_us + i - 1), until_us, nil, now, slack_ms)
   return until_us
 end

@@ -48,8 +48,9 @@ pub enum ConfigError {
         window: Duration,
     },
     /// A penalty box ([`LimitBuilder::block_for`](crate::LimitBuilder::block_for))
-    /// of zero, or longer than can be represented (about 35 years).
-    #[error("a block of {block:?} is out of range: longer than zero and at most about 35 years")]
+    /// under a millisecond, or longer than can be represented (about 35
+    /// years).
+    #[error("a block of {block:?} is out of range: at least 1 ms and at most about 35 years")]
     BlockOutOfRange {
         /// The offending duration.
         block: Duration,

@@ -4,8 +4,9 @@
 //! end, without asking the algorithm. Pure functions of (the box's value,
 //! now); `lua/prelude.lua` transcribes them (`blocked`, `block`).
 //!
-//! A box is one number: the block's end in microseconds, rounded up to a
-//! multiple of 16, plus the index of the limit that started it (a policy
+//! A box is one number: the block's end in microseconds, rounded down to
+//! a multiple of 16 (so that a block of an hour reports `Retry-After:
+//! 3600`, not 3601; a block is at least a millisecond), plus the index of the limit that started it (a policy
 //! holds at most 16 limits), so that each store keeps it in one value (the
 //! memory store in one atomic, Redis in one string key that expires at
 //! the end). 0, or an end already past, is no block.
@@ -60,10 +61,7 @@ pub(crate) fn start(policy: &Policy, decision: &Decision, now: u64) -> Option<(u
     if block == 0 {
         return None;
     }
-    let end = now
-        .saturating_add(block.max(retry))
-        .div_ceil(SLOTS)
-        .saturating_mul(SLOTS);
+    let end = now.saturating_add(block.max(retry)) / SLOTS * SLOTS;
     let value = end + decision.limit as u64;
     Some((value, refusal(policy, end, decision.limit, now)))
 }
@@ -101,7 +99,7 @@ mod tests {
         let (value, refusal) = start(&policy, &denied(1, 180_000_000), now).unwrap();
         let (end, limit) = held(value, now).unwrap();
         assert_eq!(limit, 1);
-        assert!(end >= now + 3_600_000_000 && end < now + 3_600_000_000 + SLOTS);
+        assert!(end <= now + 3_600_000_000 && end > now + 3_600_000_000 - SLOTS);
         assert!(refusal.is_blocked() && !refusal.is_allowed());
         assert_eq!(refusal.retry_us, Some(end - now));
         assert_eq!(refusal.reset_us, end - now);
@@ -110,7 +108,7 @@ mod tests {
         assert_eq!(held(0, now), None);
         // A refusal longer than the block blocks that long.
         let (value, _) = start(&policy, &denied(1, 7_200_000_000), now).unwrap();
-        assert!(held(value, now + 7_199_999_999).is_some());
+        assert!(held(value, now + 7_199_999_980).is_some());
     }
 
     #[test]

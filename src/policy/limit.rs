@@ -286,14 +286,14 @@ impl LimitBuilder {
     /// API's `POST /reset/...`) lifts the block. On Redis the block is one
     /// more key of the identity (`…:block`), read and written by the same
     /// script as the decision: no extra round trip. Works with every
-    /// algorithm. A block ends within 16 µs after its exact end (the
+    /// algorithm. A block ends up to 16 µs before its exact end (the
     /// deciding limit is kept in the same number). A live change of the
     /// policy ([`LivePolicies::set_policy`](crate::live::LivePolicies::set_policy))
     /// that drops the block lifts every block of it at once: the boxes are
     /// no longer read.
     ///
-    /// Refused by the builder: a zero duration, and one longer than about
-    /// 35 years ([`ConfigError::BlockOutOfRange`]).
+    /// Refused by the builder: a block under a millisecond, and one longer
+    /// than about 35 years ([`ConfigError::BlockOutOfRange`]).
     ///
     /// ```
     /// use std::time::Duration;
@@ -327,7 +327,7 @@ impl LimitBuilder {
         let block_us = match self.block {
             None => 0,
             Some(block) => match u64::try_from(block.as_micros()) {
-                Ok(us) if us > 0 && us <= MAX_TOLERANCE_MICROS => us,
+                Ok(us) if (1000..=MAX_TOLERANCE_MICROS).contains(&us) => us,
                 _ => return Err(ConfigError::BlockOutOfRange { block }),
             },
         };

@@ -176,6 +176,7 @@ fn penalty_boxes_parse_build_and_write_back() {
         ("5/min block h", "expected a duration", "h"),
         ("5/min block 1h block 2h", "`block` given twice", "block"),
         ("5/min block 0s", "out of range", "5/min block 0s"),
+        ("5/min block 999us", "at least 1 ms", "5/min block 999us"),
         (
             "5/min block 99999999999d",
             "duration too long",
