@@ -557,19 +557,24 @@ impl<'a> Parser<'a> {
                 )),
             };
         }
-        let Some(unit) = unit_of(unit) else {
-            let problem = "unknown time unit; use ms, s, min, h or d";
-            return Err(if span.is_empty() {
-                self.error_here(problem)
-            } else {
-                ParseError::new(self.text, span, problem)
-            });
-        };
+        let unit = self.unit(unit, span)?;
         let period = u32::try_from(multiple)
             .ok()
             .and_then(|n| unit.checked_mul(n))
             .ok_or_else(|| ParseError::new(self.text, period_start..self.pos, "period too long"))?;
         Ok((Rate::new(count, period), None))
+    }
+
+    /// The time unit `word`, read at `span`.
+    fn unit(&self, word: &str, span: Range<usize>) -> Result<Duration, ParseError> {
+        unit_of(word).ok_or_else(|| {
+            let problem = "unknown time unit; use ms, s, min, h or d";
+            if span.is_empty() {
+                self.error_here(problem)
+            } else {
+                ParseError::new(self.text, span, problem)
+            }
+        })
     }
 
     /// One or more numbers, each with its unit, with nothing between
@@ -580,14 +585,7 @@ impl<'a> Parser<'a> {
         loop {
             let n = self.number(what)?;
             let (unit, span) = self.word();
-            let Some(unit) = unit_of(unit) else {
-                let problem = "unknown time unit; use ms, s, min, h or d";
-                return Err(if span.is_empty() {
-                    self.error_here(problem)
-                } else {
-                    ParseError::new(self.text, span, problem)
-                });
-            };
+            let unit = self.unit(unit, span)?;
             total = u32::try_from(n)
                 .ok()
                 .and_then(|n| unit.checked_mul(n))
