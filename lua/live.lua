@@ -1,6 +1,6 @@
 -- The fleet's live changes (src/store/redis/live.rs): a version, a
 -- counter that every instance polls and reads the tables again when it
--- moves on; four tables of changes (hashes); and the instances seen, with
+-- moves on; six tables of changes (hashes); and the instances seen, with
 -- their heartbeats. Every key shares the {live} hash tag. Runs after
 -- lua/prelude.lua, and needs nothing from it: the heartbeat reads the
 -- server's clock in milliseconds itself, whatever clock the store uses.
@@ -9,12 +9,12 @@
 
 -- Reads the version and every table at once.
 --
--- KEYS[2..5]     the four tables, in Table::ALL's order
+-- KEYS[2..]      the tables, in Table::ALL's order
 --
 -- Returns {version, HGETALL of each table}.
 local function load(keys, argv)
   local out = { tonumber(redis.call('GET', keys[1]) or '0') }
-  for i = 2, 5 do out[i] = redis.call('HGETALL', keys[i]) end
+  for i = 2, #keys do out[i] = redis.call('HGETALL', keys[i]) end
   return out
 end
 
@@ -34,6 +34,31 @@ end
 -- Returns the new version.
 local function write(keys, argv)
   if argv[2] then
+    redis.call('HSET', keys[2], argv[1], argv[2])
+  else
+    redis.call('HDEL', keys[2], argv[1])
+  end
+  return redis.call('INCR', keys[1])
+end
+
+-- Writes one entry of a deny or allow list, deletes entries that have
+-- ended, and moves the version on, at once. An ended entry is deleted only
+-- if it still holds the value the writer saw: another instance may have
+-- listed it again meanwhile.
+--
+-- KEYS[2]        the list's table
+-- ARGV[1]        the field
+-- ARGV[2]        its value (the entry's end); empty to delete the field
+-- ARGV[3..]      ended entries, as field, value pairs
+--
+-- Returns the new version.
+local function write_list(keys, argv)
+  for i = 3, #argv - 1, 2 do
+    if redis.call('HGET', keys[2], argv[i]) == argv[i + 1] then
+      redis.call('HDEL', keys[2], argv[i])
+    end
+  end
+  if argv[2] ~= '' then
     redis.call('HSET', keys[2], argv[1], argv[2])
   else
     redis.call('HDEL', keys[2], argv[1])

@@ -219,6 +219,21 @@ pub enum ConfigError {
         /// The bound.
         max: usize,
     },
+    /// More deny and allow entries than live policies keep.
+    #[error("at most {max} deny and allow entries may be in force")]
+    TooManyListed {
+        /// The bound.
+        max: usize,
+    },
+    /// A deny or allow entry given an end that is zero or more than ten
+    /// years away (leave it without one instead).
+    #[error(
+        "a list entry lasting {expires_in:?} is out of range: at least 1 ms and at most 10 years"
+    )]
+    ListExpiryOutOfRange {
+        /// The offending duration.
+        expires_in: Duration,
+    },
     /// A plan that was never defined.
     #[error("no plan is named {name:?}")]
     UnknownPlan {

@@ -188,6 +188,7 @@ pub mod key;
 mod layer;
 pub mod lease;
 mod limiter;
+mod lists;
 pub mod live;
 mod log;
 pub mod metrics;

@@ -109,6 +109,7 @@ impl Limiter {
             base: policy,
             by_key: rules.by_key.clone(),
             by_plan: rules.by_plan.clone(),
+            lists: rules.lists.clone(),
         });
         Ok(())
     }

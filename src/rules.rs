@@ -1,5 +1,6 @@
 //! What one limiter decides with right now: its policy, the identities
-//! with limits of their own, and the plans a request may name. Swapped
+//! with limits of their own, the plans a request may name, and its deny
+//! and allow lists. Swapped
 //! whole when anything changes, read without a lock on every decision.
 
 use std::collections::HashMap;
@@ -9,6 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use arc_swap::ArcSwap;
 
 use crate::key::Key;
+use crate::lists::Lists;
 use crate::policy::Policy;
 
 /// The plan a request was sold, put in its extensions by the
@@ -49,6 +51,8 @@ pub(crate) struct Rules {
     /// The policy of each plan that defines one for this limiter, for
     /// requests that name their plan ([`Plan`](crate::live::Plan)).
     pub(crate) by_plan: HashMap<Arc<str>, Policy>,
+    /// The deny and allow entries in force for this limiter.
+    pub(crate) lists: Arc<Lists>,
 }
 
 impl Rules {
@@ -57,6 +61,7 @@ impl Rules {
             base,
             by_key: HashMap::new(),
             by_plan: HashMap::new(),
+            lists: Arc::default(),
         }
     }
 

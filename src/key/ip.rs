@@ -199,6 +199,11 @@ impl IpNet {
             })
     }
 
+    /// The network's address (its host bits cleared) and prefix length.
+    pub(crate) fn network(&self) -> (IpAddr, u8) {
+        (self.0.network(), self.0.prefix_len())
+    }
+
     /// Whether `ip` lies in this network.
     pub fn contains(&self, ip: IpAddr) -> bool {
         self.0.contains(&ip.to_canonical())

@@ -159,6 +159,27 @@ impl Key {
         }
     }
 
+    /// The network this key names, for deny and allow lists: an IP key's
+    /// address (all its bits), or the network of a `net:` key made by
+    /// grouping addresses ([`PeerIp::ipv6_prefix`]).
+    pub(crate) fn network(&self) -> Option<(IpAddr, u8)> {
+        match &self.0 {
+            Repr::V4(octets) => Some((IpAddr::from(*octets), 32)),
+            // An IPv4-mapped address is in the IPv4 networks.
+            Repr::V6(octets) => Some(match std::net::Ipv6Addr::from(*octets).to_ipv4_mapped() {
+                Some(v4) => (IpAddr::V4(v4), 32),
+                None => (IpAddr::from(*octets), 128),
+            }),
+            Repr::Text(text) => {
+                let (addr, bits) = text.strip_prefix("net:")?.split_once('/')?;
+                let addr: IpAddr = addr.parse().ok()?;
+                let bits: u8 = bits.parse().ok()?;
+                let max = if addr.is_ipv4() { 32 } else { 128 };
+                (bits <= max).then_some((addr, bits))
+            }
+        }
+    }
+
     fn digest(prefix: &str, bytes: &[u8]) -> Self {
         let digest = Sha256::digest(bytes);
         // 128 bits are plenty against collisions and keep keys short.

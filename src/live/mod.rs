@@ -78,6 +78,7 @@ use crate::concurrency::{ConcurrencyLimiter, FleetLimit};
 use crate::error::{ConfigError, StoreError};
 use crate::key::Key;
 use crate::limiter::{IntoStore, Limiter};
+use crate::lists::{Lists, now_ms};
 use crate::log::LogGate;
 use crate::policy::spec::{ParseError, PolicyFile, PolicySpec};
 use crate::policy::{Policy, check_name};
@@ -95,6 +96,18 @@ static LIVE_WARNINGS: LogGate = LogGate::new();
 /// a flood of them cannot grow every instance's memory without bound.
 const MAX_IDENTITIES: usize = 100_000;
 
+/// The most deny and allow entries (together, not counting those that
+/// have ended) one fleet keeps.
+const MAX_LISTED: usize = 100_000;
+
+/// The longest a list entry may be given to last: beyond it, leave it
+/// without an end.
+const MAX_LIST_EXPIRY: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
+
+/// At most this many ended entries are deleted from Redis by one write.
+#[cfg(feature = "redis")]
+const PRUNE_PER_WRITE: usize = 1_000;
+
 /// How often an instance checks the fleet's version by default.
 const DEFAULT_POLL: Duration = Duration::from_millis(250);
 
@@ -110,6 +123,7 @@ const LIVE_WINDOW: Duration = Duration::from_secs(3);
 #[cfg(feature = "redis")]
 const FORGET_AFTER: Duration = Duration::from_secs(60);
 
+pub use crate::lists::{List, ListEntry, Listed};
 pub use crate::rules::Plan;
 
 /// An instance sharing the store, from its heartbeat.
@@ -208,6 +222,11 @@ struct Changes {
     plans: BTreeMap<(String, String), String>,
     /// Identity → its plan.
     assigned: BTreeMap<String, String>,
+    /// `{policy|*} k {key}` or `{policy|*} n {network}` → the entry's end
+    /// in Unix milliseconds (0: never).
+    deny: BTreeMap<String, String>,
+    /// As `deny`.
+    allow: BTreeMap<String, String>,
 }
 
 impl LivePolicies {
@@ -492,6 +511,106 @@ impl LivePolicies {
         self.fleet.write(Change::Reset, None).await
     }
 
+    /// Puts `listed` (an identity, or a network of IP keys) on the deny
+    /// list of rate policy `policy`, or (`None`) of every policy,
+    /// fleet-wide: every [`RateLimitLayer`](crate::RateLimitLayer) on
+    /// that policy's limiter refuses it outright (403 by default,
+    /// [`deny_status`](crate::RateLimitLayer::deny_status)) without
+    /// asking its store, until `expires_in` has passed (`None`: until
+    /// [`unlist`](Self::unlist)ed). Listing it again replaces its end.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use fleetgate::key::{IpNet, Key};
+    /// use fleetgate::live::{List, LivePolicies};
+    /// use fleetgate::MemoryStore;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let live = LivePolicies::new(MemoryStore::new());
+    /// let _api = live.limiter("10/s".parse::<fleetgate::spec::PolicySpec>()?.build("api")?);
+    /// live.deny(None, Key::new("user:mallory"), Some(Duration::from_secs(600))).await?;
+    /// live.deny(Some("api"), "203.0.113.0/24".parse::<IpNet>()?, None).await?;
+    /// // The health checker is never limited by `api`.
+    /// live.allow(Some("api"), Key::new("ip:10.0.0.9"), None).await?;
+    /// assert_eq!(live.lists().len(), 3);
+    /// live.unlist(List::Deny, None, Key::new("user:mallory")).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn deny(
+        &self,
+        policy: Option<&str>,
+        listed: impl Into<Listed>,
+        expires_in: Option<Duration>,
+    ) -> Result<(), LiveError> {
+        self.list(List::Deny, policy, listed.into(), expires_in)
+            .await
+    }
+
+    /// Puts `listed` on the allow list of rate policy `policy`, or
+    /// (`None`) of every policy, fleet-wide: its requests pass those
+    /// policies' layers without a decision (no store call, no state, no
+    /// rate-limit headers), until `expires_in` has passed. A deny entry
+    /// for the same request beats it. As [`deny`](Self::deny) otherwise.
+    pub async fn allow(
+        &self,
+        policy: Option<&str>,
+        listed: impl Into<Listed>,
+        expires_in: Option<Duration>,
+    ) -> Result<(), LiveError> {
+        self.list(List::Allow, policy, listed.into(), expires_in)
+            .await
+    }
+
+    /// Takes `listed` off `list` for `policy` (or the entry for every
+    /// policy, `None`), fleet-wide. Nothing to take off is no error.
+    pub async fn unlist(
+        &self,
+        list: List,
+        policy: Option<&str>,
+        listed: impl Into<Listed>,
+    ) -> Result<(), LiveError> {
+        let field = self.fleet.list_field(policy, &listed.into())?;
+        self.fleet.write(Change::List(list, field), None).await
+    }
+
+    /// The fleet's deny and allow entries in force (as of the last
+    /// poll), deny entries first.
+    pub fn lists(&self) -> Vec<ListEntry> {
+        let state = self.fleet.lock();
+        let now = now_ms();
+        state
+            .changes
+            .entries(now)
+            .map(|(list, policy, listed, ends)| ListEntry {
+                list,
+                policy: policy.map(str::to_owned),
+                listed,
+                expires: (ends != 0).then(|| UNIX_EPOCH + Duration::from_millis(ends)),
+            })
+            .collect()
+    }
+
+    async fn list(
+        &self,
+        list: List,
+        policy: Option<&str>,
+        listed: Listed,
+        expires_in: Option<Duration>,
+    ) -> Result<(), LiveError> {
+        let field = self.fleet.list_field(policy, &listed)?;
+        let ends = match expires_in {
+            None => 0,
+            Some(d) if d >= Duration::from_millis(1) && d <= MAX_LIST_EXPIRY => {
+                now_ms().saturating_add(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+            }
+            Some(d) => return Err(ConfigError::ListExpiryOutOfRange { expires_in: d }.into()),
+        };
+        self.fleet
+            .write(Change::List(list, field), Some(ends.to_string()))
+            .await
+    }
+
     /// Every policy with a limiter here, and its limits as text now.
     pub fn policies(&self) -> BTreeMap<String, String> {
         let state = self.fleet.lock();
@@ -547,6 +666,8 @@ enum Change {
     Override(String, String),
     Plan(String, String),
     Assigned(String),
+    /// An entry of a deny or allow list, by its field.
+    List(List, String),
     /// No table changes: the version moves, so that every instance forgets
     /// the denials it remembers.
     Reset,
@@ -567,6 +688,22 @@ impl Fleet {
                 name: name.to_owned(),
             })
         }
+    }
+
+    /// The stored field of a list entry for `policy` (a rate policy with a
+    /// limiter here) or every policy.
+    fn list_field(&self, policy: Option<&str>, listed: &Listed) -> Result<String, ConfigError> {
+        if let Some(name) = policy {
+            self.known(name)?;
+        }
+        let scope = policy.unwrap_or("*");
+        Ok(match listed {
+            Listed::Key(key) => format!("{scope} k {}", &*key.text()),
+            Listed::Net(net) => {
+                let (addr, bits) = net.network();
+                format!("{scope} n {addr}/{bits}")
+            }
+        })
     }
 
     fn current(&self, name: &str) -> Result<Policy, ConfigError> {
@@ -597,6 +734,21 @@ impl Fleet {
                 Change::Override(policy, key) => (Table::Overrides, format!("{policy} {key}")),
                 Change::Plan(plan, policy) => (Table::Plans, format!("{plan} {policy}")),
                 Change::Assigned(key) => (Table::Assigned, key.clone()),
+                Change::List(list, field) => {
+                    if value.is_some() && self.adds_identity(&change) {
+                        return Err(too_many_listed().into());
+                    }
+                    let table = match list {
+                        List::Deny => Table::Deny,
+                        List::Allow => Table::Allow,
+                    };
+                    let ended = self.lock().changes.ended(*list, now_ms(), PRUNE_PER_WRITE);
+                    redis
+                        .live_write_list(table, field, value.as_deref(), &ended)
+                        .await?;
+                    self.refresh().await?;
+                    return Ok(());
+                }
                 Change::Reset => {
                     redis.live_bump().await?;
                     self.store.forget_denials();
@@ -612,9 +764,18 @@ impl Fleet {
         }
         let mut state = self.lock();
         if value.is_some() && state.adds_identity(&change) {
-            return Err(too_many().into());
+            return Err(match change {
+                Change::List(..) => too_many_listed(),
+                _ => too_many(),
+            }
+            .into());
         }
         let mut changes = state.changes.clone();
+        if let Change::List(list, _) = &change {
+            for (field, _) in changes.ended(*list, now_ms(), usize::MAX) {
+                changes.table_mut(*list).remove(&field);
+            }
+        }
         changes.set(change, value);
         state.changes = changes;
         state.version += 1;
@@ -734,8 +895,68 @@ impl Changes {
             (Change::Assigned(k), None) => {
                 self.assigned.remove(&k);
             }
+            (Change::List(list, k), Some(v)) => {
+                self.table_mut(list).insert(k, v);
+            }
+            (Change::List(list, k), None) => {
+                self.table_mut(list).remove(&k);
+            }
             (Change::Reset, _) => {}
         }
+    }
+
+    fn table(&self, list: List) -> &BTreeMap<String, String> {
+        match list {
+            List::Deny => &self.deny,
+            List::Allow => &self.allow,
+        }
+    }
+
+    fn table_mut(&mut self, list: List) -> &mut BTreeMap<String, String> {
+        match list {
+            List::Deny => &mut self.deny,
+            List::Allow => &mut self.allow,
+        }
+    }
+
+    /// Every list entry in force at `now` (Unix ms): its list, policy
+    /// (`None`: every policy), target and end (0: never). Fields that do
+    /// not parse (written by hand, say) are skipped.
+    fn entries(&self, now: u64) -> impl Iterator<Item = (List, Option<&str>, Listed, u64)> {
+        [List::Deny, List::Allow].into_iter().flat_map(move |list| {
+            self.table(list).iter().filter_map(move |(field, ends)| {
+                let ends: u64 = ends.parse().ok()?;
+                if ends != 0 && ends <= now {
+                    return None;
+                }
+                let (scope, listed) = parse_list_field(field)?;
+                Some((list, scope, listed, ends))
+            })
+        })
+    }
+
+    /// How many list entries are in force at `now`, and whether `field`
+    /// of `list` is one of them.
+    fn listed(&self, list: List, field: &str, now: u64) -> (usize, bool) {
+        let live = |ends: &String| ends.parse::<u64>().is_ok_and(|e| e == 0 || e > now);
+        let count = self.deny.values().filter(|e| live(e)).count()
+            + self.allow.values().filter(|e| live(e)).count();
+        (count, self.table(list).get(field).is_some_and(live))
+    }
+
+    /// Up to `max` fields of `list` whose entries have ended by `now`,
+    /// each with its stored value (to be deleted only if still that), or
+    /// that cannot be read.
+    fn ended(&self, list: List, now: u64, max: usize) -> Vec<(String, String)> {
+        self.table(list)
+            .iter()
+            .filter(|(field, ends)| {
+                let ended = ends.parse::<u64>().map_or(true, |e| e != 0 && e <= now);
+                ended || parse_list_field(field).is_none()
+            })
+            .take(max)
+            .map(|(f, e)| (f.clone(), e.clone()))
+            .collect()
     }
 
     #[cfg(feature = "redis")]
@@ -758,6 +979,8 @@ impl Changes {
                 .filter_map(|(f, v)| Some((split(f)?, v.clone())))
                 .collect(),
             assigned: table(Table::Assigned).cloned().collect(),
+            deny: table(Table::Deny).cloned().collect(),
+            allow: table(Table::Allow).cloned().collect(),
         }
     }
 }
@@ -771,8 +994,13 @@ impl State {
         self.plans.contains_key(plan) || self.changes.plans.keys().any(|(p, _)| p == plan)
     }
 
-    /// Whether recording `change` would add an identity past the bound.
+    /// Whether recording `change` would add an identity, or a list entry,
+    /// past the bound.
     fn adds_identity(&self, change: &Change) -> bool {
+        if let Change::List(list, field) = change {
+            let (count, present) = self.changes.listed(*list, field, now_ms());
+            return !present && count >= MAX_LISTED;
+        }
         let count = self.changes.overrides.len() + self.changes.assigned.len();
         let new = match change {
             Change::Override(p, k) => !self.changes.overrides.contains_key(&(p.clone(), k.clone())),
@@ -850,10 +1078,16 @@ impl State {
                 by_key.insert(key, policy);
             }
         }
+        let lists = self
+            .changes
+            .entries(now_ms())
+            .filter(|(_, scope, _, _)| scope.is_none_or(|p| p == name))
+            .map(|(list, _, listed, ends)| (list, listed, ends));
         registered.cell.set(Rules {
             base,
             by_key,
             by_plan,
+            lists: Arc::new(Lists::new(lists)),
         });
     }
 }
@@ -861,6 +1095,22 @@ impl State {
 fn too_many() -> ConfigError {
     ConfigError::TooManyIdentities {
         max: MAX_IDENTITIES,
+    }
+}
+
+fn too_many_listed() -> ConfigError {
+    ConfigError::TooManyListed { max: MAX_LISTED }
+}
+
+/// A list entry's stored field: `{policy|*} k {key}` or `{policy|*} n
+/// {network}`.
+fn parse_list_field(field: &str) -> Option<(Option<&str>, Listed)> {
+    let (scope, rest) = field.split_once(' ')?;
+    let scope = (scope != "*").then_some(scope);
+    match rest.split_once(' ')? {
+        ("k", key) => Some((scope, Listed::Key(Key::new(key)))),
+        ("n", net) => Some((scope, Listed::Net(net.parse().ok()?))),
+        _ => None,
     }
 }
 

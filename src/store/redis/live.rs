@@ -1,5 +1,5 @@
 //! Live policies in Redis: the fleet's changes (policies, overrides,
-//! plans, assignments) in hashes under one hash tag, a version bumped by
+//! plans, assignments, deny and allow lists) in hashes under one hash tag, a version bumped by
 //! every change, and each instance's heartbeat. Read by every instance at
 //! start and whenever the version moves.
 
@@ -19,14 +19,21 @@ pub(crate) enum Table {
     Plans,
     /// Identity → plan name.
     Assigned,
+    /// `{policy|*} k {key}` or `{policy|*} n {network}` → the entry's end
+    /// in Unix ms (0: never).
+    Deny,
+    /// As `Deny`.
+    Allow,
 }
 
 impl Table {
-    const ALL: [Table; 4] = [
+    const ALL: [Table; 6] = [
         Table::Policies,
         Table::Overrides,
         Table::Plans,
         Table::Assigned,
+        Table::Deny,
+        Table::Allow,
     ];
 
     fn suffix(self) -> &'static str {
@@ -35,6 +42,8 @@ impl Table {
             Table::Overrides => "overrides",
             Table::Plans => "plans",
             Table::Assigned => "assigned",
+            Table::Deny => "deny",
+            Table::Allow => "allow",
         }
     }
 }
@@ -49,7 +58,7 @@ pub(crate) type Heartbeat = (u64, Vec<(String, String)>, Vec<(String, String)>);
 pub(crate) struct Snapshot {
     pub(crate) version: u64,
     /// In [`Table::ALL`]'s order: each table's fields and values.
-    pub(crate) tables: [Vec<(String, String)>; 4],
+    pub(crate) tables: [Vec<(String, String)>; Table::ALL.len()],
 }
 
 impl Snapshot {
@@ -82,7 +91,7 @@ impl RedisStore {
             version: integer(version).ok_or_else(unexpected)?,
             ..Snapshot::default()
         };
-        if tables.len() != 4 {
+        if tables.len() != Table::ALL.len() {
             return Err(unexpected());
         }
         for (i, table) in tables.iter().enumerate() {
@@ -113,6 +122,27 @@ impl RedisStore {
         args.extend(value.map(str::to_owned));
         let reply = self
             .eval(&self.inner.scripts.live_write, &keys, &args)
+            .await?;
+        integer(&reply).ok_or_else(|| StoreError::UnexpectedReply(format!("{reply:?}")))
+    }
+
+    /// Sets (or with `None` deletes) one entry of a deny or allow list,
+    /// deletes the `ended` entries (field and value) still as they were,
+    /// and bumps the version; the new version.
+    pub(crate) async fn live_write_list(
+        &self,
+        table: Table,
+        field: &str,
+        value: Option<&str>,
+        ended: &[(String, String)],
+    ) -> Result<u64, StoreError> {
+        let keys = [self.live_key("version"), self.live_key(table.suffix())];
+        let mut args = vec![field.to_owned(), value.unwrap_or("").to_owned()];
+        for (field, value) in ended {
+            args.extend([field.clone(), value.clone()]);
+        }
+        let reply = self
+            .eval(&self.inner.scripts.live_write_list, &keys, &args)
             .await?;
         integer(&reply).ok_or_else(|| StoreError::UnexpectedReply(format!("{reply:?}")))
     }
