@@ -409,6 +409,13 @@ pub enum RateLimitError {
     /// The store failed and the layer fails closed.
     #[error("rate limiter unavailable: {0}")]
     Unavailable(String),
+    /// A deny list entry names the call's key
+    /// ([`LivePolicies::deny`](crate::live::LivePolicies::deny)).
+    #[error("denied by a deny list entry{}", retry_after.map(|d| format!(" ending in {d:?}")).unwrap_or_default())]
+    Denied {
+        /// When the entry ends; `None` if it has no end.
+        retry_after: Option<Duration>,
+    },
     /// An [`AdaptiveThrottleLayer`](crate::rate_limit::AdaptiveThrottleLayer)
     /// refused the call locally, without sending it: the upstream has
     /// been refusing or failing most calls.

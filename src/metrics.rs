@@ -40,6 +40,8 @@
 //! | `fail_closed` | refused: the store failed |
 //! | `fallback_allowed` | admitted by the local fallback: the store failed |
 //! | `fallback_denied` | refused by the local fallback: the store failed |
+//! | `deny_listed` | refused by a deny list entry ([`LivePolicies::deny`](crate::live::LivePolicies::deny)), without a decision |
+//! | `allow_listed` | let through by an allow list entry, without a decision |
 //!
 //! A store failure shows twice: as a store error, and as the `fail_open`,
 //! `fail_closed` or `fallback_*` outcome of the decision it spoiled.
@@ -391,7 +393,9 @@ mod tests {
                 "fail_open",
                 "fail_closed",
                 "fallback_allowed",
-                "fallback_denied"
+                "fallback_denied",
+                "deny_listed",
+                "allow_listed"
             ]
         );
         for (i, o) in Outcome::ALL.iter().enumerate() {

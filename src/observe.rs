@@ -233,6 +233,8 @@ pub struct Decisions {
     pub fail_closed: u64,
     pub fallback_allowed: u64,
     pub fallback_denied: u64,
+    pub deny_listed: u64,
+    pub allow_listed: u64,
 }
 
 /// How often one identity was denied.
@@ -416,7 +418,7 @@ pub(crate) trait ShedSource: Send + Sync {
 pub(crate) struct PolicyStats {
     layer: &'static str,
     policy: Arc<str>,
-    outcomes: [AtomicU64; 9],
+    outcomes: [AtomicU64; Outcome::ALL.len()],
     near_limit: AtomicU64,
     denied: Mutex<DeniedTable>,
     leases_in_use: AtomicU64,
@@ -569,6 +571,8 @@ impl PolicyStats {
             fail_closed: n(Outcome::FailClosed),
             fallback_allowed: n(Outcome::FallbackAllowed),
             fallback_denied: n(Outcome::FallbackDenied),
+            deny_listed: n(Outcome::DenyListed),
+            allow_listed: n(Outcome::AllowListed),
         };
         to.near_limit = self.near_limit.load(Ordering::Relaxed);
         let capacity = self.capacity.load(Ordering::Relaxed);

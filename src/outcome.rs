@@ -25,6 +25,10 @@ pub(crate) enum Outcome {
     FallbackAllowed,
     /// The store failed and the local fallback refused the request.
     FallbackDenied,
+    /// Refused by a deny list entry, without a decision.
+    DenyListed,
+    /// Let through by an allow list entry, without a decision.
+    AllowListed,
 }
 
 impl Outcome {
@@ -42,7 +46,7 @@ impl Outcome {
 
 #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
 impl Outcome {
-    pub(crate) const ALL: [Outcome; 9] = [
+    pub(crate) const ALL: [Outcome; 11] = [
         Outcome::Allowed,
         Outcome::Denied,
         Outcome::ShadowDenied,
@@ -52,11 +56,13 @@ impl Outcome {
         Outcome::FailClosed,
         Outcome::FallbackAllowed,
         Outcome::FallbackDenied,
+        Outcome::DenyListed,
+        Outcome::AllowListed,
     ];
 
     /// The label value: `allowed`, `denied`, `shadow_denied`, `shed`,
     /// `missing_key`, `fail_open`, `fail_closed`, `fallback_allowed`,
-    /// `fallback_denied`.
+    /// `fallback_denied`, `deny_listed`, `allow_listed`.
     pub(crate) fn as_str(self) -> &'static str {
         match self {
             Outcome::Allowed => "allowed",
@@ -68,6 +74,8 @@ impl Outcome {
             Outcome::FailClosed => "fail_closed",
             Outcome::FallbackAllowed => "fallback_allowed",
             Outcome::FallbackDenied => "fallback_denied",
+            Outcome::DenyListed => "deny_listed",
+            Outcome::AllowListed => "allow_listed",
         }
     }
 

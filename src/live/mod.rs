@@ -1253,6 +1253,69 @@ mod tests {
         assert!(!api.check_now(&new, 1).unwrap().is_allowed());
     }
 
+    /// The bound on list entries in force, filled from inside as above;
+    /// ended entries do not count, and the next write prunes them.
+    #[tokio::test]
+    async fn list_entries_past_the_bound_are_refused() {
+        let live = LivePolicies::new(MemoryStore::new());
+        let _api = live.limiter("1/h".parse::<PolicySpec>().unwrap().build("api").unwrap());
+        {
+            let mut state = live.fleet.lock();
+            for i in 0..MAX_LISTED - 1 {
+                let field = format!("* k user:{i}");
+                state.changes.deny.insert(field, "0".to_owned());
+            }
+            state
+                .changes
+                .allow
+                .insert("* k user:ended".to_owned(), "1".to_owned());
+        }
+        let key = |name: &str| Key::new(format!("user:{name}"));
+        live.allow(None, key("last"), None).await.unwrap();
+        match live.deny(Some("api"), key("over"), None).await {
+            Err(LiveError::Config(ConfigError::TooManyListed { max })) => {
+                assert_eq!(max, MAX_LISTED)
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(
+            !live
+                .fleet
+                .lock()
+                .changes
+                .allow
+                .contains_key("* k user:ended")
+        );
+        // An entry already listed may change; taking one off makes room.
+        live.deny(None, key("7"), Some(Duration::from_secs(60)))
+            .await
+            .unwrap();
+        live.unlist(List::Deny, None, key("8")).await.unwrap();
+        live.deny(Some("api"), key("over"), None).await.unwrap();
+        assert_eq!(live.lists().len(), MAX_LISTED);
+    }
+
+    #[test]
+    fn list_fields_are_read_back_or_skipped() {
+        let field =
+            |f: &str| parse_list_field(f).map(|(p, l)| (p.map(str::to_owned), l.to_string()));
+        assert_eq!(field("* k user:a b"), Some((None, "user:a b".to_owned())));
+        assert_eq!(
+            field("api n 10.0.0.0/8"),
+            Some((Some("api".to_owned()), "10.0.0.0/8".to_owned()))
+        );
+        for bad in [
+            "",
+            "*",
+            "* k",
+            "* x y",
+            "api n 10.0.0.0/33",
+            "api n nonsense",
+        ] {
+            assert_eq!(field(bad), None, "{bad:?}");
+        }
+    }
+
     #[test]
     fn poll_every_applies_to_every_clone() {
         let live = LivePolicies::new(crate::MemoryStore::new());

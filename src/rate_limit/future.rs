@@ -529,6 +529,9 @@ where
                 }
                 RejectionKind::MissingKey(_) => RateLimitError::MissingKey,
                 RejectionKind::Unavailable(err) => RateLimitError::Unavailable(err.to_string()),
+                RejectionKind::DenyListed { retry_after, .. } => {
+                    RateLimitError::Denied { retry_after }
+                }
             })),
         })
     }

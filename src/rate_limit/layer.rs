@@ -123,11 +123,26 @@ impl<K, C, M, Fb> RateLimitLayer<K, C, M, Fb> {
 
     /// Shadow mode: decide and record (a `debug` event named
     /// `shadow-denied`), but never refuse (not over a limit, not for a
-    /// missing key, not when the store fails), and send no rate-limit
+    /// missing key or a deny list entry, not when the store fails), and send no rate-limit
     /// headers. For trying a new limit on live traffic before enforcing it.
     pub fn shadow(mut self, shadow: bool) -> Self {
         self.recipe.shadow = shadow;
         self
+    }
+
+    /// The status a request named by a deny list entry
+    /// ([`LivePolicies::deny`](crate::live::LivePolicies::deny)) is
+    /// refused with: 403 by default, or 429 to look rate limited (with
+    /// `Retry-After` counting down to the entry's end, if it has one);
+    /// refused unless it is a 4xx or 5xx. In gRPC mode it is mapped as a
+    /// missing key's status is (403 is `PERMISSION_DENIED`, 429
+    /// `RESOURCE_EXHAUSTED`).
+    pub fn deny_status(mut self, status: http::StatusCode) -> Result<Self, ConfigError> {
+        if !(status.is_client_error() || status.is_server_error()) {
+            return Err(ConfigError::RejectionStatus { status });
+        }
+        self.recipe.deny_status = Some(status);
+        Ok(self)
     }
 
     /// What to do when the store fails (default: let requests through).

@@ -12,6 +12,7 @@ use super::{RateSettings, RejectFn, ResponseCost};
 use crate::key::Key;
 use crate::layer::{FailurePolicy, OnMissingKey};
 use crate::limiter::Limiter;
+use crate::lists::{Lists, Verdict};
 use crate::metrics::LayerMetrics;
 use crate::policy::Policy;
 use crate::response::{HeaderStyle, PolicyHeaders};
@@ -36,6 +37,8 @@ pub(crate) struct Recipe {
     pub(crate) after: Option<ResponseCost>,
     /// Refusals are gRPC statuses ([`RateLimitLayer::grpc`](crate::RateLimitLayer::grpc)).
     pub(crate) grpc: bool,
+    /// The status of a refusal by a deny list entry; `None` for 403.
+    pub(crate) deny_status: Option<http::StatusCode>,
 }
 
 impl Recipe {
@@ -88,6 +91,7 @@ impl Recipe {
             local,
             after: self.after.clone(),
             grpc: self.grpc,
+            deny_status: self.deny_status.unwrap_or(http::StatusCode::FORBIDDEN),
         })
     }
 }
@@ -114,6 +118,7 @@ struct Derived {
     base: Arc<RateSettings>,
     by_key: HashMap<Key, Arc<RateSettings>>,
     by_plan: HashMap<Arc<str>, Arc<RateSettings>>,
+    lists: Arc<Lists>,
 }
 
 impl LiveSettings {
@@ -140,26 +145,32 @@ impl LiveSettings {
     }
 
     /// The settings deciding `key`, whose request names the plan `plan`
-    /// gives (asked only when some plan has limits of its own here).
+    /// gives (asked only when some plan has limits of its own here), and
+    /// what the deny and allow lists say of it.
     #[inline]
     pub(crate) fn select<'p>(
         &self,
         key: &Key,
         plan: impl FnOnce() -> Option<&'p str>,
-    ) -> Arc<RateSettings> {
+    ) -> (Arc<RateSettings>, Option<Verdict>) {
         let derived = self.current();
+        let listed = if derived.lists.is_empty() {
+            None
+        } else {
+            derived.lists.check(key)
+        };
         if !derived.by_key.is_empty()
             && let Some(settings) = derived.by_key.get(key)
         {
-            return settings.clone();
+            return (settings.clone(), listed);
         }
         if !derived.by_plan.is_empty()
             && let Some(plan) = plan()
             && let Some(settings) = derived.by_plan.get(plan)
         {
-            return settings.clone();
+            return (settings.clone(), listed);
         }
-        derived.base.clone()
+        (derived.base.clone(), listed)
     }
 
     /// The settings of the policy itself (for a request without a key).
@@ -244,5 +255,6 @@ fn derive(
         base,
         by_key,
         by_plan,
+        lists: rules.lists.clone(),
     }
 }

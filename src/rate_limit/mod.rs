@@ -257,6 +257,8 @@ pub(crate) struct RateSettings {
     pub(crate) after: Option<ResponseCost>,
     /// Refusals are gRPC statuses ([`RateLimitLayer::grpc`]).
     pub(crate) grpc: bool,
+    /// The status of a refusal by a deny list entry.
+    pub(crate) deny_status: http::StatusCode,
 }
 
 impl RateSettings {
@@ -397,6 +399,25 @@ impl RateSettings {
         self.refuse(RejectionKind::MissingKey(status))
     }
 
+    /// A request whose key a deny list entry (ending in `retry_after`)
+    /// names: refused with the layer's deny status, or let through in
+    /// shadow mode (`None`), without asking the store.
+    #[inline(never)]
+    pub(crate) fn deny_listed(&self, retry_after: Option<Duration>) -> Option<RejectionKind> {
+        let span = decision_span("rate_limit", self.limiter.name(), None, None);
+        let _entered = span.enter();
+        self.refuse(RejectionKind::DenyListed {
+            status: self.deny_status,
+            retry_after,
+        })
+    }
+
+    /// A request whose key an allow list entry names: counted, and let
+    /// through without asking the store.
+    pub(crate) fn allow_listed(&self) {
+        self.metrics.decided(Outcome::AllowListed, false);
+    }
+
     /// The rejection to send, or `None` in shadow mode, where the would-be
     /// rejection is only logged and the request goes through. Counts the
     /// outcome.
@@ -411,6 +432,7 @@ impl RateSettings {
             (RejectionKind::Limited(_), false) => Outcome::Denied.by_fallback(self.local),
             (RejectionKind::MissingKey(_), false) => Outcome::MissingKey,
             (RejectionKind::Unavailable(_), false) => Outcome::FailClosed,
+            (RejectionKind::DenyListed { .. }, false) => Outcome::DenyListed,
         };
         self.metrics.decided(outcome, false);
         tracing::Span::current().record("outcome", outcome.as_str());

@@ -16,6 +16,7 @@ use super::{
 };
 use crate::error::BoxError;
 use crate::key::KeyExtractor;
+use crate::lists::Verdict;
 use crate::response::{RefusalBody, ResponseBody};
 use crate::rules::Plan;
 
@@ -105,7 +106,7 @@ impl<S, K, C, M, F> RateLimit<S, K, C, M, F> {
         let feedback = self.shared.feedback.clone();
         let plan = || plan(&req).map(Plan::name);
         let live = self.shared.live(which);
-        let (settings, key) = match self.shared.key.extract(&req) {
+        let ((settings, listed), key) = match self.shared.key.extract(&req) {
             Some(key) => (live.select(&key, plan), key),
             None => {
                 let settings = live.base();
@@ -120,6 +121,9 @@ impl<S, K, C, M, F> RateLimit<S, K, C, M, F> {
                 }
             }
         };
+        if let Some(verdict) = listed {
+            return self.listed(req, settings, feedback, verdict);
+        }
         let cost = self.shared.cost.cost(&req);
         // A gRPC client does not enforce its deadline while it waits here
         // (the server counts it from when the call arrives): a slot past
@@ -181,6 +185,34 @@ impl<S, K, C, M, F> RateLimit<S, K, C, M, F> {
         F: UpstreamFeedback<S::Response>,
     {
         let refusal = reject.and_then(|status| settings.missing_key(status));
+        let start = Start::new(settings, feedback);
+        match refusal {
+            Some(kind) => ResponseFuture::rejected(start, kind),
+            None => ResponseFuture::calling(start, self.inner.call(req), None),
+        }
+    }
+
+    /// A request a deny or allow list entry names: refused (unless in
+    /// shadow mode), or let through unlimited, without asking the store.
+    #[inline(never)]
+    fn listed<Req>(
+        &mut self,
+        req: Req,
+        settings: Arc<RateSettings>,
+        feedback: F,
+        verdict: Verdict,
+    ) -> ResponseFuture<S, Req, M, F>
+    where
+        S: Service<Req>,
+        F: UpstreamFeedback<S::Response>,
+    {
+        let refusal = match verdict {
+            Verdict::Deny(retry_after) => settings.deny_listed(retry_after),
+            Verdict::Allow => {
+                settings.allow_listed();
+                None
+            }
+        };
         let start = Start::new(settings, feedback);
         match refusal {
             Some(kind) => ResponseFuture::rejected(start, kind),

@@ -30,6 +30,15 @@ pub enum RejectionKind {
     MissingKey(StatusCode),
     /// The store failed and the layer fails closed.
     Unavailable(StoreError),
+    /// A deny list entry refused the request
+    /// ([`LivePolicies::deny`](crate::live::LivePolicies::deny)), with the
+    /// layer's [`deny_status`](crate::RateLimitLayer::deny_status).
+    DenyListed {
+        /// The status to refuse with.
+        status: StatusCode,
+        /// When the entry ends; `None` if it has no end.
+        retry_after: Option<Duration>,
+    },
 }
 
 impl Rejection<'_> {
@@ -54,12 +63,14 @@ impl Rejection<'_> {
     }
 
     /// The status the default response uses: 429 when limited, the
-    /// configured status for a missing key, 503 when the store is down.
+    /// configured status for a missing key or a deny list entry, 503 when
+    /// the store is down.
     pub fn status(&self) -> StatusCode {
         match &self.kind {
             RejectionKind::Limited(_) => StatusCode::TOO_MANY_REQUESTS,
             RejectionKind::MissingKey(status) => *status,
             RejectionKind::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            RejectionKind::DenyListed { status, .. } => *status,
         }
     }
 
@@ -91,6 +102,7 @@ impl Rejection<'_> {
             RejectionKind::Unavailable(_) => {
                 Bytes::from_static(b"rate limiter unavailable; retry shortly\n")
             }
+            RejectionKind::DenyListed { .. } => Bytes::from_static(b"access denied\n"),
         };
         let mut response = Response::new(body);
         *response.status_mut() = self.status();
@@ -112,6 +124,15 @@ impl Rejection<'_> {
                 headers.insert(RETRY_AFTER, HeaderValue::from_static("1"));
             }
             RejectionKind::MissingKey(_) => {}
+            // Only a refusal that a retry can pass says when: a 429 (or
+            // 503) for an entry with an end.
+            RejectionKind::DenyListed {
+                status,
+                retry_after: Some(after),
+            } if retries(*status) => {
+                headers.insert(RETRY_AFTER, integer_value(retry_after_secs(*after)));
+            }
+            RejectionKind::DenyListed { .. } => {}
         }
         response
     }
@@ -166,6 +187,19 @@ impl Rejection<'_> {
                 ]),
                 Some(Some(Duration::from_secs(1))),
             ),
+            RejectionKind::DenyListed {
+                status,
+                retry_after,
+            } => grpc::refusal(
+                grpc::code_for(*status),
+                &concat(&["access denied (policy ", policy, ")"]),
+                Some(retry_after.filter(|_| retries(*status))),
+            ),
         }
     }
+}
+
+/// Whether a refusal with `status` may pass when retried later.
+fn retries(status: StatusCode) -> bool {
+    status == StatusCode::TOO_MANY_REQUESTS || status == StatusCode::SERVICE_UNAVAILABLE
 }

@@ -16,6 +16,7 @@ mod concurrency;
 mod handlers;
 mod http;
 mod lease_guard;
+mod lists;
 mod live;
 mod outbound;
 mod per_route;
