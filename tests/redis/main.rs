@@ -18,6 +18,7 @@ mod budget;
 mod cluster;
 mod hot_keys;
 mod leases;
+mod lists;
 mod live;
 mod local_fallback;
 mod outbound_fleet;
