@@ -18,4 +18,11 @@ pub enum ConcurrencyLimitError {
     /// The store failed and the layer fails closed.
     #[error("concurrency limiter unavailable: {0}")]
     Unavailable(String),
+    /// A deny list entry names the call's key
+    /// ([`LivePolicies::deny`](crate::live::LivePolicies::deny)).
+    #[error("denied by a deny list entry{}", retry_after.map(|d| format!(" ending in {d:?}")).unwrap_or_default())]
+    Denied {
+        /// When the entry ends; `None` if it has no end.
+        retry_after: Option<std::time::Duration>,
+    },
 }

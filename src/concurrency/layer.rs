@@ -35,6 +35,7 @@ pub struct ConcurrencyLimitLayer<K = PeerIp, M = mode::Http> {
     /// clone of the layer and every service it makes.
     local: Option<ConcurrencyLimiter>,
     status: StatusCode,
+    deny_status: StatusCode,
     retry_after: Duration,
     rejection: Option<RejectFn>,
     grpc: bool,
@@ -52,6 +53,7 @@ impl ConcurrencyLimitLayer {
             failure: FailurePolicy::default(),
             local: None,
             status: StatusCode::TOO_MANY_REQUESTS,
+            deny_status: StatusCode::FORBIDDEN,
             retry_after: Duration::from_secs(1),
             rejection: None,
             grpc: false,
@@ -126,6 +128,19 @@ impl<K, M> ConcurrencyLimitLayer<K, M> {
         Ok(self)
     }
 
+    /// The status a request named by a deny list entry is refused with
+    /// (default 403), once the limiter is made known to
+    /// [`LivePolicies::concurrency`](crate::live::LivePolicies::concurrency);
+    /// refused unless it is a 4xx or 5xx. As
+    /// [`RateLimitLayer::deny_status`](crate::RateLimitLayer::deny_status).
+    pub fn deny_status(mut self, status: StatusCode) -> Result<Self, ConfigError> {
+        if !(status.is_client_error() || status.is_server_error()) {
+            return Err(ConfigError::RejectionStatus { status });
+        }
+        self.deny_status = status;
+        Ok(self)
+    }
+
     /// The `Retry-After` of a refusal for too many in flight (default 1 s;
     /// sent in whole seconds, rounded up).
     pub fn retry_after(mut self, after: Duration) -> Self {
@@ -176,6 +191,7 @@ impl<K, M> ConcurrencyLimitLayer<K, M> {
             failure: self.failure,
             local: self.local,
             status: self.status,
+            deny_status: self.deny_status,
             retry_after: self.retry_after,
             rejection: self.rejection,
             grpc: self.grpc,
@@ -194,6 +210,7 @@ impl<K: Clone, M> Clone for ConcurrencyLimitLayer<K, M> {
             failure: self.failure,
             local: self.local.clone(),
             status: self.status,
+            deny_status: self.deny_status,
             retry_after: self.retry_after,
             rejection: self.rejection.clone(),
             grpc: self.grpc,
@@ -210,6 +227,7 @@ impl<K, M> fmt::Debug for ConcurrencyLimitLayer<K, M> {
             .field("on_missing", &self.on_missing)
             .field("failure", &self.failure)
             .field("status", &self.status)
+            .field("deny_status", &self.deny_status)
             .field("retry_after", &self.retry_after)
             .field("grpc", &self.grpc)
             .field("shadow", &self.shadow)
@@ -238,6 +256,7 @@ impl<K, M> ConcurrencyLimitLayer<K, M> {
                 self.failure
             },
             status: self.status,
+            deny_status: self.deny_status,
             retry_after: self.retry_after,
             rejection: self.rejection.clone(),
             grpc: self.grpc,

@@ -1,4 +1,6 @@
 use std::fmt;
+
+use arc_swap::ArcSwap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -12,6 +14,7 @@ use crate::error::{ConfigError, StoreError};
 use crate::key::Key;
 use crate::lease::{LeaseGuard, OnRelease, Pending, Renewer, StoreLease};
 use crate::limiter::IntoStore;
+use crate::lists::{Lists, Verdict as ListVerdict};
 use crate::metrics::LimitMetrics;
 use crate::store::{self, LeaseCall, LeaseGrant, LeaseId, MemoryStore, Store, StoreFuture};
 
@@ -31,6 +34,10 @@ pub struct ConcurrencyLimiter {
     adaptive: Option<Arc<Adaptive>>,
     /// Callers waiting for a slot, and what a release tells them.
     queue: Option<(Arc<Waiters>, OnRelease)>,
+    /// The deny and allow entries for this policy, set by
+    /// [`LivePolicies`](crate::live::LivePolicies) once the limiter is
+    /// made known to it; shared by every clone.
+    lists: Arc<ArcSwap<Lists>>,
 }
 
 /// The outcome of [`ConcurrencyLimiter::acquire`].
@@ -53,7 +60,25 @@ impl ConcurrencyLimiter {
             pending: Arc::default(),
             adaptive: None,
             queue: None,
+            lists: Arc::default(),
         }
+    }
+
+    /// What the deny and allow lists say of `key` now (one branch when
+    /// they are empty).
+    #[inline]
+    pub(crate) fn listed(&self, key: &Key) -> Option<ListVerdict> {
+        let lists = self.lists.load();
+        if lists.is_empty() {
+            return None;
+        }
+        lists.check(key)
+    }
+
+    /// Replaces the deny and allow entries the layers on this limiter
+    /// check.
+    pub(crate) fn set_lists(&self, lists: Arc<Lists>) {
+        self.lists.store(lists);
     }
 
     /// An adaptive limit named `name` (part of metric labels and storage

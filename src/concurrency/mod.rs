@@ -167,6 +167,8 @@ pub(crate) struct ConcurrencySettings {
     pub(crate) on_missing: OnMissingKey,
     pub(crate) failure: FailurePolicy,
     pub(crate) status: StatusCode,
+    /// The status of a refusal by a deny list entry.
+    pub(crate) deny_status: StatusCode,
     pub(crate) retry_after: Duration,
     pub(crate) rejection: Option<RejectFn>,
     /// Refusals are gRPC statuses ([`ConcurrencyLimitLayer::grpc`]).
@@ -296,6 +298,40 @@ impl ConcurrencySettings {
         Some(kind)
     }
 
+    /// A request whose key a deny list entry names: refused with the
+    /// deny status, or in shadow mode (`None`) let on without a lease.
+    #[inline(never)]
+    pub(crate) fn deny_listed(
+        &self,
+        retry_after: Option<Duration>,
+    ) -> Option<ConcurrencyRejectionKind> {
+        let policy = self.limiter.policy().name();
+        let span = decision_span("concurrency", policy, None, None);
+        let _entered = span.enter();
+        let outcome = if self.shadow {
+            Outcome::ShadowDenied
+        } else {
+            Outcome::DenyListed
+        };
+        span.record("outcome", outcome.as_str());
+        self.metrics.decided(outcome, false);
+        let kind = ConcurrencyRejectionKind::DenyListed {
+            status: self.deny_status,
+            retry_after,
+        };
+        if self.shadow {
+            tracing::debug!(policy, reason = ?kind, "shadow-denied");
+            return None;
+        }
+        Some(kind)
+    }
+
+    /// A request whose key an allow list entry names: counted, and let on
+    /// without a lease.
+    pub(crate) fn allow_listed(&self) {
+        self.metrics.decided(Outcome::AllowListed, false);
+    }
+
     pub(crate) fn rejection(&self, kind: ConcurrencyRejectionKind) -> Response<Bytes> {
         let rejection = ConcurrencyRejection {
             kind,
@@ -317,6 +353,9 @@ impl ConcurrencySettings {
                 max_in_flight: self.limiter.policy().max_in_flight(),
             },
             ConcurrencyRejectionKind::MissingKey(_) => ConcurrencyLimitError::MissingKey,
+            ConcurrencyRejectionKind::DenyListed { retry_after, .. } => {
+                ConcurrencyLimitError::Denied { retry_after }
+            }
             ConcurrencyRejectionKind::Unavailable(err) => {
                 ConcurrencyLimitError::Unavailable(err.to_string())
             }

@@ -6,7 +6,7 @@ use http::{HeaderValue, Response, StatusCode};
 
 use super::ConcurrencyPolicy;
 use crate::error::StoreError;
-use crate::response::{grpc, retry_after_secs};
+use crate::response::{grpc, retries, retry_after_secs};
 use crate::store::LeaseGrant;
 
 /// Why a [`ConcurrencyLimitLayer`](super::ConcurrencyLimitLayer) refused a
@@ -30,6 +30,15 @@ pub enum ConcurrencyRejectionKind {
     MissingKey(StatusCode),
     /// The store failed and the layer fails closed.
     Unavailable(StoreError),
+    /// A deny list entry refused the request
+    /// ([`LivePolicies::deny`](crate::live::LivePolicies::deny)), with the
+    /// layer's [`deny_status`](super::ConcurrencyLimitLayer::deny_status).
+    DenyListed {
+        /// The status to refuse with.
+        status: StatusCode,
+        /// When the entry ends; `None` if it has no end.
+        retry_after: Option<Duration>,
+    },
 }
 
 impl ConcurrencyRejection<'_> {
@@ -45,12 +54,13 @@ impl ConcurrencyRejection<'_> {
 
     /// The status the default response uses: the layer's configured status
     /// (429 unless changed) when too many are in flight, the missing-key
-    /// status, or 503 when the store is down.
+    /// or deny status, or 503 when the store is down.
     pub fn status(&self) -> StatusCode {
         match &self.kind {
             ConcurrencyRejectionKind::InFlight(_) => self.status,
             ConcurrencyRejectionKind::MissingKey(status) => *status,
             ConcurrencyRejectionKind::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ConcurrencyRejectionKind::DenyListed { status, .. } => *status,
         }
     }
 
@@ -86,6 +96,15 @@ impl ConcurrencyRejection<'_> {
             ConcurrencyRejectionKind::Unavailable(_) => (
                 "concurrency limiter unavailable; retry shortly\n".to_owned(),
                 Some(1),
+            ),
+            ConcurrencyRejectionKind::DenyListed {
+                status,
+                retry_after,
+            } => (
+                "access denied\n".to_owned(),
+                retry_after
+                    .filter(|_| retries(*status))
+                    .map(retry_after_secs),
             ),
         };
         let mut response = Response::new(Bytes::from(body));
@@ -134,6 +153,14 @@ impl ConcurrencyRejection<'_> {
                 grpc::UNAVAILABLE,
                 &format!("concurrency limiter unavailable (policy {policy}); retry shortly"),
                 Some(Some(Duration::from_secs(1))),
+            ),
+            ConcurrencyRejectionKind::DenyListed {
+                status,
+                retry_after,
+            } => grpc::refusal(
+                grpc::code_for(*status),
+                &format!("access denied (concurrency policy {policy})"),
+                Some(retry_after.filter(|_| retries(*status))),
             ),
         }
     }

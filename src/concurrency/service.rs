@@ -13,6 +13,7 @@ use super::{ConcurrencyBody, ConcurrencyParts, ResponseFuture};
 use crate::error::BoxError;
 use crate::key::KeyExtractor;
 use crate::layer::{OnMissingKey, mode};
+use crate::lists::Verdict as ListVerdict;
 
 /// The service [`ConcurrencyLimitLayer`](super::ConcurrencyLimitLayer)
 /// produces.
@@ -75,6 +76,20 @@ impl<S, K, M> ConcurrencyLimit<S, K, M> {
                 }
             },
         };
+        if let Some(verdict) = settings.limiter.listed(&key) {
+            let refusal = match verdict {
+                ListVerdict::Deny(retry_after) => settings.deny_listed(retry_after),
+                ListVerdict::Allow => {
+                    settings.allow_listed();
+                    None
+                }
+            };
+            if let Some(kind) = refusal {
+                return ResponseFuture::new(Admitting::rejected(settings, kind));
+            }
+            let fut = self.inner.call(req);
+            return ResponseFuture::new(Admitting::calling(settings, fut, None));
+        }
         // Shadow mode queues nothing: a refused request goes on at once.
         let acquire = if settings.shadow {
             settings.limiter.acquire_now(&key)

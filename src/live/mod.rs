@@ -52,6 +52,22 @@
 //! as its hash. A plan that does not define a policy leaves that policy's
 //! limits as they are.
 //!
+//! # Deny and allow lists
+//!
+//! [`deny`](LivePolicies::deny) refuses an identity, or every IP key in a
+//! network (`203.0.113.0/24`, `2001:db8::/32`), outright;
+//! [`allow`](LivePolicies::allow) exempts one from a policy (a health
+//! checker, a partner). Either for one policy or every one, with an
+//! optional end, fleet-wide as every other change. A layer checks them
+//! before its limiter, from memory: a listed request costs no store call,
+//! and a limiter without lists one branch. A deny entry beats an allow
+//! entry; shadow mode refuses nothing. Rate and concurrency layers check
+//! them (a concurrency limiter once given to
+//! [`concurrency`](LivePolicies::concurrency)); load shedders, which
+//! decide by tier and not by identity, and direct calls to a
+//! [`Limiter`] do not. At most 100,000 entries are in force
+//! ([`ConfigError::TooManyListed`] past it); ended ones do not count.
+//!
 //! [`AdminApi`] (cargo feature `admin`) serves these calls over HTTP, for
 //! an operator or a tool; `docs/live-policies.md` shows them as curl lines.
 //!
@@ -296,12 +312,14 @@ impl LivePolicies {
     }
 
     /// Makes the policy of `limiter` known to [`reset`](Self::reset), which
-    /// then drops an identity's leases too; returns the limiter.
+    /// then drops an identity's leases too, and to the deny and allow
+    /// lists, which its [`ConcurrencyLimitLayer`](crate::concurrency::ConcurrencyLimitLayer)s
+    /// then check; returns the limiter.
     pub fn concurrency(&self, limiter: ConcurrencyLimiter) -> ConcurrencyLimiter {
-        self.fleet
-            .lock()
-            .concurrency
-            .insert(limiter.policy().name().to_owned(), limiter.clone());
+        let mut state = self.fleet.lock();
+        let name = limiter.policy().name().to_owned();
+        limiter.set_lists(state.lists_for(&name));
+        state.concurrency.insert(name, limiter.clone());
         limiter
     }
 
@@ -512,12 +530,14 @@ impl LivePolicies {
     }
 
     /// Puts `listed` (an identity, or a network of IP keys) on the deny
-    /// list of rate policy `policy`, or (`None`) of every policy,
-    /// fleet-wide: every [`RateLimitLayer`](crate::RateLimitLayer) on
-    /// that policy's limiter refuses it outright (403 by default,
-    /// [`deny_status`](crate::RateLimitLayer::deny_status)) without
+    /// list of policy `policy`, or (`None`) of every policy, fleet-wide:
+    /// every [`RateLimitLayer`](crate::RateLimitLayer) on that policy's
+    /// limiter, and every [`ConcurrencyLimitLayer`](crate::concurrency::ConcurrencyLimitLayer)
+    /// on a limiter given to [`concurrency`](Self::concurrency), refuses
+    /// it outright (403 by default, `deny_status` on either layer) without
     /// asking its store, until `expires_in` has passed (`None`: until
-    /// [`unlist`](Self::unlist)ed). Listing it again replaces its end.
+    /// [`unlist`](Self::unlist)ed; at most 10 years, by the writer's
+    /// clock). Listing it again replaces its end.
     ///
     /// ```
     /// use std::time::Duration;
@@ -547,9 +567,9 @@ impl LivePolicies {
             .await
     }
 
-    /// Puts `listed` on the allow list of rate policy `policy`, or
-    /// (`None`) of every policy, fleet-wide: its requests pass those
-    /// policies' layers without a decision (no store call, no state, no
+    /// Puts `listed` on the allow list of policy `policy`, or (`None`) of
+    /// every policy, fleet-wide: its requests pass those policies' layers
+    /// without a decision (no store call, no state, no lease, no
     /// rate-limit headers), until `expires_in` has passed. A deny entry
     /// for the same request beats it. As [`deny`](Self::deny) otherwise.
     pub async fn allow(
@@ -693,8 +713,12 @@ impl Fleet {
     /// The stored field of a list entry for `policy` (a rate policy with a
     /// limiter here) or every policy.
     fn list_field(&self, policy: Option<&str>, listed: &Listed) -> Result<String, ConfigError> {
-        if let Some(name) = policy {
-            self.known(name)?;
+        if let Some(name) = policy
+            && !self.lock().knows(name)
+        {
+            return Err(ConfigError::UnknownPolicy {
+                name: name.to_owned(),
+            });
         }
         let scope = policy.unwrap_or("*");
         Ok(match listed {
@@ -1014,6 +1038,20 @@ impl State {
         for name in self.limiters.keys() {
             self.apply_one(name);
         }
+        for (name, limiter) in &self.concurrency {
+            limiter.set_lists(self.lists_for(name));
+        }
+    }
+
+    /// The deny and allow entries in force for policy `name`: its own and
+    /// those for every policy.
+    fn lists_for(&self, name: &str) -> Arc<Lists> {
+        let lists = self
+            .changes
+            .entries(now_ms())
+            .filter(|(_, scope, _, _)| scope.is_none_or(|p| p == name))
+            .map(|(list, _, listed, ends)| (list, listed, ends));
+        Arc::new(Lists::new(lists))
     }
 
     /// Builds the rules of policy `name` from its default and the changes,
@@ -1078,16 +1116,11 @@ impl State {
                 by_key.insert(key, policy);
             }
         }
-        let lists = self
-            .changes
-            .entries(now_ms())
-            .filter(|(_, scope, _, _)| scope.is_none_or(|p| p == name))
-            .map(|(list, _, listed, ends)| (list, listed, ends));
         registered.cell.set(Rules {
             base,
             by_key,
             by_plan,
-            lists: Arc::new(Lists::new(lists)),
+            lists: self.lists_for(name),
         });
     }
 }

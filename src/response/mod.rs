@@ -22,6 +22,7 @@ pub use self::rejection::{Rejection, RejectionKind};
 pub(crate) use self::answer::{Answer, Outcome};
 pub(crate) use self::headers::PolicyHeaders;
 pub(crate) use self::headers::retry_after_secs;
+pub(crate) use self::rejection::retries;
 #[cfg(feature = "grpc")]
 pub(crate) use self::trailers::Watched;
 pub(crate) use self::trailers::{TrailerWatch, WatchesTrailers};

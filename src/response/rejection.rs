@@ -200,6 +200,6 @@ impl Rejection<'_> {
 }
 
 /// Whether a refusal with `status` may pass when retried later.
-fn retries(status: StatusCode) -> bool {
+pub(crate) fn retries(status: StatusCode) -> bool {
     status == StatusCode::TOO_MANY_REQUESTS || status == StatusCode::SERVICE_UNAVAILABLE
 }

@@ -284,6 +284,67 @@ async fn refused_list_changes_change_nothing() {
     );
 }
 
+#[tokio::test]
+async fn a_concurrency_limit_known_to_live_policies_checks_the_lists() {
+    use fleetgate::concurrency::{
+        Admission, ConcurrencyLimitLayer, ConcurrencyLimiter, ConcurrencyPolicy,
+    };
+    let live = LivePolicies::new(MemoryStore::new());
+    let policy = ConcurrencyPolicy::builder("lists-slow", 1).build().unwrap();
+    let limiter = live.concurrency(ConcurrencyLimiter::new(policy, MemoryStore::new()));
+    let ok = tower::service_fn(|_: Request<Body>| async {
+        Ok::<_, Infallible>(Response::new(Body::from("ok")))
+    });
+    let layer = ConcurrencyLimitLayer::new(limiter.clone())
+        .key(by_user_or_ip())
+        .deny_status(StatusCode::TOO_MANY_REQUESTS)
+        .unwrap();
+    let app: App = BoxCloneService::new(tower::util::MapResponse::new(
+        layer.layer(ok),
+        |r: Response<_>| r.map(Body::new),
+    ));
+    // Each of these identities already has its one call in flight.
+    let mut held = Vec::new();
+    for name in ["partner", "bob", "mallory"] {
+        match limiter
+            .acquire(&Key::new(format!("user:{name}")))
+            .await
+            .unwrap()
+        {
+            Admission::Acquired(guard) => held.push(guard),
+            other => panic!("{other:?}"),
+        }
+    }
+    live.allow(Some("lists-slow"), Key::new("user:partner"), None)
+        .await
+        .unwrap();
+    live.deny(
+        None,
+        Key::new("user:mallory"),
+        Some(Duration::from_secs(90)),
+    )
+    .await
+    .unwrap();
+    assert_eq!(status(&app, "partner").await, StatusCode::OK);
+    assert_eq!(status(&app, "bob").await, StatusCode::TOO_MANY_REQUESTS);
+    drop(held);
+    let response = send(&app, "x-user", "mallory").await;
+    assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+    let secs: u64 = response.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((80..=90).contains(&secs), "{secs}");
+    let snapshot = observe::snapshot()
+        .policies
+        .into_iter()
+        .find(|p| p.layer == "concurrency" && p.policy == "lists-slow")
+        .unwrap();
+    assert_eq!(snapshot.decisions.deny_listed, 1);
+    assert_eq!(snapshot.decisions.allow_listed, 1);
+}
+
 /// The `deny_listed` and `allow_listed` counts of rate policy `name`.
 fn counts(name: &str) -> (u64, u64) {
     let snapshot = observe::snapshot()
