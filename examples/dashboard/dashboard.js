@@ -95,7 +95,10 @@ function render(event) {
       rate(r.fail_open ?? 0, d.fail_open, "total-" + id + "-fail_open"),
       rate(r.fail_closed ?? 0, d.fail_closed, "total-" + id + "-fail_closed"),
       rate(((r.fallback_allowed ?? 0) + (r.fallback_denied ?? 0)).toFixed(2) * 1,
-        d.fallback_allowed + d.fallback_denied, "total-" + id + "-local"));
+        d.fallback_allowed + d.fallback_denied, "total-" + id + "-local"),
+      // Deny and allow list entries: refused or let through undecided.
+      rate(r.deny_listed ?? 0, d.deny_listed ?? 0, "total-" + id + "-deny_listed"),
+      rate(r.allow_listed ?? 0, d.allow_listed ?? 0, "total-" + id + "-allow_listed"));
     const canvas = document.createElement("canvas");
     canvas.width = POINTS;
     canvas.height = 36;

@@ -163,6 +163,8 @@ fn tick(
                 "fail_closed": per_s(d.fail_closed, w.fail_closed),
                 "fallback_allowed": per_s(d.fallback_allowed, w.fallback_allowed),
                 "fallback_denied": per_s(d.fallback_denied, w.fallback_denied),
+                "deny_listed": per_s(d.deny_listed, w.deny_listed),
+                "allow_listed": per_s(d.allow_listed, w.allow_listed),
             });
             let point = [
                 per_s(d.allowed, w.allowed),
