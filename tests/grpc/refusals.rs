@@ -176,3 +176,63 @@ async fn concurrency_and_fleet_shed_failing_closed_are_unavailable() {
     assert!(status.message().contains("fleet"), "{}", status.message());
     assert_eq!(greeter.calls(), 0);
 }
+
+/// A deny list entry: `PERMISSION_DENIED`, told not to retry; as a 429
+/// with an end, `RESOURCE_EXHAUSTED` with the time left as pushback.
+#[tokio::test]
+async fn deny_listed_calls_are_permission_denied_or_exhausted() {
+    use fleetgate::MemoryStore;
+    use fleetgate::live::LivePolicies;
+    let live = LivePolicies::new(MemoryStore::new());
+    let policy = |name: &str| {
+        "10/s"
+            .parse::<fleetgate::spec::PolicySpec>()
+            .unwrap()
+            .build(name)
+            .unwrap()
+    };
+    let forbidden = RateLimitLayer::new(live.limiter(policy("greet-deny")))
+        .key(HeaderKey::new("x-api-key"))
+        .grpc();
+    let exhausted = RateLimitLayer::new(live.limiter(policy("greet-deny-429")))
+        .key(HeaderKey::new("x-api-key"))
+        .deny_status(http::StatusCode::TOO_MANY_REQUESTS)
+        .unwrap()
+        .grpc();
+    let key = HeaderKey::new("x-api-key");
+    let mallory = {
+        use fleetgate::key::KeyExtractor;
+        let req = http::Request::get("/")
+            .header("x-api-key", "mallory")
+            .body(())
+            .unwrap();
+        key.extract(&req).unwrap()
+    };
+    live.deny(None, mallory, Some(Duration::from_secs(120)))
+        .await
+        .unwrap();
+    let (greeter, _dropped) = Greeter::new();
+    let addr = serve!(forbidden, greeter.clone());
+    let mut client = GreeterClient::new(channel(addr).await);
+    let status = client
+        .say_hello(hello("m", Some("mallory")))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
+    assert_eq!(pushback_ms(&status), -1, "told not to retry");
+    client
+        .say_hello(hello("ada", Some("ada")))
+        .await
+        .expect("another key");
+
+    let addr = serve!(exhausted, greeter.clone());
+    let mut client = GreeterClient::new(channel(addr).await);
+    let status = client
+        .say_hello(hello("m", Some("mallory")))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+    let pushback = pushback_ms(&status);
+    assert!((100_000..=120_000).contains(&pushback), "{pushback}");
+    assert_eq!(greeter.calls(), 1);
+}
