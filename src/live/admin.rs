@@ -46,9 +46,11 @@ type Identify = dyn Fn(&str) -> Option<Key> + Send + Sync;
 /// `{identity}` is the identity as clients send it (an `x-api-key` value,
 /// an IP address), percent-encoded in the path; the function given to
 /// [`new`](Self::new) turns it into the [`Key`] the layer's extractor
-/// makes of it, or refuses it (`None`: 400). A failure of the store
-/// answers 503 with its error; nothing is then changed. Every change is
-/// logged at `info` with the identity's key, never the raw identity.
+/// makes of it, or refuses it (`None`: 400). An `{identity}` holding a
+/// control character (U+0000 to U+001F, U+007F to U+009F, sent as `%0A`
+/// and the like) is refused with 400 before it is read. A failure of the
+/// store answers 503 with its error; nothing is then changed. Every change
+/// is logged at `info` with the identity's key, never the raw identity.
 ///
 /// With [`token`](Self::token), each call needs `Authorization: Bearer
 /// <token>` (401 otherwise, on every path, known or not); without it, the
@@ -132,6 +134,17 @@ impl AdminApi {
     }
 }
 
+impl AdminApi {
+    /// The key of `identity`, a path's `{identity}`; or why it is refused.
+    fn key(&self, identity: &str) -> Result<Key, BadRequest> {
+        if has_control(identity) {
+            return Err(BadRequest::control("identity"));
+        }
+        (self.identity)(identity)
+            .ok_or_else(|| BadRequest("not an identity the rate limits know".into()))
+    }
+}
+
 impl std::fmt::Debug for AdminApi {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("AdminApi")
@@ -206,8 +219,9 @@ async fn set_override(
     Path((policy, identity)): Path<(String, String)>,
     body: String,
 ) -> Response {
-    let Some(key) = (api.identity)(&identity) else {
-        return unknown_identity();
+    let key = match api.key(&identity) {
+        Ok(key) => key,
+        Err(refused) => return refused.into_response(),
     };
     let limits = body.trim();
     match api.live.set_override(&policy, &key, Some(limits)).await {
@@ -227,8 +241,9 @@ async fn remove_override(
     State(api): Api,
     Path((policy, identity)): Path<(String, String)>,
 ) -> Response {
-    let Some(key) = (api.identity)(&identity) else {
-        return unknown_identity();
+    let key = match api.key(&identity) {
+        Ok(key) => key,
+        Err(refused) => return refused.into_response(),
     };
     match api.live.set_override(&policy, &key, None).await {
         Ok(()) => {
@@ -240,8 +255,9 @@ async fn remove_override(
 }
 
 async fn assign_plan(State(api): Api, Path(identity): Path<String>, body: String) -> Response {
-    let Some(key) = (api.identity)(&identity) else {
-        return unknown_identity();
+    let key = match api.key(&identity) {
+        Ok(key) => key,
+        Err(refused) => return refused.into_response(),
     };
     let plan = body.trim();
     match api.live.assign_plan(&key, Some(plan)).await {
@@ -254,8 +270,9 @@ async fn assign_plan(State(api): Api, Path(identity): Path<String>, body: String
 }
 
 async fn remove_plan(State(api): Api, Path(identity): Path<String>) -> Response {
-    let Some(key) = (api.identity)(&identity) else {
-        return unknown_identity();
+    let key = match api.key(&identity) {
+        Ok(key) => key,
+        Err(refused) => return refused.into_response(),
     };
     match api.live.assign_plan(&key, None).await {
         Ok(()) => {
@@ -275,8 +292,9 @@ async fn reset_all(State(api): Api, Path(identity): Path<String>) -> Response {
 }
 
 async fn reset(api: &AdminApi, identity: &str, policy: Option<&str>) -> Response {
-    let Some(key) = (api.identity)(identity) else {
-        return unknown_identity();
+    let key = match api.key(identity) {
+        Ok(key) => key,
+        Err(refused) => return refused.into_response(),
     };
     match api.live.reset(&key, policy).await {
         Ok(()) => {
@@ -315,11 +333,27 @@ fn refused(err: LiveError) -> Response {
     text(status, &err.to_string())
 }
 
-fn unknown_identity() -> Response {
-    text(
-        StatusCode::BAD_REQUEST,
-        "not an identity the rate limits know",
-    )
+/// Whether a path's `{identity}` holds a control character (C0, DEL or
+/// C1): never one a client sends, and one a log or a terminal would act
+/// on.
+fn has_control(text: &str) -> bool {
+    text.chars().any(char::is_control)
+}
+
+/// A path's `{identity}` or `{cidr}` refused before anything else is
+/// read: 400 with this message.
+struct BadRequest(String);
+
+impl BadRequest {
+    fn control(what: &str) -> Self {
+        BadRequest(format!("the {what} holds a control character"))
+    }
+}
+
+impl IntoResponse for BadRequest {
+    fn into_response(self) -> Response {
+        text(StatusCode::BAD_REQUEST, &self.0)
+    }
 }
 
 fn text(status: StatusCode, body: &str) -> Response {
@@ -451,6 +485,51 @@ mod tests {
         let (status, body) = call(&app, "GET", "/instances", "").await;
         assert_eq!(status, 200);
         assert!(body.contains("\"started\": \"20"), "{body}");
+    }
+
+    #[tokio::test]
+    async fn identities_with_control_characters_are_refused() {
+        let live = LivePolicies::new(MemoryStore::new());
+        let _api = live.limiter("1/min".parse::<PolicySpec>().unwrap().build("api").unwrap());
+        live.define_plan(
+            "pro",
+            "5/min".parse::<PolicySpec>().unwrap().build("api").unwrap(),
+        )
+        .unwrap();
+        let seen = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+        let asked = seen.clone();
+        let app: Router = AdminApi::new(live.clone(), move |raw: &str| {
+            asked.lock().unwrap().push(raw.to_owned());
+            Some(Key::new(format!("k:{raw}")))
+        })
+        .token("s3cret")
+        .router();
+        for (method, path, body) in [
+            ("PUT", "/overrides/api/a%0A", "5/min"),
+            ("DELETE", "/overrides/api/a%0A", ""),
+            ("PUT", "/plans/a%0D%0A", "pro"),
+            ("PUT", "/plans/a%09b", "pro"),
+            ("PUT", "/plans/a%7F", "pro"),
+            ("PUT", "/plans/a%C2%85", "pro"),
+            ("DELETE", "/plans/%00", ""),
+            ("POST", "/reset/api/a%0A", ""),
+            ("POST", "/reset/a%1B%5B2J", ""),
+        ] {
+            let (status, answer) = call(&app, method, path, body).await;
+            assert_eq!(status, 400, "{method} {path}: {answer}");
+            assert!(
+                answer.contains("control character"),
+                "{method} {path}: {answer}"
+            );
+        }
+        // Refused before the identity function is asked: nothing changed.
+        assert_eq!(*seen.lock().unwrap(), Vec::<String>::new());
+        // A space and a letter beyond ASCII are no control characters.
+        assert_eq!(
+            call(&app, "PUT", "/plans/a%20%C3%A9", "pro").await,
+            (200, "pro\n".into())
+        );
+        assert_eq!(*seen.lock().unwrap(), ["a é"]);
     }
 
     #[test]
