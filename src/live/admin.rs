@@ -1,24 +1,25 @@
 //! An HTTP admin API over [`LivePolicies`], as an axum [`Router`] the
 //! application nests under a path and its own authentication.
 
+use std::net::IpAddr;
 use std::sync::Arc;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, Path, Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post, put};
+use axum::routing::{MethodRouter, get, post, put};
 use sha2::{Digest, Sha256};
 
-use super::{LiveError, LivePolicies};
+use super::{List, Listed, LiveError, LivePolicies};
 use crate::error::ConfigError;
-use crate::key::Key;
-use crate::policy::spec::PolicySpec;
+use crate::key::{IpNet, Key};
+use crate::policy::spec::{PolicySpec, parse_duration};
 
-/// The largest request body the API reads (a policy text or a plan name);
-/// a longer one is answered 413.
+/// The largest request body the API reads (a policy text, a plan name, a
+/// duration); a longer one is answered 413.
 const MAX_BODY: usize = 4 * 1024;
 
 /// Turns an identity as clients send it into the key the limits know.
@@ -28,7 +29,8 @@ type Identify = dyn Fn(&str) -> Option<Key> + Send + Sync;
 /// [`Router`] that changes the fleet's limits while it runs. Nest it where you want it (`/admin`
 /// below); its routes are relative to that path. Bodies are plain text in
 /// the policy syntax of [`spec`](crate::policy::spec) (`1/s burst 5`,
-/// `25/5s + 300/min sliding-log`), at most 4 KiB (413 beyond).
+/// `25/5s + 300/min sliding-log`) or a duration (`10m`, `1h30min`), at
+/// most 4 KiB (413 beyond).
 ///
 /// | route | does | answers |
 /// |---|---|---|
@@ -42,15 +44,25 @@ type Identify = dyn Fn(&str) -> Option<Key> + Send + Sync;
 /// | `POST /reset/{policy}/{identity}` | clears the identity's state under the policy | 204; 404 for an unknown policy |
 /// | `POST /reset/{identity}` | clears it under every policy | 204 |
 /// | `GET /instances` | the instances sharing the store, from their heartbeats | 200, JSON `[{"id", "address", "started", "last_seen"}]` (RFC 3339 times) |
+/// | `PUT /deny/{identity}` | refuses the identity on every policy ([`deny`](LivePolicies::deny); body: empty for no end, or a duration such as `10m`) | 204; 400 for a bad or out-of-range duration (zero, over 10 years) or past 100,000 entries |
+/// | `PUT /deny/{policy}/{identity}` | refuses it on one policy | 204; 400; 404 for an unknown policy |
+/// | `DELETE /deny/{identity}`, `DELETE /deny/{policy}/{identity}` | takes that entry off ([`unlist`](LivePolicies::unlist); none is no error) | 204; 404 |
+/// | `PUT`/`DELETE /allow/{identity}`, `/allow/{policy}/{identity}` | the same for the allow list: the identity passes without a decision ([`allow`](LivePolicies::allow)) | as `/deny` |
+/// | `PUT`/`DELETE /deny-net/{cidr}`, `/deny-net/{policy}/{cidr}` | the same for a network (`203.0.113.0%2F24`, `2001:db8::%2F32`, or a bare address), matching every IP key in it | as `/deny`; 400 for a bad network (`10.0.0.0%2F33`), or for its `/` not percent-encoded |
+/// | `PUT`/`DELETE /allow-net/{cidr}`, `/allow-net/{policy}/{cidr}` | a network on the allow list | as `/deny-net` |
+/// | `GET /lists` | the deny and allow entries in force (as of the last poll) | 200, JSON `[{"list": "deny"\|"allow", "policy": null\|"api", "identity": "<key>" or "network": "203.0.113.0/24", "expires": null\|"<RFC 3339>"}]` |
 ///
 /// `{identity}` is the identity as clients send it (an `x-api-key` value,
 /// an IP address), percent-encoded in the path; the function given to
 /// [`new`](Self::new) turns it into the [`Key`] the layer's extractor
-/// makes of it, or refuses it (`None`: 400). An `{identity}` holding a
-/// control character (U+0000 to U+001F, U+007F to U+009F, sent as `%0A`
-/// and the like) is refused with 400 before it is read. A failure of the
-/// store answers 503 with its error; nothing is then changed. Every change
-/// is logged at `info` with the identity's key, never the raw identity.
+/// makes of it, or refuses it (`None`: 400). An `{identity}` or `{cidr}`
+/// holding a control character (U+0000 to U+001F, U+007F to U+009F, sent
+/// as `%0A` and the like) is refused with 400 before it is read. In
+/// `/lists`, `"identity"` is that key (`ip:203.0.113.7`, or the `h:` digest
+/// of an API key), not the raw identity. A failure of the store answers
+/// 503 with its error; a request answered 400, 404, 413 or 503 changes
+/// nothing. Every change is logged at `info` with the identity's key (or
+/// the network), never the raw identity.
 ///
 /// With [`token`](Self::token), each call needs `Authorization: Bearer
 /// <token>` (401 otherwise, on every path, known or not); without it, the
@@ -128,6 +140,27 @@ impl AdminApi {
             .route("/reset/{policy}/{identity}", post(reset_one))
             .route("/reset/{identity}", post(reset_all))
             .route("/instances", get(instances))
+            .route("/deny/{identity}", every_policy(List::Deny, Kind::Key))
+            .route(
+                "/deny/{policy}/{identity}",
+                one_policy(List::Deny, Kind::Key),
+            )
+            .route("/allow/{identity}", every_policy(List::Allow, Kind::Key))
+            .route(
+                "/allow/{policy}/{identity}",
+                one_policy(List::Allow, Kind::Key),
+            )
+            .route("/deny-net/{cidr}", every_policy(List::Deny, Kind::Net))
+            .route(
+                "/deny-net/{policy}/{cidr}",
+                one_policy(List::Deny, Kind::Net),
+            )
+            .route("/allow-net/{cidr}", every_policy(List::Allow, Kind::Net))
+            .route(
+                "/allow-net/{policy}/{cidr}",
+                one_policy(List::Allow, Kind::Net),
+            )
+            .route("/lists", get(lists))
             .layer(DefaultBodyLimit::max(MAX_BODY))
             .layer(middleware::from_fn_with_state(api.clone(), authorize))
             .with_state(api)
@@ -142,6 +175,19 @@ impl AdminApi {
         }
         (self.identity)(identity)
             .ok_or_else(|| BadRequest("not an identity the rate limits know".into()))
+    }
+
+    /// What a list route's path names: the key of an `{identity}`, or the
+    /// network of a `{cidr}`; or why it is refused.
+    fn listed(&self, kind: Kind, target: &str) -> Result<Listed, BadRequest> {
+        match kind {
+            Kind::Key => self.key(target).map(Listed::Key),
+            Kind::Net if has_control(target) => Err(BadRequest::control("network")),
+            Kind::Net => target
+                .parse::<IpNet>()
+                .map(Listed::Net)
+                .map_err(|err| BadRequest(err.to_string())),
+        }
     }
 }
 
@@ -305,6 +351,173 @@ async fn reset(api: &AdminApi, identity: &str, policy: Option<&str>) -> Response
     }
 }
 
+/// What the list routes' last path segment names.
+#[derive(Clone, Copy, Debug)]
+enum Kind {
+    /// An `{identity}`, read by the API's identity function.
+    Key,
+    /// A `{cidr}`, a network.
+    Net,
+}
+
+/// `PUT` and `DELETE` of a list route naming no policy: the entry for
+/// every policy.
+fn every_policy(list: List, kind: Kind) -> MethodRouter<Arc<AdminApi>> {
+    put(
+        move |State(api): Api, Path(target): Path<String>, body: String| async move {
+            add(&api, list, None, kind, &target, &body).await
+        },
+    )
+    .delete(
+        move |State(api): Api, Path(target): Path<String>| async move {
+            remove(&api, list, None, kind, &target).await
+        },
+    )
+}
+
+/// A list route's `{policy}` and `{identity}` or `{cidr}`.
+type Scoped = Path<(String, String)>;
+
+/// `PUT` and `DELETE` of a list route naming a policy.
+fn one_policy(list: List, kind: Kind) -> MethodRouter<Arc<AdminApi>> {
+    put(
+        move |State(api): Api, Path((policy, target)): Scoped, body: String| async move {
+            if let Some(refused) = slash_not_encoded(kind, &policy) {
+                return refused;
+            }
+            add(&api, list, Some(&policy), kind, &target, &body).await
+        },
+    )
+    .delete(
+        move |State(api): Api, Path((policy, target)): Scoped| async move {
+            if let Some(refused) = slash_not_encoded(kind, &policy) {
+                return refused;
+            }
+            remove(&api, list, Some(&policy), kind, &target).await
+        },
+    )
+}
+
+/// A network route whose "policy" is an address: the network was sent
+/// with its `/` as is (`/deny-net/203.0.113.0/24`), which splits it in
+/// two. Refused (400) rather than read as a policy, whatever the rest.
+fn slash_not_encoded(kind: Kind, policy: &str) -> Option<Response> {
+    (matches!(kind, Kind::Net) && policy.parse::<IpAddr>().is_ok()).then(|| {
+        text(
+            StatusCode::BAD_REQUEST,
+            "a network's / must be percent-encoded in the path: 203.0.113.0%2F24",
+        )
+    })
+}
+
+/// Puts what `target` names on `list` for `policy` (every policy:
+/// `None`), until the duration in `body` has passed (empty: no end).
+async fn add(
+    api: &AdminApi,
+    list: List,
+    policy: Option<&str>,
+    kind: Kind,
+    target: &str,
+    body: &str,
+) -> Response {
+    let listed = match api.listed(kind, target) {
+        Ok(listed) => listed,
+        Err(refused) => return refused.into_response(),
+    };
+    let expires_in = match body.trim() {
+        "" => None,
+        duration => match parse_duration(duration) {
+            Ok(duration) => Some(duration),
+            Err(err) => return refused(err.into()),
+        },
+    };
+    let done = match list {
+        List::Deny => api.live.deny(policy, listed.clone(), expires_in).await,
+        List::Allow => api.live.allow(policy, listed.clone(), expires_in).await,
+    };
+    match done {
+        Ok(()) => {
+            let ends = ends_in(expires_in);
+            let (list, policy) = (list.as_str(), policy.unwrap_or("*"));
+            match &listed {
+                Listed::Key(key) => {
+                    tracing::info!(list, policy, key = %key.text(), ends, "admin: listed");
+                }
+                Listed::Net(net) => {
+                    let network = network_text(net);
+                    tracing::info!(list, policy, network, ends, "admin: listed");
+                }
+            }
+            StatusCode::NO_CONTENT.into_response()
+        }
+        Err(err) => refused(err),
+    }
+}
+
+/// Takes what `target` names off `list` for `policy`.
+async fn remove(
+    api: &AdminApi,
+    list: List,
+    policy: Option<&str>,
+    kind: Kind,
+    target: &str,
+) -> Response {
+    let listed = match api.listed(kind, target) {
+        Ok(listed) => listed,
+        Err(refused) => return refused.into_response(),
+    };
+    match api.live.unlist(list, policy, listed.clone()).await {
+        Ok(()) => {
+            let (list, policy) = (list.as_str(), policy.unwrap_or("*"));
+            match &listed {
+                Listed::Key(key) => {
+                    tracing::info!(list, policy, key = %key.text(), "admin: unlisted");
+                }
+                Listed::Net(net) => {
+                    let network = network_text(net);
+                    tracing::info!(list, policy, network, "admin: unlisted");
+                }
+            }
+            StatusCode::NO_CONTENT.into_response()
+        }
+        Err(err) => refused(err),
+    }
+}
+
+/// When an entry added for `expires_in` ends, for the log.
+fn ends_in(expires_in: Option<Duration>) -> String {
+    expires_in.map_or_else(
+        || "never".to_owned(),
+        |d| format!("in {}", humantime::format_duration(d)),
+    )
+}
+
+/// A network as its address (host bits cleared) and prefix length.
+fn network_text(net: &IpNet) -> String {
+    let (addr, bits) = net.network();
+    format!("{addr}/{bits}")
+}
+
+async fn lists(State(api): Api) -> Response {
+    let entries = api
+        .live
+        .lists()
+        .into_iter()
+        .map(|entry| {
+            let mut object = serde_json::Map::new();
+            object.insert("list".into(), entry.list.as_str().into());
+            object.insert("policy".into(), entry.policy.into());
+            match &entry.listed {
+                Listed::Key(key) => object.insert("identity".into(), key.text().to_string().into()),
+                Listed::Net(net) => object.insert("network".into(), network_text(net).into()),
+            };
+            object.insert("expires".into(), entry.expires.map(rfc3339).into());
+            serde_json::Value::Object(object)
+        })
+        .collect();
+    json(&serde_json::Value::Array(entries))
+}
+
 async fn instances(State(api): Api) -> Response {
     let instances = api
         .live
@@ -333,9 +546,9 @@ fn refused(err: LiveError) -> Response {
     text(status, &err.to_string())
 }
 
-/// Whether a path's `{identity}` holds a control character (C0, DEL or
-/// C1): never one a client sends, and one a log or a terminal would act
-/// on.
+/// Whether a path's `{identity}` or `{cidr}` holds a control character
+/// (C0, DEL or C1): never one a client sends, and one a log or a terminal
+/// would act on.
 fn has_control(text: &str) -> bool {
     text.chars().any(char::is_control)
 }
@@ -530,6 +743,255 @@ mod tests {
             (200, "pro\n".into())
         );
         assert_eq!(*seen.lock().unwrap(), ["a é"]);
+    }
+
+    /// The list routes' identity function: IPs as IP keys, `nobody`
+    /// refused, anything else `k:` and itself.
+    fn list_identity(raw: &str) -> Option<Key> {
+        if raw == "nobody" {
+            return None;
+        }
+        Some(
+            raw.parse::<IpAddr>()
+                .map_or_else(|_| Key::new(format!("k:{raw}")), Key::from_ip),
+        )
+    }
+
+    fn list_app() -> (LivePolicies, Router) {
+        let live = LivePolicies::new(MemoryStore::new());
+        let _api = live.limiter("1/min".parse::<PolicySpec>().unwrap().build("api").unwrap());
+        let app = AdminApi::new(live.clone(), list_identity)
+            .token("s3cret")
+            .router();
+        (live, app)
+    }
+
+    /// `live.lists()` as (list, policy, what, ends in how many seconds).
+    fn entries(live: &LivePolicies) -> Vec<(&'static str, Option<String>, String, Option<u64>)> {
+        let mut entries: Vec<_> = live
+            .lists()
+            .into_iter()
+            .map(|entry| {
+                let left = entry.expires.map(|at| {
+                    let left = at.duration_since(SystemTime::now()).unwrap_or_default();
+                    // Rounded to the second: a test takes far less.
+                    (left + Duration::from_millis(500)).as_secs()
+                });
+                (
+                    entry.list.as_str(),
+                    entry.policy,
+                    entry.listed.to_string(),
+                    left,
+                )
+            })
+            .collect();
+        entries.sort();
+        entries
+    }
+
+    #[tokio::test]
+    async fn list_routes_add_show_and_remove() {
+        let (live, app) = list_app();
+        let changes = [
+            ("/deny/a", "10m", ("deny", None, "k:a", Some(600))),
+            ("/deny/api/b%2Fc", "", ("deny", Some("api"), "k:b/c", None)),
+            (
+                "/allow/192.0.2.1",
+                " 1h30min\n",
+                ("allow", None, "ip:192.0.2.1", Some(5400)),
+            ),
+            ("/allow/api/p", "", ("allow", Some("api"), "k:p", None)),
+            (
+                "/deny-net/203.0.113.9%2F24",
+                "90s",
+                ("deny", None, "203.0.113.0/24", Some(90)),
+            ),
+            (
+                "/deny-net/api/2001:db8::%2F32",
+                "",
+                ("deny", Some("api"), "2001:db8::/32", None),
+            ),
+            (
+                "/allow-net/198.51.100.7",
+                "",
+                ("allow", None, "198.51.100.7/32", None),
+            ),
+            (
+                "/allow-net/api/10.0.0.0%2F8",
+                "1d",
+                ("allow", Some("api"), "10.0.0.0/8", Some(86_400)),
+            ),
+        ];
+        let mut expected = Vec::new();
+        for (path, body, (list, policy, what, left)) in changes {
+            let (status, answer) = call(&app, "PUT", path, body).await;
+            assert_eq!((status, answer.as_str()), (204, ""), "PUT {path}");
+            expected.push((list, policy.map(str::to_owned), what.to_owned(), left));
+            expected.sort();
+            assert_eq!(entries(&live), expected, "after PUT {path}");
+        }
+        // Listing again replaces the end.
+        assert_eq!(call(&app, "PUT", "/deny/a", "").await.0, 204);
+        let a = ("deny", None, "k:a".to_owned(), None);
+        assert!(entries(&live).contains(&a), "{:?}", entries(&live));
+        assert_eq!(entries(&live).len(), 8);
+
+        let (status, body) = call(&app, "GET", "/lists", "").await;
+        assert_eq!(status, 200, "{body}");
+        let shown: serde_json::Value = serde_json::from_str(&body).unwrap();
+        let shown = shown.as_array().unwrap();
+        assert_eq!(shown.len(), 8, "{body}");
+        let find = |field: &str, value: &str| {
+            shown
+                .iter()
+                .find(|entry| entry[field] == value)
+                .unwrap_or_else(|| panic!("no {field} {value} in {body}"))
+        };
+        let a = find("identity", "k:a");
+        assert_eq!(
+            (&a["list"], &a["policy"], &a["expires"]),
+            (
+                &"deny".into(),
+                &serde_json::Value::Null,
+                &serde_json::Value::Null
+            )
+        );
+        let net = find("network", "203.0.113.0/24");
+        assert_eq!(
+            (&net["list"], &net["policy"]),
+            (&"deny".into(), &serde_json::Value::Null)
+        );
+        assert!(net.get("identity").is_none(), "{body}");
+        let expires = net["expires"].as_str().unwrap();
+        let at = humantime::parse_rfc3339(expires).unwrap();
+        let left = at.duration_since(SystemTime::now()).unwrap();
+        assert!(
+            left > Duration::from_secs(80) && left <= Duration::from_secs(90),
+            "{expires}"
+        );
+        let p = find("identity", "k:p");
+        assert_eq!((&p["list"], &p["policy"]), (&"allow".into(), &"api".into()));
+        let v6 = find("network", "2001:db8::/32");
+        assert_eq!(v6["policy"], "api");
+
+        // DELETE takes the entry named off, and only that one; a second
+        // time is no error.
+        let removals = [
+            ("/deny/a", "k:a"),
+            ("/deny/api/b%2Fc", "k:b/c"),
+            ("/allow/192.0.2.1", "ip:192.0.2.1"),
+            ("/allow/api/p", "k:p"),
+            ("/deny-net/203.0.113.0%2F24", "203.0.113.0/24"),
+            ("/deny-net/api/2001:db8::%2F32", "2001:db8::/32"),
+            ("/allow-net/198.51.100.7%2F32", "198.51.100.7/32"),
+            ("/allow-net/api/10.0.0.0%2F8", "10.0.0.0/8"),
+        ];
+        for (i, (path, what)) in removals.into_iter().enumerate() {
+            // The allow entry of `a` under every policy is not the deny
+            // one: deleting it takes nothing off.
+            if i == 0 {
+                assert_eq!(call(&app, "DELETE", "/allow/a", "").await.0, 204);
+                assert_eq!(entries(&live).len(), 8);
+            }
+            assert_eq!(
+                call(&app, "DELETE", path, "").await,
+                (204, String::new()),
+                "{path}"
+            );
+            let left = entries(&live);
+            assert_eq!(left.len(), 7 - i, "DELETE {path}: {left:?}");
+            assert!(
+                !left.iter().any(|entry| entry.2 == what),
+                "DELETE {path}: {left:?}"
+            );
+            assert_eq!(call(&app, "DELETE", path, "").await.0, 204, "{path} again");
+        }
+        assert_eq!(call(&app, "GET", "/lists", "").await, (200, "[]\n".into()));
+    }
+
+    #[tokio::test]
+    async fn list_routes_refuse_hostile_input_and_change_nothing() {
+        let (live, app) = list_app();
+        assert_eq!(
+            call(&app, "PUT", "/deny-net/192.0.2.0%2F24", "").await.0,
+            204
+        );
+        assert_eq!(call(&app, "PUT", "/allow/api/kept", "1h").await.0, 204);
+        let before = entries(&live);
+        assert_eq!(before.len(), 2);
+        let refusals: &[(&str, &str, &str, u16)] = &[
+            // Networks that are not.
+            ("PUT", "/deny-net/10.0.0.0%2F33", "", 400),
+            ("PUT", "/deny-net/2001:db8::%2F129", "", 400),
+            ("PUT", "/allow-net/nonsense", "", 400),
+            ("PUT", "/allow-net/api/300.0.0.1", "", 400),
+            ("DELETE", "/deny-net/192.0.2.0%2F24x", "", 400),
+            ("PUT", "/deny-net/192.0.2.0%2F", "", 400),
+            // A network's slash sent as is.
+            ("PUT", "/deny-net/203.0.113.0/24", "", 400),
+            ("DELETE", "/deny-net/192.0.2.0/24", "", 400),
+            // Control characters, percent-encoded.
+            ("PUT", "/deny/a%0A", "", 400),
+            ("PUT", "/deny/api/%00", "", 400),
+            ("PUT", "/allow/a%7Fb", "", 400),
+            ("PUT", "/allow/%C2%85", "", 400),
+            ("PUT", "/deny-net/192.0.2.0%2F24%0D", "", 400),
+            ("DELETE", "/deny-net/192.0.2.0%09%2F24", "", 400),
+            ("DELETE", "/allow/api/kept%1B", "", 400),
+            // An identity the identity function refuses.
+            ("PUT", "/deny/nobody", "", 400),
+            ("DELETE", "/allow/api/nobody", "", 400),
+            // Durations: not one, zero, beyond 10 years, too long to hold.
+            ("PUT", "/deny/a", "soon", 400),
+            ("PUT", "/deny/a", "10", 400),
+            ("PUT", "/deny/a", "10m and more", 400),
+            ("PUT", "/deny/a", "0s", 400),
+            ("PUT", "/allow-net/10.0.0.0%2F8", "0m", 400),
+            ("PUT", "/deny/a", "3651d", 400),
+            ("PUT", "/deny/a", "99999999999999999999999h", 400),
+            ("PUT", "/deny/a", "-5m", 400),
+            // Unknown policies.
+            ("PUT", "/deny/nope/a", "", 404),
+            ("DELETE", "/deny/nope/a", "", 404),
+            ("PUT", "/allow-net/nope/10.0.0.0%2F8", "", 404),
+            ("DELETE", "/allow/nope/kept", "", 404),
+        ];
+        for &(method, path, body, expected) in refusals {
+            let (status, answer) = call(&app, method, path, body).await;
+            assert_eq!(status, expected, "{method} {path} {body:?}: {answer}");
+            assert_eq!(
+                entries(&live),
+                before,
+                "{method} {path} {body:?} changed the lists"
+            );
+        }
+        let (status, answer) = call(&app, "PUT", "/deny/a", &"1".repeat(5000)).await;
+        assert_eq!(status, 413, "{answer}");
+        let (status, answer) =
+            call(&app, "PUT", "/deny/a", &format!("{}1m", " ".repeat(5000))).await;
+        assert_eq!(status, 413, "{answer}");
+        assert_eq!(entries(&live), before);
+
+        // The message says what was wrong.
+        let (_, answer) = call(&app, "PUT", "/deny/a%0A", "").await;
+        assert!(answer.contains("control character"), "{answer}");
+        let (_, answer) = call(&app, "PUT", "/deny-net/203.0.113.0/24", "").await;
+        assert!(answer.contains("%2F"), "{answer}");
+        let (_, answer) = call(&app, "PUT", "/deny/a", "0s").await;
+        assert!(answer.contains("out of range"), "{answer}");
+    }
+
+    #[test]
+    fn too_many_entries_are_a_bad_request() {
+        let full = refused(ConfigError::TooManyListed { max: 100_000 }.into());
+        assert_eq!(full.status(), StatusCode::BAD_REQUEST);
+        let unknown = refused(
+            ConfigError::UnknownPolicy {
+                name: "nope".into(),
+            }
+            .into(),
+        );
+        assert_eq!(unknown.status(), StatusCode::NOT_FOUND);
     }
 
     #[test]
