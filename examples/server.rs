@@ -142,9 +142,23 @@
 //!   limits), `PUT`/`DELETE /admin/plans/{identity}` (body: a plan name),
 //!   `POST /admin/reset/{policy}/{identity}` and `POST /admin/reset/{identity}`
 //!   (clear its state: its next call is admitted as if new), `GET
-//!   /admin/instances` (JSON: the instances sharing the store). `{identity}`
-//!   is an `x-api-key` value, or a client IP for calls without one. See
-//!   `docs/live-policies.md`.
+//!   /admin/instances` (JSON: the instances sharing the store),
+//!   `PUT`/`DELETE /admin/deny/{identity}` (refused with 403 on every
+//!   route limited per identity, `/api/ping`, `/api/window`, `/api/slow`,
+//!   `/api/complete`, `/api/login` and `/api/flaky`, until `DELETE`;
+//!   optional body a duration such as `10m` for an entry that ends by
+//!   itself; `/admin/deny/{policy}/{identity}` for one policy),
+//!   `PUT`/`DELETE /admin/allow/{policy}/{identity}` (exempt from that
+//!   policy, without a decision; `/admin/allow/{identity}` from every
+//!   one), `PUT`/`DELETE /admin/deny-net/{cidr}` and
+//!   `/admin/allow-net/{cidr}` (each also `/{policy}/{cidr}`: every client
+//!   IP of a network, the CIDR percent-encoded, `203.0.113.0%2F24`), and
+//!   `GET /admin/lists` (JSON: the deny and allow entries in force). Bad
+//!   input (a network such as `10.0.0.0%2F33`, a control character, a
+//!   duration that is not one) is 400 and changes nothing. `{identity}`
+//!   is an `x-api-key` value, or a client IP for calls without one (an IP
+//!   text is always the client IP's key). See `docs/live-policies.md` and
+//!   `docs/demo.md`.
 //!
 //! Try: `for i in $(seq 8); do curl -s -o /dev/null -w '%{http_code}\n' localhost:3000/api/ping; done`
 //! and `for i in 1 2 3; do curl -s -w ' %{http_code}\n' 'localhost:3000/api/slow?ms=3000' & done; wait`
@@ -214,6 +228,11 @@ GET /api/outbound?fail=1|0  calls this demo's /api/flaky as an upstream, through
   PUT /admin/plans/{identity}  body: a plan (pro); DELETE: no plan
   POST /admin/reset/{policy}/{identity}  clears its state (POST /admin/reset/{identity}: every policy)
   GET /admin/instances  the instances sharing the store (JSON)
+  PUT /admin/deny/{identity}  refused with 403 on every route limited per identity (ping, window, slow, complete, login, flaky); body: empty, or a duration (10m) after which it ends; DELETE: lifts it
+  PUT /admin/deny/{policy}/{identity}  refused by that policy only; DELETE: lifts it
+  PUT /admin/allow/{policy}/{identity}  exempt from that policy (PUT /admin/allow/{identity}: from every one); body as for deny; DELETE: limited again
+  PUT /admin/deny-net/{cidr}  every client IP in the network refused, the CIDR percent-encoded (203.0.113.0%2F24); /admin/allow-net/{cidr} exempts; each also /{policy}/{cidr}; DELETE: off again
+  GET /admin/lists  the deny and allow entries in force (JSON)
   {identity}: an x-api-key value, or a client IP for calls without one
 ";
 
