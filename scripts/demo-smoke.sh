@@ -28,9 +28,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # The demo reaches every Redis topology: its dev-dependency on the crate
-# turns on `cluster` and `sentinel`.
+# turns on `cluster` and `sentinel`. Built where cargo builds, the
+# CARGO_TARGET_DIR of a worktree sharing the machine included.
 cargo build --quiet --example server
-demo=target/debug/examples/server
+demo=${CARGO_TARGET_DIR:-target}/debug/examples/server
 tmp=$(mktemp -d)
 pids=()
 cleanup() {
