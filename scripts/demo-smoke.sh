@@ -19,7 +19,11 @@
 # through one is enforced by the other within a second, a broken text
 # changes nothing, an override and a plan apply to their identity only, a
 # reset unblocks, a restarted instance keeps the change, and both
-# instances are listed.
+# instances are listed. A deny entry added through one refuses that
+# identity with 403 on the other within a poll (and no one else), shows in
+# /admin/lists and is lifted by DELETE; a deny-net of a network shows too
+# and refuses its IPs; hostile list input (a /33, %0A in an identity, a
+# bad duration) is 400 and changes nothing.
 # Connections: a request head left unfinished is closed after the header
 # timeout, and past FLEETGATE_MAX_CONNECTIONS a new connection waits until
 # one closes. On SIGTERM, calls that outlast the drain are cut off and no
@@ -849,6 +853,76 @@ until [ "$(login "$ra" lockout 1)" = "200/" ]; do
   fi
 done
 echo "redis admin: the reset through b lifted the block on a after $(($(date +%s%3N) - start_ms)) ms"
+# Deny and allow lists across the fleet: a deny entry added through b
+# refuses that identity with 403 on a within a poll, other identities
+# pass, /admin/lists shows it, and a DELETE through b lifts it on a. A
+# denied call asks no store, so once its budget is reset (the probes
+# before the entry landed spent it) the first call after the lift is 200.
+# Polls are bounded: 40 probes 50 ms apart.
+ping_code() { # url, api key: prints the status of one /api/ping
+  curl -s -o /dev/null -w '%{http_code}' ${2:+-H "x-api-key: $2"} "$1/api/ping"
+}
+await_code() { # label, expected status, url, api key: probes until it answers that
+  local i
+  for i in $(seq 40); do
+    [ "$(ping_code "$3" "$4")" = "$2" ] && { echo "$i"; return 0; }
+    sleep 0.05
+  done
+  echo "FAIL: $1: /api/ping never answered $2 ($(ping_code "$3" "$4") after 40 probes)" >&2
+  return 1
+}
+expect_admin "redis admin, lists empty" 200 "$rb" GET /lists
+[ "$(tr -d ' \n' <"$tmp/admin-body")" = "[]" ] ||
+  { echo "FAIL: /admin/lists before any entry: $(cat "$tmp/admin-body")" >&2; exit 1; }
+expect_admin "redis admin, deny" 204 "$rb" PUT /deny/denied-key 10m
+start_ms=$(date +%s%3N)
+probes=$(await_code "a deny through b, on a" 403 "$ra" denied-key)
+echo "redis admin: denied-key denied through b, refused (403) on a after $(($(date +%s%3N) - start_ms)) ms ($probes probes)"
+got="$(ping_code "$ra" denied-key) $(ping_code "$rb" denied-key) $(ping_code "$ra" not-denied) $(ping_code "$rb" not-denied-b)"
+echo "redis admin: denied-key on a and b, other keys on a and b: $got"
+[ "$got" = "403 403 200 200" ] || { echo "FAIL: the deny must refuse denied-key only" >&2; exit 1; }
+expect_admin "redis admin, lists" 200 "$ra" GET /lists
+grep -q '"list": "deny"' "$tmp/admin-body" && grep -q '"identity": "h:' "$tmp/admin-body" &&
+  grep -q '"policy": null' "$tmp/admin-body" && grep -q '"expires": "20[0-9-]*T' "$tmp/admin-body" &&
+  [ "$(grep -c '"list"' "$tmp/admin-body")" = 1 ] ||
+  { echo "FAIL: /admin/lists on a must show the deny of denied-key for 10m: $(cat "$tmp/admin-body")" >&2; exit 1; }
+echo "redis admin: /admin/lists on a: $(tr -d '\n' <"$tmp/admin-body" | tr -s ' ')"
+expect_admin "redis admin, reset the denied key" 204 "$rb" POST /reset/denied-key
+expect_admin "redis admin, lift the deny" 204 "$rb" DELETE /deny/denied-key
+start_ms=$(date +%s%3N)
+probes=$(await_code "a deny lifted through b, on a" 200 "$ra" denied-key)
+echo "redis admin: the DELETE through b lifted the deny on a after $(($(date +%s%3N) - start_ms)) ms ($probes probes)"
+# A network: one no client here comes from shows in the lists; one this
+# machine's calls come from (127.0.0.1, keyed by IP without an API key)
+# refuses them on ping, and DELETE lifts it.
+expect_admin "redis admin, deny-net" 204 "$rb" PUT /deny-net/203.0.113.0%2F24 1h
+expect_admin "redis admin, deny-net on ping" 204 "$rb" PUT /deny-net/ping/127.0.0.1
+probes=$(await_code "a deny-net through b, on a" 403 "$ra" "")
+got="$(ping_code "$ra" "") $(ping_code "$ra" keyed-caller)"
+echo "redis admin: 127.0.0.1 denied on ping through b: without and with an API key on a: $got ($probes probes)"
+[ "$got" = "403 200" ] || { echo "FAIL: a deny-net must refuse the client IP's key only" >&2; exit 1; }
+expect_admin "redis admin, lists with networks" 200 "$ra" GET /lists
+grep -q '"network": "203.0.113.0/24"' "$tmp/admin-body" && grep -q '"network": "127.0.0.1/32"' "$tmp/admin-body" &&
+  grep -q '"policy": "ping"' "$tmp/admin-body" ||
+  { echo "FAIL: /admin/lists must show both networks: $(cat "$tmp/admin-body")" >&2; exit 1; }
+expect_admin "redis admin, reset 127.0.0.1" 204 "$rb" POST /reset/ping/127.0.0.1
+expect_admin "redis admin, lift the deny-net" 204 "$rb" DELETE /deny-net/ping/127.0.0.1%2F32
+probes=$(await_code "a deny-net lifted through b, on a" 200 "$ra" "")
+# Hostile input: 400, and the lists as they were.
+expect_admin "redis admin, lists before hostile input" 200 "$rb" GET /lists
+cp "$tmp/admin-body" "$tmp/lists-before"
+expect_admin "redis admin, a /33" 400 "$rb" PUT /deny-net/10.0.0.0%2F33
+expect_admin "redis admin, a network's slash as is" 400 "$rb" PUT /deny-net/10.0.0.0/8
+expect_admin "redis admin, a newline in an identity" 400 "$rb" PUT /deny/evil%0Akey
+expect_admin "redis admin, a newline in an identity" 400 "$rb" DELETE /allow/ping/evil%0D%0Akey
+expect_admin "redis admin, not a duration" 400 "$rb" PUT /deny/denied-key 'ten minutes'
+expect_admin "redis admin, a zero duration" 400 "$rb" PUT /allow/denied-key 0s
+expect_admin "redis admin, unknown policy" 404 "$rb" PUT /allow/nope/denied-key
+expect_admin "redis admin, lists after hostile input" 200 "$rb" GET /lists
+# Compared line by line, whatever order the entries come in.
+[ "$(sort "$tmp/admin-body")" = "$(sort "$tmp/lists-before")" ] ||
+  { echo "FAIL: refused list changes changed the lists: $(cat "$tmp/admin-body")" >&2; exit 1; }
+echo "redis admin: deny-net on ping lifted; a /33, an unencoded slash, %0A, bad durations: 400; unknown policy: 404; lists unchanged"
 # Restart: the change lives in Redis, and a new instance starts with it.
 kill -TERM "$ra_pid"
 wait "$ra_pid" || true
@@ -857,7 +931,10 @@ expect_admin "redis admin, restarted" 200 "$ra" GET /policies
 grep -q '"ping": "1/min burst 2"' "$tmp/admin-body" ||
   { echo "FAIL: a restarted instance lost the change: $(cat "$tmp/admin-body")" >&2; exit 1; }
 expect_codes "redis admin, restarted instance" "200 200 429 " "$ra" 3 after-restart
-echo "redis admin: a restarted instance keeps ping = 1/min burst 2"
+expect_admin "redis admin, restarted lists" 200 "$ra" GET /lists
+grep -q '"network": "203.0.113.0/24"' "$tmp/admin-body" ||
+  { echo "FAIL: a restarted instance lost the deny-net: $(cat "$tmp/admin-body")" >&2; exit 1; }
+echo "redis admin: a restarted instance keeps ping = 1/min burst 2 and the deny-net"
 for _ in $(seq 40); do
   expect_admin "redis admin, instances" 200 "$rb" GET /instances
   if grep -q "\"address\": \"${ra#http://}\"" "$tmp/admin-body" &&
