@@ -181,8 +181,10 @@ local function decide_all(keys, argv, now, slack_ms, store)
   return replies
 end
 
-local function peek(keys, argv, now)
-  return decide_all(keys, argv, now, 0, false)
+-- A peek stores no TAT, but a refusal it sees may start a penalty box,
+-- kept by the caller's clock as any write is: it needs the slack too.
+local function peek(keys, argv, now, slack_ms)
+  return decide_all(keys, argv, now, slack_ms, false)
 end
 
 local function check(keys, argv, now, slack_ms)

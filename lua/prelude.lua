@@ -106,9 +106,11 @@ end
 
 -- block::start: after a refusal by limit i (1-based) whose block is
 -- `block_us` and whose own retry is `retry_us`, stores the box and
--- returns the block's end: now + max(block, retry), rounded down to 16.
+-- returns the block's end: now + block rounded down to 16, or now + retry
+-- rounded up if that is later.
 local function block(key, i, block_us, retry_us, now, slack_ms)
-  local until_us = math.floor((now + math.max(block_us, retry_us)) / 16) * 16
+  local until_us = math.max(math.floor((now + block_us) / 16) * 16,
+    math.ceil((now + retry_us) / 16) * 16)
   put(key, string.format('%d', until_us + i - 1), until_us, nil, now, slack_ms)
   return until_us
 end

@@ -61,7 +61,12 @@ pub(crate) fn start(policy: &Policy, decision: &Decision, now: u64) -> Option<(u
     if block == 0 {
         return None;
     }
-    let end = now.saturating_add(block.max(retry)) / SLOTS * SLOTS;
+    // The block's end rounds down (an hour says 3600 s, not 3601), but the
+    // limit's own retry, when later, rounds up: a caller retrying at the
+    // time it was told must not meet the limit again and start a new box.
+    let by_block = now.saturating_add(block) / SLOTS * SLOTS;
+    let by_retry = now.saturating_add(retry).div_ceil(SLOTS).saturating_mul(SLOTS);
+    let end = by_block.max(by_retry);
     let value = end + decision.limit as u64;
     Some((value, refusal(policy, end, decision.limit, now)))
 }
@@ -106,9 +111,12 @@ mod tests {
         assert_eq!(held(value, end - 1).map(|h| h.1), Some(1));
         assert_eq!(held(value, end), None);
         assert_eq!(held(0, now), None);
-        // A refusal longer than the block blocks that long.
-        let (value, _) = start(&policy, &denied(1, 7_200_000_000), now).unwrap();
-        assert!(held(value, now + 7_199_999_980).is_some());
+        // A refusal longer than the block blocks that long, and not a
+        // microsecond less.
+        let (value, refusal) = start(&policy, &denied(1, 7_200_000_000), now).unwrap();
+        let (end, _) = held(value, now).unwrap();
+        assert!(end >= now + 7_200_000_000 && end < now + 7_200_000_000 + SLOTS);
+        assert!(refusal.retry_us.unwrap() >= 7_200_000_000);
     }
 
     #[test]

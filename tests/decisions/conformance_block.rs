@@ -245,3 +245,40 @@ async fn redis_one_round_trip_per_decision_with_a_penalty_box() {
     ]);
     assert_eq!(store_commands(&command_stats(&mut conn).await), expected);
 }
+
+/// A box started by a peek (the `count_if` path) on the caller's clock,
+/// running ten minutes behind Redis': kept for the whole block, as one
+/// started by a check is (the expiry follows the caller's clock too).
+#[tokio::test]
+async fn redis_box_of_a_peek_on_a_late_client_clock_lasts_the_block() {
+    use fleetgate::clock::ManualClock;
+    use fleetgate::store::TimeSource;
+    use std::sync::Arc;
+    use std::time::{SystemTime, UNIX_EPOCH};
+    let server = RedisServer::start();
+    let late = SystemTime::now().duration_since(UNIX_EPOCH).unwrap() - 10 * MIN;
+    let clock = ManualClock::new(late);
+    let store = RedisStore::builder(server.url())
+        .prefix("late")
+        .time_source(TimeSource::Client(Arc::new(clock.clone())))
+        .connect()
+        .await
+        .unwrap();
+    let policy = Policy::single("logins", blocking(Rate::new(5, 15 * MIN), HOUR)).unwrap();
+    let limiter = Limiter::new(policy, store.clone());
+    let who = Key::new("mallory");
+    for _ in 0..5 {
+        assert!(limiter.peek(&who, 1).await.unwrap().is_allowed());
+        limiter.charge(&who, 1).await.unwrap();
+    }
+    assert!(limiter.peek(&who, 1).await.unwrap().is_blocked());
+    let mut conn = inspector(&server).await;
+    let key = format!("{}:block", store.gcra_key(&limiter.policy(), &who, 0));
+    let ttl: i64 = redis::cmd("PTTL")
+        .arg(&key)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(ttl > 3_500_000, "{key}: {ttl} ms, not the hour");
+    assert!(limiter.check(&who, 1).await.unwrap().is_blocked());
+}
