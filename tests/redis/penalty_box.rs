@@ -73,3 +73,46 @@ async fn a_block_is_the_fleets_and_a_reset_through_either_lifts_it() {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
+
+/// A reset through a bare `Limiter` on another instance (no live policies
+/// to tell the fleet) lifts a block that this instance's deny cache
+/// holds: the cache keeps a block a second at a time.
+#[tokio::test]
+async fn a_limiter_reset_elsewhere_lifts_a_cached_block() {
+    let server = RedisServer::start();
+    let store = || async {
+        RedisStore::builder(server.url())
+            .prefix("boxed-bare")
+            .connect()
+            .await
+            .unwrap()
+    };
+    let login = "5/15min block 1h"
+        .parse::<PolicySpec>()
+        .unwrap()
+        .build("login")
+        .unwrap();
+    let a = fleetgate::Limiter::new(login.clone(), store().await);
+    let b = fleetgate::Limiter::new(login, store().await);
+    let mallory = Key::new("user:mallory");
+    for _ in 0..5 {
+        assert!(a.check(&mallory, 1).await.unwrap().is_allowed());
+    }
+    for _ in 0..3 {
+        assert!(a.check(&mallory, 1).await.unwrap().is_blocked());
+    }
+    b.reset(&mallory).await.unwrap();
+    let start = Instant::now();
+    loop {
+        let d = a.check(&mallory, 1).await.unwrap();
+        if d.is_allowed() {
+            break;
+        }
+        // The cache's second, and a loaded machine's share.
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "a still blocks after a reset through b"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

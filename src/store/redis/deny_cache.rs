@@ -95,6 +95,10 @@ use crate::policy::Policy;
 /// Shards of the cache; each holds `capacity / SHARDS` entries (at least 1).
 const SHARDS: usize = 16;
 
+/// How long a penalty box's block is answered here before Redis is asked
+/// again, in microseconds.
+const BLOCK_HOLD_US: u64 = 1_000_000;
+
 /// The process' real monotonic clock, for caches of stores that read
 /// Redis' `TIME`: Redis' clock runs in real time even when a test pauses
 /// tokio's.
@@ -344,6 +348,14 @@ impl DenyCache {
                     }
                 };
                 let until = sent_at.saturating_add(denial);
+                // A block outlasts any poll: held here a second at a time,
+                // so that a reset through another instance (which only
+                // its own cache hears of) lifts it within that.
+                let hold_us = if decision.blocked {
+                    hold_us.min(BLOCK_HOLD_US)
+                } else {
+                    hold_us
+                };
                 let entry = Entry {
                     policy: policy.clone(),
                     cost,
