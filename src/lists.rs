@@ -153,9 +153,7 @@ impl Entries {
         // Two entries for one target (its own policy's and every
         // policy's): the longer one holds.
         fn keep(slot: &mut u64, ends: u64) {
-            if *slot != 0 && (ends == 0 || ends > *slot) {
-                *slot = ends;
-            }
+            *slot = latest(Some(*slot), Some(ends)).unwrap_or(ends);
         }
         match listed {
             Listed::Key(key) => keep(self.keys.entry(key).or_insert(ends), ends),
@@ -172,29 +170,36 @@ impl Entries {
         }
     }
 
-    /// The end of an unexpired entry matching `key` (whose network, if it
-    /// is an IP or `net:` key, is `network`).
+    /// The latest end (0, never, beats any) of the unexpired entries
+    /// matching `key` (whose network, if it is an IP or `net:` key, is
+    /// `network`): the key's own and each network's that holds it.
     fn find(&self, key: &Key, network: Option<(IpAddr, u8)>, now: impl Fn() -> u64) -> Option<u64> {
-        let live = |ends: u64| (ends == 0 || ends > now()).then_some(ends);
-        if let Some(ends) = self.keys.get(key).copied().and_then(live) {
-            return Some(ends);
-        }
-        match network? {
-            (IpAddr::V4(addr), bits) => {
+        let mut found = self.keys.get(key).copied();
+        match network {
+            Some((IpAddr::V4(addr), bits)) => {
                 let addr = u32::from(addr);
-                self.v4
-                    .iter()
-                    .filter(|(len, _)| *len <= bits)
-                    .find_map(|(len, nets)| nets.get(&mask32(addr, *len)).copied().and_then(live))
+                for (len, nets) in self.v4.iter().filter(|(len, _)| *len <= bits) {
+                    found = latest(found, nets.get(&mask32(addr, *len)).copied());
+                }
             }
-            (IpAddr::V6(addr), bits) => {
+            Some((IpAddr::V6(addr), bits)) => {
                 let addr = u128::from(addr);
-                self.v6
-                    .iter()
-                    .filter(|(len, _)| *len <= bits)
-                    .find_map(|(len, nets)| nets.get(&mask128(addr, *len)).copied().and_then(live))
+                for (len, nets) in self.v6.iter().filter(|(len, _)| *len <= bits) {
+                    found = latest(found, nets.get(&mask128(addr, *len)).copied());
+                }
             }
+            None => {}
         }
+        found.filter(|&ends| ends == 0 || ends > now())
+    }
+}
+
+/// The later of two ends, 0 (never) the latest.
+fn latest(a: Option<u64>, b: Option<u64>) -> Option<u64> {
+    match (a, b) {
+        (Some(0), _) | (_, Some(0)) => Some(0),
+        (Some(a), Some(b)) => Some(a.max(b)),
+        (a, b) => a.or(b),
     }
 }
 
@@ -286,6 +291,19 @@ mod tests {
             (List::Deny, Listed::Key(alice.clone()), 0),
         ]);
         assert_eq!(lists.check(&alice), Some(Verdict::Deny(None)));
+        // A key's entry and a wider network's: the later end answers,
+        // and an ended one hides no live one.
+        let ip = Key::from_ip("10.1.2.3".parse().unwrap());
+        let lists = Lists::new([
+            (List::Deny, Listed::Key(ip.clone()), soon),
+            (List::Deny, net("10.1.0.0/16"), 0),
+        ]);
+        assert_eq!(lists.check(&ip), Some(Verdict::Deny(None)));
+        let lists = Lists::new([
+            (List::Deny, Listed::Key(ip.clone()), now_ms() - 1),
+            (List::Deny, net("10.0.0.0/8"), soon),
+        ]);
+        assert!(matches!(lists.check(&ip), Some(Verdict::Deny(Some(_)))));
         assert!(Lists::default().is_empty());
         assert!(!lists.is_empty());
     }

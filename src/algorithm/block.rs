@@ -65,7 +65,10 @@ pub(crate) fn start(policy: &Policy, decision: &Decision, now: u64) -> Option<(u
     // limit's own retry, when later, rounds up: a caller retrying at the
     // time it was told must not meet the limit again and start a new box.
     let by_block = now.saturating_add(block) / SLOTS * SLOTS;
-    let by_retry = now.saturating_add(retry).div_ceil(SLOTS).saturating_mul(SLOTS);
+    let by_retry = now
+        .saturating_add(retry)
+        .div_ceil(SLOTS)
+        .saturating_mul(SLOTS);
     let end = by_block.max(by_retry);
     let value = end + decision.limit as u64;
     Some((value, refusal(policy, end, decision.limit, now)))

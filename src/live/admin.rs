@@ -511,7 +511,7 @@ async fn lists(State(api): Api) -> Response {
                 Listed::Key(key) => object.insert("identity".into(), key.text().to_string().into()),
                 Listed::Net(net) => object.insert("network".into(), network_text(net).into()),
             };
-            object.insert("expires".into(), entry.expires.map(rfc3339).into());
+            object.insert("expires".into(), entry.expires.and_then(rfc3339).into());
             serde_json::Value::Object(object)
         })
         .collect();
@@ -590,8 +590,13 @@ fn json(value: &serde_json::Value) -> Response {
 }
 
 /// `t` as RFC 3339 in UTC, to the millisecond (`2026-11-26T23:01:02.345Z`).
-fn rfc3339(t: SystemTime) -> String {
-    humantime::format_rfc3339_millis(t).to_string()
+/// `t` in RFC 3339, or `None` (JSON `null`) for a time it cannot write
+/// (past the year 9999: a stored value nobody meant).
+fn rfc3339(t: SystemTime) -> Option<String> {
+    use std::fmt::Write;
+    let mut text = String::new();
+    write!(text, "{}", humantime::format_rfc3339_millis(t)).ok()?;
+    Some(text)
 }
 
 #[cfg(test)]
@@ -997,9 +1002,12 @@ mod tests {
     #[test]
     fn times_are_rfc3339() {
         let at = |ms| rfc3339(UNIX_EPOCH + Duration::from_millis(ms));
-        assert_eq!(at(0), "1970-01-01T00:00:00.000Z");
-        assert_eq!(at(951_782_400_007), "2000-02-29T00:00:00.007Z");
-        assert_eq!(at(1_700_000_000_123), "2023-11-14T22:13:20.123Z");
-        assert_eq!(at(4_102_444_799_999), "2099-12-31T23:59:59.999Z");
+        let text = |s: &str| Some(s.to_owned());
+        assert_eq!(at(0), text("1970-01-01T00:00:00.000Z"));
+        assert_eq!(at(951_782_400_007), text("2000-02-29T00:00:00.007Z"));
+        assert_eq!(at(1_700_000_000_123), text("2023-11-14T22:13:20.123Z"));
+        assert_eq!(at(4_102_444_799_999), text("2099-12-31T23:59:59.999Z"));
+        // Past the year 9999 (a heartbeat's stored time nobody meant).
+        assert_eq!(at(253_402_300_800_000), None);
     }
 }

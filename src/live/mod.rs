@@ -606,7 +606,9 @@ impl LivePolicies {
                 list,
                 policy: policy.map(str::to_owned),
                 listed,
-                expires: (ends != 0).then(|| UNIX_EPOCH + Duration::from_millis(ends)),
+                expires: (ends != 0)
+                    .then(|| UNIX_EPOCH.checked_add(Duration::from_millis(ends)))
+                    .flatten(),
             })
             .collect()
     }
@@ -944,15 +946,12 @@ impl Changes {
     }
 
     /// Every list entry in force at `now` (Unix ms): its list, policy
-    /// (`None`: every policy), target and end (0: never). Fields that do
-    /// not parse (written by hand, say) are skipped.
+    /// (`None`: every policy), target and end (0: never). Entries that do
+    /// not read (written by hand, or by a newer version) are skipped.
     fn entries(&self, now: u64) -> impl Iterator<Item = (List, Option<&str>, Listed, u64)> {
         [List::Deny, List::Allow].into_iter().flat_map(move |list| {
             self.table(list).iter().filter_map(move |(field, ends)| {
-                let ends: u64 = ends.parse().ok()?;
-                if ends != 0 && ends <= now {
-                    return None;
-                }
+                let ends = list_end(ends, now).filter(|&e| e == 0 || e > now)?;
                 let (scope, listed) = parse_list_field(field)?;
                 Some((list, scope, listed, ends))
             })
@@ -962,21 +961,23 @@ impl Changes {
     /// How many list entries are in force at `now`, and whether `field`
     /// of `list` is one of them.
     fn listed(&self, list: List, field: &str, now: u64) -> (usize, bool) {
-        let live = |ends: &String| ends.parse::<u64>().is_ok_and(|e| e == 0 || e > now);
-        let count = self.deny.values().filter(|e| live(e)).count()
-            + self.allow.values().filter(|e| live(e)).count();
-        (count, self.table(list).get(field).is_some_and(live))
+        let count = self.entries(now).count();
+        let present = self.table(list).get(field).is_some_and(|ends| {
+            list_end(ends, now).is_some_and(|e| e == 0 || e > now)
+                && parse_list_field(field).is_some()
+        });
+        (count, present)
     }
 
-    /// Up to `max` fields of `list` whose entries have ended by `now`,
-    /// each with its stored value (to be deleted only if still that), or
-    /// that cannot be read.
+    /// Up to `max` fields of `list` whose entries have ended by `now`, each
+    /// with its stored value (to be deleted only if still that). Entries
+    /// this version cannot read are left alone: a newer one may.
     fn ended(&self, list: List, now: u64, max: usize) -> Vec<(String, String)> {
         self.table(list)
             .iter()
             .filter(|(field, ends)| {
-                let ended = ends.parse::<u64>().map_or(true, |e| e != 0 && e <= now);
-                ended || parse_list_field(field).is_none()
+                list_end(ends, now).is_some_and(|e| e != 0 && e <= now)
+                    && parse_list_field(field).is_some()
             })
             .take(max)
             .map(|(f, e)| (f.clone(), e.clone()))
@@ -1133,6 +1134,15 @@ fn too_many() -> ConfigError {
 
 fn too_many_listed() -> ConfigError {
     ConfigError::TooManyListed { max: MAX_LISTED }
+}
+
+/// A list entry's stored end (Unix ms, 0 for never), if it is one this
+/// version could have written: no further than the longest entry allows
+/// (and a day for clocks that disagree) from `now`.
+fn list_end(text: &str, now: u64) -> Option<u64> {
+    let ends: u64 = text.parse().ok()?;
+    let longest = u64::try_from(MAX_LIST_EXPIRY.as_millis()).unwrap_or(u64::MAX);
+    (ends <= now.saturating_add(longest).saturating_add(86_400_000)).then_some(ends)
 }
 
 /// A list entry's stored field: `{policy|*} k {key}` or `{policy|*} n

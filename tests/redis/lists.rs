@@ -3,7 +3,8 @@
 //! instances would be. An entry written through one refuses (or exempts)
 //! on the other within a poll, and on an instance started later; taking
 //! it off lifts it everywhere; an ended entry is pruned from Redis by the
-//! next list write; fields written by hand that do not parse are skipped.
+//! next list write; entries written by hand that do not read (a bad field,
+//! an end no version writes) are skipped and left alone.
 use crate::common;
 
 use std::convert::Infallible;
@@ -153,18 +154,15 @@ async fn ended_entries_are_pruned_and_hand_written_garbage_is_skipped() {
     let fields: Vec<String> = redis.hkeys(table).await.unwrap();
     assert_eq!(fields, ["* k user:brief"]);
 
-    // Garbage beside it, as a hand or a newer version might write it.
-    let _: () = redis
-        .hset_multiple(
-            table,
-            &[
-                ("* x what", "0"),
-                ("api n 10.0.0.0/99", "0"),
-                ("* k user:x", "soon"),
-            ],
-        )
-        .await
-        .unwrap();
+    // Garbage beside it, as a hand or a newer version might write it:
+    // skipped, and left alone (a newer version may read it).
+    let garbage = [
+        ("* x what", "0"),
+        ("api n 10.0.0.0/99", "0"),
+        ("* k user:x", "soon"),
+        ("* k user:far", "999999999999999"),
+    ];
+    let _: () = redis.hset_multiple(table, &garbage).await.unwrap();
     // Read as any change is (a hand's write bumps no version).
     b.live.refresh().await.unwrap();
     b.live
@@ -175,12 +173,17 @@ async fn ended_entries_are_pruned_and_hand_written_garbage_is_skipped() {
         )
         .await
         .unwrap();
-    let fields: Vec<String> = redis.hkeys(table).await.unwrap();
+    let mut fields: Vec<String> = redis.hkeys(table).await.unwrap();
+    fields.sort();
+    let mut expected: Vec<&str> = garbage.iter().map(|(f, _)| *f).collect();
+    expected.push("api n 203.0.113.0/24");
+    expected.sort();
     assert_eq!(
-        fields,
-        ["api n 203.0.113.0/24"],
-        "ended and unreadable entries pruned"
+        fields, expected,
+        "the ended entry pruned, the unreadable kept"
     );
+    assert_eq!(b.status("x").await, StatusCode::OK);
+    assert_eq!(b.status("far").await, StatusCode::OK);
     a.live.refresh().await.unwrap();
     let lists = a.live.lists();
     assert_eq!(lists.len(), 1, "{lists:?}");
