@@ -304,7 +304,7 @@ impl LivePolicies {
                         default: policy,
                     },
                 );
-                state.apply_one(&name);
+                state.apply_one(&name, &state.list_entries());
                 cell
             }
         };
@@ -318,7 +318,7 @@ impl LivePolicies {
     pub fn concurrency(&self, limiter: ConcurrencyLimiter) -> ConcurrencyLimiter {
         let mut state = self.fleet.lock();
         let name = limiter.policy().name().to_owned();
-        limiter.set_lists(state.lists_for(&name));
+        limiter.set_lists(lists_for(&state.list_entries(), &name));
         state.concurrency.insert(name, limiter.clone());
         limiter
     }
@@ -1036,30 +1036,29 @@ impl State {
     }
 
     fn apply_all(&self) {
+        // Read once for every policy: up to 100,000 entries.
+        let entries = self.list_entries();
         for name in self.limiters.keys() {
-            self.apply_one(name);
+            self.apply_one(name, &entries);
         }
         for (name, limiter) in &self.concurrency {
-            limiter.set_lists(self.lists_for(name));
+            limiter.set_lists(lists_for(&entries, name));
         }
     }
 
-    /// The deny and allow entries in force for policy `name`: its own and
-    /// those for every policy.
-    fn lists_for(&self, name: &str) -> Arc<Lists> {
-        let lists = self
-            .changes
+    /// Every deny and allow entry in force, read.
+    fn list_entries(&self) -> Vec<ListEntryIn> {
+        self.changes
             .entries(now_ms())
-            .filter(|(_, scope, _, _)| scope.is_none_or(|p| p == name))
-            .map(|(list, _, listed, ends)| (list, listed, ends));
-        Arc::new(Lists::new(lists))
+            .map(|(list, scope, listed, ends)| (list, scope.map(str::to_owned), listed, ends))
+            .collect()
     }
 
     /// Builds the rules of policy `name` from its default and the changes,
     /// and swaps them in. A stored text that no longer parses (written by
     /// a newer version, say) is skipped and logged: the limits in force
     /// where it applies stay (on a fresh start, those from code).
-    fn apply_one(&self, name: &str) {
+    fn apply_one(&self, name: &str, entries: &[ListEntryIn]) {
         let Some(registered) = self.limiters.get(name) else {
             return;
         };
@@ -1121,7 +1120,7 @@ impl State {
             base,
             by_key,
             by_plan,
-            lists: self.lists_for(name),
+            lists: lists_for(entries, name),
         });
     }
 }
@@ -1130,6 +1129,20 @@ fn too_many() -> ConfigError {
     ConfigError::TooManyIdentities {
         max: MAX_IDENTITIES,
     }
+}
+
+/// A list entry in force: its list, policy (`None`: every one), target
+/// and end.
+type ListEntryIn = (List, Option<String>, Listed, u64);
+
+/// The deny and allow entries of `entries` for policy `name`: its own and
+/// those for every policy.
+fn lists_for(entries: &[ListEntryIn], name: &str) -> Arc<Lists> {
+    let lists = entries
+        .iter()
+        .filter(|(_, scope, _, _)| scope.as_deref().is_none_or(|p| p == name))
+        .map(|(list, _, listed, ends)| (*list, listed.clone(), *ends));
+    Arc::new(Lists::new(lists))
 }
 
 fn too_many_listed() -> ConfigError {
