@@ -15,7 +15,13 @@
 //!   ([`concurrency`]); [`lease`] holds the reusable release-on-drop pieces.
 //! - [`live`] changes limits while the fleet runs (no restart, no round
 //!   trip per request): per-identity limits and plans, resetting an
-//!   identity, policy files re-read when they change.
+//!   identity, policy files re-read when they change, and deny and allow
+//!   lists of identities and networks, checked before the limiter.
+//! - For an incident: a penalty box in a policy (`"5/15min block 1h"`,
+//!   [`LimitBuilder::block_for`]) refuses an identity for the block once
+//!   a limit refuses it, on every instance; and shadow mode on every layer
+//!   (`.shadow(true)`) tries a new limit, cap or threshold on live traffic,
+//!   refusing nothing.
 //! - Under overload, [`shed`] drops the least important traffic first:
 //!   [`FleetShedLayer`] gives each priority tier a share of the fleet's
 //!   capacity and answers 503 beyond it, never to critical traffic;

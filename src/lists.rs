@@ -38,6 +38,7 @@ impl List {
 /// `net:` key of a [`ipv6_prefix`](crate::key::PeerIp::ipv6_prefix)
 /// grouping that lies in it).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Listed {
     /// One identity.
     Key(Key),

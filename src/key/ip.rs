@@ -174,7 +174,7 @@ impl<Req, E: ClientIp<Req>> KeyExtractor<Req> for IpPrefix<E> {
 }
 
 /// An IP network such as `10.0.0.0/8` or `2001:db8::/32`; a bare address is
-/// a network of one. An IPv4-mapped IPv6 network (`::ffff:10.0.0.0/104`)
+/// a network of one. Host bits are cleared (`10.1.2.3/8` is `10.0.0.0/8`). An IPv4-mapped IPv6 network (`::ffff:10.0.0.0/104`)
 /// is the IPv4 network it maps, and an IPv4-mapped address is matched as
 /// the IPv4 address it is (the [`ipnet`] crate's network underneath).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -192,8 +192,10 @@ impl IpNet {
         } else {
             Some(prefix)
         };
+        // Host bits cleared: `198.51.100.77/24` is `198.51.100.0/24`, one
+        // value however it was written.
         bits.and_then(|bits| ipnet::IpNet::new(canonical, bits).ok())
-            .map(IpNet)
+            .map(|net| IpNet(net.trunc()))
             .ok_or_else(|| ConfigError::InvalidNetwork {
                 text: format!("{addr}/{prefix}"),
             })

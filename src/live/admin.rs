@@ -60,8 +60,10 @@ type Identify = dyn Fn(&str) -> Option<Key> + Send + Sync;
 /// as `%0A` and the like) is refused with 400 before it is read. In
 /// `/lists`, `"identity"` is that key (`ip:203.0.113.7`, or the `h:` digest
 /// of an API key), not the raw identity. A failure of the store answers
-/// 503 with its error; a request answered 400, 404, 413 or 503 changes
-/// nothing. Every change is logged at `info` with the identity's key (or
+/// 503 with its error; a request answered 400, 404 or 413 changes
+/// nothing, and one answered 503 nothing in this instance (a write that
+/// timed out may still reach Redis later: read the state back, as
+/// [`LiveError::Store`] says). Every change is logged at `info` with the identity's key (or
 /// the network), never the raw identity.
 ///
 /// With [`token`](Self::token), each call needs `Authorization: Bearer

@@ -712,8 +712,8 @@ impl Fleet {
         }
     }
 
-    /// The stored field of a list entry for `policy` (a rate policy with a
-    /// limiter here) or every policy.
+    /// The stored field of a list entry for `policy` (a rate or concurrency
+    /// policy known here) or every policy.
     fn list_field(&self, policy: Option<&str>, listed: &Listed) -> Result<String, ConfigError> {
         if let Some(name) = policy
             && !self.lock().knows(name)

@@ -292,6 +292,13 @@ impl LimitBuilder {
     /// that drops the block lifts every block of it at once: the boxes are
     /// no longer read.
     ///
+    /// The box is the store's, not the layer's: a layer in shadow mode
+    /// ([`RateLimitLayer::shadow`](crate::RateLimitLayer::shadow)) refuses
+    /// nothing but still starts real blocks, which an enforcing layer on
+    /// the same policy (or the same layer, once it enforces) then honours
+    /// until they end. Try a blocking policy in shadow under a name of its
+    /// own, and reset it before enforcing.
+    ///
     /// Refused by the builder: a block under a millisecond, and one longer
     /// than about 35 years ([`ConfigError::BlockOutOfRange`]).
     ///
