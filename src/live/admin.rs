@@ -988,6 +988,34 @@ mod tests {
         assert!(answer.contains("out of range"), "{answer}");
     }
 
+    /// Past the bound on list entries (filled from inside, as the live
+    /// module's own test does): 400, and nothing added.
+    #[tokio::test]
+    async fn a_full_list_answers_bad_request_and_changes_nothing() {
+        let live = LivePolicies::new(MemoryStore::new());
+        let _api = live.limiter("1/min".parse::<PolicySpec>().unwrap().build("api").unwrap());
+        {
+            let mut state = live.fleet.lock();
+            for i in 0..super::super::MAX_LISTED {
+                state
+                    .changes
+                    .deny
+                    .insert(format!("* k k:{i}"), "0".to_owned());
+            }
+        }
+        let app: Router = AdminApi::new(live.clone(), |raw| Some(Key::new(format!("k:{raw}"))))
+            .token("s3cret")
+            .router();
+        let (status, body) = call(&app, "PUT", "/deny/newcomer", "10m").await;
+        assert_eq!(status, 400, "{body}");
+        assert!(body.contains("100000"), "{body}");
+        let (status, _) = call(&app, "PUT", "/allow-net/api/10.0.0.0%2F8", "").await;
+        assert_eq!(status, 400);
+        assert_eq!(live.lists().len(), super::super::MAX_LISTED);
+        // An entry already listed may change.
+        assert_eq!(call(&app, "PUT", "/deny/7", "1h").await.0, 204);
+    }
+
     #[test]
     fn too_many_entries_are_a_bad_request() {
         let full = refused(ConfigError::TooManyListed { max: 100_000 }.into());
