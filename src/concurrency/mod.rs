@@ -279,23 +279,8 @@ impl ConcurrencySettings {
     /// A request without a key, refused with `status` (or, in shadow mode,
     /// let through without a lease: `None`), in a decision span of its own.
     pub(crate) fn missing_key(&self, status: StatusCode) -> Option<ConcurrencyRejectionKind> {
-        let policy = self.limiter.policy().name();
-        let span = decision_span("concurrency", policy, None, None);
-        let _entered = span.enter();
-        warn_missing_key("concurrency-limit", policy);
-        let outcome = if self.shadow {
-            Outcome::ShadowDenied
-        } else {
-            Outcome::MissingKey
-        };
-        span.record("outcome", outcome.as_str());
-        self.metrics.decided(outcome, false);
         let kind = ConcurrencyRejectionKind::MissingKey(status);
-        if self.shadow {
-            tracing::debug!(policy, reason = ?kind, "shadow-denied");
-            return None;
-        }
-        Some(kind)
+        self.refuse_undecided(kind, Outcome::MissingKey)
     }
 
     /// A request whose key a deny list entry names: refused with the
@@ -305,20 +290,34 @@ impl ConcurrencySettings {
         &self,
         retry_after: Option<Duration>,
     ) -> Option<ConcurrencyRejectionKind> {
-        let policy = self.limiter.policy().name();
-        let span = decision_span("concurrency", policy, None, None);
-        let _entered = span.enter();
-        let outcome = if self.shadow {
-            Outcome::ShadowDenied
-        } else {
-            Outcome::DenyListed
-        };
-        span.record("outcome", outcome.as_str());
-        self.metrics.decided(outcome, false);
         let kind = ConcurrencyRejectionKind::DenyListed {
             status: self.deny_status,
             retry_after,
         };
+        self.refuse_undecided(kind, Outcome::DenyListed)
+    }
+
+    /// A refusal made without the limiter (`kind`, counted as `outcome`),
+    /// in a decision span of its own: the rejection, or in shadow mode
+    /// `None`, counted `shadow_denied`.
+    fn refuse_undecided(
+        &self,
+        kind: ConcurrencyRejectionKind,
+        outcome: Outcome,
+    ) -> Option<ConcurrencyRejectionKind> {
+        let policy = self.limiter.policy().name();
+        let span = decision_span("concurrency", policy, None, None);
+        let _entered = span.enter();
+        if let ConcurrencyRejectionKind::MissingKey(_) = kind {
+            warn_missing_key("concurrency-limit", policy);
+        }
+        let outcome = if self.shadow {
+            Outcome::ShadowDenied
+        } else {
+            outcome
+        };
+        span.record("outcome", outcome.as_str());
+        self.metrics.decided(outcome, false);
         if self.shadow {
             tracing::debug!(policy, reason = ?kind, "shadow-denied");
             return None;

@@ -21,6 +21,11 @@ fn blocking(rate: Rate, block: Duration) -> Limit {
         .expect("valid limit")
 }
 
+/// The milliseconds `key` has left to live.
+async fn pttl(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> i64 {
+    redis::cmd("PTTL").arg(key).query_async(conn).await.unwrap()
+}
+
 #[track_caller]
 fn expect_blocked(s: &Sut, d: &Decision, limit: usize, left: Duration) {
     assert!(d.is_blocked(), "{}: not blocked: {d:?}", s.name);
@@ -200,11 +205,7 @@ async fn redis_box_key_expires_and_batches_decide_in_order() {
     );
     let mut conn = inspector(&server).await;
     let key = format!("{}:block", store.gcra_key(&limiter.policy(), &who, 0));
-    let ttl: i64 = redis::cmd("PTTL")
-        .arg(&key)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let ttl = pttl(&mut conn, &key).await;
     assert!(ttl > 3_500_000 && ttl <= 3_600_000, "{key}: {ttl} ms");
     limiter.reset(&who).await.unwrap();
     let exists: i64 = redis::cmd("EXISTS")
@@ -274,11 +275,7 @@ async fn redis_box_of_a_peek_on_a_late_client_clock_lasts_the_block() {
     assert!(limiter.peek(&who, 1).await.unwrap().is_blocked());
     let mut conn = inspector(&server).await;
     let key = format!("{}:block", store.gcra_key(&limiter.policy(), &who, 0));
-    let ttl: i64 = redis::cmd("PTTL")
-        .arg(&key)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let ttl = pttl(&mut conn, &key).await;
     assert!(ttl > 3_500_000, "{key}: {ttl} ms, not the hour");
     assert!(limiter.check(&who, 1).await.unwrap().is_blocked());
 }

@@ -67,6 +67,25 @@ fn net(text: &str) -> IpNet {
     text.parse().unwrap()
 }
 
+/// A refusal's `Retry-After`, in seconds.
+fn retry_after(response: &Response<Body>) -> u64 {
+    response.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+/// Policy `name` of layer kind `layer` in the process's `observe`
+/// snapshot.
+fn observed(layer: &str, name: &str) -> observe::PolicySnapshot {
+    observe::snapshot()
+        .policies
+        .into_iter()
+        .find(|p| p.layer == layer && p.policy == name)
+        .unwrap_or_else(|| panic!("{layer} {name} not in the snapshot"))
+}
+
 #[tokio::test]
 async fn a_deny_entry_refuses_outright_and_leaves_the_state_alone() {
     let live = LivePolicies::new(MemoryStore::new());
@@ -187,11 +206,7 @@ async fn a_429_deny_counts_down_to_its_end_and_then_lets_the_identity_back() {
         .unwrap();
     let response = send(&api, "x-user", "hour").await;
     assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
-    let secs: u64 = response.headers()["retry-after"]
-        .to_str()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let secs = retry_after(&response);
     assert!((3590..=3600).contains(&secs), "{secs}");
 
     // An entry of 300 ms: refused until then, admitted once it ends,
@@ -226,11 +241,7 @@ async fn shadow_mode_refuses_nothing_and_typed_errors_say_denied() {
     .await
     .unwrap();
     assert_eq!(status(&shadow, "mallory").await, StatusCode::OK);
-    let snapshot = observe::snapshot()
-        .policies
-        .into_iter()
-        .find(|p| p.layer == "rate_limit" && p.policy == "lists-shadow")
-        .unwrap();
+    let snapshot = observed("rate_limit", "lists-shadow");
     assert_eq!(snapshot.decisions.shadow_denied, 1);
     assert_eq!(snapshot.decisions.deny_listed, 0);
 
@@ -330,28 +341,16 @@ async fn a_concurrency_limit_known_to_live_policies_checks_the_lists() {
     drop(held);
     let response = send(&app, "x-user", "mallory").await;
     assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
-    let secs: u64 = response.headers()["retry-after"]
-        .to_str()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let secs = retry_after(&response);
     assert!((80..=90).contains(&secs), "{secs}");
-    let snapshot = observe::snapshot()
-        .policies
-        .into_iter()
-        .find(|p| p.layer == "concurrency" && p.policy == "lists-slow")
-        .unwrap();
+    let snapshot = observed("concurrency", "lists-slow");
     assert_eq!(snapshot.decisions.deny_listed, 1);
     assert_eq!(snapshot.decisions.allow_listed, 1);
 }
 
 /// The `deny_listed` and `allow_listed` counts of rate policy `name`.
 fn counts(name: &str) -> (u64, u64) {
-    let snapshot = observe::snapshot()
-        .policies
-        .into_iter()
-        .find(|p| p.layer == "rate_limit" && p.policy == name)
-        .unwrap_or_else(|| panic!("{name} not in the snapshot"));
+    let snapshot = observed("rate_limit", name);
     (
         snapshot.decisions.deny_listed,
         snapshot.decisions.allow_listed,

@@ -191,20 +191,6 @@ async fn ended_entries_are_pruned_and_hand_written_garbage_is_skipped() {
     assert_eq!(lists[0].policy.as_deref(), Some("api"));
 }
 
-/// EVALSHA calls Redis has run, from `INFO commandstats`.
-async fn evalsha_calls(admin: &mut redis::aio::MultiplexedConnection) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(admin)
-        .await
-        .unwrap();
-    info.lines()
-        .find_map(|line| line.strip_prefix("cmdstat_evalsha:calls="))
-        .and_then(|rest| rest.split(',').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0)
-}
-
 #[tokio::test]
 async fn a_listed_request_costs_no_redis_call() {
     let server = RedisServer::start();
@@ -235,16 +221,16 @@ async fn a_listed_request_costs_no_redis_call() {
         app: BoxCloneService::new(RateLimitLayer::new(limiter).key(by_user).layer(ok)),
     };
     let mut admin = server.admin().await;
-    let before = evalsha_calls(&mut admin).await;
+    let before = common::stats::script_calls(&mut admin).await;
     for _ in 0..10 {
         assert_eq!(quiet.status("mallory").await, StatusCode::FORBIDDEN);
         assert_eq!(quiet.status("partner").await, StatusCode::OK);
     }
-    let listed = evalsha_calls(&mut admin).await;
+    let listed = common::stats::script_calls(&mut admin).await;
     assert_eq!(listed, before, "listed requests called Redis");
     assert_eq!(quiet.status("alice").await, StatusCode::OK);
     assert!(
-        evalsha_calls(&mut admin).await > listed,
+        common::stats::script_calls(&mut admin).await > listed,
         "a decision is counted"
     );
 }
