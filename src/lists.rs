@@ -9,7 +9,7 @@ use std::fmt;
 use std::net::IpAddr;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use crate::key::{IpNet, Key};
+use crate::key::{IpNet, Key, mask32, mask128};
 
 /// Which list an entry is on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -213,18 +213,6 @@ fn by_length<T>(lengths: &mut Vec<(u8, HashMap<T, u64>)>, bits: u8) -> &mut Hash
         }
     };
     &mut lengths[i].1
-}
-
-fn mask32(addr: u32, bits: u8) -> u32 {
-    addr & u32::MAX
-        .checked_shl(32 - u32::from(bits.min(32)))
-        .unwrap_or(0)
-}
-
-fn mask128(addr: u128, bits: u8) -> u128 {
-    addr & u128::MAX
-        .checked_shl(128 - u32::from(bits.min(128)))
-        .unwrap_or(0)
 }
 
 /// The system clock in Unix milliseconds: entries end by the wall clock,

@@ -144,26 +144,16 @@ impl<Req, E: ClientIp<Req>> KeyExtractor<Req> for IpPrefix<E> {
     fn extract(&self, req: &Req) -> Option<Key> {
         let ip = self.inner.client_ip(req)?;
         let (masked, bits, full) = match ip {
-            IpAddr::V4(v4) => {
-                let mask = u32::MAX
-                    .checked_shl(32 - u32::from(self.v4_bits))
-                    .unwrap_or(0);
-                (
-                    IpAddr::from((u32::from(v4) & mask).to_be_bytes()),
-                    self.v4_bits,
-                    32,
-                )
-            }
-            IpAddr::V6(v6) => {
-                let mask = u128::MAX
-                    .checked_shl(128 - u32::from(self.v6_bits))
-                    .unwrap_or(0);
-                (
-                    IpAddr::from((u128::from(v6) & mask).to_be_bytes()),
-                    self.v6_bits,
-                    128,
-                )
-            }
+            IpAddr::V4(v4) => (
+                IpAddr::from(mask32(u32::from(v4), self.v4_bits).to_be_bytes()),
+                self.v4_bits,
+                32,
+            ),
+            IpAddr::V6(v6) => (
+                IpAddr::from(mask128(u128::from(v6), self.v6_bits).to_be_bytes()),
+                self.v6_bits,
+                128,
+            ),
         };
         Some(if bits == full {
             Key::from_ip(ip)
@@ -171,6 +161,20 @@ impl<Req, E: ClientIp<Req>> KeyExtractor<Req> for IpPrefix<E> {
             Key::new(format!("net:{masked}/{bits}"))
         })
     }
+}
+
+/// `addr` with all but its first `bits` bits cleared.
+pub(crate) fn mask32(addr: u32, bits: u8) -> u32 {
+    addr & u32::MAX
+        .checked_shl(32 - u32::from(bits.min(32)))
+        .unwrap_or(0)
+}
+
+/// As [`mask32`], for IPv6.
+pub(crate) fn mask128(addr: u128, bits: u8) -> u128 {
+    addr & u128::MAX
+        .checked_shl(128 - u32::from(bits.min(128)))
+        .unwrap_or(0)
 }
 
 /// An IP network such as `10.0.0.0/8` or `2001:db8::/32`; a bare address is

@@ -44,6 +44,7 @@ pub use self::header::HeaderKey;
 pub use self::host::HostKey;
 use self::ip::IpPrefix;
 pub use self::ip::{ForwardedIp, IpNet, PeerIp};
+pub(crate) use self::ip::{mask32, mask128};
 use self::text::{KeyText, StackText, TextRepr};
 
 /// Keys longer than this are replaced by their SHA-256 digest, so that one
