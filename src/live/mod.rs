@@ -752,6 +752,9 @@ impl Fleet {
     /// Records a change: in Redis (then read back with every other change
     /// made meanwhile), or in this process.
     async fn write(&self, change: Change, value: Option<String>) -> Result<(), LiveError> {
+        if value.is_some() {
+            self.lock().within_bounds(&change)?;
+        }
         #[cfg(feature = "redis")]
         if let Some(redis) = &self.redis {
             use redis_live::Table;
@@ -761,9 +764,6 @@ impl Fleet {
                 Change::Plan(plan, policy) => (Table::Plans, format!("{plan} {policy}")),
                 Change::Assigned(key) => (Table::Assigned, key.clone()),
                 Change::List(list, field) => {
-                    if value.is_some() && self.adds_identity(&change) {
-                        return Err(too_many_listed().into());
-                    }
                     let table = match list {
                         List::Deny => Table::Deny,
                         List::Allow => Table::Allow,
@@ -781,21 +781,11 @@ impl Fleet {
                     return Ok(());
                 }
             };
-            if value.is_some() && self.adds_identity(&change) {
-                return Err(too_many().into());
-            }
             redis.live_write(table, &field, value.as_deref()).await?;
             self.refresh().await?;
             return Ok(());
         }
         let mut state = self.lock();
-        if value.is_some() && state.adds_identity(&change) {
-            return Err(match change {
-                Change::List(..) => too_many_listed(),
-                _ => too_many(),
-            }
-            .into());
-        }
         let mut changes = state.changes.clone();
         if let Change::List(list, _) = &change {
             for (field, _) in changes.ended(*list, now_ms(), usize::MAX) {
@@ -807,11 +797,6 @@ impl Fleet {
         state.version += 1;
         state.apply_all();
         Ok(())
-    }
-
-    #[cfg(feature = "redis")]
-    fn adds_identity(&self, change: &Change) -> bool {
-        self.lock().adds_identity(change)
     }
 
     /// Reads every change from Redis and applies them; nothing on a memory
@@ -1019,12 +1004,15 @@ impl State {
         self.plans.contains_key(plan) || self.changes.plans.keys().any(|(p, _)| p == plan)
     }
 
-    /// Whether recording `change` would add an identity, or a list entry,
-    /// past the bound.
-    fn adds_identity(&self, change: &Change) -> bool {
+    /// Refuses recording `change` (a set, not a removal) when it would
+    /// add an identity, or a list entry, past the bound.
+    fn within_bounds(&self, change: &Change) -> Result<(), ConfigError> {
         if let Change::List(list, field) = change {
             let (count, present) = self.changes.listed(*list, field, now_ms());
-            return !present && count >= MAX_LISTED;
+            if !present && count >= MAX_LISTED {
+                return Err(ConfigError::TooManyListed { max: MAX_LISTED });
+            }
+            return Ok(());
         }
         let count = self.changes.overrides.len() + self.changes.assigned.len();
         let new = match change {
@@ -1032,7 +1020,12 @@ impl State {
             Change::Assigned(k) => !self.changes.assigned.contains_key(k),
             _ => false,
         };
-        new && count >= MAX_IDENTITIES
+        if new && count >= MAX_IDENTITIES {
+            return Err(ConfigError::TooManyIdentities {
+                max: MAX_IDENTITIES,
+            });
+        }
+        Ok(())
     }
 
     fn apply_all(&self) {
@@ -1125,12 +1118,6 @@ impl State {
     }
 }
 
-fn too_many() -> ConfigError {
-    ConfigError::TooManyIdentities {
-        max: MAX_IDENTITIES,
-    }
-}
-
 /// A list entry in force: its list, policy (`None`: every one), target
 /// and end.
 type ListEntryIn = (List, Option<String>, Listed, u64);
@@ -1143,10 +1130,6 @@ fn lists_for(entries: &[ListEntryIn], name: &str) -> Arc<Lists> {
         .filter(|(_, scope, _, _)| scope.as_deref().is_none_or(|p| p == name))
         .map(|(list, _, listed, ends)| (*list, listed.clone(), *ends));
     Arc::new(Lists::new(lists))
-}
-
-fn too_many_listed() -> ConfigError {
-    ConfigError::TooManyListed { max: MAX_LISTED }
 }
 
 /// A list entry's stored end (Unix ms, 0 for never), if it is one this

@@ -653,6 +653,7 @@ impl<'a> Parser<'a> {
 
 /// A duration alone in `text` (`10m`, `1h30min`, `90s`), as the policy
 /// text writes a block.
+#[cfg(any(feature = "serde", feature = "admin"))]
 pub(crate) fn parse_duration(text: &str) -> Result<Duration, ParseError> {
     let mut parser = Parser::new(text);
     parser.skip_space();
