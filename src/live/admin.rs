@@ -591,9 +591,9 @@ fn json(value: &serde_json::Value) -> Response {
     }
 }
 
-/// `t` as RFC 3339 in UTC, to the millisecond (`2026-11-26T23:01:02.345Z`).
-/// `t` in RFC 3339, or `None` (JSON `null`) for a time it cannot write
-/// (past the year 9999: a stored value nobody meant).
+/// `t` as RFC 3339 in UTC, to the millisecond (`2026-11-26T23:01:02.345Z`),
+/// or `None` (JSON `null`) for a time it cannot write (past the year 9999:
+/// a stored value nobody meant).
 fn rfc3339(t: SystemTime) -> Option<String> {
     use std::fmt::Write;
     let mut text = String::new();
