@@ -7,6 +7,7 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::net::IpAddr;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::key::{IpNet, Key, mask32, mask128};
@@ -93,11 +94,19 @@ pub(crate) enum Verdict {
     Allow,
 }
 
-/// The deny and allow entries in force for one limiter (its own and those
-/// for every policy). Empty by default, so a limiter without lists pays one
-/// branch per request.
-#[derive(Debug, Default)]
+/// The deny and allow entries in force for one limiter: those for every
+/// policy (one value every limiter shares) and its own. Empty by default,
+/// so a limiter without lists pays one branch per request.
+#[derive(Debug)]
 pub(crate) struct Lists {
+    every: Arc<ListSet>,
+    own: Arc<ListSet>,
+    empty: bool,
+}
+
+/// The deny and allow entries of one scope: one policy, or every policy.
+#[derive(Debug, Default)]
+pub(crate) struct ListSet {
     deny: Entries,
     allow: Entries,
 }
@@ -112,36 +121,66 @@ struct Entries {
     v6: Vec<(u8, HashMap<u128, u64>)>,
 }
 
-impl Lists {
-    /// Lists of `entries`: (list, what it names, its end in Unix ms or 0).
+impl ListSet {
+    /// The set of `entries`: (list, what it names, its end in Unix ms or 0).
     pub(crate) fn new(entries: impl IntoIterator<Item = (List, Listed, u64)>) -> Self {
-        let mut lists = Lists::default();
+        let mut set = ListSet::default();
         for (list, listed, ends) in entries {
             let entries = match list {
-                List::Deny => &mut lists.deny,
-                List::Allow => &mut lists.allow,
+                List::Deny => &mut set.deny,
+                List::Allow => &mut set.allow,
             };
             entries.insert(listed, ends);
         }
-        lists
+        set
+    }
+
+    fn is_empty(&self) -> bool {
+        self.deny.is_empty() && self.allow.is_empty()
+    }
+}
+
+impl Default for Lists {
+    fn default() -> Self {
+        Lists::new(Arc::default(), Arc::default())
+    }
+}
+
+impl Lists {
+    /// The lists of a limiter: the entries for `every` policy and its
+    /// `own`.
+    pub(crate) fn new(every: Arc<ListSet>, own: Arc<ListSet>) -> Self {
+        let empty = every.is_empty() && own.is_empty();
+        Lists { every, own, empty }
     }
 
     #[inline]
     pub(crate) fn is_empty(&self) -> bool {
-        self.deny.is_empty() && self.allow.is_empty()
+        self.empty
     }
 
-    /// What the lists say of `key` now: deny first, then allow. The clock
-    /// is read only when an entry matches.
+    /// The entries for every policy, one value shared by every limiter.
+    #[cfg(test)]
+    pub(crate) fn every(&self) -> &Arc<ListSet> {
+        &self.every
+    }
+
+    /// What the lists say of `key` now: deny first (the latest end of
+    /// either scope's entries), then allow. The clock is read only when an
+    /// entry matches.
     pub(crate) fn check(&self, key: &Key) -> Option<Verdict> {
         let network = key.network();
-        if let Some(ends) = self.deny.find(key, network, now_ms) {
+        let deny = latest(
+            self.every.deny.find(key, network, now_ms),
+            self.own.deny.find(key, network, now_ms),
+        );
+        if let Some(ends) = deny {
             let left = (ends != 0).then(|| Duration::from_millis(ends.saturating_sub(now_ms())));
             return Some(Verdict::Deny(left));
         }
-        self.allow
-            .find(key, network, now_ms)
-            .map(|_| Verdict::Allow)
+        let allowed = self.every.allow.find(key, network, now_ms).is_some()
+            || self.own.allow.find(key, network, now_ms).is_some();
+        allowed.then_some(Verdict::Allow)
     }
 }
 
@@ -232,9 +271,36 @@ mod tests {
         Listed::Net(text.parse().unwrap())
     }
 
+    /// Lists of `entries`, all for every policy.
+    fn of<const N: usize>(entries: [(List, Listed, u64); N]) -> Lists {
+        Lists::new(Arc::new(ListSet::new(entries)), Arc::default())
+    }
+
+    #[test]
+    fn a_policys_own_entries_and_every_policys_answer_together() {
+        let (alice, bob) = (Key::new("user:alice"), Key::new("user:bob"));
+        let soon = now_ms() + 60_000;
+        let every = Arc::new(ListSet::new([(
+            List::Deny,
+            Listed::Key(alice.clone()),
+            soon,
+        )]));
+        let own = Arc::new(ListSet::new([
+            (List::Deny, Listed::Key(alice.clone()), 0),
+            (List::Allow, Listed::Key(bob.clone()), 0),
+        ]));
+        let both = Lists::new(every.clone(), own);
+        assert_eq!(both.check(&alice), Some(Verdict::Deny(None)));
+        assert_eq!(both.check(&bob), Some(Verdict::Allow));
+        let alone = Lists::new(every, Arc::default());
+        assert!(matches!(alone.check(&alice), Some(Verdict::Deny(Some(_)))));
+        assert_eq!(alone.check(&bob), None);
+        assert!(Lists::new(Arc::default(), Arc::default()).is_empty());
+    }
+
     #[test]
     fn networks_match_the_addresses_in_them() {
-        let lists = Lists::new([
+        let lists = of([
             (List::Deny, net("203.0.113.0/24"), 0),
             (List::Deny, net("2001:db8::/32"), 0),
             (List::Allow, net("10.0.0.0/8"), 0),
@@ -264,7 +330,7 @@ mod tests {
     fn deny_beats_allow_and_the_longer_entry_holds() {
         let soon = now_ms() + 60_000;
         let alice = Key::new("user:alice");
-        let lists = Lists::new([
+        let lists = of([
             (List::Allow, Listed::Key(alice.clone()), 0),
             (List::Deny, Listed::Key(alice.clone()), soon),
             (List::Deny, Listed::Key(alice.clone()), soon - 30_000),
@@ -275,7 +341,7 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
-        let lists = Lists::new([
+        let lists = of([
             (List::Deny, Listed::Key(alice.clone()), soon),
             (List::Deny, Listed::Key(alice.clone()), 0),
         ]);
@@ -283,12 +349,12 @@ mod tests {
         // A key's entry and a wider network's: the later end answers,
         // and an ended one hides no live one.
         let ip = Key::from_ip("10.1.2.3".parse().unwrap());
-        let lists = Lists::new([
+        let lists = of([
             (List::Deny, Listed::Key(ip.clone()), soon),
             (List::Deny, net("10.1.0.0/16"), 0),
         ]);
         assert_eq!(lists.check(&ip), Some(Verdict::Deny(None)));
-        let lists = Lists::new([
+        let lists = of([
             (List::Deny, Listed::Key(ip.clone()), now_ms() - 1),
             (List::Deny, net("10.0.0.0/8"), soon),
         ]);

@@ -94,7 +94,7 @@ use crate::concurrency::{ConcurrencyLimiter, FleetLimit};
 use crate::error::{ConfigError, StoreError};
 use crate::key::Key;
 use crate::limiter::{IntoStore, Limiter};
-use crate::lists::{Lists, now_ms};
+use crate::lists::{ListSet, Lists, now_ms};
 use crate::log::LogGate;
 use crate::policy::spec::{ParseError, PolicyFile, PolicySpec};
 use crate::policy::{Policy, check_name};
@@ -220,6 +220,22 @@ struct State {
     /// Limits published with each heartbeat and summed over the fleet, by
     /// policy name.
     published: BTreeMap<String, FleetLimit>,
+    /// The deny and allow tables as last read.
+    lists: ReadLists,
+}
+
+/// The deny and allow tables as read, kept until they change: every
+/// limiter shares one value of the entries for every policy, and a change
+/// of anything else reads nothing again.
+#[derive(Default)]
+struct ReadLists {
+    /// The tables they were read from.
+    deny: BTreeMap<String, String>,
+    allow: BTreeMap<String, String>,
+    /// The entries for every policy.
+    every: Arc<ListSet>,
+    /// Each policy's own.
+    own: HashMap<String, Arc<ListSet>>,
 }
 
 struct Registered {
@@ -304,7 +320,8 @@ impl LivePolicies {
                         default: policy,
                     },
                 );
-                state.apply_one(&name, &state.list_entries());
+                state.read_lists();
+                state.apply_one(&name);
                 cell
             }
         };
@@ -318,7 +335,8 @@ impl LivePolicies {
     pub fn concurrency(&self, limiter: ConcurrencyLimiter) -> ConcurrencyLimiter {
         let mut state = self.fleet.lock();
         let name = limiter.policy().name().to_owned();
-        limiter.set_lists(lists_for(&state.list_entries(), &name));
+        state.read_lists();
+        limiter.set_lists(state.lists_for(&name));
         state.concurrency.insert(name, limiter.clone());
         limiter
     }
@@ -1028,30 +1046,57 @@ impl State {
         Ok(())
     }
 
-    fn apply_all(&self) {
-        // Read once for every policy: up to 100,000 entries.
-        let entries = self.list_entries();
+    fn apply_all(&mut self) {
+        self.read_lists();
         for name in self.limiters.keys() {
-            self.apply_one(name, &entries);
+            self.apply_one(name);
         }
         for (name, limiter) in &self.concurrency {
-            limiter.set_lists(lists_for(&entries, name));
+            limiter.set_lists(self.lists_for(name));
         }
     }
 
-    /// Every deny and allow entry in force, read.
-    fn list_entries(&self) -> Vec<ListEntryIn> {
-        self.changes
-            .entries(now_ms())
-            .map(|(list, scope, listed, ends)| (list, scope.map(str::to_owned), listed, ends))
-            .collect()
+    /// Reads the deny and allow tables into [`ReadLists`] when they
+    /// changed since last read.
+    fn read_lists(&mut self) {
+        let read = &self.lists;
+        if read.deny == self.changes.deny && read.allow == self.changes.allow {
+            return;
+        }
+        let mut every = Vec::new();
+        let mut own: HashMap<String, Vec<_>> = HashMap::new();
+        for (list, scope, listed, ends) in self.changes.entries(now_ms()) {
+            match scope {
+                None => every.push((list, listed, ends)),
+                Some(policy) => own
+                    .entry(policy.to_owned())
+                    .or_default()
+                    .push((list, listed, ends)),
+            }
+        }
+        self.lists = ReadLists {
+            deny: self.changes.deny.clone(),
+            allow: self.changes.allow.clone(),
+            every: Arc::new(ListSet::new(every)),
+            own: own
+                .into_iter()
+                .map(|(policy, entries)| (policy, Arc::new(ListSet::new(entries))))
+                .collect(),
+        };
+    }
+
+    /// The deny and allow entries of policy `name`: its own and those for
+    /// every policy, as last read.
+    fn lists_for(&self, name: &str) -> Arc<Lists> {
+        let own = self.lists.own.get(name).cloned().unwrap_or_default();
+        Arc::new(Lists::new(self.lists.every.clone(), own))
     }
 
     /// Builds the rules of policy `name` from its default and the changes,
     /// and swaps them in. A stored text that no longer parses (written by
     /// a newer version, say) is skipped and logged: the limits in force
     /// where it applies stay (on a fresh start, those from code).
-    fn apply_one(&self, name: &str, entries: &[ListEntryIn]) {
+    fn apply_one(&self, name: &str) {
         let Some(registered) = self.limiters.get(name) else {
             return;
         };
@@ -1113,23 +1158,9 @@ impl State {
             base,
             by_key,
             by_plan,
-            lists: lists_for(entries, name),
+            lists: self.lists_for(name),
         });
     }
-}
-
-/// A list entry in force: its list, policy (`None`: every one), target
-/// and end.
-type ListEntryIn = (List, Option<String>, Listed, u64);
-
-/// The deny and allow entries of `entries` for policy `name`: its own and
-/// those for every policy.
-fn lists_for(entries: &[ListEntryIn], name: &str) -> Arc<Lists> {
-    let lists = entries
-        .iter()
-        .filter(|(_, scope, _, _)| scope.as_deref().is_none_or(|p| p == name))
-        .map(|(list, _, listed, ends)| (*list, listed.clone(), *ends));
-    Arc::new(Lists::new(lists))
 }
 
 /// A list entry's stored end (Unix ms, 0 for never), if it is one this
@@ -1332,6 +1363,30 @@ mod tests {
         live.unlist(List::Deny, None, key("8")).await.unwrap();
         live.deny(Some("api"), key("over"), None).await.unwrap();
         assert_eq!(live.lists().len(), MAX_LISTED);
+    }
+
+    /// Every limiter shares one value of the entries for every policy, and
+    /// a change of anything but the lists reads none of them again.
+    #[tokio::test]
+    async fn limiters_share_the_entries_for_every_policy() {
+        let live = LivePolicies::new(MemoryStore::new());
+        let policy = |name: &str| "1/h".parse::<PolicySpec>().unwrap().build(name).unwrap();
+        let (a, b) = (live.limiter(policy("a")), live.limiter(policy("b")));
+        live.deny(None, Key::new("user:x"), None).await.unwrap();
+        live.deny(Some("a"), Key::new("user:y"), None)
+            .await
+            .unwrap();
+        let every = |l: &Limiter| l.cell().rules().lists.every().clone();
+        assert!(Arc::ptr_eq(&every(&a), &every(&b)));
+        let before = every(&a);
+        live.set_policy("b", "2/h").await.unwrap();
+        assert!(
+            Arc::ptr_eq(&every(&a), &before),
+            "re-read without a list change"
+        );
+        assert!(Arc::ptr_eq(&every(&b), &before));
+        live.allow(None, Key::new("user:z"), None).await.unwrap();
+        assert!(!Arc::ptr_eq(&every(&a), &before), "a list change is read");
     }
 
     #[test]
