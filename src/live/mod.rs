@@ -331,7 +331,9 @@ impl LivePolicies {
     /// Makes the policy of `limiter` known to [`reset`](Self::reset), which
     /// then drops an identity's leases too, and to the deny and allow
     /// lists, which its [`ConcurrencyLimitLayer`](crate::concurrency::ConcurrencyLimitLayer)s
-    /// then check; returns the limiter.
+    /// then check; returns the limiter. A second limiter of the same
+    /// policy name replaces the first, which then follows no further
+    /// change: give the same one (or its clones) to every layer.
     pub fn concurrency(&self, limiter: ConcurrencyLimiter) -> ConcurrencyLimiter {
         let mut state = self.fleet.lock();
         let name = limiter.policy().name().to_owned();
