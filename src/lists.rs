@@ -97,7 +97,7 @@ pub(crate) enum Verdict {
 /// The deny and allow entries in force for one limiter: those for every
 /// policy (one value every limiter shares) and its own. Empty by default,
 /// so a limiter without lists pays one branch per request.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub(crate) struct Lists {
     every: Arc<ListSet>,
     own: Arc<ListSet>,
@@ -154,7 +154,7 @@ impl Lists {
         Lists { every, own, empty }
     }
 
-    #[inline]
+    #[cfg(test)]
     pub(crate) fn is_empty(&self) -> bool {
         self.empty
     }
@@ -166,9 +166,17 @@ impl Lists {
     }
 
     /// What the lists say of `key` now: deny first (the latest end of
-    /// either scope's entries), then allow. The clock is read only when an
-    /// entry matches.
+    /// either scope's entries), then allow. One branch when there are no
+    /// entries; the clock is read only when one matches.
+    #[inline]
     pub(crate) fn check(&self, key: &Key) -> Option<Verdict> {
+        if self.empty {
+            return None;
+        }
+        self.look_up(key)
+    }
+
+    fn look_up(&self, key: &Key) -> Option<Verdict> {
         let network = key.network();
         let deny = latest(
             self.every.deny.find(key, network, now_ms),

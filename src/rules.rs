@@ -1,7 +1,7 @@
 //! What one limiter decides with right now: its policy, the identities
 //! with limits of their own, the plans a request may name, and its deny
-//! and allow lists. Swapped
-//! whole when anything changes, read without a lock on every decision.
+//! and allow lists. Swapped whole when anything changes, read without a
+//! lock on every decision.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -52,7 +52,7 @@ pub(crate) struct Rules {
     /// requests that name their plan ([`Plan`](crate::live::Plan)).
     pub(crate) by_plan: HashMap<Arc<str>, Policy>,
     /// The deny and allow entries in force for this limiter.
-    pub(crate) lists: Arc<Lists>,
+    pub(crate) lists: Lists,
 }
 
 impl Rules {
@@ -61,7 +61,7 @@ impl Rules {
             base,
             by_key: HashMap::new(),
             by_plan: HashMap::new(),
-            lists: Arc::default(),
+            lists: Lists::default(),
         }
     }
 

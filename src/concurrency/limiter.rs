@@ -68,17 +68,13 @@ impl ConcurrencyLimiter {
     /// they are empty).
     #[inline]
     pub(crate) fn listed(&self, key: &Key) -> Option<ListVerdict> {
-        let lists = self.lists.load();
-        if lists.is_empty() {
-            return None;
-        }
-        lists.check(key)
+        self.lists.load().check(key)
     }
 
     /// Replaces the deny and allow entries the layers on this limiter
     /// check.
-    pub(crate) fn set_lists(&self, lists: Arc<Lists>) {
-        self.lists.store(lists);
+    pub(crate) fn set_lists(&self, lists: Lists) {
+        self.lists.store(Arc::new(lists));
     }
 
     /// An adaptive limit named `name` (part of metric labels and storage

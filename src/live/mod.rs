@@ -1089,9 +1089,9 @@ impl State {
 
     /// The deny and allow entries of policy `name`: its own and those for
     /// every policy, as last read.
-    fn lists_for(&self, name: &str) -> Arc<Lists> {
+    fn lists_for(&self, name: &str) -> Lists {
         let own = self.lists.own.get(name).cloned().unwrap_or_default();
-        Arc::new(Lists::new(self.lists.every.clone(), own))
+        Lists::new(self.lists.every.clone(), own)
     }
 
     /// Builds the rules of policy `name` from its default and the changes,

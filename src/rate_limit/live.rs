@@ -118,7 +118,7 @@ struct Derived {
     base: Arc<RateSettings>,
     by_key: HashMap<Key, Arc<RateSettings>>,
     by_plan: HashMap<Arc<str>, Arc<RateSettings>>,
-    lists: Arc<Lists>,
+    lists: Lists,
 }
 
 impl LiveSettings {
@@ -154,11 +154,7 @@ impl LiveSettings {
         plan: impl FnOnce() -> Option<&'p str>,
     ) -> (Arc<RateSettings>, Option<Verdict>) {
         let derived = self.current();
-        let listed = if derived.lists.is_empty() {
-            None
-        } else {
-            derived.lists.check(key)
-        };
+        let listed = derived.lists.check(key);
         if !derived.by_key.is_empty()
             && let Some(settings) = derived.by_key.get(key)
         {
