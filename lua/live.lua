@@ -25,34 +25,19 @@ local function version(keys, argv)
   return tonumber(redis.call('GET', keys[1]) or '0')
 end
 
--- Writes one change and moves the version on, at once.
+-- Writes one change and moves the version on, at once; first deletes the
+-- fields a deny or allow list's writer found ended, each only if it still
+-- holds the value the writer saw (another instance may have listed it
+-- again meanwhile).
 --
 -- KEYS[2]        the change's table
 -- ARGV[1]        the field
--- ARGV[2]        the value; absent to delete the field
+-- ARGV[2]        the value; empty to delete the field (no table stores an
+--                empty value)
+-- ARGV[3..]      ended fields to delete, as field, value pairs
 --
 -- Returns the new version.
 local function write(keys, argv)
-  if argv[2] then
-    redis.call('HSET', keys[2], argv[1], argv[2])
-  else
-    redis.call('HDEL', keys[2], argv[1])
-  end
-  return redis.call('INCR', keys[1])
-end
-
--- Writes one entry of a deny or allow list, deletes entries that have
--- ended, and moves the version on, at once. An ended entry is deleted only
--- if it still holds the value the writer saw: another instance may have
--- listed it again meanwhile.
---
--- KEYS[2]        the list's table
--- ARGV[1]        the field
--- ARGV[2]        its value (the entry's end); empty to delete the field
--- ARGV[3..]      ended entries, as field, value pairs
---
--- Returns the new version.
-local function write_list(keys, argv)
   for i = 3, #argv - 1, 2 do
     if redis.call('HGET', keys[2], argv[i]) == argv[i + 1] then
       redis.call('HDEL', keys[2], argv[i])

@@ -783,25 +783,24 @@ impl Fleet {
                 Change::Override(policy, key) => (Table::Overrides, format!("{policy} {key}")),
                 Change::Plan(plan, policy) => (Table::Plans, format!("{plan} {policy}")),
                 Change::Assigned(key) => (Table::Assigned, key.clone()),
-                Change::List(list, field) => {
-                    let table = match list {
-                        List::Deny => Table::Deny,
-                        List::Allow => Table::Allow,
-                    };
-                    let ended = self.lock().changes.ended(*list, now_ms(), PRUNE_PER_WRITE);
-                    redis
-                        .live_write_list(table, field, value.as_deref(), &ended)
-                        .await?;
-                    self.refresh().await?;
-                    return Ok(());
-                }
+                Change::List(List::Deny, field) => (Table::Deny, field.clone()),
+                Change::List(List::Allow, field) => (Table::Allow, field.clone()),
                 Change::Reset => {
                     redis.live_bump().await?;
                     self.store.forget_denials();
                     return Ok(());
                 }
             };
-            redis.live_write(table, &field, value.as_deref()).await?;
+            // A list's write also deletes the entries of it that ended.
+            let ended = match &change {
+                Change::List(list, _) => {
+                    self.lock().changes.ended(*list, now_ms(), PRUNE_PER_WRITE)
+                }
+                _ => Vec::new(),
+            };
+            redis
+                .live_write(table, &field, value.as_deref(), &ended)
+                .await?;
             self.refresh().await?;
             return Ok(());
         }

@@ -1,7 +1,7 @@
 //! Live policies in Redis: the fleet's changes (policies, overrides,
-//! plans, assignments, deny and allow lists) in hashes under one hash tag, a version bumped by
-//! every change, and each instance's heartbeat. Read by every instance at
-//! start and whenever the version moves.
+//! plans, assignments, deny and allow lists) in hashes under one hash
+//! tag, a version bumped by every change, and each instance's heartbeat.
+//! Read by every instance at start and whenever the version moves.
 
 use redis::Value;
 
@@ -110,26 +110,10 @@ impl RedisStore {
     }
 
     /// Sets (or with `None` deletes) one field of one table and bumps the
-    /// version; the new version.
+    /// version; the new version. First deletes the `ended` fields (a deny
+    /// or allow list's, with the value each had when read) that still
+    /// hold that value.
     pub(crate) async fn live_write(
-        &self,
-        table: Table,
-        field: &str,
-        value: Option<&str>,
-    ) -> Result<u64, StoreError> {
-        let keys = [self.live_key("version"), self.live_key(table.suffix())];
-        let mut args = vec![field.to_owned()];
-        args.extend(value.map(str::to_owned));
-        let reply = self
-            .eval(&self.inner.scripts.live_write, &keys, &args)
-            .await?;
-        integer(&reply).ok_or_else(|| StoreError::UnexpectedReply(format!("{reply:?}")))
-    }
-
-    /// Sets (or with `None` deletes) one entry of a deny or allow list,
-    /// deletes the `ended` entries (field and value) still as they were,
-    /// and bumps the version; the new version.
-    pub(crate) async fn live_write_list(
         &self,
         table: Table,
         field: &str,
@@ -142,7 +126,7 @@ impl RedisStore {
             args.extend([field.clone(), value.clone()]);
         }
         let reply = self
-            .eval(&self.inner.scripts.live_write_list, &keys, &args)
+            .eval(&self.inner.scripts.live_write, &keys, &args)
             .await?;
         integer(&reply).ok_or_else(|| StoreError::UnexpectedReply(format!("{reply:?}")))
     }

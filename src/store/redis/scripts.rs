@@ -78,7 +78,6 @@ pub(crate) struct Scripts {
     pub(super) live_load: LuaScript,
     pub(super) live_version: LuaScript,
     pub(super) live_write: LuaScript,
-    pub(super) live_write_list: LuaScript,
     pub(super) live_bump: LuaScript,
     pub(super) live_heartbeat: LuaScript,
 }
@@ -120,7 +119,6 @@ impl Scripts {
             live_load: script!("live_load", "live.lua", "load(KEYS, ARGV)"),
             live_version: script!("live_version", "live.lua", "version(KEYS, ARGV)"),
             live_write: script!("live_write", "live.lua", "write(KEYS, ARGV)"),
-            live_write_list: script!("live_write_list", "live.lua", "write_list(KEYS, ARGV)"),
             live_bump: script!("live_bump", "live.lua", "bump(KEYS, ARGV)"),
             live_heartbeat: script!("live_heartbeat", "live.lua", "heartbeat(KEYS, ARGV)"),
         }
