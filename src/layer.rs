@@ -120,6 +120,16 @@ pub mod mode {
     pub struct TypedErrors;
 }
 
+/// `status` if it is an error status (4xx or 5xx), as a layer's refusal
+/// must be.
+pub(crate) fn error_status(status: StatusCode) -> Result<StatusCode, ConfigError> {
+    if status.is_client_error() || status.is_server_error() {
+        Ok(status)
+    } else {
+        Err(ConfigError::RejectionStatus { status })
+    }
+}
+
 /// Logs a store failure at `warn`, at most once a second per process:
 /// `<what> store failed`, with the policy, store, error and failure policy.
 pub(crate) fn log_store_failure(

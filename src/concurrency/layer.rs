@@ -13,7 +13,7 @@ use super::{
 };
 use crate::error::ConfigError;
 use crate::key::PeerIp;
-use crate::layer::{FailurePolicy, OnMissingKey, mode};
+use crate::layer::{FailurePolicy, OnMissingKey, error_status, mode};
 use crate::metrics::LayerMetrics;
 use crate::observe::LimitSource;
 use crate::store::MemoryStore;
@@ -121,10 +121,7 @@ impl<K, M> ConcurrencyLimitLayer<K, M> {
     /// The status of a refusal for too many in flight (default 429);
     /// refused unless it is a 4xx or 5xx.
     pub fn status(mut self, status: StatusCode) -> Result<Self, ConfigError> {
-        if !(status.is_client_error() || status.is_server_error()) {
-            return Err(ConfigError::RejectionStatus { status });
-        }
-        self.status = status;
+        self.status = error_status(status)?;
         Ok(self)
     }
 
@@ -134,10 +131,7 @@ impl<K, M> ConcurrencyLimitLayer<K, M> {
     /// refused unless it is a 4xx or 5xx. As
     /// [`RateLimitLayer::deny_status`](crate::RateLimitLayer::deny_status).
     pub fn deny_status(mut self, status: StatusCode) -> Result<Self, ConfigError> {
-        if !(status.is_client_error() || status.is_server_error()) {
-            return Err(ConfigError::RejectionStatus { status });
-        }
-        self.deny_status = status;
+        self.deny_status = error_status(status)?;
         Ok(self)
     }
 

@@ -141,10 +141,7 @@ impl<K, C, M, Fb> RateLimitLayer<K, C, M, Fb> {
     /// missing key's status is (403 is `PERMISSION_DENIED`, 429
     /// `RESOURCE_EXHAUSTED`).
     pub fn deny_status(mut self, status: http::StatusCode) -> Result<Self, ConfigError> {
-        if !(status.is_client_error() || status.is_server_error()) {
-            return Err(ConfigError::RejectionStatus { status });
-        }
-        self.recipe.deny_status = Some(status);
+        self.recipe.deny_status = Some(crate::layer::error_status(status)?);
         Ok(self)
     }
 
