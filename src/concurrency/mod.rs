@@ -149,6 +149,7 @@ use crate::error::StoreError;
 use crate::key::Key;
 use crate::layer::{FailurePolicy, OnMissingKey, fall_back_locally, log_store_failure};
 use crate::lease::{GuardedBody, LeaseGuard, StoreLease};
+use crate::lists::Verdict as ListVerdict;
 use crate::log::{decision_span, warn_missing_key};
 use crate::metrics::LayerMetrics;
 use crate::observe::LimitSource;
@@ -283,13 +284,15 @@ impl ConcurrencySettings {
         self.refuse_undecided(kind, Outcome::MissingKey)
     }
 
-    /// A request whose key a deny list entry names: refused with the
-    /// deny status, or in shadow mode (`None`) let on without a lease.
+    /// A request whose key a list entry names, decided without a lease: a
+    /// deny entry refuses with the deny status, or in shadow mode lets it
+    /// on (`None`); an allow entry lets it on, counted.
     #[inline(never)]
-    pub(crate) fn deny_listed(
-        &self,
-        retry_after: Option<Duration>,
-    ) -> Option<ConcurrencyRejectionKind> {
+    pub(crate) fn listed(&self, verdict: ListVerdict) -> Option<ConcurrencyRejectionKind> {
+        let ListVerdict::Deny(retry_after) = verdict else {
+            self.metrics.decided(Outcome::AllowListed, false);
+            return None;
+        };
         let kind = ConcurrencyRejectionKind::DenyListed {
             status: self.deny_status,
             retry_after,
@@ -323,12 +326,6 @@ impl ConcurrencySettings {
             return None;
         }
         Some(kind)
-    }
-
-    /// A request whose key an allow list entry names: counted, and let on
-    /// without a lease.
-    pub(crate) fn allow_listed(&self) {
-        self.metrics.decided(Outcome::AllowListed, false);
     }
 
     pub(crate) fn rejection(&self, kind: ConcurrencyRejectionKind) -> Response<Bytes> {

@@ -13,7 +13,6 @@ use super::{ConcurrencyBody, ConcurrencyParts, ResponseFuture};
 use crate::error::BoxError;
 use crate::key::KeyExtractor;
 use crate::layer::{OnMissingKey, mode};
-use crate::lists::Verdict as ListVerdict;
 
 /// The service [`ConcurrencyLimitLayer`](super::ConcurrencyLimitLayer)
 /// produces.
@@ -77,14 +76,7 @@ impl<S, K, M> ConcurrencyLimit<S, K, M> {
             },
         };
         if let Some(verdict) = settings.limiter.listed(&key) {
-            let refusal = match verdict {
-                ListVerdict::Deny(retry_after) => settings.deny_listed(retry_after),
-                ListVerdict::Allow => {
-                    settings.allow_listed();
-                    None
-                }
-            };
-            if let Some(kind) = refusal {
+            if let Some(kind) = settings.listed(verdict) {
                 return ResponseFuture::new(Admitting::rejected(settings, kind));
             }
             let fut = self.inner.call(req);

@@ -220,6 +220,7 @@ use crate::error::StoreError;
 use crate::key::Key;
 use crate::layer::{FailurePolicy, OnMissingKey, fall_back_locally, log_store_failure, mode};
 use crate::limiter::Limiter;
+use crate::lists::Verdict;
 use crate::log::{decision_span, warn_missing_key};
 use crate::metrics::{LayerMetrics, near_limit};
 use crate::outcome::Outcome;
@@ -399,23 +400,22 @@ impl RateSettings {
         self.refuse(RejectionKind::MissingKey(status))
     }
 
-    /// A request whose key a deny list entry (ending in `retry_after`)
-    /// names: refused with the layer's deny status, or let through in
-    /// shadow mode (`None`), without asking the store.
+    /// A request whose key a list entry names, decided without the store:
+    /// a deny entry (ending in `retry_after`) refuses with the layer's deny
+    /// status, or in shadow mode lets it through (`None`), in a decision
+    /// span of its own; an allow entry lets it through, counted.
     #[inline(never)]
-    pub(crate) fn deny_listed(&self, retry_after: Option<Duration>) -> Option<RejectionKind> {
+    pub(crate) fn listed(&self, verdict: Verdict) -> Option<RejectionKind> {
+        let Verdict::Deny(retry_after) = verdict else {
+            self.metrics.decided(Outcome::AllowListed, false);
+            return None;
+        };
         let span = decision_span("rate_limit", self.limiter.name(), None, None);
         let _entered = span.enter();
         self.refuse(RejectionKind::DenyListed {
             status: self.deny_status,
             retry_after,
         })
-    }
-
-    /// A request whose key an allow list entry names: counted, and let
-    /// through without asking the store.
-    pub(crate) fn allow_listed(&self) {
-        self.metrics.decided(Outcome::AllowListed, false);
     }
 
     /// The rejection to send, or `None` in shadow mode, where the would-be

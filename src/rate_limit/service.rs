@@ -206,13 +206,7 @@ impl<S, K, C, M, F> RateLimit<S, K, C, M, F> {
         S: Service<Req>,
         F: UpstreamFeedback<S::Response>,
     {
-        let refusal = match verdict {
-            Verdict::Deny(retry_after) => settings.deny_listed(retry_after),
-            Verdict::Allow => {
-                settings.allow_listed();
-                None
-            }
-        };
+        let refusal = settings.listed(verdict);
         let start = Start::new(settings, feedback);
         match refusal {
             Some(kind) => ResponseFuture::rejected(start, kind),
