@@ -446,7 +446,7 @@ async fn add(
                     tracing::info!(list, policy, key = %key.text(), ends, "admin: listed");
                 }
                 Listed::Net(net) => {
-                    let network = network_text(net);
+                    let network = net.to_string();
                     tracing::info!(list, policy, network, ends, "admin: listed");
                 }
             }
@@ -476,7 +476,7 @@ async fn remove(
                     tracing::info!(list, policy, key = %key.text(), "admin: unlisted");
                 }
                 Listed::Net(net) => {
-                    let network = network_text(net);
+                    let network = net.to_string();
                     tracing::info!(list, policy, network, "admin: unlisted");
                 }
             }
@@ -494,12 +494,6 @@ fn ends_in(expires_in: Option<Duration>) -> String {
     )
 }
 
-/// A network as its address (host bits cleared) and prefix length.
-fn network_text(net: &IpNet) -> String {
-    let (addr, bits) = net.network();
-    format!("{addr}/{bits}")
-}
-
 async fn lists(State(api): Api) -> Response {
     let entries = api
         .live
@@ -511,7 +505,7 @@ async fn lists(State(api): Api) -> Response {
             object.insert("policy".into(), entry.policy.into());
             match &entry.listed {
                 Listed::Key(key) => object.insert("identity".into(), key.text().to_string().into()),
-                Listed::Net(net) => object.insert("network".into(), network_text(net).into()),
+                Listed::Net(net) => object.insert("network".into(), net.to_string().into()),
             };
             object.insert("expires".into(), entry.expires.and_then(rfc3339).into());
             serde_json::Value::Object(object)

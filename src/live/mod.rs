@@ -742,14 +742,11 @@ impl Fleet {
                 name: name.to_owned(),
             });
         }
-        let scope = policy.unwrap_or("*");
-        Ok(match listed {
-            Listed::Key(key) => format!("{scope} k {}", &*key.text()),
-            Listed::Net(net) => {
-                let (addr, bits) = net.network();
-                format!("{scope} n {addr}/{bits}")
-            }
-        })
+        let kind = match listed {
+            Listed::Key(_) => 'k',
+            Listed::Net(_) => 'n',
+        };
+        Ok(format!("{} {kind} {listed}", policy.unwrap_or("*")))
     }
 
     fn current(&self, name: &str) -> Result<Policy, ConfigError> {
@@ -955,9 +952,8 @@ impl Changes {
     fn entries(&self, now: u64) -> impl Iterator<Item = (List, Option<&str>, Listed, u64)> {
         [List::Deny, List::Allow].into_iter().flat_map(move |list| {
             self.table(list).iter().filter_map(move |(field, ends)| {
-                let ends = list_end(ends, now).filter(|&e| e == 0 || e > now)?;
-                let (scope, listed) = parse_list_field(field)?;
-                Some((list, scope, listed, ends))
+                let (scope, listed, ends) = read_entry(field, ends, now)?;
+                in_force(ends, now).then_some((list, scope, listed, ends))
             })
         })
     }
@@ -967,8 +963,7 @@ impl Changes {
     fn listed(&self, list: List, field: &str, now: u64) -> (usize, bool) {
         let count = self.entries(now).count();
         let present = self.table(list).get(field).is_some_and(|ends| {
-            list_end(ends, now).is_some_and(|e| e == 0 || e > now)
-                && parse_list_field(field).is_some()
+            read_entry(field, ends, now).is_some_and(|(_, _, ends)| in_force(ends, now))
         });
         (count, present)
     }
@@ -980,8 +975,7 @@ impl Changes {
         self.table(list)
             .iter()
             .filter(|(field, ends)| {
-                list_end(ends, now).is_some_and(|e| e != 0 && e <= now)
-                    && parse_list_field(field).is_some()
+                read_entry(field, ends, now).is_some_and(|(_, _, ends)| !in_force(ends, now))
             })
             .take(max)
             .map(|(f, e)| (f.clone(), e.clone()))
@@ -1164,13 +1158,23 @@ impl State {
     }
 }
 
-/// A list entry's stored end (Unix ms, 0 for never), if it is one this
-/// version could have written: no further than the longest entry allows
-/// (and a day for clocks that disagree) from `now`.
-fn list_end(text: &str, now: u64) -> Option<u64> {
-    let ends: u64 = text.parse().ok()?;
+/// A stored list entry, read: its policy (`None`: every policy), target
+/// and end (Unix ms, 0 for never); `None` unless this version could have
+/// written it, the end no further than the longest entry allows (and a
+/// day for clocks that disagree) from `now`.
+fn read_entry<'a>(field: &'a str, ends: &str, now: u64) -> Option<(Option<&'a str>, Listed, u64)> {
+    let ends: u64 = ends.parse().ok()?;
     let longest = u64::try_from(MAX_LIST_EXPIRY.as_millis()).unwrap_or(u64::MAX);
-    (ends <= now.saturating_add(longest).saturating_add(86_400_000)).then_some(ends)
+    if ends > now.saturating_add(longest).saturating_add(86_400_000) {
+        return None;
+    }
+    let (scope, listed) = parse_list_field(field)?;
+    Some((scope, listed, ends))
+}
+
+/// Whether an entry ending at `ends` (0: never) is in force at `now`.
+fn in_force(ends: u64, now: u64) -> bool {
+    ends == 0 || ends > now
 }
 
 /// A list entry's stored field: `{policy|*} k {key}` or `{policy|*} n
