@@ -178,9 +178,10 @@ pub(crate) fn mask128(addr: u128, bits: u8) -> u128 {
 }
 
 /// An IP network such as `10.0.0.0/8` or `2001:db8::/32`; a bare address is
-/// a network of one. Host bits are cleared (`10.1.2.3/8` is `10.0.0.0/8`). An IPv4-mapped IPv6 network (`::ffff:10.0.0.0/104`)
-/// is the IPv4 network it maps, and an IPv4-mapped address is matched as
-/// the IPv4 address it is (the [`ipnet`] crate's network underneath).
+/// a network of one. Host bits are cleared (`10.1.2.3/8` is `10.0.0.0/8`).
+/// An IPv4-mapped IPv6 network (`::ffff:10.0.0.0/104`) is the IPv4 network
+/// it maps, and an IPv4-mapped address is matched as the IPv4 address it
+/// is (the [`ipnet`] crate's network underneath).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct IpNet(ipnet::IpNet);
 

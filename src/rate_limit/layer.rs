@@ -123,11 +123,11 @@ impl<K, C, M, Fb> RateLimitLayer<K, C, M, Fb> {
 
     /// Shadow mode: decide and record (a `debug` event named
     /// `shadow-denied`), but never refuse (not over a limit, not for a
-    /// missing key or a deny list entry, not when the store fails), and send no rate-limit
-    /// headers. For trying a new limit on live traffic before enforcing it.
-    /// A penalty box's blocks are the store's and still start
-    /// ([`LimitBuilder::block_for`](crate::LimitBuilder::block_for) says
-    /// what that means).
+    /// missing key or a deny list entry, not when the store fails), and
+    /// send no rate-limit headers. For trying a new limit on live traffic
+    /// before enforcing it. A penalty box's blocks are the store's and
+    /// still start ([`LimitBuilder::block_for`](crate::LimitBuilder::block_for)
+    /// says what that means).
     pub fn shadow(mut self, shadow: bool) -> Self {
         self.recipe.shadow = shadow;
         self

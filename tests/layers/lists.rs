@@ -13,12 +13,13 @@ use axum::body::Body;
 use fleetgate::RateLimitError;
 use fleetgate::key::{IpNet, Key, key_fn};
 use fleetgate::live::{List, LiveError, LivePolicies};
-use fleetgate::observe;
 use fleetgate::spec::PolicySpec;
 use fleetgate::{ConfigError, Limiter, MemoryStore, Policy, RateLimitLayer};
 use http::{Request, Response, StatusCode};
 use tower::util::BoxCloneService;
 use tower::{Layer, Service, ServiceExt};
+
+use crate::shadow::observed;
 
 type App = BoxCloneService<Request<Body>, Response<Body>, Infallible>;
 
@@ -74,16 +75,6 @@ fn retry_after(response: &Response<Body>) -> u64 {
         .unwrap()
         .parse()
         .unwrap()
-}
-
-/// Policy `name` of layer kind `layer` in the process's `observe`
-/// snapshot.
-fn observed(layer: &str, name: &str) -> observe::PolicySnapshot {
-    observe::snapshot()
-        .policies
-        .into_iter()
-        .find(|p| p.layer == layer && p.policy == name)
-        .unwrap_or_else(|| panic!("{layer} {name} not in the snapshot"))
 }
 
 #[tokio::test]

@@ -34,7 +34,7 @@ use tower::ServiceExt;
 
 /// This test's policy in the process's `observe` snapshot (each test names
 /// its own policies: the registry is the binary's).
-fn observed(layer: &str, name: &str) -> PolicySnapshot {
+pub(crate) fn observed(layer: &str, name: &str) -> PolicySnapshot {
     observe::snapshot()
         .policies
         .into_iter()
