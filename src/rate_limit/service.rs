@@ -16,8 +16,7 @@ use super::{
 };
 use crate::error::BoxError;
 use crate::key::KeyExtractor;
-use crate::lists::Verdict;
-use crate::response::{RefusalBody, ResponseBody};
+use crate::response::{RefusalBody, RejectionKind, ResponseBody};
 use crate::rules::Plan;
 
 /// The service [`RateLimitLayer`](super::RateLimitLayer) produces.
@@ -117,12 +116,16 @@ impl<S, K, C, M, F> RateLimit<S, K, C, M, F> {
                 };
                 match status {
                     Ok(key) => (live.select(&key, plan), key),
-                    Err(reject) => return self.without_key(req, settings, feedback, reject),
+                    Err(reject) => {
+                        let refusal = reject.and_then(|status| settings.missing_key(status));
+                        return self.undecided(req, settings, feedback, refusal);
+                    }
                 }
             }
         };
         if let Some(verdict) = listed {
-            return self.listed(req, settings, feedback, verdict);
+            let refusal = settings.listed(verdict);
+            return self.undecided(req, settings, feedback, refusal);
         }
         let cost = self.shared.cost.cost(&req);
         // A gRPC client does not enforce its deadline while it waits here
@@ -169,44 +172,22 @@ impl<S, K, C, M, F> RateLimit<S, K, C, M, F> {
         ResponseFuture::deciding(start, decision, inner, req)
     }
 
-    /// A request without a key, where no fallback key is configured:
-    /// refused with `reject` (unless in shadow mode), or, without one, let
-    /// through unlimited.
+    /// A request decided without the store (no key and no fallback key,
+    /// or a deny or allow list entry): refused with `refusal`, or (`None`:
+    /// shadow mode, an allow entry, a keyless request let through) passed
+    /// on unlimited.
     #[inline(never)]
-    fn without_key<Req>(
+    fn undecided<Req>(
         &mut self,
         req: Req,
         settings: Arc<RateSettings>,
         feedback: F,
-        reject: Option<http::StatusCode>,
+        refusal: Option<RejectionKind>,
     ) -> ResponseFuture<S, Req, M, F>
     where
         S: Service<Req>,
         F: UpstreamFeedback<S::Response>,
     {
-        let refusal = reject.and_then(|status| settings.missing_key(status));
-        let start = Start::new(settings, feedback);
-        match refusal {
-            Some(kind) => ResponseFuture::rejected(start, kind),
-            None => ResponseFuture::calling(start, self.inner.call(req), None),
-        }
-    }
-
-    /// A request a deny or allow list entry names: refused (unless in
-    /// shadow mode), or let through unlimited, without asking the store.
-    #[inline(never)]
-    fn listed<Req>(
-        &mut self,
-        req: Req,
-        settings: Arc<RateSettings>,
-        feedback: F,
-        verdict: Verdict,
-    ) -> ResponseFuture<S, Req, M, F>
-    where
-        S: Service<Req>,
-        F: UpstreamFeedback<S::Response>,
-    {
-        let refusal = settings.listed(verdict);
         let start = Start::new(settings, feedback);
         match refusal {
             Some(kind) => ResponseFuture::rejected(start, kind),
