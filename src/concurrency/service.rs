@@ -9,7 +9,10 @@ use http_body::Body;
 use tower_service::Service;
 
 use super::Admitting;
-use super::{ConcurrencyBody, ConcurrencyParts, ResponseFuture};
+use super::{
+    ConcurrencyBody, ConcurrencyParts, ConcurrencyRejectionKind, ConcurrencySettings,
+    ResponseFuture,
+};
 use crate::error::BoxError;
 use crate::key::KeyExtractor;
 use crate::layer::{OnMissingKey, mode};
@@ -61,26 +64,16 @@ impl<S, K, M> ConcurrencyLimit<S, K, M> {
             Some(key) => key,
             None => match &settings.on_missing {
                 OnMissingKey::Reject(status) => {
-                    if let Some(kind) = settings.missing_key(*status) {
-                        return ResponseFuture::new(Admitting::rejected(settings, kind));
-                    }
-                    // Shadow mode: on without a lease.
-                    let fut = self.inner.call(req);
-                    return ResponseFuture::new(Admitting::calling(settings, fut, None));
+                    let refusal = settings.missing_key(*status);
+                    return self.undecided(req, settings, refusal);
                 }
                 OnMissingKey::Fallback(key) => key.clone(),
-                OnMissingKey::Allow => {
-                    let fut = self.inner.call(req);
-                    return ResponseFuture::new(Admitting::calling(settings, fut, None));
-                }
+                OnMissingKey::Allow => return self.undecided(req, settings, None),
             },
         };
         if let Some(verdict) = settings.limiter.listed(&key) {
-            if let Some(kind) = settings.listed(verdict) {
-                return ResponseFuture::new(Admitting::rejected(settings, kind));
-            }
-            let fut = self.inner.call(req);
-            return ResponseFuture::new(Admitting::calling(settings, fut, None));
+            let refusal = settings.listed(verdict);
+            return self.undecided(req, settings, refusal);
         }
         // Shadow mode queues nothing: a refused request goes on at once.
         let acquire = if settings.shadow {
@@ -97,6 +90,29 @@ impl<S, K, M> ConcurrencyLimit<S, K, M> {
             req,
             key,
         ))
+    }
+}
+
+impl<S, K, M> ConcurrencyLimit<S, K, M> {
+    /// A request decided without a lease (no key, or a list entry):
+    /// refused with `refusal`, or (`None`: shadow mode, an allow entry, a
+    /// keyless request let through) passed on unlimited.
+    fn undecided<Req>(
+        &mut self,
+        req: Req,
+        settings: Arc<ConcurrencySettings>,
+        refusal: Option<ConcurrencyRejectionKind>,
+    ) -> ResponseFuture<S, Req, M>
+    where
+        S: Service<Req>,
+    {
+        match refusal {
+            Some(kind) => ResponseFuture::new(Admitting::rejected(settings, kind)),
+            None => {
+                let fut = self.inner.call(req);
+                ResponseFuture::new(Admitting::calling(settings, fut, None))
+            }
+        }
     }
 }
 
