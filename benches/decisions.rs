@@ -149,16 +149,6 @@ struct Row {
     redis_cpu: Option<Duration>,
 }
 
-/// CPU time of a thread group's leader so far (`/proc/<pid>/schedstat`, in
-/// ns): the client's runtime thread is this process's main thread, and
-/// redis-server runs every command on its main thread.
-fn leader_cpu(pid: &str) -> Option<Duration> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/schedstat")).ok()?;
-    Some(Duration::from_nanos(
-        text.split_whitespace().next()?.parse().ok()?,
-    ))
-}
-
 impl Row {
     fn per_sec(&self) -> f64 {
         self.decisions as f64 / self.elapsed.as_secs_f64()
@@ -283,10 +273,10 @@ async fn peer_case(peer: &mut Peer, concurrency: usize, plan: &Plan) -> Result<R
         command.env(name, value);
     }
     let redis_pid = peer.server.pid().to_string();
-    let cpu_before = (common::children_cpu_time(), leader_cpu(&redis_pid));
+    let cpu_before = (common::children_cpu_time(), common::leader_cpu(&redis_pid));
     let output = command.output().await?;
     let client_cpu = common::cpu_delta(cpu_before.0, common::children_cpu_time());
-    let redis_cpu = common::cpu_delta(cpu_before.1, leader_cpu(&redis_pid));
+    let redis_cpu = common::cpu_delta(cpu_before.1, common::leader_cpu(&redis_pid));
     if !output.status.success() {
         return Err(format!(
             "{} failed: {}",
@@ -597,12 +587,12 @@ where
     phase(concurrency, every, plan.warm_up, op.clone()).await?;
     stats::reset_stats(admin).await;
     let redis_pid = redis_pid.to_string();
-    let cpu_before = (leader_cpu("self"), leader_cpu(&redis_pid));
+    let cpu_before = (common::leader_cpu("self"), common::leader_cpu(&redis_pid));
     let start = Instant::now();
     let tasks = phase(concurrency, every, plan.measure, op).await?;
     let elapsed = start.elapsed();
-    let client_cpu = common::cpu_delta(cpu_before.0, leader_cpu("self"));
-    let redis_cpu = common::cpu_delta(cpu_before.1, leader_cpu(&redis_pid));
+    let client_cpu = common::cpu_delta(cpu_before.0, common::leader_cpu("self"));
+    let redis_cpu = common::cpu_delta(cpu_before.1, common::leader_cpu(&redis_pid));
     let commands = stats::command_calls(admin).await;
     let mut row = Row {
         subject,

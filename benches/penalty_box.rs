@@ -52,15 +52,6 @@ fn main() -> Result<(), BoxError> {
     result
 }
 
-/// redis-server's CPU so far.
-fn redis_cpu(pid: u32) -> Duration {
-    std::fs::read_to_string(format!("/proc/{pid}/schedstat"))
-        .ok()
-        .and_then(|text| text.split_whitespace().next()?.parse().ok())
-        .map(Duration::from_nanos)
-        .unwrap_or_default()
-}
-
 /// Decisions for `run` on `keys` in turn: Redis CPU µs per decision, and
 /// how many were admitted and made.
 async fn phase(
@@ -69,7 +60,8 @@ async fn phase(
     run: Duration,
     pid: u32,
 ) -> Result<(f64, u64, u64), BoxError> {
-    let cpu = redis_cpu(pid);
+    let pid = pid.to_string();
+    let cpu = common::leader_cpu(&pid);
     let started = Instant::now();
     let (mut made, mut allowed) = (0u64, 0u64);
     while started.elapsed() < run {
@@ -79,7 +71,7 @@ async fn phase(
             made += 1;
         }
     }
-    let used = redis_cpu(pid).saturating_sub(cpu);
+    let used = common::cpu_delta(cpu, common::leader_cpu(&pid)).unwrap_or_default();
     Ok((micros(used) / made.max(1) as f64, allowed, made))
 }
 

@@ -110,6 +110,16 @@ pub fn children_cpu_time() -> Option<Duration> {
     stat_cpu_time(std::path::Path::new("/proc/self/stat"), 13)
 }
 
+/// CPU time of a thread group's leader so far (`/proc/<pid>/schedstat`, in
+/// ns; `pid` may be `self`): the client's runtime thread is a bench's main
+/// thread, and redis-server runs every command on its main thread.
+pub fn leader_cpu(pid: &str) -> Option<Duration> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/schedstat")).ok()?;
+    Some(Duration::from_nanos(
+        text.split_whitespace().next()?.parse().ok()?,
+    ))
+}
+
 /// `after - before`, when both were read.
 pub fn cpu_delta(before: Option<Duration>, after: Option<Duration>) -> Option<Duration> {
     Some(after?.saturating_sub(before?))
