@@ -32,7 +32,15 @@ struct Instance {
     app: App,
 }
 
+/// An instance following the fleet's changes (polling every 50 ms).
 async fn instance(server: &RedisServer) -> Instance {
+    let instance = quiet_instance(server).await;
+    instance.live.start().await.unwrap();
+    instance
+}
+
+/// An instance never started, so that it never polls.
+async fn quiet_instance(server: &RedisServer) -> Instance {
     let store = RedisStore::builder(server.url())
         .prefix("listed")
         .connect()
@@ -40,7 +48,6 @@ async fn instance(server: &RedisServer) -> Instance {
         .unwrap();
     let live = LivePolicies::new(store).poll_every(Duration::from_millis(50));
     let limiter = live.limiter("1/h".parse::<PolicySpec>().unwrap().build("api").unwrap());
-    live.start().await.unwrap();
     let by_user = key_fn(|req: &Request<Body>| {
         let user = req.headers().get("x-user")?.to_str().ok()?;
         Some(Key::new(format!("user:{user}")))
@@ -196,30 +203,17 @@ async fn a_listed_request_costs_no_redis_call() {
     let server = RedisServer::start();
     // An instance never started, so that it never polls: every call
     // Redis runs meanwhile is a decision's.
-    let store = RedisStore::builder(server.url())
-        .prefix("listed")
-        .connect()
+    let quiet = quiet_instance(&server).await;
+    quiet
+        .live
+        .deny(None, Key::new("user:mallory"), None)
         .await
         .unwrap();
-    let live = LivePolicies::new(store);
-    let limiter = live.limiter("1/h".parse::<PolicySpec>().unwrap().build("api").unwrap());
-    live.deny(None, Key::new("user:mallory"), None)
+    quiet
+        .live
+        .allow(None, Key::new("user:partner"), None)
         .await
         .unwrap();
-    live.allow(None, Key::new("user:partner"), None)
-        .await
-        .unwrap();
-    let by_user = key_fn(|req: &Request<Body>| {
-        let user = req.headers().get("x-user")?.to_str().ok()?;
-        Some(Key::new(format!("user:{user}")))
-    });
-    let ok = tower::service_fn(|_: Request<Body>| async {
-        Ok::<_, Infallible>(Response::new(Body::from("ok")))
-    });
-    let quiet = Instance {
-        live,
-        app: BoxCloneService::new(RateLimitLayer::new(limiter).key(by_user).layer(ok)),
-    };
     let mut admin = server.admin().await;
     let before = common::stats::script_calls(&mut admin).await;
     for _ in 0..10 {
